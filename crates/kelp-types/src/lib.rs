@@ -1,0 +1,12 @@
+//! Foundation types shared by every Kelp layer.
+//!
+//! This crate sits at the bottom of the dependency table in `docs/ARCHITECTURE.md`: it holds the
+//! identifiers that every other layer passes around (OSD, pool and placement-group ids, map
+//! epochs) and small value types such as byte sizes. It has no I/O, no async and no knowledge of
+//! any protocol, so that the pure algorithm crates can use it freely.
+
+mod ids;
+mod size;
+
+pub use ids::{Epoch, OsdId, ParseIdError, PgId, PoolId};
+pub use size::{ByteSize, ParseSizeError};
