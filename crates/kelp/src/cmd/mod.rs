@@ -1,0 +1,13 @@
+//! One module per subcommand group; each exposes a clap `Subcommand`/`Args` type and a `run`.
+
+pub mod crush;
+
+/// Output format of commands that can print machine-readable results.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Human-readable text.
+    #[default]
+    Plain,
+    /// One JSON document.
+    Json,
+}

@@ -1,0 +1,37 @@
+//! `kelp`: the single Kelp binary. Every daemon and every admin tool is a subcommand; this crate
+//! only parses arguments and calls into the library crates (see `docs/ARCHITECTURE.md`).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// Kelp: a unified, self-healing distributed storage cluster (objects, blocks, files).
+#[derive(Parser, Debug)]
+#[command(name = "kelp", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// CRUSH placement: test mappings, map object names to PGs and OSDs, print maps.
+    #[command(subcommand)]
+    Crush(cmd::crush::CrushCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Crush(c) => cmd::crush::run(c),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("kelp: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
