@@ -1,0 +1,71 @@
+//! Configuration of the durable store. Geometry ([`MkfsOptions`]) is fixed at `mkfs` time and
+//! recorded in the superblock; [`StoreConfig`] may change between mounts.
+
+use kelp_types::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// Fixed at `mkfs`; stored in the superblock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MkfsOptions {
+    /// Size of the data file (created sparse). Default 16 GiB.
+    pub size: ByteSize,
+    /// Allocation unit of the data device; writes that do not cover whole units are deferred
+    /// (carried in the metadata commit and applied afterwards). Default 4 KiB.
+    pub min_alloc_size: ByteSize,
+    /// Every `csum_block_size` bytes of data carry one crc32c, verified on every read.
+    /// Must divide `min_alloc_size`. Default 4 KiB.
+    pub csum_block_size: ByteSize,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions {
+            size: ByteSize(16 << 30),
+            min_alloc_size: ByteSize(4096),
+            csum_block_size: ByteSize(4096),
+        }
+    }
+}
+
+/// Runtime options of a mounted store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Hard budget for the store's memory: metadata block cache (1/2), metadata write buffers
+    /// (1/4) and transactions prepared but not yet durable (1/8). Default 256 MiB.
+    pub cache_budget: ByteSize,
+    /// Whole-unit writes up to this size are also deferred (carried in the metadata commit)
+    /// instead of being written to new extents and flushed before the commit; saves one device
+    /// flush per commit for small writes. They still go to freshly allocated units, never over
+    /// live data. 0 disables. Default 0.
+    pub prefer_deferred_size: ByteSize,
+    /// Most transactions that share one group commit (one flush). Default 512.
+    pub max_batch_txns: usize,
+    /// After this long without new commits, deferred writes already applied are flushed and
+    /// their records dropped from the metadata database. Default 200 ms.
+    pub deferred_cleanup_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            cache_budget: ByteSize(256 << 20),
+            prefer_deferred_size: ByteSize(0),
+            max_batch_txns: 512,
+            deferred_cleanup_ms: 200,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub(crate) fn block_cache_bytes(&self) -> u64 {
+        self.cache_budget.0 / 2
+    }
+    pub(crate) fn write_buffer_bytes(&self) -> u64 {
+        (self.cache_budget.0 / 4).max(4 << 20)
+    }
+    pub(crate) fn inflight_bytes(&self) -> u64 {
+        (self.cache_budget.0 / 8).max(8 << 20)
+    }
+}

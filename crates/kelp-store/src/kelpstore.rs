@@ -1,0 +1,1555 @@
+//! The durable store: data in one large file (`DIR/block`) managed by an extent allocator,
+//! metadata in an embedded LSM key/value database (fjall, `DIR/meta`), identity and geometry
+//! in `DIR/superblock`. See `docs/STORE.md` for the full design; the invariants this module
+//! keeps are:
+//!
+//! 1. **No live data is overwritten before its replacement is durable.** Whole allocation
+//!    units are written to *newly allocated* units and the data file is flushed before the
+//!    metadata commit that points at them. Units freed by a transaction return to the allocator
+//!    only after that transaction's commit is durable, so committed metadata never points at
+//!    reused space.
+//! 2. **Deferred writes** (a write that covers only part of an allocation unit, and optionally
+//!    small whole-unit writes) carry the full new unit content inside the metadata commit
+//!    (`D` record). After the commit the committer writes them to the data file; the `D`
+//!    record is deleted in a later commit, after a data-file flush. Mount replays any `D`
+//!    records still present, so a crash between commit and write-back loses nothing. A unit is
+//!    released only after the deferred writes of its batch were written back, so replay can
+//!    never clobber a unit that has a new owner.
+//! 3. **One metadata batch per group commit**: the committer thread takes every prepared
+//!    transaction in the queue (in submission order), flushes the data file once, writes one
+//!    atomic batch (object records, omap, bitmap chunks, deferred record) and syncs the journal
+//!    once, then acknowledges all of them. A crash leaves a prefix of the batches.
+//! 4. **Prepared-but-not-durable state is readable**: the `overlay` holds the metadata of
+//!    transactions between `submit` and their commit, and `pending_blocks` the unit contents of
+//!    deferred writes not yet written back; reads consult both before the database/data file.
+//! 5. **Every block read is verified** against its crc32c; a mismatch is
+//!    [`StoreError::ChecksumMismatch`], never data.
+//!
+//! Hot paths: `submit`/`prepare` (serialised by the apply lock) and `read`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fjall::{Keyspace, PartitionCreateOptions, PartitionHandle, PersistMode};
+use tokio::sync::oneshot;
+
+use crate::alloc::{Allocator, Bitmap};
+use crate::codec::{self, Extent, Onode};
+use crate::config::{MkfsOptions, StoreConfig};
+use crate::error::{Result, StoreError};
+use crate::keys;
+use crate::store::ObjectStore;
+use crate::superblock::{self, FORMAT_VERSION, Superblock};
+use crate::types::{
+    Commit, CollectionId, ListPage, ObjectId, ObjectStat, OmapPage, Op, Transaction,
+};
+
+const DATA_FILE: &str = "block";
+const META_DIR: &str = "meta";
+const LOCK_FILE: &str = "lock";
+const PARTITION: &str = "meta";
+/// Largest object offset accepted (16 TiB): keeps unit arithmetic far from overflow.
+const MAX_OBJECT_END: u64 = 1 << 44;
+
+type Value = Arc<[u8]>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Data-device geometry, from the superblock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    /// Allocation unit (min_alloc_size), bytes.
+    pub unit: u64,
+    pub csum_block: u64,
+    /// Checksum blocks per unit.
+    pub bpu: u64,
+    /// Units on the device.
+    pub units: u64,
+}
+
+impl Geometry {
+    fn csums(&self, unit_data: &[u8]) -> Vec<u32> {
+        unit_data
+            .chunks(self.csum_block as usize)
+            .map(crc32c::crc32c)
+            .collect()
+    }
+}
+
+struct ApplyState {
+    next_seq: u64,
+    next_nid: u64,
+}
+
+struct Prepared {
+    seq: u64,
+    mutations: Vec<(Vec<u8>, Option<Value>)>,
+    allocated: Vec<(u64, u64)>,
+    freed: Vec<(u64, u64)>,
+    deferred: Vec<(u64, Arc<Vec<u8>>)>,
+    wrote_data: bool,
+    bytes: u64,
+    done: oneshot::Sender<Result<()>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Prepared>,
+    inflight_bytes: u64,
+    durable_seq: u64,
+    shutdown: bool,
+}
+
+pub(crate) struct Inner {
+    pub dir: PathBuf,
+    pub cfg: StoreConfig,
+    pub geo: Geometry,
+    pub sb: Superblock,
+    pub data: File,
+    pub kv: Keyspace,
+    pub meta: PartitionHandle,
+    _lock: File,
+    /// Metadata of transactions submitted but not yet durable: key -> (seq, value or deletion).
+    overlay: RwLock<BTreeMap<Vec<u8>, (u64, Option<Value>)>>,
+    /// Unit contents of deferred writes not yet written back: punit -> (seq, content).
+    pending_blocks: Mutex<HashMap<u64, (u64, Arc<Vec<u8>>)>>,
+    alloc: Mutex<Allocator>,
+    apply: Mutex<ApplyState>,
+    /// Readers hold it shared while they use an extent map; the committer holds it exclusively
+    /// while it writes back deferred units and releases freed units.
+    reuse: RwLock<()>,
+    queue: Mutex<Queue>,
+    queue_cv: Condvar,
+    durable_cv: Condvar,
+    failed: Mutex<Option<String>>,
+    /// Committed allocation state; owned by the committer while mounted.
+    bitmap: Mutex<Option<Bitmap>>,
+}
+
+/// The durable object store. Dropping it (or [`KelpStore::close`]) waits for queued
+/// transactions to commit.
+pub struct KelpStore {
+    pub(crate) inner: Arc<Inner>,
+    committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn open_kv(dir: &Path, cfg: &StoreConfig) -> Result<(Keyspace, PartitionHandle)> {
+    let kv = fjall::Config::new(dir.join(META_DIR))
+        .cache_size(cfg.block_cache_bytes())
+        .max_write_buffer_size(cfg.write_buffer_bytes())
+        .manual_journal_persist(true)
+        .open()
+        .map_err(|e| StoreError::kv("opening the metadata database", e))?;
+    let meta = kv
+        .open_partition(PARTITION, PartitionCreateOptions::default())
+        .map_err(|e| StoreError::kv("opening the metadata partition", e))?;
+    Ok((kv, meta))
+}
+
+fn take_lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| StoreError::io(format!("opening {}", path.display()), e))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
+            path: dir.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io("locking the store", e)),
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn random_id() -> String {
+    // Not security relevant: distinguishes stores. Time, pid and std's random hash keys.
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(t);
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// Create a new store in `dir` (created if missing; must not already hold a store).
+pub fn mkfs(dir: &Path, opts: &MkfsOptions) -> Result<Superblock> {
+    let unit = opts.min_alloc_size.0;
+    let cb = opts.csum_block_size.0;
+    if cb < 512 || unit < cb || unit % cb != 0 || !unit.is_power_of_two() {
+        return Err(StoreError::InvalidArgument {
+            reason: format!(
+                "min_alloc_size ({unit}) must be a power of two and a multiple of csum_block_size ({cb} >= 512)"
+            ),
+        });
+    }
+    let size = opts.size.0 / unit * unit;
+    if size < 16 * unit {
+        return Err(StoreError::InvalidArgument {
+            reason: format!("store size {} is too small", opts.size),
+        });
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| StoreError::io(format!("creating {}", dir.display()), e))?;
+    if dir.join(superblock::FILE_NAME).exists() || dir.join(META_DIR).exists() {
+        return Err(StoreError::AlreadyExists {
+            path: dir.to_path_buf(),
+        });
+    }
+    let _lock = take_lock(dir)?;
+    let data = OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(dir.join(DATA_FILE))
+        .map_err(|e| StoreError::io("creating the data file", e))?;
+    data.set_len(size)
+        .and_then(|_| data.sync_all())
+        .map_err(|e| StoreError::io("sizing the data file", e))?;
+    let sb = Superblock {
+        format_version: FORMAT_VERSION,
+        store_id: random_id(),
+        data_size: size,
+        min_alloc_size: unit,
+        csum_block_size: cb,
+        created_unix: now_unix(),
+    };
+    let cfg = StoreConfig {
+        cache_budget: kelp_types::ByteSize(32 << 20),
+        ..StoreConfig::default()
+    };
+    {
+        let (kv, meta) = open_kv(dir, &cfg)?;
+        let mut batch = kv.batch().durability(Some(PersistMode::SyncAll));
+        batch.insert(&meta, keys::SUPER, sb.encode());
+        batch.insert(&meta, keys::NEXT_NID, 1u64.to_be_bytes().to_vec());
+        let mut bm = Bitmap::new(size / unit);
+        bm.mark_all_dirty();
+        for (chunk, v) in bm.take_dirty() {
+            batch.insert(&meta, keys::bitmap_key(chunk), v);
+        }
+        batch
+            .commit()
+            .map_err(|e| StoreError::kv("writing the initial metadata", e))?;
+        kv.persist(PersistMode::SyncAll)
+            .map_err(|e| StoreError::kv("syncing the initial metadata", e))?;
+    }
+    // The superblock is written last: its presence means mkfs completed.
+    sb.write(dir)?;
+    Ok(sb)
+}
+
+/// A 3-way merge of sorted `(key, value-or-tombstone)` sources; earlier sources win on equal
+/// keys. Tombstones are skipped in the output.
+fn merge_sources(
+    mut sources: Vec<Box<dyn Iterator<Item = Result<(Vec<u8>, Option<Value>)>> + '_>>,
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, Value)>> {
+    let mut heads: Vec<Option<(Vec<u8>, Option<Value>)>> = Vec::with_capacity(sources.len());
+    for s in sources.iter_mut() {
+        heads.push(s.next().transpose()?);
+    }
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let mut best: Option<usize> = None;
+        for (i, h) in heads.iter().enumerate() {
+            if let Some((k, _)) = h {
+                match best {
+                    Some(b) if heads[b].as_ref().is_some_and(|(bk, _)| bk <= k) => {}
+                    _ => best = Some(i),
+                }
+            }
+        }
+        let Some(b) = best else { break };
+        let Some((key, value)) = heads[b].take() else {
+            break;
+        };
+        heads[b] = sources[b].next().transpose()?;
+        // Drop the same key from lower-priority sources.
+        for i in 0..heads.len() {
+            while heads[i].as_ref().is_some_and(|(k, _)| *k == key) {
+                heads[i] = sources[i].next().transpose()?;
+            }
+        }
+        if let Some(v) = value {
+            out.push((key, v));
+        }
+    }
+    Ok(out)
+}
+
+impl Inner {
+    fn check_failed(&self) -> Result<()> {
+        match &*lock(&self.failed) {
+            Some(reason) => Err(StoreError::Failed {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn kv_get(&self, key: &[u8]) -> Result<Option<Value>> {
+        self.meta
+            .get(key)
+            .map(|v| v.map(|s| Value::from(&s[..])))
+            .map_err(|e| StoreError::kv("reading metadata", e))
+    }
+
+    /// Committed-or-pending value of `key` (readers' view).
+    fn get(&self, key: &[u8]) -> Result<Option<Value>> {
+        {
+            let ov = self.overlay.read().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, v)) = ov.get(key) {
+                return Ok(v.clone());
+            }
+        }
+        self.kv_get(key)
+    }
+
+    /// Keys in `[start, end)`, merged view of `staged` (if any), the overlay and the database.
+    fn scan(
+        &self,
+        staged: Option<&BTreeMap<Vec<u8>, Option<Value>>>,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Value)>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let range = (
+            std::ops::Bound::Included(start.to_vec()),
+            std::ops::Bound::Excluded(end.to_vec()),
+        );
+        let mut sources: Vec<Box<dyn Iterator<Item = Result<(Vec<u8>, Option<Value>)>>>> =
+            Vec::new();
+        if let Some(st) = staged {
+            let v: Vec<_> = st
+                .range(range.clone())
+                .map(|(k, v)| Ok((k.clone(), v.clone())))
+                .collect();
+            sources.push(Box::new(v.into_iter()));
+        }
+        // Overlay before the database iterator: see the module docs (a key missing from the
+        // overlay snapshot is already in the database).
+        let ov: Vec<_> = self
+            .overlay
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .range(range)
+            .map(|(k, (_, v))| Ok((k.clone(), v.clone())))
+            .collect();
+        sources.push(Box::new(ov.into_iter()));
+        let kv = self.meta.range(start.to_vec()..end.to_vec()).map(|r| {
+            r.map(|(k, v)| (k.to_vec(), Some(Value::from(&v[..]))))
+                .map_err(|e| StoreError::kv("scanning metadata", e))
+        });
+        sources.push(Box::new(kv));
+        merge_sources(sources, limit)
+    }
+
+    fn read_raw(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.data
+            .read_exact_at(buf, off)
+            .map_err(|e| StoreError::io(format!("reading the data file at {off}"), e))
+    }
+
+    /// Read `units` physical units starting at `punit` and verify them against `csums`
+    /// (one per checksum block). `staged` overrides (current transaction's deferred units) and
+    /// `pending_blocks` take precedence over the device. `lunit` only names the error offset.
+    pub(crate) fn read_units(
+        &self,
+        oid: &ObjectId,
+        lunit: u64,
+        punit: u64,
+        units: u64,
+        csums: &[u32],
+        staged: Option<&BTreeMap<u64, Arc<Vec<u8>>>>,
+    ) -> Result<Vec<u8>> {
+        let u = self.geo.unit as usize;
+        let mut buf = vec![0u8; units as usize * u];
+        self.read_raw(punit * self.geo.unit, &mut buf)?;
+        {
+            let pending = lock(&self.pending_blocks);
+            if !pending.is_empty() || staged.is_some() {
+                for i in 0..units {
+                    let p = punit + i;
+                    let over = staged
+                        .and_then(|s| s.get(&p).cloned())
+                        .or_else(|| pending.get(&p).map(|(_, d)| d.clone()));
+                    if let Some(d) = over {
+                        buf[i as usize * u..(i as usize + 1) * u].copy_from_slice(&d);
+                    }
+                }
+            }
+        }
+        let cb = self.geo.csum_block as usize;
+        for (i, (block, &expected)) in buf.chunks(cb).zip(csums).enumerate() {
+            let actual = crc32c::crc32c(block);
+            if actual != expected {
+                return Err(StoreError::ChecksumMismatch {
+                    object: oid.to_string(),
+                    offset: lunit * self.geo.unit + (i * cb) as u64,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        Ok(buf)
+    }
+
+    fn onode_for_read(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
+        match self.get(&keys::obj_key(coll, oid))? {
+            Some(v) => Onode::decode(&v, self.geo.bpu),
+            None => {
+                if self.get(&keys::coll_key(coll))?.is_none() {
+                    Err(StoreError::CollectionNotFound { coll })
+                } else {
+                    Err(StoreError::ObjectNotFound {
+                        coll,
+                        object: oid.clone(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Bytes `[off, off+len)` of an object (already clipped to its size).
+    fn read_onode(
+        &self,
+        oid: &ObjectId,
+        on: &Onode,
+        off: u64,
+        len: u64,
+        staged: Option<&BTreeMap<u64, Arc<Vec<u8>>>>,
+    ) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; len as usize];
+        if len == 0 {
+            return Ok(out);
+        }
+        let u = self.geo.unit;
+        let first = off / u;
+        let last = (off + len).div_ceil(u);
+        let i0 = on.extents.partition_point(|e| e.lunit + e.units <= first);
+        for e in &on.extents[i0..] {
+            if e.lunit >= last {
+                break;
+            }
+            let s = e.lunit.max(first);
+            let t = (e.lunit + e.units).min(last);
+            let k = s - e.lunit;
+            let csums = &e.csums[(k * self.geo.bpu) as usize..((t - e.lunit) * self.geo.bpu) as usize];
+            let data = self.read_units(oid, s, e.punit + k, t - s, csums, staged)?;
+            // Copy the overlap of [s*u, t*u) and [off, off+len).
+            let a = (s * u).max(off);
+            let b = (t * u).min(off + len);
+            out[(a - off) as usize..(b - off) as usize]
+                .copy_from_slice(&data[(a - s * u) as usize..(b - s * u) as usize]);
+        }
+        Ok(out)
+    }
+}
+
+/// A transaction being prepared: its staged metadata and space changes. Dropped without
+/// effect (allocations returned) if any operation fails.
+struct Txc<'a> {
+    inner: &'a Inner,
+    staged: BTreeMap<Vec<u8>, Option<Value>>,
+    allocated: Vec<(u64, u64)>,
+    freed: Vec<(u64, u64)>,
+    deferred: BTreeMap<u64, Arc<Vec<u8>>>,
+    wrote_data: bool,
+    next_nid: u64,
+    nid_used: bool,
+    bytes: u64,
+}
+
+impl Txc<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Value>> {
+        match self.staged.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => self.inner.get(key),
+        }
+    }
+
+    fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.bytes += (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64;
+        self.staged.insert(key, value.map(Value::from));
+    }
+
+    fn require_coll(&self, coll: CollectionId) -> Result<()> {
+        if self.get(&keys::coll_key(coll))?.is_none() {
+            return Err(StoreError::CollectionNotFound { coll });
+        }
+        Ok(())
+    }
+
+    fn onode(&self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Onode>> {
+        self.require_coll(coll)?;
+        match self.get(&keys::obj_key(coll, oid))? {
+            Some(v) => Onode::decode(&v, self.inner.geo.bpu).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn existing(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
+        self.onode(coll, oid)?.ok_or_else(|| StoreError::ObjectNotFound {
+            coll,
+            object: oid.clone(),
+        })
+    }
+
+    fn new_onode(&mut self) -> Onode {
+        let nid = self.next_nid;
+        self.next_nid += 1;
+        self.nid_used = true;
+        Onode {
+            nid,
+            ..Onode::default()
+        }
+    }
+
+    fn onode_or_new(&mut self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
+        match self.onode(coll, oid)? {
+            Some(o) => Ok(o),
+            None => Ok(self.new_onode()),
+        }
+    }
+
+    fn save(&mut self, coll: CollectionId, oid: &ObjectId, on: &Onode) {
+        self.put(keys::obj_key(coll, oid), Some(on.encode()));
+    }
+
+    fn allocate(&mut self, units: u64) -> Result<Vec<(u64, u64)>> {
+        let mut a = lock(&self.inner.alloc);
+        match a.allocate(units) {
+            Some(runs) => {
+                self.allocated.extend(&runs);
+                Ok(runs)
+            }
+            None => Err(StoreError::NoSpace {
+                needed: units * self.inner.geo.unit,
+                free: a.free_units() * self.inner.geo.unit,
+            }),
+        }
+    }
+
+    fn check_range(offset: u64, len: u64) -> Result<u64> {
+        offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_OBJECT_END)
+            .ok_or_else(|| StoreError::InvalidArgument {
+                reason: format!("range {offset}+{len} beyond the 16 TiB object limit"),
+            })
+    }
+
+    /// Current content of logical unit `lunit` (zeros for a hole), verified.
+    fn unit_content(&self, oid: &ObjectId, on: &Onode, lunit: u64) -> Result<Vec<u8>> {
+        let bpu = self.inner.geo.bpu;
+        match on.lookup(lunit, bpu) {
+            Some((punit, csums)) => {
+                self.inner
+                    .read_units(oid, lunit, punit, 1, csums, Some(&self.deferred))
+            }
+            None => Ok(vec![0u8; self.inner.geo.unit as usize]),
+        }
+    }
+
+    /// Give logical unit `lunit` the content `data` through a deferred write: in place if the
+    /// unit is mapped (the new content is durable in the metadata commit before the in-place
+    /// write-back), else into a newly allocated unit.
+    fn defer_unit(&mut self, on: &mut Onode, lunit: u64, data: Vec<u8>) -> Result<()> {
+        let geo = self.inner.geo;
+        let csums = geo.csums(&data);
+        self.bytes += data.len() as u64;
+        match on.lookup(lunit, geo.bpu) {
+            Some((punit, _)) => {
+                on.set_unit_csums(lunit, geo.bpu, &csums);
+                self.deferred.insert(punit, Arc::new(data));
+            }
+            None => {
+                let runs = self.allocate(1)?;
+                let punit = runs[0].0;
+                on.insert(Extent {
+                    lunit,
+                    punit,
+                    units: 1,
+                    csums,
+                });
+                self.deferred.insert(punit, Arc::new(data));
+            }
+        }
+        Ok(())
+    }
+
+    /// Map logical units starting at `lunit` to new space holding `data` (a whole number of
+    /// units), replacing whatever was mapped there.
+    fn write_new_units(&mut self, on: &mut Onode, lunit: u64, data: &[u8]) -> Result<()> {
+        let geo = self.inner.geo;
+        let u = geo.unit as usize;
+        let n = (data.len() / u) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let runs = self.allocate(n)?;
+        let defer = (data.len() as u64) <= self.inner.cfg.prefer_deferred_size.0;
+        let freed = on.punch(lunit, lunit + n, geo.bpu);
+        self.freed.extend(freed);
+        let mut done = 0usize;
+        let mut l = lunit;
+        for (punit, units) in runs {
+            let part = &data[done..done + units as usize * u];
+            if defer {
+                for (i, chunk) in part.chunks(u).enumerate() {
+                    self.deferred.insert(punit + i as u64, Arc::new(chunk.to_vec()));
+                }
+            } else {
+                self.inner
+                    .data
+                    .write_all_at(part, punit * geo.unit)
+                    .map_err(|e| StoreError::io("writing the data file", e))?;
+                self.wrote_data = true;
+            }
+            on.insert(Extent {
+                lunit: l,
+                punit,
+                units,
+                csums: geo.csums(part),
+            });
+            self.bytes += part.len() as u64;
+            done += units as usize * u;
+            l += units;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, coll: CollectionId, oid: &ObjectId, off: u64, data: &[u8]) -> Result<()> {
+        let end = Self::check_range(off, data.len() as u64)?;
+        let mut on = self.onode_or_new(coll, oid)?;
+        if !data.is_empty() {
+            let u = self.inner.geo.unit;
+            let first = off / u;
+            let last = end.div_ceil(u);
+            let full_s = off.div_ceil(u);
+            let full_e = end / u;
+            let mut partial = vec![first];
+            if last - 1 != first {
+                partial.push(last - 1);
+            }
+            for p in partial {
+                if p >= full_s && p < full_e {
+                    continue;
+                }
+                let mut content = self.unit_content(oid, &on, p)?;
+                let a = (p * u).max(off);
+                let b = ((p + 1) * u).min(end);
+                content[(a - p * u) as usize..(b - p * u) as usize]
+                    .copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
+                self.defer_unit(&mut on, p, content)?;
+            }
+            if full_s < full_e {
+                let s = (full_s * u - off) as usize;
+                let e = (full_e * u - off) as usize;
+                self.write_new_units(&mut on, full_s, &data[s..e])?;
+            }
+            on.size = on.size.max(end);
+        }
+        self.save(coll, oid, &on);
+        Ok(())
+    }
+
+    /// Zero `[a, b)` of the object's units (punching whole units, rewriting partial ones).
+    fn zero_range(&mut self, oid: &ObjectId, on: &mut Onode, a: u64, b: u64) -> Result<()> {
+        if a >= b {
+            return Ok(());
+        }
+        let u = self.inner.geo.unit;
+        let bpu = self.inner.geo.bpu;
+        let first = a / u;
+        let last = b.div_ceil(u);
+        let full_s = a.div_ceil(u);
+        let full_e = b / u;
+        let mut partial = vec![first];
+        if last - 1 != first {
+            partial.push(last - 1);
+        }
+        for p in partial {
+            if (p >= full_s && p < full_e) || on.lookup(p, bpu).is_none() {
+                continue;
+            }
+            let mut content = self.unit_content(oid, on, p)?;
+            let s = (p * u).max(a);
+            let e = ((p + 1) * u).min(b);
+            content[(s - p * u) as usize..(e - p * u) as usize].fill(0);
+            self.defer_unit(on, p, content)?;
+        }
+        if full_s < full_e {
+            let freed = on.punch(full_s, full_e, bpu);
+            self.freed.extend(freed);
+        }
+        Ok(())
+    }
+
+    fn remove_object(&mut self, coll: CollectionId, oid: &ObjectId, on: &Onode) -> Result<()> {
+        self.freed.extend(
+            on.extents
+                .iter()
+                .map(|e| (e.punit, e.units))
+                .collect::<Vec<_>>(),
+        );
+        if on.has_omap {
+            self.omap_clear(on.nid)?;
+        }
+        self.put(keys::obj_key(coll, oid), None);
+        Ok(())
+    }
+
+    fn omap_clear(&mut self, nid: u64) -> Result<()> {
+        let p = keys::omap_prefix(nid);
+        let entries = self
+            .inner
+            .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
+        for (k, _) in entries {
+            self.put(k, None);
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<()> {
+        let geo = self.inner.geo;
+        match op {
+            Op::CreateCollection { coll } => {
+                if self.get(&keys::coll_key(*coll))?.is_some() {
+                    return Err(StoreError::CollectionExists { coll: *coll });
+                }
+                self.put(keys::coll_key(*coll), Some(vec![codec::COLL_VERSION]));
+            }
+            Op::RemoveCollection { coll } => {
+                self.require_coll(*coll)?;
+                let p = keys::obj_prefix(*coll);
+                if !self
+                    .inner
+                    .scan(Some(&self.staged), &p, &keys::prefix_end(&p), 1)?
+                    .is_empty()
+                {
+                    return Err(StoreError::CollectionNotEmpty { coll: *coll });
+                }
+                self.put(keys::coll_key(*coll), None);
+            }
+            Op::SplitCollection {
+                src,
+                dest,
+                bits,
+                rem,
+            } => {
+                if src == dest || *bits > 32 {
+                    return Err(StoreError::InvalidArgument {
+                        reason: format!("split {src} -> {dest} with {bits} bits"),
+                    });
+                }
+                self.require_coll(*src)?;
+                self.require_coll(*dest)?;
+                let mask = keys::split_mask(*bits);
+                let p = keys::obj_prefix(*src);
+                let all = self
+                    .inner
+                    .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
+                for (k, v) in all {
+                    let (_, oid) = keys::decode_obj_key(&k)?;
+                    if oid.hash & mask == rem & mask {
+                        self.put(k, None);
+                        self.put(keys::obj_key(*dest, &oid), Some(v.to_vec()));
+                    }
+                }
+            }
+            Op::Touch { coll, oid } => {
+                if self.onode(*coll, oid)?.is_none() {
+                    let on = self.new_onode();
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::Write {
+                coll,
+                oid,
+                offset,
+                data,
+            } => self.write(*coll, oid, *offset, data)?,
+            Op::Zero {
+                coll,
+                oid,
+                offset,
+                len,
+            } => {
+                let end = Self::check_range(*offset, *len)?;
+                let mut on = self.onode_or_new(*coll, oid)?;
+                if *len > 0 {
+                    let zero_end = end.min(on.size);
+                    self.zero_range(oid, &mut on, *offset, zero_end)?;
+                    on.size = on.size.max(end);
+                }
+                self.save(*coll, oid, &on);
+            }
+            Op::Truncate { coll, oid, size } => {
+                Self::check_range(*size, 0)?;
+                let mut on = self.onode_or_new(*coll, oid)?;
+                if *size < on.size {
+                    let u = geo.unit;
+                    // Zero the tail of the last kept unit, drop whole units after it.
+                    let keep = size.div_ceil(u);
+                    let freed = on.punch(keep, u64::MAX / 2, geo.bpu);
+                    self.freed.extend(freed);
+                    if size % u != 0 {
+                        self.zero_range(oid, &mut on, *size, keep * u)?;
+                    }
+                }
+                on.size = *size;
+                self.save(*coll, oid, &on);
+            }
+            Op::Remove { coll, oid } => {
+                let on = self.existing(*coll, oid)?;
+                self.remove_object(*coll, oid, &on)?;
+            }
+            Op::SetXattrs { coll, oid, attrs } => {
+                let mut on = self.existing(*coll, oid)?;
+                on.xattrs
+                    .extend(attrs.iter().map(|(k, v)| (k.clone(), v.clone())));
+                self.save(*coll, oid, &on);
+            }
+            Op::RmXattr { coll, oid, name } => {
+                let mut on = self.existing(*coll, oid)?;
+                if on.xattrs.remove(name).is_some() {
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::OmapSet { coll, oid, entries } => {
+                let mut on = self.existing(*coll, oid)?;
+                for (k, v) in entries {
+                    self.put(keys::omap_key(on.nid, k), Some(v.clone()));
+                }
+                if !on.has_omap {
+                    on.has_omap = true;
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::OmapRemove { coll, oid, keys: ks } => {
+                let on = self.existing(*coll, oid)?;
+                for k in ks {
+                    self.put(keys::omap_key(on.nid, k), None);
+                }
+            }
+            Op::OmapClear { coll, oid } => {
+                let on = self.existing(*coll, oid)?;
+                if on.has_omap {
+                    self.omap_clear(on.nid)?;
+                }
+            }
+            Op::OmapSetHeader { coll, oid, header } => {
+                let mut on = self.existing(*coll, oid)?;
+                self.put(keys::omap_header_key(on.nid), Some(header.clone()));
+                if !on.has_omap {
+                    on.has_omap = true;
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::Clone { coll, src, dst } => {
+                let s = self.existing(*coll, src)?;
+                if src == dst {
+                    return Ok(());
+                }
+                if let Some(old) = self.onode(*coll, dst)? {
+                    self.remove_object(*coll, dst, &old)?;
+                }
+                let mut d = self.new_onode();
+                d.size = s.size;
+                d.xattrs = s.xattrs.clone();
+                d.has_omap = s.has_omap;
+                for e in &s.extents {
+                    let data = self.inner.read_units(
+                        src,
+                        e.lunit,
+                        e.punit,
+                        e.units,
+                        &e.csums,
+                        Some(&self.deferred),
+                    )?;
+                    self.write_new_units(&mut d, e.lunit, &data)?;
+                }
+                if s.has_omap {
+                    let p = keys::omap_prefix(s.nid);
+                    let entries =
+                        self.inner
+                            .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
+                    for (k, v) in entries {
+                        let mut nk = keys::omap_prefix(d.nid);
+                        nk.extend_from_slice(&k[9..]);
+                        self.put(nk, Some(v.to_vec()));
+                    }
+                }
+                self.save(*coll, dst, &d);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl KelpStore {
+    /// Mount the store in `dir`: check the superblock, open the metadata, load the allocation
+    /// bitmap, replay deferred writes left by a crash, start the committer.
+    pub fn mount(dir: &Path, cfg: StoreConfig) -> Result<KelpStore> {
+        let lock_file = take_lock(dir)?;
+        let sb = Superblock::read(dir)?;
+        let data = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join(DATA_FILE))
+            .map_err(|e| StoreError::io("opening the data file", e))?;
+        let len = data
+            .metadata()
+            .map_err(|e| StoreError::io("inspecting the data file", e))?
+            .len();
+        if len < sb.data_size {
+            return Err(StoreError::corrupt(format!(
+                "data file is {len} bytes, superblock says {}",
+                sb.data_size
+            )));
+        }
+        // Reads are random; readahead would only pollute the page cache.
+        let _ = rustix::fs::fadvise(&data, 0, None, rustix::fs::Advice::Random);
+        let (kv, meta) = open_kv(dir, &cfg)?;
+        let geo = Geometry {
+            unit: sb.min_alloc_size,
+            csum_block: sb.csum_block_size,
+            bpu: sb.min_alloc_size / sb.csum_block_size,
+            units: sb.data_size / sb.min_alloc_size,
+        };
+        let kv_sb = meta
+            .get(keys::SUPER)
+            .map_err(|e| StoreError::kv("reading the superblock copy", e))?
+            .ok_or_else(|| StoreError::corrupt("metadata database has no superblock copy"))?;
+        let kv_sb = Superblock::decode(&kv_sb, &dir.join(META_DIR))?;
+        if kv_sb != sb {
+            return Err(StoreError::corrupt(format!(
+                "metadata database belongs to store {}, superblock to {}",
+                kv_sb.store_id, sb.store_id
+            )));
+        }
+        let next_nid = match meta
+            .get(keys::NEXT_NID)
+            .map_err(|e| StoreError::kv("reading the nid counter", e))?
+        {
+            Some(v) if v.len() == 8 => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&v);
+                u64::from_be_bytes(b)
+            }
+            _ => return Err(StoreError::corrupt("missing or malformed nid counter")),
+        };
+        let mut bitmap = Bitmap::new(geo.units);
+        let mut seen = 0u32;
+        for r in meta.prefix([keys::BITMAP]) {
+            let (k, v) = r.map_err(|e| StoreError::kv("loading the allocation bitmap", e))?;
+            let chunk = keys::decode_bitmap_key(&k)?;
+            bitmap.load_chunk(chunk, &v)?;
+            seen += 1;
+        }
+        if seen != bitmap.chunks() {
+            return Err(StoreError::corrupt(format!(
+                "allocation bitmap has {seen} chunks, expected {}",
+                bitmap.chunks()
+            )));
+        }
+        let mut alloc = Allocator::default();
+        for (off, len) in bitmap.free_runs() {
+            alloc.release(off, len);
+        }
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            cfg,
+            geo,
+            sb,
+            data,
+            kv,
+            meta,
+            _lock: lock_file,
+            overlay: RwLock::new(BTreeMap::new()),
+            pending_blocks: Mutex::new(HashMap::new()),
+            alloc: Mutex::new(alloc),
+            apply: Mutex::new(ApplyState {
+                next_seq: 1,
+                next_nid,
+            }),
+            reuse: RwLock::new(()),
+            queue: Mutex::new(Queue::default()),
+            queue_cv: Condvar::new(),
+            durable_cv: Condvar::new(),
+            failed: Mutex::new(None),
+            bitmap: Mutex::new(Some(bitmap)),
+        });
+        replay_deferred(&inner)?;
+        let worker = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("kelp-store-commit".into())
+            .spawn(move || committer(worker))
+            .map_err(|e| StoreError::io("starting the commit thread", e))?;
+        Ok(KelpStore {
+            inner,
+            committer: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Wait for queued transactions, stop the committer and flush deferred writes.
+    pub fn close(self) -> Result<()> {
+        self.shutdown();
+        self.inner.check_failed()
+    }
+
+    fn shutdown(&self) {
+        {
+            let mut q = lock(&self.inner.queue);
+            q.shutdown = true;
+        }
+        self.inner.queue_cv.notify_all();
+        if let Some(h) = lock(&self.committer).take() {
+            let _ = h.join();
+        }
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.inner.sb
+    }
+
+    /// Free space in bytes (allocator view).
+    pub fn free_bytes(&self) -> u64 {
+        lock(&self.inner.alloc).free_units() * self.inner.geo.unit
+    }
+
+    /// On-disk size of the metadata database, bytes.
+    pub fn metadata_bytes(&self) -> u64 {
+        dir_size(&self.inner.dir.join(META_DIR))
+    }
+
+    /// Flush the metadata write buffers to tables (used before measuring metadata size).
+    pub fn compact_metadata(&self) -> Result<()> {
+        self.inner
+            .meta
+            .rotate_memtable_and_wait()
+            .map_err(|e| StoreError::kv("flushing the metadata write buffer", e))
+    }
+
+    /// Drop the data file's pages from the OS page cache (benchmarks: cold reads).
+    pub fn drop_data_cache(&self) -> Result<()> {
+        self.inner
+            .data
+            .sync_data()
+            .map_err(|e| StoreError::io("syncing the data file", e))?;
+        rustix::fs::fadvise(&self.inner.data, 0, None, rustix::fs::Advice::DontNeed)
+            .map_err(|e| StoreError::io("dropping the page cache", e.into()))
+    }
+
+    /// Where the data of `oid` lives: `(data-file offset, length)` runs (tests, debugging).
+    pub fn object_extents(&self, coll: CollectionId, oid: &ObjectId) -> Result<Vec<(u64, u64)>> {
+        let on = self.inner.onode_for_read(coll, oid)?;
+        let u = self.inner.geo.unit;
+        Ok(on
+            .extents
+            .iter()
+            .map(|e| (e.punit * u, e.units * u))
+            .collect())
+    }
+}
+
+pub(crate) fn dir_size(p: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => total += dir_size(&e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+impl Drop for KelpStore {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Write back deferred records a crash left behind, then drop them.
+fn replay_deferred(inner: &Inner) -> Result<()> {
+    let mut keys_done = Vec::new();
+    for r in inner.meta.prefix([keys::DEFERRED]) {
+        let (k, v) = r.map_err(|e| StoreError::kv("reading deferred writes", e))?;
+        for (punit, data) in codec::decode_deferred(&v)? {
+            if punit >= inner.geo.units || data.len() as u64 != inner.geo.unit {
+                return Err(StoreError::corrupt(format!(
+                    "deferred write to unit {punit} of {} bytes",
+                    data.len()
+                )));
+            }
+            inner
+                .data
+                .write_all_at(&data, punit * inner.geo.unit)
+                .map_err(|e| StoreError::io("replaying deferred writes", e))?;
+        }
+        keys_done.push(k.to_vec());
+    }
+    if !keys_done.is_empty() {
+        inner
+            .data
+            .sync_data()
+            .map_err(|e| StoreError::io("syncing replayed deferred writes", e))?;
+        let mut b = inner.kv.batch().durability(Some(PersistMode::SyncData));
+        for k in keys_done {
+            b.remove(&inner.meta, k);
+        }
+        b.commit()
+            .map_err(|e| StoreError::kv("dropping replayed deferred records", e))?;
+    }
+    Ok(())
+}
+
+struct CommitterState {
+    bitmap: Bitmap,
+    /// Deferred records whose units were written back but not yet flushed.
+    unsynced: Vec<Vec<u8>>,
+}
+
+fn committer(inner: Arc<Inner>) {
+    let Some(bitmap) = lock(&inner.bitmap).take() else {
+        return;
+    };
+    let mut st = CommitterState {
+        bitmap,
+        unsynced: Vec::new(),
+    };
+    let idle = Duration::from_millis(inner.cfg.deferred_cleanup_ms.max(1));
+    loop {
+        let (batch, shutdown) = {
+            let mut q = lock(&inner.queue);
+            if q.items.is_empty() && !q.shutdown {
+                if st.unsynced.is_empty() {
+                    q = inner.queue_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                } else {
+                    q = inner
+                        .queue_cv
+                        .wait_timeout(q, idle)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+            let n = q.items.len().min(inner.cfg.max_batch_txns.max(1));
+            let batch: Vec<Prepared> = q.items.drain(..n).collect();
+            (batch, q.shutdown)
+        };
+        if batch.is_empty() {
+            if !st.unsynced.is_empty() {
+                if let Err(e) = cleanup_deferred(&inner, &mut st) {
+                    fail(&inner, &e.to_string());
+                }
+            }
+            if shutdown {
+                break;
+            }
+            continue;
+        }
+        if let Err(e) = commit_batch(&inner, &mut st, batch) {
+            fail(&inner, &e.to_string());
+        }
+    }
+    *lock(&inner.bitmap) = Some(st.bitmap);
+}
+
+fn fail(inner: &Inner, reason: &str) {
+    let mut f = lock(&inner.failed);
+    if f.is_none() {
+        *f = Some(reason.to_string());
+    }
+    drop(f);
+    // Fail everything still queued.
+    let items: Vec<Prepared> = lock(&inner.queue).items.drain(..).collect();
+    for p in items {
+        let _ = p.done.send(Err(StoreError::Failed {
+            reason: reason.to_string(),
+        }));
+    }
+    inner.durable_cv.notify_all();
+}
+
+fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
+    inner
+        .data
+        .sync_data()
+        .map_err(|e| StoreError::io("flushing the data file", e))?;
+    let mut b = inner.kv.batch().durability(Some(PersistMode::SyncData));
+    for k in st.unsynced.drain(..) {
+        b.remove(&inner.meta, k);
+    }
+    b.commit()
+        .map_err(|e| StoreError::kv("dropping deferred records", e))
+}
+
+fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) -> Result<()> {
+    let last_seq = batch.last().map_or(0, |p| p.seq);
+    let result = (|| -> Result<Vec<(Vec<u8>, Option<Value>)>> {
+        inner.check_failed()?;
+        // 1. New extents (and deferred units written back earlier) reach the device first.
+        if batch.iter().any(|p| p.wrote_data) || !st.unsynced.is_empty() {
+            inner
+                .data
+                .sync_data()
+                .map_err(|e| StoreError::io("flushing the data file", e))?;
+        }
+        // 2. One atomic metadata batch for every transaction of the group.
+        let mut merged: BTreeMap<Vec<u8>, Option<Value>> = BTreeMap::new();
+        let mut deferred: Vec<(u64, &[u8])> = Vec::new();
+        for p in &batch {
+            for (k, v) in &p.mutations {
+                merged.insert(k.clone(), v.clone());
+            }
+            for &(off, len) in &p.allocated {
+                st.bitmap.set_range(off, len, true);
+            }
+            for &(off, len) in &p.freed {
+                st.bitmap.set_range(off, len, false);
+            }
+            deferred.extend(p.deferred.iter().map(|(u, d)| (*u, d.as_slice())));
+        }
+        let mut b = inner.kv.batch().durability(Some(PersistMode::SyncData));
+        for (k, v) in &merged {
+            match v {
+                Some(v) => b.insert(&inner.meta, k.clone(), v.to_vec()),
+                None => b.remove(&inner.meta, k.clone()),
+            }
+        }
+        for (chunk, v) in st.bitmap.take_dirty() {
+            b.insert(&inner.meta, keys::bitmap_key(chunk), v);
+        }
+        let dkey = keys::deferred_key(last_seq);
+        if !deferred.is_empty() {
+            b.insert(&inner.meta, dkey.clone(), codec::encode_deferred(&deferred));
+        }
+        for k in st.unsynced.drain(..) {
+            b.remove(&inner.meta, k);
+        }
+        b.commit()
+            .map_err(|e| StoreError::kv("committing a metadata batch", e))?;
+        // 3. Durable. Write back deferred units and release freed space, excluding readers
+        //    that may be using the old extent maps.
+        {
+            let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
+            for (punit, data) in &deferred {
+                inner
+                    .data
+                    .write_all_at(data, punit * inner.geo.unit)
+                    .map_err(|e| StoreError::io("writing back deferred writes", e))?;
+            }
+            {
+                let mut pending = lock(&inner.pending_blocks);
+                for (punit, _) in &deferred {
+                    if pending.get(punit).is_some_and(|(s, _)| *s <= last_seq) {
+                        pending.remove(punit);
+                    }
+                }
+            }
+            let mut a = lock(&inner.alloc);
+            for p in &batch {
+                for &(off, len) in &p.freed {
+                    a.release(off, len);
+                }
+            }
+        }
+        if !deferred.is_empty() {
+            st.unsynced.push(dkey);
+        }
+        Ok(merged.into_iter().collect())
+    })();
+    match result {
+        Ok(merged) => {
+            {
+                let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
+                for (k, _) in merged {
+                    if ov.get(&k).is_some_and(|(s, _)| *s <= last_seq) {
+                        ov.remove(&k);
+                    }
+                }
+            }
+            let bytes: u64 = batch.iter().map(|p| p.bytes).sum();
+            {
+                let mut q = lock(&inner.queue);
+                q.inflight_bytes = q.inflight_bytes.saturating_sub(bytes);
+                q.durable_seq = last_seq;
+            }
+            inner.durable_cv.notify_all();
+            for p in batch {
+                let _ = p.done.send(Ok(()));
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            for p in batch {
+                let _ = p.done.send(Err(StoreError::Failed {
+                    reason: reason.clone(),
+                }));
+            }
+            Err(e)
+        }
+    }
+}
+
+impl KelpStore {
+    fn prepare(&self, st: &mut ApplyState, txn: &Transaction) -> Result<Prepared> {
+        let inner = &*self.inner;
+        let mut txc = Txc {
+            inner,
+            staged: BTreeMap::new(),
+            allocated: Vec::new(),
+            freed: Vec::new(),
+            deferred: BTreeMap::new(),
+            wrote_data: false,
+            next_nid: st.next_nid,
+            nid_used: false,
+            bytes: 0,
+        };
+        let applied = {
+            let _g = inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+            txn.ops.iter().try_for_each(|op| txc.apply(op))
+        };
+        if let Err(e) = applied {
+            let mut a = lock(&inner.alloc);
+            for &(off, len) in &txc.allocated {
+                a.release(off, len);
+            }
+            return Err(e);
+        }
+        if txc.nid_used {
+            st.next_nid = txc.next_nid;
+            txc.put(keys::NEXT_NID.to_vec(), Some(txc.next_nid.to_be_bytes().to_vec()));
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let (done, _) = oneshot::channel();
+        Ok(Prepared {
+            seq,
+            mutations: txc.staged.into_iter().collect(),
+            allocated: txc.allocated,
+            freed: txc.freed,
+            deferred: txc.deferred.into_iter().collect(),
+            wrote_data: txc.wrote_data,
+            bytes: txc.bytes + 256,
+            done,
+        })
+    }
+}
+
+impl ObjectStore for KelpStore {
+    fn submit(&self, txn: Transaction) -> Result<Commit> {
+        let inner = &*self.inner;
+        inner.check_failed()?;
+        let mut st = lock(&inner.apply);
+        // Throttle: bound memory held by transactions that are prepared but not durable.
+        {
+            let mut q = lock(&inner.queue);
+            while q.inflight_bytes > inner.cfg.inflight_bytes() && q.durable_seq + 1 < st.next_seq
+            {
+                q = inner
+                    .durable_cv
+                    .wait(q)
+                    .unwrap_or_else(|p| p.into_inner());
+                if lock(&inner.failed).is_some() {
+                    break;
+                }
+            }
+        }
+        inner.check_failed()?;
+        let mut p = self.prepare(&mut st, &txn)?;
+        let (tx, commit) = Commit::pending();
+        p.done = tx;
+        {
+            // Publish metadata and deferred unit contents together: a reader (holding `reuse`
+            // shared) sees both or neither, so checksums and contents always match.
+            let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
+            let mut pending = lock(&inner.pending_blocks);
+            for (punit, d) in &p.deferred {
+                pending.insert(*punit, (p.seq, d.clone()));
+            }
+            let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
+            for (k, v) in &p.mutations {
+                ov.insert(k.clone(), (p.seq, v.clone()));
+            }
+        }
+        {
+            let mut q = lock(&inner.queue);
+            q.inflight_bytes += p.bytes;
+            q.items.push_back(p);
+        }
+        inner.queue_cv.notify_one();
+        Ok(commit)
+    }
+
+    fn flush(&self) -> Result<()> {
+        let inner = &*self.inner;
+        let target = lock(&inner.apply).next_seq - 1;
+        let mut q = lock(&inner.queue);
+        while q.durable_seq < target {
+            if lock(&inner.failed).is_some() {
+                break;
+            }
+            q = inner
+                .durable_cv
+                .wait_timeout(q, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        drop(q);
+        inner.check_failed()
+    }
+
+    fn list_collections(&self) -> Result<Vec<CollectionId>> {
+        let p = [keys::COLL];
+        self.inner
+            .scan(None, &p, &keys::prefix_end(&p), usize::MAX)?
+            .into_iter()
+            .map(|(k, _)| keys::decode_coll_key(&k))
+            .collect()
+    }
+
+    fn collection_exists(&self, coll: CollectionId) -> Result<bool> {
+        Ok(self.inner.get(&keys::coll_key(coll))?.is_some())
+    }
+
+    fn list_objects(
+        &self,
+        coll: CollectionId,
+        start: Option<&ObjectId>,
+        max: usize,
+    ) -> Result<ListPage> {
+        if !self.collection_exists(coll)? {
+            return Err(StoreError::CollectionNotFound { coll });
+        }
+        let p = keys::obj_prefix(coll);
+        let from = match start {
+            Some(o) => keys::obj_key(coll, o),
+            None => p.clone(),
+        };
+        let mut got = self
+            .inner
+            .scan(None, &from, &keys::prefix_end(&p), max.saturating_add(1))?;
+        let next = if got.len() > max {
+            got.pop().map(|(k, _)| keys::decode_obj_key(&k).map(|x| x.1)).transpose()?
+        } else {
+            None
+        };
+        let objects = got
+            .into_iter()
+            .map(|(k, _)| keys::decode_obj_key(&k).map(|x| x.1))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ListPage { objects, next })
+    }
+
+    fn stat(&self, coll: CollectionId, oid: &ObjectId) -> Result<ObjectStat> {
+        let on = self.inner.onode_for_read(coll, oid)?;
+        Ok(ObjectStat { size: on.size })
+    }
+
+    fn read(&self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let on = self.inner.onode_for_read(coll, oid)?;
+        let start = offset.min(on.size);
+        let end = offset.saturating_add(len).min(on.size);
+        self.inner.read_onode(oid, &on, start, end - start, None)
+    }
+
+    fn xattrs(&self, coll: CollectionId, oid: &ObjectId) -> Result<BTreeMap<String, Vec<u8>>> {
+        Ok(self.inner.onode_for_read(coll, oid)?.xattrs)
+    }
+
+    fn omap_header(&self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Vec<u8>>> {
+        let on = self.inner.onode_for_read(coll, oid)?;
+        if !on.has_omap {
+            return Ok(None);
+        }
+        Ok(self
+            .inner
+            .get(&keys::omap_header_key(on.nid))?
+            .map(|v| v.to_vec()))
+    }
+
+    fn omap_get(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        keys_wanted: &[Vec<u8>],
+    ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+        let on = self.inner.onode_for_read(coll, oid)?;
+        let mut out = BTreeMap::new();
+        if !on.has_omap {
+            return Ok(out);
+        }
+        for k in keys_wanted {
+            if let Some(v) = self.inner.get(&keys::omap_key(on.nid, k))? {
+                out.insert(k.clone(), v.to_vec());
+            }
+        }
+        Ok(out)
+    }
+
+    fn omap_iter(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> Result<OmapPage> {
+        let on = self.inner.onode_for_read(coll, oid)?;
+        if !on.has_omap || max == 0 {
+            return Ok(OmapPage {
+                entries: Vec::new(),
+                more: false,
+            });
+        }
+        let p = keys::omap_entries_prefix(on.nid);
+        let from = match after {
+            Some(a) => {
+                let mut k = keys::omap_key(on.nid, a);
+                k.push(0); // smallest key strictly after `a`
+                k
+            }
+            None => p.clone(),
+        };
+        let mut got = self
+            .inner
+            .scan(None, &from, &keys::prefix_end(&p), max.saturating_add(1))?;
+        let more = got.len() > max;
+        got.truncate(max);
+        Ok(OmapPage {
+            entries: got
+                .into_iter()
+                .map(|(k, v)| (k[p.len()..].to_vec(), v.to_vec()))
+                .collect(),
+            more,
+        })
+    }
+}

@@ -1,0 +1,37 @@
+//! `kelp-store`: the OSD-local object store.
+//!
+//! An OSD keeps its share of every placement group in a local object store. This crate defines
+//! the interface ([`ObjectStore`]: collections, objects, atomic transactions with a durability
+//! future, reads) and two implementations:
+//!
+//! - [`KelpStore`], the durable store: data in one large file with an extent allocator,
+//!   metadata in an embedded LSM database, crc32c on every block, group commit and deferred
+//!   small writes (design and crash-consistency argument in `docs/STORE.md`);
+//! - [`MemStore`], an in-memory store with the same semantics, for fast tests.
+//!
+//! It depends on nothing network-related, so everything here is testable on one machine.
+
+mod alloc;
+pub mod bench;
+mod codec;
+mod config;
+mod error;
+mod fsck;
+mod keys;
+mod kelpstore;
+mod memstore;
+mod store;
+mod superblock;
+mod types;
+pub mod workload;
+
+pub use config::{MkfsOptions, StoreConfig};
+pub use error::{Result, StoreError};
+pub use fsck::{FsckProblem, FsckReport, fsck_dir};
+pub use kelpstore::{KelpStore, mkfs};
+pub use memstore::MemStore;
+pub use store::ObjectStore;
+pub use superblock::{FORMAT_VERSION, Superblock};
+pub use types::{
+    Commit, CollectionId, ListPage, ObjectId, ObjectStat, OmapPage, Op, SNAP_HEAD, Transaction,
+};

@@ -1,0 +1,84 @@
+//! The [`ObjectStore`] interface implemented by [`crate::KelpStore`] (durable) and
+//! [`crate::MemStore`] (in memory, for fast tests).
+//!
+//! Contract (checked by `tests/conformance.rs` against both implementations):
+//! - `submit` applies a transaction atomically: either every operation takes effect or, if any
+//!   fails validation (missing object, full device...), none does and the error is returned.
+//! - Transactions are applied in submission order. Once `submit` returns `Ok`, reads observe the
+//!   transaction ("readable"); the returned [`Commit`] resolves once it is durable, i.e. it
+//!   survives a crash or power loss. After a crash, the store holds a prefix of the submitted
+//!   transactions that includes every one whose `Commit` resolved `Ok`.
+//! - Reads never return data that fails its checksum: they return
+//!   [`StoreError::ChecksumMismatch`] instead.
+//! - Reads are synchronous and may block on disk I/O; call them from a blocking context (a
+//!   thread, or `tokio::task::spawn_blocking`).
+
+use std::collections::BTreeMap;
+
+use crate::error::Result;
+use crate::types::{Commit, CollectionId, ListPage, ObjectId, ObjectStat, OmapPage, Transaction};
+
+pub trait ObjectStore: Send + Sync {
+    /// Apply `txn` atomically; the returned future resolves once it is durable.
+    fn submit(&self, txn: Transaction) -> Result<Commit>;
+
+    /// Wait until everything submitted so far is durable.
+    fn flush(&self) -> Result<()>;
+
+    /// All collections, in order.
+    fn list_collections(&self) -> Result<Vec<CollectionId>>;
+
+    fn collection_exists(&self, coll: CollectionId) -> Result<bool>;
+
+    /// Up to `max` objects of `coll` in [`ObjectId`] order, starting at `start` (inclusive; `None`
+    /// for the beginning).
+    fn list_objects(
+        &self,
+        coll: CollectionId,
+        start: Option<&ObjectId>,
+        max: usize,
+    ) -> Result<ListPage>;
+
+    /// Size of an object; `ObjectNotFound` if it does not exist.
+    fn stat(&self, coll: CollectionId, oid: &ObjectId) -> Result<ObjectStat>;
+
+    /// Whether the object exists (collection must exist).
+    fn exists(&self, coll: CollectionId, oid: &ObjectId) -> Result<bool> {
+        match self.stat(coll, oid) {
+            Ok(_) => Ok(true),
+            Err(crate::StoreError::ObjectNotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Read `[offset, offset + len)`, clipped to the object size (short or empty past the end).
+    fn read(&self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>>;
+
+    /// All extended attributes of an object.
+    fn xattrs(&self, coll: CollectionId, oid: &ObjectId) -> Result<BTreeMap<String, Vec<u8>>>;
+
+    /// One extended attribute, `None` if unset.
+    fn xattr(&self, coll: CollectionId, oid: &ObjectId, name: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.xattrs(coll, oid)?.remove(name))
+    }
+
+    /// The omap header, `None` if unset.
+    fn omap_header(&self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Vec<u8>>>;
+
+    /// The values of those `keys` that are set.
+    fn omap_get(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        keys: &[Vec<u8>],
+    ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>>;
+
+    /// Up to `max` omap entries in key order, strictly after `after` (`None`: from the first).
+    fn omap_iter(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> Result<OmapPage>;
+}
