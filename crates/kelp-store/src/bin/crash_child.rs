@@ -1,1 +1,66 @@
-fn main(){}
+//! Test-only child process for `tests/crash.rs`: mounts the store in `DIR`, then submits the
+//! deterministic crash workload (`kelp_store::workload::crash_txn(SEED, id)`) from the id after
+//! the last one applied, up to 8 transactions in flight, printing `ACK <id>` to stdout once each
+//! is durable. It runs until it is killed (the test sends SIGKILL at a random moment).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::mpsc;
+
+use kelp_store::workload::{crash_applied_id, crash_txn};
+use kelp_store::{KelpStore, ObjectStore, StoreConfig};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (Some(dir), Some(seed)) = (args.next(), args.next()) else {
+        eprintln!("usage: kelp-store-crash-child DIR SEED");
+        std::process::exit(2);
+    };
+    let seed: u64 = seed.parse().unwrap_or_else(|_| {
+        eprintln!("SEED must be an integer");
+        std::process::exit(2)
+    });
+    let store = match KelpStore::mount(&PathBuf::from(dir), StoreConfig::default()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("mount failed: {e}");
+            std::process::exit(3);
+        }
+    };
+    let first = match crash_applied_id(&store) {
+        Ok(k) => k + 1,
+        Err(e) => {
+            eprintln!("reading marker failed: {e}");
+            std::process::exit(3);
+        }
+    };
+    println!("READY {first}");
+    let _ = std::io::stdout().flush();
+    let (tx, rx) = mpsc::sync_channel::<(u64, kelp_store::Commit)>(8);
+    let acker = std::thread::spawn(move || {
+        let mut out = std::io::stdout().lock();
+        for (id, commit) in rx {
+            if let Err(e) = commit.wait() {
+                eprintln!("commit {id} failed: {e}");
+                std::process::exit(4);
+            }
+            let _ = writeln!(out, "ACK {id}");
+            let _ = out.flush();
+        }
+    });
+    for id in first.. {
+        match store.submit(crash_txn(seed, id)) {
+            Ok(c) => {
+                if tx.send((id, c)).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                eprintln!("submit {id} failed: {e}");
+                std::process::exit(4);
+            }
+        }
+    }
+    drop(tx);
+    let _ = acker.join();
+}

@@ -1,0 +1,231 @@
+//! Failure behaviour specific to the durable store: corrupted data blocks, damaged
+//! superblocks, a full device, double mounts.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use kelp_store::workload::test_hash;
+use kelp_store::{
+    CollectionId, KelpStore, MkfsOptions, ObjectId, ObjectStore, StoreConfig, StoreError,
+    Transaction,
+};
+
+const C: CollectionId = kelp_store::workload::CRASH_COLLS[0];
+
+fn oid(name: &str) -> ObjectId {
+    ObjectId::new(1, "", name, test_hash(name))
+}
+
+fn new_store(dir: &Path, size: u64) -> KelpStore {
+    let opts = MkfsOptions {
+        size: kelp_types::ByteSize(size),
+        ..MkfsOptions::default()
+    };
+    kelp_store::mkfs(dir, &opts).unwrap();
+    let s = KelpStore::mount(dir, StoreConfig::default()).unwrap();
+    s.submit(Transaction::new().create_collection(C).clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    s
+}
+
+fn flip_byte(dir: &Path, offset: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join("block"))
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0x20;
+    f.write_all_at(&b, offset).unwrap();
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn flipped_bytes_are_checksum_errors_and_fsck_deep_names_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 64 << 20);
+    let big: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("big"), 0, big.clone())
+            .write(C, &oid("small"), 0, b"tiny deferred write".to_vec())
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    let big_ext = s.object_extents(C, &oid("big")).unwrap();
+    let small_ext = s.object_extents(C, &oid("small")).unwrap();
+    s.close().unwrap();
+    assert!(kelp_store::fsck_dir(dir.path(), true).unwrap().is_clean());
+
+    flip_byte(dir.path(), big_ext[0].0 + 5000);
+    flip_byte(dir.path(), small_ext[0].0 + 3);
+
+    let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    match s.read(C, &oid("big"), 0, 65536) {
+        Err(StoreError::ChecksumMismatch { object, offset, .. }) => {
+            assert!(object.contains("big"), "{object}");
+            assert_eq!(offset, 4096);
+        }
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    // Blocks around the damaged one still read fine; the damaged one never returns data.
+    assert_eq!(s.read(C, &oid("big"), 0, 4096).unwrap(), big[..4096]);
+    assert_eq!(s.read(C, &oid("big"), 8192, 4096).unwrap(), big[8192..12288]);
+    assert!(matches!(
+        s.read(C, &oid("big"), 4100, 1),
+        Err(StoreError::ChecksumMismatch { .. })
+    ));
+    assert!(matches!(
+        s.read(C, &oid("small"), 0, 100),
+        Err(StoreError::ChecksumMismatch { .. })
+    ));
+    // Shallow fsck checks metadata only; deep reads every block.
+    assert!(s.fsck(false).unwrap().is_clean());
+    let rep = s.fsck(true).unwrap();
+    let kinds: Vec<_> = rep.problems.iter().map(|p| p.kind).collect();
+    assert_eq!(kinds, vec!["checksum", "checksum"], "{:?}", rep.problems);
+    let text: Vec<String> = rep.problems.iter().map(|p| p.to_string()).collect();
+    assert!(text.iter().any(|t| t.contains("big") && t.contains("offset 4096")), "{text:?}");
+    assert!(text.iter().any(|t| t.contains("small")), "{text:?}");
+    // Overwriting the damaged block heals it (a whole-unit write does not read the old data).
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("big"), 4096, big[4096..8192].to_vec())
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert_eq!(s.read(C, &oid("big"), 0, 65536).unwrap(), big);
+    // A partial-unit write must read the damaged unit and refuses.
+    assert!(matches!(
+        s.submit(Transaction::new().write(C, &oid("small"), 1, b"x".to_vec()).clone()),
+        Err(StoreError::ChecksumMismatch { .. })
+    ));
+}
+
+#[test]
+fn damaged_superblock_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    new_store(dir.path(), 16 << 20).close().unwrap();
+    let sb_path = dir.path().join("superblock");
+    let good = std::fs::read(&sb_path).unwrap();
+
+    let msg = |e: StoreError| e.to_string();
+    std::fs::write(&sb_path, &good[..good.len() / 2]).unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    assert!(matches!(e, StoreError::BadSuperblock { .. }));
+    assert!(msg(e).contains("truncated"));
+
+    std::fs::write(&sb_path, &good[..7]).unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    assert!(msg(e).contains("truncated"));
+
+    std::fs::write(&sb_path, vec![0x5a; 4096]).unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    assert!(msg(e).contains("not a Kelp object store"));
+
+    let mut flipped = good.clone();
+    flipped[40] ^= 1;
+    std::fs::write(&sb_path, &flipped).unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    assert!(msg(e).contains("checksum mismatch"));
+
+    let mut future = good.clone();
+    future[8] = 99; // format version in the header
+    std::fs::write(&sb_path, &future).unwrap();
+    assert!(KelpStore::mount(dir.path(), StoreConfig::default()).is_err());
+
+    std::fs::remove_file(&sb_path).unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    assert!(matches!(e, StoreError::BadSuperblock { .. }));
+
+    // Restored, it mounts again.
+    std::fs::write(&sb_path, &good).unwrap();
+    KelpStore::mount(dir.path(), StoreConfig::default())
+        .unwrap()
+        .close()
+        .unwrap();
+}
+
+#[test]
+fn full_store_refuses_cleanly_and_recovers_after_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 2 << 20); // 512 units of 4 KiB
+    let chunk = vec![0xabu8; 64 << 10];
+    let mut written = Vec::new();
+    let err = loop {
+        let o = oid(&format!("fill{}", written.len()));
+        let t = Transaction::new()
+            .write(C, &o, 0, chunk.clone())
+            .set_xattr(C, &o, "x", b"y".to_vec())
+            .clone();
+        match s.submit(t) {
+            Ok(c) => {
+                c.wait().unwrap();
+                written.push(o);
+            }
+            Err(e) => break e,
+        }
+        assert!(written.len() < 100, "the store never filled up");
+    };
+    assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
+    assert!(err.is_retryable());
+    assert!(written.len() >= 6);
+    // The refused transaction left nothing behind, not even the object.
+    assert!(!s.exists(C, &oid(&format!("fill{}", written.len()))).unwrap());
+    // Small (deferred) writes are refused too once no unit is left.
+    while s.free_bytes() > 0 {
+        let o = oid(&format!("small{}", s.free_bytes()));
+        s.submit(Transaction::new().write(C, &o, 0, vec![1; 10]).clone())
+            .unwrap()
+            .wait()
+            .unwrap();
+        written.push(o);
+    }
+    assert!(matches!(
+        s.submit(Transaction::new().write(C, &oid("one-more"), 0, vec![1; 10]).clone()),
+        Err(StoreError::NoSpace { .. })
+    ));
+    let rep = s.fsck(true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+    assert_eq!(rep.free_bytes, 0);
+    // Data written before the store filled is intact.
+    assert_eq!(s.read(C, &written[0], 0, 1 << 20).unwrap(), chunk);
+    // Deletes free space; writes are accepted again.
+    let mut t = Transaction::new();
+    for o in &written[..3] {
+        t.remove(C, o);
+    }
+    s.submit(t).unwrap().wait().unwrap();
+    s.submit(Transaction::new().write(C, &oid("again"), 0, chunk.clone()).clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(s.read(C, &oid("again"), 0, 1 << 20).unwrap(), chunk);
+    s.close().unwrap();
+    let rep = kelp_store::fsck_dir(dir.path(), true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+}
+
+#[test]
+fn one_mount_at_a_time_and_no_mkfs_over_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 16 << 20);
+    assert!(matches!(
+        KelpStore::mount(dir.path(), StoreConfig::default()),
+        Err(StoreError::Locked { .. })
+    ));
+    drop(s);
+    assert!(matches!(
+        kelp_store::mkfs(dir.path(), &MkfsOptions::default()),
+        Err(StoreError::AlreadyExists { .. })
+    ));
+    let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    assert_eq!(s.list_collections().unwrap(), vec![C]);
+}
