@@ -7,6 +7,7 @@
 //! Correctness is checked against vectors produced by Ceph's own `crushtool` and `osdmaptool`
 //! (`shared/vectors/crush`, see `tests/vectors.rs`).
 
+mod div;
 mod error;
 mod hash;
 mod ln;

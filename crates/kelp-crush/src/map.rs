@@ -134,6 +134,8 @@ pub struct Bucket {
     pub weight: u32,
     /// For a shadow bucket: (original bucket id, class id).
     pub shadow_of: Option<(ItemId, u32)>,
+    /// Exact reciprocal of each item weight for straw2 draws (derived by `finalize`).
+    pub(crate) divisors: Vec<crate::div::Divisor>,
 }
 
 /// One step of a rule.
@@ -478,6 +480,7 @@ impl CrushMap {
             item_weights: weights,
             weight,
             shadow_of: None,
+            divisors: Vec::new(),
         };
         self.put_bucket(bucket);
         self.names.insert(name.to_string(), id);
@@ -596,6 +599,9 @@ impl CrushMap {
             .max()
             .unwrap_or(-1);
         self.max_devices = max_item.max(-1) + 1;
+        for b in self.buckets.iter_mut().flatten() {
+            b.divisors = b.item_weights.iter().map(|&w| crate::div::Divisor::new(w)).collect();
+        }
         self.finalized = true;
         Ok(())
     }
@@ -732,6 +738,7 @@ impl CrushMap {
             item_weights: weights,
             weight,
             shadow_of: Some((original, class)),
+            divisors: Vec::new(),
         });
         self.names.insert(copy_name, id);
         Ok(id)

@@ -9,7 +9,7 @@
 //! Hot path: this is what every client op and every PG calculation runs.
 
 use crate::error::{CrushError, Result};
-use crate::hash::{crush_hash32_2, crush_hash32_3};
+use crate::hash::{LANES, crush_hash32_2, crush_hash32_3_lanes};
 use crate::ln::crush_ln;
 use crate::map::{Bucket, CrushMap, ITEM_NONE, ITEM_UNDEF, ItemId, Step, WEIGHT_ONE};
 
@@ -275,20 +275,32 @@ impl Descent<'_> {
     fn straw2_choose(&self, bucket: &Bucket, r: u32) -> ItemId {
         let mut high = 0usize;
         let mut high_draw = i64::MIN;
-        for (i, (&item, &weight)) in bucket.items.iter().zip(&bucket.item_weights).enumerate() {
-            let draw = if weight != 0 {
-                let u = crush_hash32_3(self.x, item as u32, r) & 0xffff;
-                let ln = crush_ln(u) as i64 - 0x1_0000_0000_0000;
-                ln / weight as i64
-            } else {
-                i64::MIN
-            };
-            if i == 0 || draw > high_draw {
-                high = i;
-                high_draw = draw;
+        let items = &bucket.items;
+        let mut ids = [0u32; LANES];
+        let mut base = 0usize;
+        while base < items.len() {
+            // Hash up to LANES items at once (SIMD), then draw and compare in order.
+            let n = (items.len() - base).min(LANES);
+            for (slot, &item) in ids.iter_mut().zip(&items[base..base + n]) {
+                *slot = item as u32;
             }
+            let hashes = crush_hash32_3_lanes(self.x, &ids, r);
+            for lane in 0..n {
+                let i = base + lane;
+                let draw = if bucket.item_weights[i] != 0 {
+                    let ln = crush_ln(hashes[lane] & 0xffff) as i64 - 0x1_0000_0000_0000;
+                    bucket.divisors[i].div_neg(ln)
+                } else {
+                    i64::MIN
+                };
+                if i == 0 || draw > high_draw {
+                    high = i;
+                    high_draw = draw;
+                }
+            }
+            base += n;
         }
-        bucket.items[high]
+        items[high]
     }
 
     /// Whether a chosen device is rejected by its reweight: out at 0, in at >= 1.0, otherwise

@@ -20,12 +20,16 @@ enum Command {
     /// CRUSH placement: test mappings, map object names to PGs and OSDs, print maps.
     #[command(subcommand)]
     Crush(cmd::crush::CrushCommand),
+    /// OSD-local object store: create (mkfs), check (fsck) and benchmark a store directory.
+    #[command(subcommand)]
+    Store(cmd::store::StoreCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Crush(c) => cmd::crush::run(c),
+        Command::Store(c) => cmd::store::run(c),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,7 @@
 //! One module per subcommand group; each exposes a clap `Subcommand`/`Args` type and a `run`.
 
 pub mod crush;
+pub mod store;
 
 /// Output format of commands that can print machine-readable results.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
