@@ -46,7 +46,10 @@ mod tests {
         for u in 1..=0xffffu32 {
             let exact = ((u + 1) as f64).log2() * (1u64 << 44) as f64;
             let got = crush_ln(u) as f64;
-            assert!((exact - got).abs() < (1u64 << 36) as f64, "u={u} exact={exact} got={got}");
+            assert!(
+                (exact - got).abs() < (1u64 << 36) as f64,
+                "u={u} exact={exact} got={got}"
+            );
         }
     }
 

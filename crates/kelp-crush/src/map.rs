@@ -82,7 +82,10 @@ impl Tunables {
     pub fn entries(&self) -> [(&'static str, u32); 8] {
         [
             ("choose_local_tries", self.choose_local_tries),
-            ("choose_local_fallback_tries", self.choose_local_fallback_tries),
+            (
+                "choose_local_fallback_tries",
+                self.choose_local_fallback_tries,
+            ),
             ("choose_total_tries", self.choose_total_tries),
             ("chooseleaf_descend_once", self.chooseleaf_descend_once),
             ("chooseleaf_vary_r", self.chooseleaf_vary_r),
@@ -285,7 +288,10 @@ impl CrushMap {
     }
 
     pub fn type_id(&self, name: &str) -> Option<u32> {
-        self.types.iter().find(|(_, n)| *n == name).map(|(id, _)| *id)
+        self.types
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(id, _)| *id)
     }
 
     pub fn type_name(&self, id: u32) -> Option<&str> {
@@ -293,7 +299,10 @@ impl CrushMap {
     }
 
     pub fn class_id(&self, name: &str) -> Option<u32> {
-        self.classes.iter().find(|(_, n)| *n == name).map(|(id, _)| *id)
+        self.classes
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(id, _)| *id)
     }
 
     pub fn class_name(&self, id: u32) -> Option<&str> {
@@ -358,10 +367,14 @@ impl CrushMap {
     /// Defines a type (level of the hierarchy).
     pub fn add_type(&mut self, id: u32, name: &str) -> Result<()> {
         if self.types.contains_key(&id) {
-            return Err(CrushError::Invalid(format!("type id {id} is defined twice")));
+            return Err(CrushError::Invalid(format!(
+                "type id {id} is defined twice"
+            )));
         }
         if self.type_id(name).is_some() {
-            return Err(CrushError::Invalid(format!("type '{name}' is defined twice")));
+            return Err(CrushError::Invalid(format!(
+                "type '{name}' is defined twice"
+            )));
         }
         self.types.insert(id, name.to_string());
         Ok(())
@@ -383,7 +396,9 @@ impl CrushMap {
             return Err(CrushError::Invalid(format!("device id {id} must be >= 0")));
         }
         if self.devices.contains_key(&id) {
-            return Err(CrushError::Invalid(format!("device id {id} is defined twice")));
+            return Err(CrushError::Invalid(format!(
+                "device id {id} is defined twice"
+            )));
         }
         self.check_name_free(name)?;
         let class = class.map(|c| self.get_or_create_class(c));
@@ -458,7 +473,9 @@ impl CrushMap {
                 }
             };
             if item == id {
-                return Err(CrushError::Invalid(format!("bucket '{name}' contains itself")));
+                return Err(CrushError::Invalid(format!(
+                    "bucket '{name}' contains itself"
+                )));
             }
             if ids.contains(&item) {
                 return Err(CrushError::Invalid(format!(
@@ -515,7 +532,10 @@ impl CrushMap {
     /// Adds a rule. Ids must be unique; `Take` items must exist.
     pub fn add_rule(&mut self, rule: Rule) -> Result<()> {
         if self.rule(rule.id).is_some() {
-            return Err(CrushError::Invalid(format!("rule id {} is defined twice", rule.id)));
+            return Err(CrushError::Invalid(format!(
+                "rule id {} is defined twice",
+                rule.id
+            )));
         }
         if self.rule_by_name(&rule.name).is_some() {
             return Err(CrushError::Invalid(format!(
@@ -584,10 +604,10 @@ impl CrushMap {
     pub fn finalize(&mut self) -> Result<()> {
         // Drop previously derived shadow buckets; rebuild from the originals.
         for slot in self.buckets.iter_mut() {
-            if slot.as_ref().is_some_and(|b| b.shadow_of.is_some()) {
-                if let Some(b) = slot.take() {
-                    self.names.remove(&b.name);
-                }
+            if slot.as_ref().is_some_and(|b| b.shadow_of.is_some())
+                && let Some(b) = slot.take()
+            {
+                self.names.remove(&b.name);
             }
         }
         self.check_acyclic()?;
@@ -600,7 +620,11 @@ impl CrushMap {
             .unwrap_or(-1);
         self.max_devices = max_item.max(-1) + 1;
         for b in self.buckets.iter_mut().flatten() {
-            b.divisors = b.item_weights.iter().map(|&w| crate::div::Divisor::new(w)).collect();
+            b.divisors = b
+                .item_weights
+                .iter()
+                .map(|&w| crate::div::Divisor::new(w))
+                .collect();
         }
         self.finalized = true;
         Ok(())
@@ -756,7 +780,7 @@ fn sum_weights(name: &str, weights: &[u32]) -> Result<u32> {
 /// 32-bit float, multiplied in float by 65536 and truncated (so `4.097` gives 268501).
 pub fn weight_from_f32(w: f32) -> Option<u32> {
     let scaled = w * 65536.0f32;
-    if !scaled.is_finite() || scaled < 0.0 || scaled >= 4_294_967_296.0 {
+    if !scaled.is_finite() || !(0.0..4_294_967_296.0).contains(&scaled) {
         return None;
     }
     Some(scaled as u32)

@@ -46,7 +46,14 @@ impl CrushMap {
         reweights: &[u32],
     ) -> Result<Vec<ItemId>> {
         let mut out = Vec::with_capacity(num_rep);
-        self.do_rule_into(rule_id, x, num_rep, reweights, &mut out, &mut Scratch::default())?;
+        self.do_rule_into(
+            rule_id,
+            x,
+            num_rep,
+            reweights,
+            &mut out,
+            &mut Scratch::default(),
+        )?;
         Ok(out)
     }
 
@@ -285,10 +292,10 @@ impl Descent<'_> {
                 *slot = item as u32;
             }
             let hashes = crush_hash32_3_lanes(self.x, &ids, r);
-            for lane in 0..n {
+            for (lane, &hash) in hashes.iter().enumerate().take(n) {
                 let i = base + lane;
                 let draw = if bucket.item_weights[i] != 0 {
-                    let ln = crush_ln(hashes[lane] & 0xffff) as i64 - 0x1_0000_0000_0000;
+                    let ln = crush_ln(hash & 0xffff) as i64 - 0x1_0000_0000_0000;
                     bucket.divisors[i].div_neg(ln)
                 } else {
                     i64::MIN
@@ -561,10 +568,10 @@ impl Descent<'_> {
             if out[rep] == ITEM_UNDEF {
                 out[rep] = ITEM_NONE;
             }
-            if let Some(o2) = out2.as_deref_mut() {
-                if o2[rep] == ITEM_UNDEF {
-                    o2[rep] = ITEM_NONE;
-                }
+            if let Some(o2) = out2.as_deref_mut()
+                && o2[rep] == ITEM_UNDEF
+            {
+                o2[rep] = ITEM_NONE;
             }
         }
     }

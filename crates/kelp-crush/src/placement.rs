@@ -18,7 +18,11 @@ const NAMESPACE_SEPARATOR: u8 = 0x1f;
 /// `b` by one only remaps the values of one bucket. `bmask` is the next power of two minus one.
 #[inline]
 pub fn stable_mod(x: u32, b: u32, bmask: u32) -> u32 {
-    if x & bmask < b { x & bmask } else { x & (bmask >> 1) }
+    if x & bmask < b {
+        x & bmask
+    } else {
+        x & (bmask >> 1)
+    }
 }
 
 /// The mask that goes with `pg_num` in `stable_mod`: `2^ceil(log2(pg_num)) - 1`.
@@ -27,7 +31,11 @@ pub fn pg_num_mask(pg_num: u32) -> u32 {
         return 0;
     }
     let bits = 32 - (pg_num - 1).leading_zeros();
-    if bits >= 32 { u32::MAX } else { (1u32 << bits) - 1 }
+    if bits >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << bits) - 1
+    }
 }
 
 /// The 32-bit placement hash of an object: of its locator `key` if set, else of its name, with
@@ -105,7 +113,13 @@ impl PoolPlacement {
     pub fn up_osds(&self, raw: &[ItemId], is_up: impl Fn(ItemId) -> bool) -> Vec<ItemId> {
         if self.erasure {
             raw.iter()
-                .map(|&o| if o != ITEM_NONE && is_up(o) { o } else { ITEM_NONE })
+                .map(|&o| {
+                    if o != ITEM_NONE && is_up(o) {
+                        o
+                    } else {
+                        ITEM_NONE
+                    }
+                })
                 .collect()
         } else {
             raw.iter()

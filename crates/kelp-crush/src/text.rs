@@ -11,9 +11,8 @@ use std::fmt::Write as _;
 
 use crate::error::{CrushError, Result};
 use crate::map::{
-    ALG_LIST, ALG_STRAW, ALG_STRAW2, ALG_TREE, ALG_UNIFORM, CrushMap, ItemId,
-    RULE_TYPE_ERASURE, RULE_TYPE_REPLICATED, Rule, Step, Tunables, format_weight,
-    weight_from_f32,
+    ALG_LIST, ALG_STRAW, ALG_STRAW2, ALG_TREE, ALG_UNIFORM, CrushMap, ItemId, RULE_TYPE_ERASURE,
+    RULE_TYPE_REPLICATED, Rule, Step, Tunables, format_weight, weight_from_f32,
 };
 
 #[derive(Debug, Clone)]
@@ -71,9 +70,7 @@ impl<'a> Parser<'a> {
     }
 
     fn line(&self) -> usize {
-        self.tokens
-            .get(self.pos)
-            .map_or(self.last_line, |t| t.line)
+        self.tokens.get(self.pos).map_or(self.last_line, |t| t.line)
     }
 
     fn err<T>(&self, message: impl Into<String>) -> Result<T> {
@@ -397,7 +394,9 @@ fn parse_step(p: &mut Parser<'_>, map: &mut CrushMap, rule: &str) -> Result<Step
                 p.pos += 1;
                 let class = p.next("a class name")?;
                 let Some(class_id) = map.class_id(class) else {
-                    return bad(format!("rule '{rule}': device class '{class}' does not exist"));
+                    return bad(format!(
+                        "rule '{rule}': device class '{class}' does not exist"
+                    ));
                 };
                 if !map.finalized {
                     p.at(line, map.finalize())?;
@@ -416,13 +415,19 @@ fn parse_step(p: &mut Parser<'_>, map: &mut CrushMap, rule: &str) -> Result<Step
             let indep = match mode {
                 "firstn" => false,
                 "indep" => true,
-                _ => return bad(format!("expected firstn or indep after {op}, found '{mode}'")),
+                _ => {
+                    return bad(format!(
+                        "expected firstn or indep after {op}, found '{mode}'"
+                    ));
+                }
             };
             let num: i32 = p.int("the number of items to choose")?;
             p.expect("type")?;
             let type_name = p.next("a type name")?;
             let Some(type_id) = map.type_id(type_name) else {
-                return bad(format!("rule '{rule}' chooses type '{type_name}', which is not defined"));
+                return bad(format!(
+                    "rule '{rule}' chooses type '{type_name}', which is not defined"
+                ));
             };
             Step::Choose {
                 leaf: op == "chooseleaf",

@@ -68,7 +68,10 @@ fn unknown_keyword_names_its_line() {
 #[test]
 fn other_bucket_algorithms_are_refused() {
     for alg in ["straw", "uniform", "list", "tree"] {
-        let text = with("", &BUCKETS.replacen("alg straw2", &format!("alg {alg}"), 1));
+        let text = with(
+            "",
+            &BUCKETS.replacen("alg straw2", &format!("alg {alg}"), 1),
+        );
         let (line, msg) = err_of(&text);
         assert_eq!(line, 14, "{msg}");
         assert!(msg.contains(alg) && msg.contains("straw2"), "{msg}");
@@ -87,22 +90,46 @@ fn unknown_step_is_refused() {
 
 #[test]
 fn dangling_references_are_refused() {
-    let (line, msg) = err_of(&with("", &BUCKETS.replace("item osd.1 weight", "item osd.7 weight")));
+    let (line, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("item osd.1 weight", "item osd.7 weight"),
+    ));
     assert_eq!(line, 17);
-    assert!(msg.contains("osd.7") && msg.contains("not defined"), "{msg}");
-    let (_, msg) = err_of(&with("", &BUCKETS.replace("step take default", "step take nowhere")));
+    assert!(
+        msg.contains("osd.7") && msg.contains("not defined"),
+        "{msg}"
+    );
+    let (_, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("step take default", "step take nowhere"),
+    ));
     assert!(msg.contains("nowhere"), "{msg}");
-    let (_, msg) = err_of(&with("", &BUCKETS.replace("type osd\n\tstep emit", "type rack\n\tstep emit")));
+    let (_, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("type osd\n\tstep emit", "type rack\n\tstep emit"),
+    ));
     assert!(msg.contains("rack"), "{msg}");
-    let (_, msg) = err_of(&with("", &BUCKETS.replace("step take default", "step take default class ssd")));
+    let (_, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("step take default", "step take default class ssd"),
+    ));
     assert!(msg.contains("class 'ssd' does not exist"), "{msg}");
 }
 
 #[test]
 fn a_bucket_cannot_contain_itself_or_an_item_twice() {
-    let (_, msg) = err_of(&with("", &BUCKETS.replace("\titem h0\n", "\titem h0\n\titem default\n")));
-    assert!(msg.contains("default") && msg.contains("not defined"), "{msg}");
-    let (_, msg) = err_of(&with("", &BUCKETS.replace("\titem osd.1 weight 1.000\n", "\titem osd.0\n")));
+    let (_, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("\titem h0\n", "\titem h0\n\titem default\n"),
+    ));
+    assert!(
+        msg.contains("default") && msg.contains("not defined"),
+        "{msg}"
+    );
+    let (_, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("\titem osd.1 weight 1.000\n", "\titem osd.0\n"),
+    ));
     assert!(msg.contains("twice"), "{msg}");
 }
 
@@ -115,7 +142,14 @@ fn duplicate_ids_and_names_are_refused() {
     assert!(msg.contains("osd.1"), "{msg}");
     let (_, msg) = err_of(&with("", &BUCKETS.replace("\tid -1\n", "\tid -2\n")));
     assert!(msg.contains("-2"), "{msg}");
-    let dup_rule = format!("{BUCKETS}{}", BUCKETS.split("rule r {").nth(1).map(|r| format!("rule r2 {{{r}")).unwrap());
+    let dup_rule = format!(
+        "{BUCKETS}{}",
+        BUCKETS
+            .split("rule r {")
+            .nth(1)
+            .map(|r| format!("rule r2 {{{r}"))
+            .unwrap()
+    );
     let (_, msg) = err_of(&with("", &dup_rule));
     assert!(msg.contains("rule id 0"), "{msg}");
     let (_, msg) = err_of(&with("type 1 rack\n", BUCKETS));
@@ -124,10 +158,16 @@ fn duplicate_ids_and_names_are_refused() {
 
 #[test]
 fn malformed_values_are_refused() {
-    let (line, msg) = err_of(&with("", &BUCKETS.replace("weight 1.000\n\titem osd.1", "weight heavy\n\titem osd.1")));
+    let (line, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("weight 1.000\n\titem osd.1", "weight heavy\n\titem osd.1"),
+    ));
     assert_eq!(line, 16);
     assert!(msg.contains("heavy"), "{msg}");
-    let (_, msg) = err_of(&with("", &BUCKETS.replace("weight 1.000\n\titem osd.1", "weight -1\n\titem osd.1")));
+    let (_, msg) = err_of(&with(
+        "",
+        &BUCKETS.replace("weight 1.000\n\titem osd.1", "weight -1\n\titem osd.1"),
+    ));
     assert!(msg.contains("-1"), "{msg}");
     let (_, msg) = err_of(&format!("tunable choose_total_tries many\n{HEADER}"));
     assert!(msg.contains("many"), "{msg}");
@@ -159,21 +199,37 @@ fn choose_args_are_refused_not_ignored() {
 fn legacy_tunables_parse_and_print_but_do_not_map() {
     // Without tunable lines a map means the legacy profile, which needs the permutation
     // fallback that Kelp does not implement: refuse to map rather than map differently.
-    let text = with("", BUCKETS).lines().filter(|l| !l.starts_with("tunable")).collect::<Vec<_>>().join("\n");
+    let text = with("", BUCKETS)
+        .lines()
+        .filter(|l| !l.starts_with("tunable"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let map = parse_text(&text).unwrap();
     let err = map.do_rule(0, 1, 2, &map.default_reweights()).unwrap_err();
     assert!(matches!(err, CrushError::Unsupported(_)), "{err}");
     assert!(map.to_text().contains("# begin crush map"));
-    assert!(!map.to_text().contains("tunable"), "legacy values are not printed");
+    assert!(
+        !map.to_text().contains("tunable"),
+        "legacy values are not printed"
+    );
 }
 
 #[test]
 fn mapping_requests_are_checked() {
     let map = parse_text(&with("", BUCKETS)).unwrap();
     let w = map.default_reweights();
-    assert!(matches!(map.do_rule(5, 1, 2, &w), Err(CrushError::NoSuchRule { rule: 5, .. })));
-    assert!(matches!(map.do_rule(0, 1, 0, &w), Err(CrushError::BadNumRep { .. })));
-    assert!(matches!(map.do_rule(0, 1, 100_000, &w), Err(CrushError::BadNumRep { .. })));
+    assert!(matches!(
+        map.do_rule(5, 1, 2, &w),
+        Err(CrushError::NoSuchRule { rule: 5, .. })
+    ));
+    assert!(matches!(
+        map.do_rule(0, 1, 0, &w),
+        Err(CrushError::BadNumRep { .. })
+    ));
+    assert!(matches!(
+        map.do_rule(0, 1, 100_000, &w),
+        Err(CrushError::BadNumRep { .. })
+    ));
     // An empty reweight vector means every device is out: empty result, no panic.
     assert_eq!(map.do_rule(0, 1, 2, &[]).unwrap(), Vec::<i32>::new());
 }
@@ -182,15 +238,33 @@ fn mapping_requests_are_checked() {
 fn api_refuses_invalid_buckets() {
     let mut map = CrushMap::with_default_types();
     map.add_device(0, "osd.0", None).unwrap();
-    assert!(map.add_bucket(None, "h", 1, &[(3, None)]).is_err(), "undefined device");
-    assert!(map.add_bucket(None, "h", 99, &[(0, None)]).is_err(), "undefined type");
-    assert!(map.add_bucket(None, "h", 0, &[(0, None)]).is_err(), "type 0 is for devices");
-    assert!(map.add_bucket(Some(3), "h", 1, &[(0, None)]).is_err(), "positive bucket id");
+    assert!(
+        map.add_bucket(None, "h", 1, &[(3, None)]).is_err(),
+        "undefined device"
+    );
+    assert!(
+        map.add_bucket(None, "h", 99, &[(0, None)]).is_err(),
+        "undefined type"
+    );
+    assert!(
+        map.add_bucket(None, "h", 0, &[(0, None)]).is_err(),
+        "type 0 is for devices"
+    );
+    assert!(
+        map.add_bucket(Some(3), "h", 1, &[(0, None)]).is_err(),
+        "positive bucket id"
+    );
     assert!(map.add_bucket(None, "bad name", 1, &[(0, None)]).is_err());
-    assert!(map.add_bucket(None, "a~b", 1, &[(0, None)]).is_err(), "'~' is for shadows");
+    assert!(
+        map.add_bucket(None, "a~b", 1, &[(0, None)]).is_err(),
+        "'~' is for shadows"
+    );
     let h = map.add_bucket(None, "h", 1, &[(0, None)]).unwrap();
     assert_eq!(h, -1);
-    assert!(map.add_bucket(Some(-1), "h2", 1, &[(0, None)]).is_err(), "reused id");
+    assert!(
+        map.add_bucket(Some(-1), "h2", 1, &[(0, None)]).is_err(),
+        "reused id"
+    );
     assert!(map.add_bucket(None, "h", 1, &[]).is_err(), "reused name");
     map.finalize().unwrap();
 }

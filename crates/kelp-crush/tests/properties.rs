@@ -19,7 +19,10 @@ fn build(weights: &[Vec<u32>]) -> CrushMap {
             items.push((id, Some(w * WEIGHT_ONE / 8)));
             id += 1;
         }
-        hosts.push(map.add_bucket(None, &format!("host{h}"), host_t, &items).unwrap());
+        hosts.push(
+            map.add_bucket(None, &format!("host{h}"), host_t, &items)
+                .unwrap(),
+        );
     }
     let root_items: Vec<(ItemId, Option<u32>)> = hosts.iter().map(|&h| (h, None)).collect();
     let root = map.add_bucket(None, "default", 11, &root_items).unwrap();

@@ -69,7 +69,10 @@ fn every_crushtool_mapping_matches() {
         }
         let text = fs::read_to_string(dir.join(file)).unwrap();
         let mut lines = 0;
-        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
             let (x, osds) = line.split_once(' ').unwrap_or((line, ""));
             let x: u32 = x.parse().unwrap();
             let want = parse_osd_list(osds);
@@ -106,10 +109,10 @@ fn parse_header(text: &str) -> OsdmapHeader {
             .collect();
         for pair in words.windows(2) {
             match pair[0] {
-                "pool" | "size" | "pg_num" | "pgp_num" | "crush_rule" | "rule" => {
-                    if pair[1].parse::<u32>().is_ok() {
-                        kv.entry(pair[0].to_string()).or_insert(pair[1].to_string());
-                    }
+                "pool" | "size" | "pg_num" | "pgp_num" | "crush_rule" | "rule"
+                    if pair[1].parse::<u32>().is_ok() =>
+                {
+                    kv.entry(pair[0].to_string()).or_insert(pair[1].to_string());
                 }
                 "--mark-out" => {
                     let osd = pair[1].parse().unwrap();
@@ -165,7 +168,10 @@ fn every_osdmaptool_object_and_pg_matches() {
         let file = path.file_name().unwrap().to_string_lossy().to_string();
         let is_objects = file.starts_with("objects");
         let mut rows = 0;
-        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
             let cols: Vec<&str> = line.split('\t').collect();
             let mut check = |what: &str, want: String, got: String| {
                 if want != got && failures.len() < 20 {
@@ -185,16 +191,32 @@ fn every_osdmaptool_object_and_pg_matches() {
                 check("ps", cols[3].to_string(), pg.seed.to_string());
                 check("pps", cols[4].to_string(), h.pool.pps(pg.seed).to_string());
                 let acting = h.pool.raw_osds(&map, pg.seed, &reweights).unwrap();
-                check("acting", format!("{:?}", parse_osd_list(cols[5])), format!("{acting:?}"));
+                check(
+                    "acting",
+                    format!("{:?}", parse_osd_list(cols[5])),
+                    format!("{acting:?}"),
+                );
             } else {
                 // pgid ps pps raw up acting acting_primary
                 let ps: u32 = cols[1].parse().unwrap();
-                check("pgid", cols[0].to_string(), format!("{}.{ps:x}", h.pool.pool_id));
+                check(
+                    "pgid",
+                    cols[0].to_string(),
+                    format!("{}.{ps:x}", h.pool.pool_id),
+                );
                 check("pps", cols[2].to_string(), h.pool.pps(ps).to_string());
                 let raw = h.pool.raw_osds(&map, ps, &reweights).unwrap();
-                check("raw", format!("{:?}", parse_osd_list(cols[3])), format!("{raw:?}"));
+                check(
+                    "raw",
+                    format!("{:?}", parse_osd_list(cols[3])),
+                    format!("{raw:?}"),
+                );
                 let up = h.pool.up_osds(&raw, |_| true);
-                check("up", format!("{:?}", parse_osd_list(cols[4])), format!("{up:?}"));
+                check(
+                    "up",
+                    format!("{:?}", parse_osd_list(cols[4])),
+                    format!("{up:?}"),
+                );
                 let primary = up.iter().copied().find(|&o| o != ITEM_NONE).unwrap_or(-1);
                 check("primary", cols[6].to_string(), primary.to_string());
             }
@@ -220,7 +242,12 @@ fn text_round_trip_is_exact_and_keeps_mappings() {
         let map = parse_text(&text).unwrap();
         let printed = map.to_text();
         // The vector maps are crushtool's decompile fixpoint: Kelp must print them identically.
-        assert_eq!(printed, text, "{} does not print back identically", path.display());
+        assert_eq!(
+            printed,
+            text,
+            "{} does not print back identically",
+            path.display()
+        );
         let again = parse_text(&printed).unwrap();
         let reweights = map.default_reweights();
         for rule in map.rules() {

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct ByteSize(pub u64);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("'{0}' is not a byte size: use a number with an optional unit such as 4096, 4KiB, 64MiB, 1GB")]
+#[error(
+    "'{0}' is not a byte size: use a number with an optional unit such as 4096, 4KiB, 64MiB, 1GB"
+)]
 pub struct ParseSizeError(pub String);
 
 impl FromStr for ByteSize {
@@ -54,9 +56,14 @@ impl FromStr for ByteSize {
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        const UNITS: [(&str, u64); 4] = [
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
         for (name, unit) in UNITS {
-            if self.0 >= unit && self.0 % unit == 0 {
+            if self.0 >= unit && self.0.is_multiple_of(unit) {
                 return write!(f, "{}{}", self.0 / unit, name);
             }
         }

@@ -5,10 +5,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn vectors() -> PathBuf {
-    let dir = std::env::var("KELP_VECTORS_DIR").map(PathBuf::from).unwrap_or_else(|_| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors/crush")
-    });
-    assert!(dir.join("manifest.json").exists(), "vectors missing at {}", dir.display());
+    let dir = std::env::var("KELP_VECTORS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors/crush")
+        });
+    assert!(
+        dir.join("manifest.json").exists(),
+        "vectors missing at {}",
+        dir.display()
+    );
     dir
 }
 
@@ -69,14 +75,20 @@ fn crush_test_prints_what_crushtool_printed() {
                 format!("CRUSH rule {rule} x {x} [{osds}]\n")
             })
             .collect();
-        assert!(got == want, "{file}: kelp crush test output differs from crushtool's");
+        assert!(
+            got == want,
+            "{file}: kelp crush test output differs from crushtool's"
+        );
     }
 }
 
 #[test]
 fn map_object_prints_what_osdmaptool_printed() {
     let dir = vectors();
-    for (tsv, out) in [("objects_b_hosts.tsv", None), ("objects_b_hosts_out4.tsv", Some("4"))] {
+    for (tsv, out) in [
+        ("objects_b_hosts.tsv", None),
+        ("objects_b_hosts_out4.tsv", Some("4")),
+    ] {
         let text = std::fs::read_to_string(dir.join("osdmap").join(tsv)).unwrap();
         let rows: Vec<Vec<&str>> = text
             .lines()
@@ -85,8 +97,18 @@ fn map_object_prints_what_osdmaptool_printed() {
             .collect();
         let map = dir.join("maps/b_hosts.txt").display().to_string();
         let mut args = vec![
-            "crush", "map-object", "--map", &map, "--rule", "0", "--pool-id", "1", "--pg-num",
-            "768", "--size", "3",
+            "crush",
+            "map-object",
+            "--map",
+            &map,
+            "--rule",
+            "0",
+            "--pool-id",
+            "1",
+            "--pg-num",
+            "768",
+            "--size",
+            "3",
         ];
         if let Some(osd) = out {
             args.extend(["--weight", osd, "0"]);
@@ -110,14 +132,29 @@ fn show_prints_maps_back_unchanged_and_build_makes_valid_maps() {
         let got = stdout(&kelp(&["crush", "show", "--map", path.to_str().unwrap()]));
         assert_eq!(got, std::fs::read_to_string(&path).unwrap(), "{m}");
     }
-    let built = stdout(&kelp(&["crush", "build", "--hosts", "4", "--osds-per-host", "2"]));
+    let built = stdout(&kelp(&[
+        "crush",
+        "build",
+        "--hosts",
+        "4",
+        "--osds-per-host",
+        "2",
+    ]));
     let tmp = std::env::temp_dir().join(format!("kelp-built-{}.txt", std::process::id()));
     std::fs::write(&tmp, &built).unwrap();
     let shown = stdout(&kelp(&["crush", "show", "--map", tmp.to_str().unwrap()]));
     assert_eq!(shown, built, "a built map prints back unchanged");
     let mapped = stdout(&kelp(&[
-        "crush", "test", "--map", tmp.to_str().unwrap(), "--rule", "0", "--num-rep", "3",
-        "--max-x", "9",
+        "crush",
+        "test",
+        "--map",
+        tmp.to_str().unwrap(),
+        "--rule",
+        "0",
+        "--num-rep",
+        "3",
+        "--max-x",
+        "9",
     ]));
     assert_eq!(mapped.lines().count(), 10);
     std::fs::remove_file(&tmp).ok();
@@ -128,23 +165,129 @@ fn bad_input_fails_with_a_clear_message() {
     let dir = vectors();
     let map = dir.join("maps/b_hosts.txt").display().to_string();
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["crush", "test", "--map", &map, "--rule", "9", "--num-rep", "3"], "rule 9 does not exist"),
-        (vec!["crush", "test", "--map", &map, "--rule", "0", "--num-rep", "0"], "--num-rep 0 is out of range"),
-        (vec!["crush", "test", "--map", &map, "--rule", "0", "--num-rep", "3", "--min-x", "5", "--max-x", "1"], "--min-x 5 is greater"),
-        (vec!["crush", "test", "--map", &map, "--rule", "0", "--num-rep", "3", "--weight", "99", "0"], "osd.99 is not in the map"),
-        (vec!["crush", "test", "--map", &map, "--rule", "0", "--num-rep", "3", "--weight", "1", "half"], "'half' is not a number"),
-        (vec!["crush", "test", "--map", "/nonexistent/map.txt", "--rule", "0", "--num-rep", "3"], "cannot read CRUSH map"),
-        (vec!["crush", "map-object", "--map", &map, "--rule", "0", "--pool-id", "1", "--pg-num", "0", "--size", "3", "x"], "--pg-num must be at least 1"),
+        (
+            vec![
+                "crush",
+                "test",
+                "--map",
+                &map,
+                "--rule",
+                "9",
+                "--num-rep",
+                "3",
+            ],
+            "rule 9 does not exist",
+        ),
+        (
+            vec![
+                "crush",
+                "test",
+                "--map",
+                &map,
+                "--rule",
+                "0",
+                "--num-rep",
+                "0",
+            ],
+            "--num-rep 0 is out of range",
+        ),
+        (
+            vec![
+                "crush",
+                "test",
+                "--map",
+                &map,
+                "--rule",
+                "0",
+                "--num-rep",
+                "3",
+                "--min-x",
+                "5",
+                "--max-x",
+                "1",
+            ],
+            "--min-x 5 is greater",
+        ),
+        (
+            vec![
+                "crush",
+                "test",
+                "--map",
+                &map,
+                "--rule",
+                "0",
+                "--num-rep",
+                "3",
+                "--weight",
+                "99",
+                "0",
+            ],
+            "osd.99 is not in the map",
+        ),
+        (
+            vec![
+                "crush",
+                "test",
+                "--map",
+                &map,
+                "--rule",
+                "0",
+                "--num-rep",
+                "3",
+                "--weight",
+                "1",
+                "half",
+            ],
+            "'half' is not a number",
+        ),
+        (
+            vec![
+                "crush",
+                "test",
+                "--map",
+                "/nonexistent/map.txt",
+                "--rule",
+                "0",
+                "--num-rep",
+                "3",
+            ],
+            "cannot read CRUSH map",
+        ),
+        (
+            vec![
+                "crush",
+                "map-object",
+                "--map",
+                &map,
+                "--rule",
+                "0",
+                "--pool-id",
+                "1",
+                "--pg-num",
+                "0",
+                "--size",
+                "3",
+                "x",
+            ],
+            "--pg-num must be at least 1",
+        ),
     ];
     for (args, want) in cases {
         let o = kelp(&args);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{args:?} should fail");
-        assert!(err.contains(want), "{args:?}: stderr {err:?} lacks {want:?}");
+        assert!(
+            err.contains(want),
+            "{args:?}: stderr {err:?} lacks {want:?}"
+        );
     }
     // A malformed map names the file and line.
     let tmp = std::env::temp_dir().join(format!("kelp-bad-{}.txt", std::process::id()));
-    std::fs::write(&tmp, "device 0 osd.0\ntype 0 osd\ntype 1 host\nhost h {\n\talg straw\n}\n").unwrap();
+    std::fs::write(
+        &tmp,
+        "device 0 osd.0\ntype 0 osd\ntype 1 host\nhost h {\n\talg straw\n}\n",
+    )
+    .unwrap();
     let o = kelp(&["crush", "show", "--map", tmp.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());

@@ -200,10 +200,17 @@ fn load(path: &Path) -> Result<CrushMap> {
 
 fn check_rule(map: &CrushMap, rule: u32, num_rep: usize) -> Result<()> {
     if map.rule(rule).is_none() {
-        let known: Vec<String> = map.rules().map(|r| format!("{} ({})", r.id, r.name)).collect();
+        let known: Vec<String> = map
+            .rules()
+            .map(|r| format!("{} ({})", r.id, r.name))
+            .collect();
         bail!(
             "rule {rule} does not exist in this map; its rules are: {}",
-            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
         );
     }
     if num_rep == 0 || num_rep > kelp_crush::MAX_NUM_REP {
@@ -250,7 +257,14 @@ fn test(a: TestArgs) -> Result<ExitCode> {
     let prefix = format!("CRUSH rule {} x ", a.rule);
     for x in a.min_x..=a.max_x {
         let input = a.pool_id.map_or(x, |p| crush_hash32_2(x, p));
-        map.do_rule_into(a.rule, input, a.num_rep, &reweights, &mut result, &mut scratch)?;
+        map.do_rule_into(
+            a.rule,
+            input,
+            a.num_rep,
+            &reweights,
+            &mut result,
+            &mut scratch,
+        )?;
         line.clear();
         if a.show_bad_mappings {
             let bad = result.len() < a.num_rep || result.contains(&ITEM_NONE);
