@@ -1,1 +1,302 @@
-//! placeholder
+//! `kelp store bench`: throughput and latency of the durable store on its real device.
+//!
+//! Every test drives the public [`ObjectStore`] API from N threads, each with one transaction
+//! in flight (so N is the queue depth), and a write counts only once its commit future resolved
+//! (durable). Tests, in order, on one freshly created store:
+//!
+//! | name | what |
+//! |---|---|
+//! | `write_4k_new_qd1` / `_qd16` | create 4 KiB objects |
+//! | `overwrite_4k_qd1` / `_qd16` | overwrite whole existing 4 KiB objects (random) |
+//! | `write_4m_qd4` | create 4 MiB objects |
+//! | `randread_4k_qd16_cold` | 4 KiB reads at random offsets of the 4 MiB objects, after a remount and dropping the data file from the page cache |
+//! | `create_1m_4k_qd16` | create `objects` (default 1 000 000) 4 KiB objects; reports the rate per 100 000 and metadata bytes per object |
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::config::{MkfsOptions, StoreConfig};
+use crate::error::Result;
+use crate::kelpstore::{KelpStore, mkfs};
+use crate::store::ObjectStore;
+use crate::types::{CollectionId, ObjectId, Transaction};
+use crate::workload::{Rng, test_hash};
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Duration of each timed test.
+    pub seconds: f64,
+    /// Objects created by the metadata-heavy test.
+    pub objects: u64,
+    pub mkfs: MkfsOptions,
+    pub config: StoreConfig,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    pub name: String,
+    pub queue_depth: usize,
+    pub ops: u64,
+    pub seconds: f64,
+    pub ops_per_s: f64,
+    pub mib_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestReport {
+    pub objects: u64,
+    /// ops/s of each successive block of 100 000 objects (or of tenths, if fewer objects).
+    pub ops_per_s_by_block: Vec<f64>,
+    pub block_size: u64,
+    pub first_block_ops_per_s: f64,
+    pub last_block_ops_per_s: f64,
+    /// (last - first) / first, percent.
+    pub change_percent: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub results: Vec<BenchResult>,
+    pub peak_rss_mib: f64,
+    pub cache_budget_mib: f64,
+    pub metadata_bytes_per_object: f64,
+    pub ingest: IngestReport,
+    pub config: StoreConfig,
+    pub mkfs: MkfsOptions,
+}
+
+/// Peak resident set size of this process, MiB (Linux `VmHWM`).
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+struct Outcome {
+    ops: u64,
+    bytes: u64,
+    lat_us: Vec<u32>,
+    elapsed: f64,
+}
+
+/// Run `op(thread, i)` from `qd` threads until `deadline` passes or `limit` total ops are done.
+fn drive(
+    qd: usize,
+    seconds: f64,
+    limit: u64,
+    op: impl Fn(usize, u64) -> Result<u64> + Sync,
+) -> Result<Outcome> {
+    let stop = AtomicBool::new(false);
+    let issued = AtomicU64::new(0);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    let results: Vec<Result<(u64, Vec<u32>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..qd)
+            .map(|t| {
+                let (stop, issued, op) = (&stop, &issued, &op);
+                s.spawn(move || -> Result<(u64, Vec<u32>)> {
+                    let mut lat = Vec::new();
+                    let mut bytes = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let i = issued.fetch_add(1, Ordering::Relaxed);
+                        if i >= limit || Instant::now() >= deadline {
+                            break;
+                        }
+                        let t0 = Instant::now();
+                        match op(t, i) {
+                            Ok(b) => bytes += b,
+                            Err(e) => {
+                                stop.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                        lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    }
+                    Ok((bytes, lat))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("bench thread panicked")))
+            .collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut out = Outcome {
+        ops: 0,
+        bytes: 0,
+        lat_us: Vec::new(),
+        elapsed,
+    };
+    for r in results {
+        let (b, l) = r?;
+        out.bytes += b;
+        out.ops += l.len() as u64;
+        out.lat_us.extend(l);
+    }
+    Ok(out)
+}
+
+fn summarize(name: &str, qd: usize, mut o: Outcome) -> BenchResult {
+    o.lat_us.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if o.lat_us.is_empty() {
+            return 0.0;
+        }
+        let i = ((o.lat_us.len() as f64 * p).ceil() as usize).clamp(1, o.lat_us.len()) - 1;
+        f64::from(o.lat_us[i]) / 1000.0
+    };
+    BenchResult {
+        name: name.to_string(),
+        queue_depth: qd,
+        ops: o.ops,
+        seconds: o.elapsed,
+        ops_per_s: o.ops as f64 / o.elapsed,
+        mib_per_s: o.bytes as f64 / o.elapsed / (1 << 20) as f64,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+    }
+}
+
+fn obj(prefix: &str, i: u64) -> ObjectId {
+    let name = format!("{prefix}{i:010}");
+    ObjectId::new(1, "", &name, test_hash(&name))
+}
+
+fn write_new(
+    s: &KelpStore,
+    coll: CollectionId,
+    prefix: &str,
+    i: u64,
+    data: &[u8],
+) -> Result<u64> {
+    let mut t = Transaction::new();
+    t.write(coll, &obj(prefix, i), 0, data.to_vec());
+    s.submit(t)?.wait()?;
+    Ok(data.len() as u64)
+}
+
+/// Run every test on a new store created in `dir` (which must not hold a store).
+/// `progress` receives one line per finished test.
+pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Result<BenchReport> {
+    mkfs(dir, &opts.mkfs)?;
+    let mut store = KelpStore::mount(dir, opts.config.clone())?;
+    let colls: Vec<CollectionId> = (0..8).map(|i| CollectionId::new(1, i)).collect();
+    {
+        let mut t = Transaction::new();
+        for c in &colls {
+            t.create_collection(*c);
+        }
+        store.submit(t)?.wait()?;
+    }
+    let mut results = Vec::new();
+    let secs = opts.seconds;
+    let block4k: Vec<u8> = Rng::new(1).bytes(4096);
+    let report = |r: BenchResult, results: &mut Vec<BenchResult>| {
+        progress(&format!(
+            "{:<24} qd {:>2}: {:>9.0} ops/s {:>8.1} MiB/s  p50 {:>7.3} ms  p99 {:>7.3} ms",
+            r.name, r.queue_depth, r.ops_per_s, r.mib_per_s, r.p50_ms, r.p99_ms
+        ));
+        results.push(r);
+    };
+
+    // 4 KiB new objects.
+    let mut created = 0u64;
+    for (qd, name) in [(1, "write_4k_new_qd1"), (16, "write_4k_new_qd16")] {
+        let base = created;
+        let o = drive(qd, secs, u64::MAX, |_, i| {
+            write_new(&store, colls[0], "s", base + i, &block4k)
+        })?;
+        created += o.ops;
+        report(summarize(name, qd, o), &mut results);
+    }
+    store.flush()?;
+    // 4 KiB overwrites of those objects.
+    for (qd, name) in [(1, "overwrite_4k_qd1"), (16, "overwrite_4k_qd16")] {
+        let o = drive(qd, secs, u64::MAX, |t, i| {
+            let mut r = Rng::new(i ^ ((t as u64) << 40));
+            write_new(&store, colls[0], "s", r.below(created.max(1)), &block4k)
+        })?;
+        report(summarize(name, qd, o), &mut results);
+    }
+    // 4 MiB objects.
+    let big: Vec<u8> = Rng::new(2).bytes(4 << 20);
+    let o = drive(4, secs, u64::MAX, |_, i| write_new(&store, colls[1], "m", i, &big))?;
+    let big_objects = o.ops;
+    report(summarize("write_4m_qd4", 4, o), &mut results);
+
+    // Cold random reads: remount (empty metadata cache), drop data pages.
+    store.close()?;
+    store = KelpStore::mount(dir, opts.config.clone())?;
+    store.drop_data_cache()?;
+    let o = drive(16, secs, u64::MAX, |t, i| {
+        let mut r = Rng::new(i.wrapping_mul(31) ^ ((t as u64) << 48) ^ 0xabc);
+        let which = r.below(big_objects.max(1));
+        let off = r.below(1024) * 4096;
+        let d = store.read(colls[1], &obj("m", which), off, 4096)?;
+        Ok(d.len() as u64)
+    })?;
+    report(summarize("randread_4k_qd16_cold", 16, o), &mut results);
+
+    // Metadata-heavy ingest.
+    store.compact_metadata()?;
+    let meta_before = store.metadata_bytes();
+    let n = opts.objects.max(10);
+    let block = if n >= 1_000_000 { 100_000 } else { n.div_ceil(10) };
+    let marks: Vec<AtomicU64> = (0..n.div_ceil(block)).map(|_| AtomicU64::new(0)).collect();
+    let done = AtomicU64::new(0);
+    let t0 = Instant::now();
+    let o = drive(16, 1e7, n, |_, i| {
+        let b = write_new(&store, colls[2], "c", i, &block4k)?;
+        let d = done.fetch_add(1, Ordering::Relaxed) + 1;
+        if d % block == 0 || d == n {
+            marks[((d - 1) / block) as usize]
+                .store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
+        Ok(b)
+    })?;
+    report(summarize("create_1m_4k_qd16", 16, o), &mut results);
+    store.flush()?;
+    store.compact_metadata()?;
+    let meta_after = store.metadata_bytes();
+    let mut rates = Vec::new();
+    let mut prev = 0u64;
+    for (k, m) in marks.iter().enumerate() {
+        let t = m.load(Ordering::Relaxed);
+        let count = block.min(n - k as u64 * block);
+        rates.push(count as f64 / ((t.saturating_sub(prev)).max(1) as f64 / 1e6));
+        prev = t;
+    }
+    let first = rates.first().copied().unwrap_or(0.0);
+    let last = rates.last().copied().unwrap_or(0.0);
+    let ingest = IngestReport {
+        objects: n,
+        ops_per_s_by_block: rates,
+        block_size: block,
+        first_block_ops_per_s: first,
+        last_block_ops_per_s: last,
+        change_percent: if first > 0.0 { (last - first) / first * 100.0 } else { 0.0 },
+    };
+    let metadata_bytes_per_object = meta_after.saturating_sub(meta_before) as f64 / n as f64;
+    store.close()?;
+    Ok(BenchReport {
+        results,
+        peak_rss_mib: peak_rss_mib(),
+        cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
+        metadata_bytes_per_object,
+        ingest,
+        config: opts.config.clone(),
+        mkfs: opts.mkfs,
+    })
+}
+

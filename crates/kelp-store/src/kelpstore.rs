@@ -29,7 +29,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
@@ -57,6 +57,83 @@ const PARTITION: &str = "meta";
 const MAX_OBJECT_END: u64 = 1 << 44;
 
 type Value = Arc<[u8]>;
+
+/// Alignment of buffers, offsets and lengths for O_DIRECT I/O on the data file.
+const DIO_ALIGN: usize = 4096;
+
+/// A heap buffer whose usable part starts at a `DIO_ALIGN`-aligned address (O_DIRECT needs
+/// aligned memory). Built from a `Vec` with slack, so no `unsafe` is needed.
+pub(crate) struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn zeroed(len: usize) -> Self {
+        let raw = vec![0u8; len + DIO_ALIGN];
+        let start = raw.as_ptr().align_offset(DIO_ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+    pub fn copy_of(data: &[u8]) -> Self {
+        let mut b = Self::zeroed(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// The current transaction's not-yet-published unit contents: deferred units and new-extent
+/// writes (consulted by reads made while preparing it, e.g. read-modify-write and clone).
+pub(crate) type Staged<'a> = (&'a BTreeMap<u64, Arc<Vec<u8>>>, &'a [CowWrite]);
+static EMPTY_DEFERRED: BTreeMap<u64, Arc<Vec<u8>>> = BTreeMap::new();
+
+/// Completion of a transaction's new-extent data writes, which its submitter performs after
+/// releasing the apply lock (so several writes proceed in parallel); the committer waits for it
+/// before flushing the data file and committing the metadata that points at the data.
+#[derive(Default)]
+struct DataDone {
+    state: Mutex<Option<std::result::Result<(), String>>>,
+    cv: Condvar,
+}
+
+impl DataDone {
+    fn finish(&self, r: std::result::Result<(), String>) {
+        *lock(&self.state) = Some(r);
+        self.cv.notify_all();
+    }
+    fn wait(&self) -> std::result::Result<(), String> {
+        let mut g = lock(&self.state);
+        loop {
+            if let Some(r) = &*g {
+                return r.clone();
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// New-extent data of a prepared transaction: `data[start..start + units * unit]` goes to
+/// physical unit `punit`.
+#[derive(Clone)]
+pub(crate) struct CowWrite {
+    punit: u64,
+    units: u64,
+    data: Arc<Vec<u8>>,
+    start: usize,
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -95,6 +172,7 @@ struct Prepared {
     freed: Vec<(u64, u64)>,
     deferred: Vec<(u64, Arc<Vec<u8>>)>,
     wrote_data: bool,
+    data_done: Option<Arc<DataDone>>,
     bytes: u64,
     done: oneshot::Sender<Result<()>>,
 }
@@ -113,6 +191,8 @@ pub(crate) struct Inner {
     pub geo: Geometry,
     pub sb: Superblock,
     pub data: File,
+    /// The data file is open with O_DIRECT (all buffers and offsets aligned).
+    direct: bool,
     pub kv: Keyspace,
     pub meta: PartitionHandle,
     _lock: File,
@@ -120,6 +200,8 @@ pub(crate) struct Inner {
     overlay: RwLock<BTreeMap<Vec<u8>, (u64, Option<Value>)>>,
     /// Unit contents of deferred writes not yet written back: punit -> (seq, content).
     pending_blocks: Mutex<HashMap<u64, (u64, Arc<Vec<u8>>)>>,
+    /// New-extent data being written by submitters: start punit -> run (removed once written).
+    inflight_cow: Mutex<BTreeMap<u64, CowWrite>>,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
     /// Readers hold it shared while they use an extent map; the committer holds it exclusively
@@ -222,8 +304,11 @@ pub fn mkfs(dir: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         .open(dir.join(DATA_FILE))
         .map_err(|e| StoreError::io("creating the data file", e))?;
     data.set_len(size)
-        .and_then(|_| data.sync_all())
         .map_err(|e| StoreError::io("sizing the data file", e))?;
+    // Reserve the space now (no ENOSPC from the filesystem later); not all filesystems can.
+    let _ = rustix::fs::fallocate(&data, rustix::fs::FallocateFlags::empty(), 0, size);
+    data.sync_all()
+        .map_err(|e| StoreError::io("syncing the data file", e))?;
     let sb = Superblock {
         format_version: FORMAT_VERSION,
         store_id: random_id(),
@@ -372,6 +457,16 @@ impl Inner {
             .map_err(|e| StoreError::io(format!("reading the data file at {off}"), e))
     }
 
+    /// Write whole units at `off` (copied to an aligned buffer when O_DIRECT needs it).
+    fn dev_write(&self, data: &[u8], off: u64) -> Result<()> {
+        let r = if self.direct && data.as_ptr().align_offset(DIO_ALIGN) != 0 {
+            self.data.write_all_at(&AlignedBuf::copy_of(data), off)
+        } else {
+            self.data.write_all_at(data, off)
+        };
+        r.map_err(|e| StoreError::io(format!("writing the data file at {off}"), e))
+    }
+
     /// Read `units` physical units starting at `punit` and verify them against `csums`
     /// (one per checksum block). `staged` overrides (current transaction's deferred units) and
     /// `pending_blocks` take precedence over the device. `lunit` only names the error offset.
@@ -382,20 +477,34 @@ impl Inner {
         punit: u64,
         units: u64,
         csums: &[u32],
-        staged: Option<&BTreeMap<u64, Arc<Vec<u8>>>>,
-    ) -> Result<Vec<u8>> {
+        staged: Option<Staged<'_>>,
+    ) -> Result<AlignedBuf> {
         let u = self.geo.unit as usize;
-        let mut buf = vec![0u8; units as usize * u];
+        let mut buf = AlignedBuf::zeroed(units as usize * u);
         self.read_raw(punit * self.geo.unit, &mut buf)?;
         {
+            // Newest first: this transaction's deferred units, then deferred units of prepared
+            // transactions, then new-extent data still being written.
             let pending = lock(&self.pending_blocks);
-            if !pending.is_empty() || staged.is_some() {
+            let cow = lock(&self.inflight_cow);
+            let (st_def, st_cow) = staged.unwrap_or((&EMPTY_DEFERRED, &[]));
+            if !pending.is_empty() || !cow.is_empty() || !st_def.is_empty() || !st_cow.is_empty()
+            {
+                let from_cow = |w: &CowWrite, p: u64| -> Option<Vec<u8>> {
+                    (p >= w.punit && p < w.punit + w.units).then(|| {
+                        let at = w.start + ((p - w.punit) as usize) * u;
+                        w.data[at..at + u].to_vec()
+                    })
+                };
                 for i in 0..units {
                     let p = punit + i;
-                    let over = staged
-                        .and_then(|s| s.get(&p).cloned())
-                        .or_else(|| pending.get(&p).map(|(_, d)| d.clone()));
-                    if let Some(d) = over {
+                    let found = st_def
+                        .get(&p)
+                        .map(|d| d.to_vec())
+                        .or_else(|| st_cow.iter().rev().find_map(|w| from_cow(w, p)))
+                        .or_else(|| pending.get(&p).map(|(_, d)| d.to_vec()))
+                        .or_else(|| cow.range(..=p).next_back().and_then(|(_, w)| from_cow(w, p)));
+                    if let Some(d) = found {
                         buf[i as usize * u..(i as usize + 1) * u].copy_from_slice(&d);
                     }
                 }
@@ -439,7 +548,7 @@ impl Inner {
         on: &Onode,
         off: u64,
         len: u64,
-        staged: Option<&BTreeMap<u64, Arc<Vec<u8>>>>,
+        staged: Option<Staged<'_>>,
     ) -> Result<Vec<u8>> {
         let mut out = vec![0u8; len as usize];
         if len == 0 {
@@ -476,7 +585,7 @@ struct Txc<'a> {
     allocated: Vec<(u64, u64)>,
     freed: Vec<(u64, u64)>,
     deferred: BTreeMap<u64, Arc<Vec<u8>>>,
-    wrote_data: bool,
+    cow: Vec<CowWrite>,
     next_nid: u64,
     nid_used: bool,
     bytes: u64,
@@ -562,21 +671,22 @@ impl Txc<'_> {
     }
 
     /// Current content of logical unit `lunit` (zeros for a hole), verified.
-    fn unit_content(&self, oid: &ObjectId, on: &Onode, lunit: u64) -> Result<Vec<u8>> {
+    fn unit_content(&self, oid: &ObjectId, on: &Onode, lunit: u64) -> Result<AlignedBuf> {
         let bpu = self.inner.geo.bpu;
         match on.lookup(lunit, bpu) {
             Some((punit, csums)) => {
                 self.inner
-                    .read_units(oid, lunit, punit, 1, csums, Some(&self.deferred))
+                    .read_units(oid, lunit, punit, 1, csums, Some((&self.deferred, &self.cow)))
             }
-            None => Ok(vec![0u8; self.inner.geo.unit as usize]),
+            None => Ok(AlignedBuf::zeroed(self.inner.geo.unit as usize)),
         }
     }
 
     /// Give logical unit `lunit` the content `data` through a deferred write: in place if the
     /// unit is mapped (the new content is durable in the metadata commit before the in-place
     /// write-back), else into a newly allocated unit.
-    fn defer_unit(&mut self, on: &mut Onode, lunit: u64, data: Vec<u8>) -> Result<()> {
+    fn defer_unit(&mut self, on: &mut Onode, lunit: u64, data: AlignedBuf) -> Result<()> {
+        let data = data.to_vec();
         let geo = self.inner.geo;
         let csums = geo.csums(&data);
         self.bytes += data.len() as u64;
@@ -600,20 +710,28 @@ impl Txc<'_> {
         Ok(())
     }
 
-    /// Map logical units starting at `lunit` to new space holding `data` (a whole number of
-    /// units), replacing whatever was mapped there.
-    fn write_new_units(&mut self, on: &mut Onode, lunit: u64, data: &[u8]) -> Result<()> {
+    /// Map logical units starting at `lunit` to new space holding `data[start..end]` (a whole
+    /// number of units), replacing whatever was mapped there. The data is written by the
+    /// submitter after the apply lock is released (or deferred, if small).
+    fn write_new_units(
+        &mut self,
+        on: &mut Onode,
+        lunit: u64,
+        data: &Arc<Vec<u8>>,
+        start: usize,
+        end: usize,
+    ) -> Result<()> {
         let geo = self.inner.geo;
         let u = geo.unit as usize;
-        let n = (data.len() / u) as u64;
+        let n = ((end - start) / u) as u64;
         if n == 0 {
             return Ok(());
         }
         let runs = self.allocate(n)?;
-        let defer = (data.len() as u64) <= self.inner.cfg.prefer_deferred_size.0;
+        let defer = ((end - start) as u64) <= self.inner.cfg.prefer_deferred_size.0;
         let freed = on.punch(lunit, lunit + n, geo.bpu);
         self.freed.extend(freed);
-        let mut done = 0usize;
+        let mut done = start;
         let mut l = lunit;
         for (punit, units) in runs {
             let part = &data[done..done + units as usize * u];
@@ -622,11 +740,12 @@ impl Txc<'_> {
                     self.deferred.insert(punit + i as u64, Arc::new(chunk.to_vec()));
                 }
             } else {
-                self.inner
-                    .data
-                    .write_all_at(part, punit * geo.unit)
-                    .map_err(|e| StoreError::io("writing the data file", e))?;
-                self.wrote_data = true;
+                self.cow.push(CowWrite {
+                    punit,
+                    units,
+                    data: data.clone(),
+                    start: done,
+                });
             }
             on.insert(Extent {
                 lunit: l,
@@ -641,7 +760,13 @@ impl Txc<'_> {
         Ok(())
     }
 
-    fn write(&mut self, coll: CollectionId, oid: &ObjectId, off: u64, data: &[u8]) -> Result<()> {
+    fn write(
+        &mut self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        off: u64,
+        data: Arc<Vec<u8>>,
+    ) -> Result<()> {
         let end = Self::check_range(off, data.len() as u64)?;
         let mut on = self.onode_or_new(coll, oid)?;
         if !data.is_empty() {
@@ -668,7 +793,7 @@ impl Txc<'_> {
             if full_s < full_e {
                 let s = (full_s * u - off) as usize;
                 let e = (full_e * u - off) as usize;
-                self.write_new_units(&mut on, full_s, &data[s..e])?;
+                self.write_new_units(&mut on, full_s, &data, s, e)?;
             }
             on.size = on.size.max(end);
         }
@@ -733,7 +858,20 @@ impl Txc<'_> {
         Ok(())
     }
 
-    fn apply(&mut self, op: &Op) -> Result<()> {
+    /// Apply one operation, taking ownership so that written data is not copied.
+    fn apply(&mut self, op: Op) -> Result<()> {
+        match op {
+            Op::Write {
+                coll,
+                oid,
+                offset,
+                data,
+            } => self.write(coll, &oid, offset, Arc::new(data)),
+            other => self.apply_ref(&other),
+        }
+    }
+
+    fn apply_ref(&mut self, op: &Op) -> Result<()> {
         let geo = self.inner.geo;
         match op {
             Op::CreateCollection { coll } => {
@@ -791,7 +929,7 @@ impl Txc<'_> {
                 oid,
                 offset,
                 data,
-            } => self.write(*coll, oid, *offset, data)?,
+            } => self.write(*coll, oid, *offset, Arc::new(data.clone()))?,
             Op::Zero {
                 coll,
                 oid,
@@ -888,9 +1026,10 @@ impl Txc<'_> {
                         e.punit,
                         e.units,
                         &e.csums,
-                        Some(&self.deferred),
+                        Some((&self.deferred, &self.cow)),
                     )?;
-                    self.write_new_units(&mut d, e.lunit, &data)?;
+                    let len = data.len();
+                    self.write_new_units(&mut d, e.lunit, &Arc::new(data.to_vec()), 0, len)?;
                 }
                 if s.has_omap {
                     let p = keys::omap_prefix(s.nid);
@@ -916,11 +1055,23 @@ impl KelpStore {
     pub fn mount(dir: &Path, cfg: StoreConfig) -> Result<KelpStore> {
         let lock_file = take_lock(dir)?;
         let sb = Superblock::read(dir)?;
-        let data = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.join(DATA_FILE))
-            .map_err(|e| StoreError::io("opening the data file", e))?;
+        // O_DIRECT: data I/O bypasses the page cache (no double caching, cache memory stays
+        // within the configured budget, writes go straight to the device); fall back to
+        // buffered I/O on filesystems without O_DIRECT (tmpfs).
+        let open = |flags: i32| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(flags)
+                .open(dir.join(DATA_FILE))
+        };
+        let (data, direct) = match open(rustix::fs::OFlags::DIRECT.bits() as i32) {
+            Ok(f) => (f, true),
+            Err(_) => (
+                open(0).map_err(|e| StoreError::io("opening the data file", e))?,
+                false,
+            ),
+        };
         let len = data
             .metadata()
             .map_err(|e| StoreError::io("inspecting the data file", e))?
@@ -986,11 +1137,13 @@ impl KelpStore {
             geo,
             sb,
             data,
+            direct,
             kv,
             meta,
             _lock: lock_file,
             overlay: RwLock::new(BTreeMap::new()),
             pending_blocks: Mutex::new(HashMap::new()),
+            inflight_cow: Mutex::new(BTreeMap::new()),
             alloc: Mutex::new(alloc),
             apply: Mutex::new(ApplyState {
                 next_seq: 1,
@@ -1108,10 +1261,7 @@ fn replay_deferred(inner: &Inner) -> Result<()> {
                     data.len()
                 )));
             }
-            inner
-                .data
-                .write_all_at(&data, punit * inner.geo.unit)
-                .map_err(|e| StoreError::io("replaying deferred writes", e))?;
+            inner.dev_write(&data, punit * inner.geo.unit)?;
         }
         keys_done.push(k.to_vec());
     }
@@ -1210,23 +1360,44 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
         .map_err(|e| StoreError::kv("dropping deferred records", e))
 }
 
+/// Deferred-write records are dropped (after a data-file flush) at the latest once this many
+/// batches have accumulated; earlier if a batch flushes the data file anyway or when idle.
+const CLEANUP_BATCHES: usize = 64;
+
 fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) -> Result<()> {
     let last_seq = batch.last().map_or(0, |p| p.seq);
-    let result = (|| -> Result<Vec<(Vec<u8>, Option<Value>)>> {
+    // Deferred unit contents of the whole batch, last writer wins.
+    let mut deferred: BTreeMap<u64, Arc<Vec<u8>>> = BTreeMap::new();
+    for p in &batch {
+        for (u, d) in &p.deferred {
+            deferred.insert(*u, d.clone());
+        }
+    }
+    let dkey = keys::deferred_key(last_seq);
+    let result = (|| -> Result<Vec<Vec<u8>>> {
         inner.check_failed()?;
-        // 1. New extents (and deferred units written back earlier) reach the device first.
-        if batch.iter().any(|p| p.wrote_data) || !st.unsynced.is_empty() {
+        // 1. New extents reach the device before the metadata that points at them.
+        for p in &batch {
+            if let Some(dd) = &p.data_done {
+                dd.wait().map_err(|reason| StoreError::Failed {
+                    reason: format!("data write failed: {reason}"),
+                })?;
+            }
+        }
+        let wrote = batch.iter().any(|p| p.wrote_data);
+        let cleanup =
+            !st.unsynced.is_empty() && (wrote || st.unsynced.len() >= CLEANUP_BATCHES);
+        if wrote || cleanup {
             inner
                 .data
                 .sync_data()
                 .map_err(|e| StoreError::io("flushing the data file", e))?;
         }
         // 2. One atomic metadata batch for every transaction of the group.
-        let mut merged: BTreeMap<Vec<u8>, Option<Value>> = BTreeMap::new();
-        let mut deferred: Vec<(u64, &[u8])> = Vec::new();
+        let mut merged: BTreeMap<&[u8], &Option<Value>> = BTreeMap::new();
         for p in &batch {
             for (k, v) in &p.mutations {
-                merged.insert(k.clone(), v.clone());
+                merged.insert(k, v);
             }
             for &(off, len) in &p.allocated {
                 st.bitmap.set_range(off, len, true);
@@ -1234,79 +1405,33 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             for &(off, len) in &p.freed {
                 st.bitmap.set_range(off, len, false);
             }
-            deferred.extend(p.deferred.iter().map(|(u, d)| (*u, d.as_slice())));
         }
         let mut b = inner.kv.batch().durability(Some(PersistMode::SyncData));
         for (k, v) in &merged {
             match v {
-                Some(v) => b.insert(&inner.meta, k.clone(), v.to_vec()),
-                None => b.remove(&inner.meta, k.clone()),
+                Some(v) => b.insert(&inner.meta, k.to_vec(), v.to_vec()),
+                None => b.remove(&inner.meta, k.to_vec()),
             }
         }
         for (chunk, v) in st.bitmap.take_dirty() {
             b.insert(&inner.meta, keys::bitmap_key(chunk), v);
         }
-        let dkey = keys::deferred_key(last_seq);
         if !deferred.is_empty() {
-            b.insert(&inner.meta, dkey.clone(), codec::encode_deferred(&deferred));
+            let list: Vec<(u64, &[u8])> =
+                deferred.iter().map(|(u, d)| (*u, d.as_slice())).collect();
+            b.insert(&inner.meta, dkey.clone(), codec::encode_deferred(&list));
         }
-        for k in st.unsynced.drain(..) {
-            b.remove(&inner.meta, k);
+        if cleanup {
+            for k in st.unsynced.drain(..) {
+                b.remove(&inner.meta, k);
+            }
         }
         b.commit()
             .map_err(|e| StoreError::kv("committing a metadata batch", e))?;
-        // 3. Durable. Write back deferred units and release freed space, excluding readers
-        //    that may be using the old extent maps.
-        {
-            let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
-            for (punit, data) in &deferred {
-                inner
-                    .data
-                    .write_all_at(data, punit * inner.geo.unit)
-                    .map_err(|e| StoreError::io("writing back deferred writes", e))?;
-            }
-            {
-                let mut pending = lock(&inner.pending_blocks);
-                for (punit, _) in &deferred {
-                    if pending.get(punit).is_some_and(|(s, _)| *s <= last_seq) {
-                        pending.remove(punit);
-                    }
-                }
-            }
-            let mut a = lock(&inner.alloc);
-            for p in &batch {
-                for &(off, len) in &p.freed {
-                    a.release(off, len);
-                }
-            }
-        }
-        if !deferred.is_empty() {
-            st.unsynced.push(dkey);
-        }
-        Ok(merged.into_iter().collect())
+        Ok(merged.keys().map(|k| k.to_vec()).collect())
     })();
-    match result {
-        Ok(merged) => {
-            {
-                let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
-                for (k, _) in merged {
-                    if ov.get(&k).is_some_and(|(s, _)| *s <= last_seq) {
-                        ov.remove(&k);
-                    }
-                }
-            }
-            let bytes: u64 = batch.iter().map(|p| p.bytes).sum();
-            {
-                let mut q = lock(&inner.queue);
-                q.inflight_bytes = q.inflight_bytes.saturating_sub(bytes);
-                q.durable_seq = last_seq;
-            }
-            inner.durable_cv.notify_all();
-            for p in batch {
-                let _ = p.done.send(Ok(()));
-            }
-            Ok(())
-        }
+    let merged = match result {
+        Ok(m) => m,
         Err(e) => {
             let reason = e.to_string();
             for p in batch {
@@ -1314,13 +1439,88 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
                     reason: reason.clone(),
                 }));
             }
-            Err(e)
+            return Err(e);
+        }
+    };
+    // 3. Durable. Freed units that no deferred write of this batch targets can be reused at
+    //    once (earlier batches' write-backs are complete); the others wait for write-back.
+    //    Releasing before acknowledging means a client that waited for a delete finds the
+    //    space free. Then acknowledge: what follows only makes the data file catch up with
+    //    the metadata (and is replayed from the `D` record after a crash).
+    let mut freed = Vec::new();
+    let mut bytes = 0;
+    {
+        let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
+        let mut a = lock(&inner.alloc);
+        for p in &batch {
+            for &(off, len) in &p.freed {
+                if deferred.range(off..off + len).next().is_some() {
+                    freed.push((off, len));
+                } else {
+                    a.release(off, len);
+                }
+            }
         }
     }
+    for p in batch {
+        bytes += p.bytes;
+        let _ = p.done.send(Ok(()));
+    }
+    // 4. Write back deferred units (contiguous units in one write) and release freed space,
+    //    excluding readers that may be using old extent maps.
+    let writeback = (|| -> Result<()> {
+        let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
+        let u = inner.geo.unit as usize;
+        let units: Vec<(&u64, &Arc<Vec<u8>>)> = deferred.iter().collect();
+        let mut i = 0;
+        while i < units.len() {
+            let mut j = i + 1;
+            while j < units.len() && *units[j].0 == *units[j - 1].0 + 1 && j - i < 256 {
+                j += 1;
+            }
+            let mut buf = AlignedBuf::zeroed((j - i) * u);
+            for (k, (_, d)) in units[i..j].iter().enumerate() {
+                buf[k * u..(k + 1) * u].copy_from_slice(d);
+            }
+            inner.dev_write(&buf, *units[i].0 * inner.geo.unit)?;
+            i = j;
+        }
+        {
+            let mut pending = lock(&inner.pending_blocks);
+            for punit in deferred.keys() {
+                if pending.get(punit).is_some_and(|(s, _)| *s <= last_seq) {
+                    pending.remove(punit);
+                }
+            }
+        }
+        let mut a = lock(&inner.alloc);
+        for (off, len) in freed {
+            a.release(off, len);
+        }
+        Ok(())
+    })();
+    if !deferred.is_empty() {
+        st.unsynced.push(dkey);
+    }
+    {
+        let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
+        for k in merged {
+            if ov.get(&k).is_some_and(|(s, _)| *s <= last_seq) {
+                ov.remove(&k);
+            }
+        }
+    }
+    {
+        let mut q = lock(&inner.queue);
+        q.inflight_bytes = q.inflight_bytes.saturating_sub(bytes);
+        q.durable_seq = last_seq;
+    }
+    inner.durable_cv.notify_all();
+    writeback
 }
 
 impl KelpStore {
-    fn prepare(&self, st: &mut ApplyState, txn: &Transaction) -> Result<Prepared> {
+    fn prepare(&self, st: &mut ApplyState, txn: Transaction) -> Result<(Prepared, Vec<CowWrite>)> {
         let inner = &*self.inner;
         let mut txc = Txc {
             inner,
@@ -1328,14 +1528,14 @@ impl KelpStore {
             allocated: Vec::new(),
             freed: Vec::new(),
             deferred: BTreeMap::new(),
-            wrote_data: false,
+            cow: Vec::new(),
             next_nid: st.next_nid,
             nid_used: false,
             bytes: 0,
         };
         let applied = {
             let _g = inner.reuse.read().unwrap_or_else(|p| p.into_inner());
-            txn.ops.iter().try_for_each(|op| txc.apply(op))
+            txn.ops.into_iter().try_for_each(|op| txc.apply(op))
         };
         if let Err(e) = applied {
             let mut a = lock(&inner.alloc);
@@ -1351,16 +1551,21 @@ impl KelpStore {
         let seq = st.next_seq;
         st.next_seq += 1;
         let (done, _) = oneshot::channel();
-        Ok(Prepared {
-            seq,
-            mutations: txc.staged.into_iter().collect(),
-            allocated: txc.allocated,
-            freed: txc.freed,
-            deferred: txc.deferred.into_iter().collect(),
-            wrote_data: txc.wrote_data,
-            bytes: txc.bytes + 256,
-            done,
-        })
+        let cow = std::mem::take(&mut txc.cow);
+        Ok((
+            Prepared {
+                seq,
+                mutations: txc.staged.into_iter().collect(),
+                allocated: txc.allocated,
+                freed: txc.freed,
+                deferred: txc.deferred.into_iter().collect(),
+                wrote_data: !cow.is_empty(),
+                data_done: None,
+                bytes: txc.bytes + 256,
+                done,
+            },
+            cow,
+        ))
     }
 }
 
@@ -1384,16 +1589,23 @@ impl ObjectStore for KelpStore {
             }
         }
         inner.check_failed()?;
-        let mut p = self.prepare(&mut st, &txn)?;
+        let (mut p, cow) = self.prepare(&mut st, txn)?;
         let (tx, commit) = Commit::pending();
         p.done = tx;
+        let data_done = (!cow.is_empty()).then(|| Arc::new(DataDone::default()));
+        p.data_done = data_done.clone();
         {
-            // Publish metadata and deferred unit contents together: a reader (holding `reuse`
-            // shared) sees both or neither, so checksums and contents always match.
+            // Publish metadata, deferred unit contents and in-flight new-extent data together:
+            // a reader (holding `reuse` shared) sees all or none of them, so checksums and
+            // contents always match.
             let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
             let mut pending = lock(&inner.pending_blocks);
             for (punit, d) in &p.deferred {
                 pending.insert(*punit, (p.seq, d.clone()));
+            }
+            let mut inflight = lock(&inner.inflight_cow);
+            for w in &cow {
+                inflight.insert(w.punit, w.clone());
             }
             let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
             for (k, v) in &p.mutations {
@@ -1406,6 +1618,27 @@ impl ObjectStore for KelpStore {
             q.items.push_back(p);
         }
         inner.queue_cv.notify_one();
+        drop(st);
+        // New-extent data is written outside the apply lock, so the writes of concurrent
+        // submitters overlap; the committer waits for `data_done` before committing.
+        if let Some(dd) = data_done {
+            let u = inner.geo.unit as usize;
+            let mut result = Ok(());
+            for w in &cow {
+                let part = &w.data[w.start..w.start + w.units as usize * u];
+                if let Err(e) = inner.dev_write(part, w.punit * inner.geo.unit) {
+                    result = Err(e.to_string());
+                    break;
+                }
+            }
+            if result.is_ok() {
+                let mut inflight = lock(&inner.inflight_cow);
+                for w in &cow {
+                    inflight.remove(&w.punit);
+                }
+            }
+            dd.finish(result);
+        }
         Ok(commit)
     }
 
