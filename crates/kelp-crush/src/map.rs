@@ -575,6 +575,153 @@ impl CrushMap {
         Ok(())
     }
 
+    /// Adds `item` (an existing device or bucket) to `bucket` with a 16.16 `weight`, and
+    /// propagates the bucket's new weight to its parents (as `ceph osd crush add` does). Call
+    /// `finalize` before mapping again.
+    pub fn insert_item(&mut self, bucket: ItemId, item: ItemId, weight: u32) -> Result<()> {
+        let exists = if item >= 0 {
+            self.devices.contains_key(&item)
+        } else {
+            self.bucket(item).is_some_and(|b| b.shadow_of.is_none())
+        };
+        if !exists {
+            return Err(CrushError::Invalid(format!("item {item} does not exist")));
+        }
+        if item == bucket || (item < 0 && self.is_ancestor(item, bucket)) {
+            return Err(CrushError::Invalid(format!(
+                "adding item {item} to bucket {bucket} would make a cycle"
+            )));
+        }
+        let b = self.real_bucket_mut(bucket)?;
+        if b.items.contains(&item) {
+            return Err(CrushError::Invalid(format!(
+                "bucket '{}' already holds item {item}",
+                b.name
+            )));
+        }
+        b.items.push(item);
+        b.item_weights.push(weight);
+        self.reweight_bucket(bucket)
+    }
+
+    /// Removes `item` from every bucket that holds it; propagates weights. A bucket must be
+    /// empty to be removed from the tree.
+    pub fn remove_item(&mut self, item: ItemId) -> Result<()> {
+        if let Some(b) = self.bucket(item)
+            && !b.items.is_empty()
+        {
+            return Err(CrushError::Invalid(format!(
+                "bucket '{}' is not empty",
+                b.name
+            )));
+        }
+        for parent in self.parents_of(item) {
+            let b = self.real_bucket_mut(parent)?;
+            if let Some(pos) = b.items.iter().position(|&i| i == item) {
+                b.items.remove(pos);
+                b.item_weights.remove(pos);
+            }
+            self.reweight_bucket(parent)?;
+        }
+        self.finalized = false;
+        Ok(())
+    }
+
+    /// Removes a device entirely: from every bucket (propagating weights) and from the device
+    /// list, freeing its id and name.
+    pub fn remove_device(&mut self, id: ItemId) -> Result<()> {
+        let device = self
+            .devices
+            .get(&id)
+            .ok_or_else(|| CrushError::Invalid(format!("device {id} does not exist")))?
+            .clone();
+        self.remove_item(id)?;
+        self.devices.remove(&id);
+        self.names.remove(&device.name);
+        self.finalized = false;
+        Ok(())
+    }
+
+    /// Sets the 16.16 CRUSH weight of `item` in every bucket that holds it; propagates.
+    pub fn set_item_weight(&mut self, item: ItemId, weight: u32) -> Result<()> {
+        let parents = self.parents_of(item);
+        if parents.is_empty() {
+            return Err(CrushError::Invalid(format!("item {item} is in no bucket")));
+        }
+        for parent in parents {
+            let b = self.real_bucket_mut(parent)?;
+            for (i, w) in b.items.iter().zip(b.item_weights.iter_mut()) {
+                if *i == item {
+                    *w = weight;
+                }
+            }
+            self.reweight_bucket(parent)?;
+        }
+        Ok(())
+    }
+
+    /// The 16.16 weight of `item` in its (first) parent bucket.
+    pub fn item_weight(&self, item: ItemId) -> Option<u32> {
+        self.buckets().find_map(|b| {
+            b.items
+                .iter()
+                .position(|&i| i == item)
+                .map(|pos| b.item_weights[pos])
+        })
+    }
+
+    /// Real buckets that hold `item` directly.
+    pub fn parents_of(&self, item: ItemId) -> Vec<ItemId> {
+        self.buckets()
+            .filter(|b| b.items.contains(&item))
+            .map(|b| b.id)
+            .collect()
+    }
+
+    fn is_ancestor(&self, ancestor: ItemId, of: ItemId) -> bool {
+        let mut stack = vec![of];
+        let mut seen = BTreeSet::new();
+        while let Some(cur) = stack.pop() {
+            if cur == ancestor {
+                return true;
+            }
+            if seen.insert(cur) {
+                stack.extend(self.parents_of(cur));
+            }
+        }
+        false
+    }
+
+    fn real_bucket_mut(&mut self, id: ItemId) -> Result<&mut Bucket> {
+        self.finalized = false;
+        match self
+            .buckets
+            .get_mut((-1 - id).max(0) as usize)
+            .and_then(Option::as_mut)
+        {
+            Some(b) if id < 0 && b.shadow_of.is_none() => Ok(b),
+            _ => Err(CrushError::Invalid(format!("bucket {id} does not exist"))),
+        }
+    }
+
+    /// Recomputes a bucket's weight from its items and carries it up to every ancestor.
+    fn reweight_bucket(&mut self, bucket: ItemId) -> Result<()> {
+        let b = self.real_bucket_mut(bucket)?;
+        let name = b.name.clone();
+        b.weight = sum_weights(&name, &b.item_weights)?;
+        let weight = b.weight;
+        for parent in self.parents_of(bucket) {
+            let p = self.real_bucket_mut(parent)?;
+            for (i, w) in p.items.iter().zip(p.item_weights.iter_mut()) {
+                if *i == bucket {
+                    *w = weight;
+                }
+            }
+            self.reweight_bucket(parent)?;
+        }
+        Ok(())
+    }
+
     fn put_bucket(&mut self, bucket: Bucket) {
         let idx = (-1 - bucket.id) as usize;
         if self.buckets.len() <= idx {
@@ -794,6 +941,29 @@ pub fn format_weight(w: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tree_edits_propagate_weights() {
+        let mut map = CrushMap::with_default_types();
+        let root = map.add_bucket(None, "default", 11, &[]).unwrap();
+        let host = map.add_bucket(None, "host0", 1, &[]).unwrap();
+        map.insert_item(root, host, 0).unwrap();
+        map.add_device(0, "osd.0", None).unwrap();
+        map.add_device(1, "osd.1", None).unwrap();
+        map.insert_item(host, 0, WEIGHT_ONE).unwrap();
+        map.insert_item(host, 1, 2 * WEIGHT_ONE).unwrap();
+        assert_eq!(map.bucket(host).unwrap().weight, 3 * WEIGHT_ONE);
+        assert_eq!(map.item_weight(host), Some(3 * WEIGHT_ONE));
+        assert_eq!(map.bucket(root).unwrap().weight, 3 * WEIGHT_ONE);
+        map.set_item_weight(1, WEIGHT_ONE / 2).unwrap();
+        assert_eq!(map.bucket(root).unwrap().weight, WEIGHT_ONE * 3 / 2);
+        assert!(map.insert_item(host, root, 1).is_err(), "cycle");
+        assert!(map.remove_item(host).is_err(), "non-empty bucket");
+        map.remove_item(0).unwrap();
+        assert_eq!(map.bucket(root).unwrap().weight, WEIGHT_ONE / 2);
+        map.finalize().unwrap();
+        assert!(map.to_text().contains("item osd.1 weight 0.500"));
+    }
 
     #[test]
     fn weight_conversion_truncates_in_float() {

@@ -1,0 +1,999 @@
+//! The OSD map, its incrementals, the monitors' decisions about it, and PG → OSD mapping.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::SocketAddr;
+
+use kelp_crush::{CrushMap, ITEM_NONE, ItemId, PoolPlacement, Rule, Step, WEIGHT_ONE};
+use kelp_types::PgId;
+use serde::{Deserialize, Serialize};
+
+use crate::error::MapError;
+
+/// Version byte in front of every encoded map and incremental.
+pub const OSD_MAP_FORMAT: u8 = 1;
+
+/// Cluster-wide flags, with Ceph's names and meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ClusterFlag {
+    /// Down OSDs are not marked out automatically.
+    NoOut,
+    /// OSDs may not be marked up (booting OSDs wait).
+    NoUp,
+    /// OSDs are not marked down on failure reports.
+    NoDown,
+    /// Booting OSDs that were out are not marked in.
+    NoIn,
+    NoRecover,
+    NoBackfill,
+    NoRebalance,
+    NoScrub,
+    NoDeepScrub,
+    /// Client reads and writes are paused.
+    Pause,
+}
+
+impl ClusterFlag {
+    pub const ALL: [ClusterFlag; 10] = [
+        ClusterFlag::NoOut,
+        ClusterFlag::NoUp,
+        ClusterFlag::NoDown,
+        ClusterFlag::NoIn,
+        ClusterFlag::NoRecover,
+        ClusterFlag::NoBackfill,
+        ClusterFlag::NoRebalance,
+        ClusterFlag::NoScrub,
+        ClusterFlag::NoDeepScrub,
+        ClusterFlag::Pause,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterFlag::NoOut => "noout",
+            ClusterFlag::NoUp => "noup",
+            ClusterFlag::NoDown => "nodown",
+            ClusterFlag::NoIn => "noin",
+            ClusterFlag::NoRecover => "norecover",
+            ClusterFlag::NoBackfill => "nobackfill",
+            ClusterFlag::NoRebalance => "norebalance",
+            ClusterFlag::NoScrub => "noscrub",
+            ClusterFlag::NoDeepScrub => "nodeep-scrub",
+            ClusterFlag::Pause => "pause",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<ClusterFlag> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+impl fmt::Display for ClusterFlag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One OSD as the map knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdInfo {
+    pub id: i32,
+    /// Identity of the OSD's store, so that a restarted OSD gets its id back.
+    pub uuid: String,
+    /// Where clients and peers reach it (set at boot).
+    pub addr: Option<SocketAddr>,
+    pub up: bool,
+    /// In/out weight, 16.16 (`0x10000` in, `0` out): CRUSH's reweight for this OSD.
+    pub weight: u32,
+    /// Epoch it was last marked up / down.
+    pub up_from: u32,
+    pub down_at: u32,
+    /// CRUSH host bucket it sits under.
+    pub host: String,
+}
+
+impl OsdInfo {
+    pub fn is_in(&self) -> bool {
+        self.weight > 0
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolKind {
+    Replicated,
+}
+
+/// A pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pool {
+    pub id: u32,
+    pub name: String,
+    pub kind: PoolKind,
+    /// Replicas kept.
+    pub size: u32,
+    /// Fewest replicas with which the pool still serves I/O.
+    pub min_size: u32,
+    pub pg_num: u32,
+    pub pgp_num: u32,
+    pub crush_rule: u32,
+    pub hashpspool: bool,
+    /// Epoch the pool was created in.
+    pub created: u32,
+}
+
+impl Pool {
+    pub fn placement(&self) -> PoolPlacement {
+        PoolPlacement {
+            pool_id: self.id,
+            pg_num: self.pg_num,
+            pgp_num: self.pgp_num,
+            hashpspool: self.hashpspool,
+            crush_rule: self.crush_rule,
+            size: self.size as usize,
+            erasure: false,
+        }
+    }
+}
+
+/// What an operator asks for when creating a pool; unset fields take defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolSpec {
+    pub name: String,
+    pub pg_num: Option<u32>,
+    pub size: Option<u32>,
+    pub min_size: Option<u32>,
+    /// Rule name or id.
+    pub crush_rule: Option<String>,
+}
+
+/// One change within an incremental.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    /// A new OSD, placed in CRUSH under `host` (created under the root if missing).
+    NewOsd {
+        id: i32,
+        uuid: String,
+        host: String,
+        crush_weight: u32,
+    },
+    /// The OSD booted at `addr` and is up.
+    OsdUp {
+        id: i32,
+        addr: SocketAddr,
+    },
+    OsdDown {
+        id: i32,
+    },
+    /// In/out weight (16.16).
+    OsdWeight {
+        id: i32,
+        weight: u32,
+    },
+    /// The OSD is gone: removed from the map and from CRUSH.
+    RemoveOsd {
+        id: i32,
+    },
+    /// Creates or replaces a pool.
+    SetPool(Pool),
+    RemovePool {
+        id: u32,
+    },
+    /// Replaces the CRUSH map (text form).
+    SetCrush(String),
+    SetFlag {
+        flag: ClusterFlag,
+        on: bool,
+    },
+    /// Temporary acting set for a PG; empty removes it.
+    SetPgTemp {
+        pg: PgId,
+        osds: Vec<i32>,
+    },
+}
+
+/// The difference between map `epoch - 1` and map `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incremental {
+    pub epoch: u32,
+    pub changes: Vec<Change>,
+}
+
+impl Incremental {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![OSD_MAP_FORMAT];
+        out.extend(postcard::to_stdvec(self).expect("incrementals always encode"));
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Incremental, MapError> {
+        let body = check_version(bytes, "OSD map incremental")?;
+        postcard::from_bytes(body).map_err(|e| MapError::Decode {
+            what: "OSD map incremental",
+            reason: e.to_string(),
+        })
+    }
+}
+
+fn check_version<'a>(bytes: &'a [u8], what: &'static str) -> Result<&'a [u8], MapError> {
+    match bytes.split_first() {
+        None => Err(MapError::Decode {
+            what,
+            reason: "empty input".into(),
+        }),
+        Some((&v, body)) if v == OSD_MAP_FORMAT => Ok(body),
+        Some((&v, _)) => Err(MapError::UnsupportedVersion {
+            what,
+            got: v,
+            max: OSD_MAP_FORMAT,
+        }),
+    }
+}
+
+/// Where a PG lives: the up set (CRUSH result minus down OSDs) and the acting set (who serves
+/// it: the up set, or `pg_temp` while data moves).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgMapping {
+    pub up: Vec<i32>,
+    pub up_primary: i32,
+    pub acting: Vec<i32>,
+    pub acting_primary: i32,
+}
+
+/// The OSD map.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OsdMap {
+    pub fsid: String,
+    pub epoch: u32,
+    pub flags: BTreeSet<ClusterFlag>,
+    pub osds: BTreeMap<i32, OsdInfo>,
+    pub pools: BTreeMap<u32, Pool>,
+    /// Highest pool id ever used (ids are never reused).
+    pub pool_max: u32,
+    pub crush: CrushMap,
+    pub pg_temp: BTreeMap<PgId, Vec<i32>>,
+    /// CRUSH reweight vector derived from `osds` (rebuilt on every change).
+    reweights: Vec<u32>,
+}
+
+/// The serialized shape of an `OsdMap` (CRUSH as Ceph's text format).
+#[derive(Serialize, Deserialize)]
+struct OsdMapWire {
+    fsid: String,
+    epoch: u32,
+    flags: BTreeSet<ClusterFlag>,
+    osds: BTreeMap<i32, OsdInfo>,
+    pools: BTreeMap<u32, Pool>,
+    pool_max: u32,
+    crush: String,
+    pg_temp: BTreeMap<PgId, Vec<i32>>,
+}
+
+/// Name of the root bucket and the default rule Kelp creates.
+pub const DEFAULT_ROOT: &str = "default";
+pub const DEFAULT_RULE: &str = "replicated_rule";
+
+impl OsdMap {
+    /// A new cluster's map at epoch 1: no OSDs, no pools, a CRUSH root `default` and rule 0
+    /// `replicated_rule` spreading replicas over distinct `failure_domain`s (`host`, or `osd`
+    /// for a single-host cluster).
+    pub fn new(fsid: &str, failure_domain: &str) -> Result<OsdMap, MapError> {
+        let mut crush = CrushMap::with_default_types();
+        let domain = crush
+            .type_id(failure_domain)
+            .ok_or_else(|| MapError::InvalidValue {
+                field: "failure_domain",
+                reason: format!("'{failure_domain}' is not a CRUSH type (use host or osd)"),
+            })?;
+        let root_type = crush.type_id("root").expect("default types have root");
+        let root = crush.add_bucket(None, DEFAULT_ROOT, root_type, &[])?;
+        crush.add_rule(Rule {
+            id: 0,
+            name: DEFAULT_RULE.into(),
+            rule_type: kelp_crush::RULE_TYPE_REPLICATED,
+            min_size: 1,
+            max_size: 10,
+            steps: vec![
+                Step::Take(root),
+                Step::Choose {
+                    leaf: true,
+                    indep: false,
+                    num: 0,
+                    type_id: domain,
+                },
+                Step::Emit,
+            ],
+        })?;
+        crush.finalize()?;
+        let mut map = OsdMap {
+            fsid: fsid.to_string(),
+            epoch: 1,
+            flags: BTreeSet::new(),
+            osds: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            pool_max: 0,
+            crush,
+            pg_temp: BTreeMap::new(),
+            reweights: Vec::new(),
+        };
+        map.rebuild_reweights();
+        Ok(map)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let wire = OsdMapWire {
+            fsid: self.fsid.clone(),
+            epoch: self.epoch,
+            flags: self.flags.clone(),
+            osds: self.osds.clone(),
+            pools: self.pools.clone(),
+            pool_max: self.pool_max,
+            crush: self.crush.to_text(),
+            pg_temp: self.pg_temp.clone(),
+        };
+        let mut out = vec![OSD_MAP_FORMAT];
+        out.extend(postcard::to_stdvec(&wire).expect("maps always encode"));
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<OsdMap, MapError> {
+        let body = check_version(bytes, "OSD map")?;
+        let wire: OsdMapWire = postcard::from_bytes(body).map_err(|e| MapError::Decode {
+            what: "OSD map",
+            reason: e.to_string(),
+        })?;
+        let crush = kelp_crush::parse_text(&wire.crush)?;
+        let mut map = OsdMap {
+            fsid: wire.fsid,
+            epoch: wire.epoch,
+            flags: wire.flags,
+            osds: wire.osds,
+            pools: wire.pools,
+            pool_max: wire.pool_max,
+            crush,
+            pg_temp: wire.pg_temp,
+            reweights: Vec::new(),
+        };
+        map.rebuild_reweights();
+        Ok(map)
+    }
+
+    fn rebuild_reweights(&mut self) {
+        let n = self.crush.max_devices().max(0) as usize;
+        let mut w = vec![0u32; n];
+        for osd in self.osds.values() {
+            if let Some(slot) = w.get_mut(osd.id as usize) {
+                *slot = osd.weight;
+            }
+        }
+        self.reweights = w;
+    }
+
+    pub fn has_flag(&self, flag: ClusterFlag) -> bool {
+        self.flags.contains(&flag)
+    }
+
+    pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {
+        self.pools.values().find(|p| p.name == name)
+    }
+
+    pub fn is_up(&self, osd: i32) -> bool {
+        self.osds.get(&osd).is_some_and(|o| o.up)
+    }
+
+    pub fn num_up(&self) -> usize {
+        self.osds.values().filter(|o| o.up).count()
+    }
+
+    pub fn num_in(&self) -> usize {
+        self.osds.values().filter(|o| o.is_in()).count()
+    }
+
+    // ---- applying -----------------------------------------------------------------------
+
+    /// Applies the incremental for the next epoch.
+    pub fn apply(&mut self, inc: &Incremental) -> Result<(), MapError> {
+        if inc.epoch != self.epoch + 1 {
+            return Err(MapError::EpochGap {
+                have: self.epoch,
+                got: inc.epoch,
+                want: self.epoch + 1,
+            });
+        }
+        // Work on a copy so that a failing change leaves the map untouched.
+        let mut next = self.clone();
+        for change in &inc.changes {
+            next.apply_change(change, inc.epoch)?;
+        }
+        next.crush.finalize()?;
+        next.epoch = inc.epoch;
+        next.rebuild_reweights();
+        *self = next;
+        Ok(())
+    }
+
+    fn apply_change(&mut self, change: &Change, epoch: u32) -> Result<(), MapError> {
+        match change {
+            Change::NewOsd {
+                id,
+                uuid,
+                host,
+                crush_weight,
+            } => {
+                if self.osds.contains_key(id) {
+                    return Err(MapError::OsdExists(*id));
+                }
+                let name = format!("osd.{id}");
+                self.crush.add_device(*id, &name, None)?;
+                let host_id = match self.crush.item_id(host) {
+                    Some(h) => h,
+                    None => {
+                        let host_type = self.crush.type_id("host").unwrap_or(1);
+                        let h = self.crush.add_bucket(None, host, host_type, &[])?;
+                        let root = self.crush.item_id(DEFAULT_ROOT).ok_or_else(|| {
+                            MapError::InvalidValue {
+                                field: "crush",
+                                reason: "the CRUSH map has no 'default' root".into(),
+                            }
+                        })?;
+                        self.crush.insert_item(root, h, 0)?;
+                        h
+                    }
+                };
+                self.crush.insert_item(host_id, *id, *crush_weight)?;
+                self.osds.insert(
+                    *id,
+                    OsdInfo {
+                        id: *id,
+                        uuid: uuid.clone(),
+                        addr: None,
+                        up: false,
+                        weight: WEIGHT_ONE,
+                        up_from: 0,
+                        down_at: epoch,
+                        host: host.clone(),
+                    },
+                );
+            }
+            Change::OsdUp { id, addr } => {
+                let osd = self.osds.get_mut(id).ok_or(MapError::NoSuchOsd(*id))?;
+                osd.up = true;
+                osd.addr = Some(*addr);
+                osd.up_from = epoch;
+            }
+            Change::OsdDown { id } => {
+                let osd = self.osds.get_mut(id).ok_or(MapError::NoSuchOsd(*id))?;
+                osd.up = false;
+                osd.down_at = epoch;
+            }
+            Change::OsdWeight { id, weight } => {
+                let osd = self.osds.get_mut(id).ok_or(MapError::NoSuchOsd(*id))?;
+                osd.weight = (*weight).min(WEIGHT_ONE);
+            }
+            Change::RemoveOsd { id } => {
+                self.osds.remove(id).ok_or(MapError::NoSuchOsd(*id))?;
+                self.crush.remove_device(*id)?;
+                self.pg_temp.retain(|_, osds| !osds.contains(id));
+            }
+            Change::SetPool(pool) => {
+                if self.crush.rule(pool.crush_rule).is_none() {
+                    return Err(MapError::NoSuchRule(pool.crush_rule.to_string()));
+                }
+                self.pool_max = self.pool_max.max(pool.id);
+                self.pools.insert(pool.id, pool.clone());
+            }
+            Change::RemovePool { id } => {
+                self.pools.remove(id).ok_or(MapError::NoSuchPoolId(*id))?;
+                self.pg_temp.retain(|pg, _| pg.pool.0 != *id);
+            }
+            Change::SetCrush(text) => {
+                self.crush = kelp_crush::parse_text(text)?;
+            }
+            Change::SetFlag { flag, on } => {
+                if *on {
+                    self.flags.insert(*flag);
+                } else {
+                    self.flags.remove(flag);
+                }
+            }
+            Change::SetPgTemp { pg, osds } => {
+                if osds.is_empty() {
+                    self.pg_temp.remove(pg);
+                } else {
+                    self.pg_temp.insert(*pg, osds.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- decisions (the monitor's pure core) -------------------------------------------
+
+    fn next(&self, changes: Vec<Change>) -> Incremental {
+        Incremental {
+            epoch: self.epoch + 1,
+            changes,
+        }
+    }
+
+    /// `osd create`: the id for an OSD with this uuid (an existing one is returned unchanged,
+    /// so a re-created OSD keeps its id), and the incremental adding it if it is new.
+    pub fn propose_osd_create(
+        &self,
+        uuid: &str,
+        host: &str,
+        crush_weight: u32,
+    ) -> Result<(i32, Option<Incremental>), MapError> {
+        if uuid.is_empty() {
+            return Err(MapError::InvalidValue {
+                field: "uuid",
+                reason: "must not be empty".into(),
+            });
+        }
+        if let Some(osd) = self.osds.values().find(|o| o.uuid == uuid) {
+            return Ok((osd.id, None));
+        }
+        if host.is_empty() || host.contains(char::is_whitespace) || host.contains('~') {
+            return Err(MapError::InvalidValue {
+                field: "host",
+                reason: format!("'{host}' is not a valid host name"),
+            });
+        }
+        if let Some(existing) = self.crush.item_id(host)
+            && self.crush.bucket(existing).is_none()
+        {
+            return Err(MapError::InvalidValue {
+                field: "host",
+                reason: format!("'{host}' is the name of a device"),
+            });
+        }
+        let id = (0..).find(|i| !self.osds.contains_key(i)).unwrap_or(0);
+        let inc = self.next(vec![Change::NewOsd {
+            id,
+            uuid: uuid.to_string(),
+            host: host.to_string(),
+            crush_weight,
+        }]);
+        Ok((id, Some(inc)))
+    }
+
+    /// An OSD booted at `addr`: mark it up (and back in, unless `noin`, if it was marked out
+    /// automatically is decided by the monitor; this only marks up). `None` if nothing changes.
+    pub fn propose_osd_boot(
+        &self,
+        id: i32,
+        addr: SocketAddr,
+    ) -> Result<Option<Incremental>, MapError> {
+        let osd = self.osds.get(&id).ok_or(MapError::NoSuchOsd(id))?;
+        if self.has_flag(ClusterFlag::NoUp) {
+            return Err(MapError::InvalidValue {
+                field: "boot",
+                reason: "the noup flag is set: OSDs are not marked up".into(),
+            });
+        }
+        if osd.up && osd.addr == Some(addr) {
+            return Ok(None);
+        }
+        Ok(Some(self.next(vec![Change::OsdUp { id, addr }])))
+    }
+
+    pub fn propose_osd_down(&self, id: i32) -> Result<Option<Incremental>, MapError> {
+        let osd = self.osds.get(&id).ok_or(MapError::NoSuchOsd(id))?;
+        Ok(osd.up.then(|| self.next(vec![Change::OsdDown { id }])))
+    }
+
+    /// Sets the in/out weight (1.0 = in, 0 = out).
+    pub fn propose_osd_weight(
+        &self,
+        id: i32,
+        weight: u32,
+    ) -> Result<Option<Incremental>, MapError> {
+        let osd = self.osds.get(&id).ok_or(MapError::NoSuchOsd(id))?;
+        let weight = weight.min(WEIGHT_ONE);
+        Ok((osd.weight != weight).then(|| self.next(vec![Change::OsdWeight { id, weight }])))
+    }
+
+    pub fn propose_osd_remove(&self, id: i32) -> Result<Incremental, MapError> {
+        let osd = self.osds.get(&id).ok_or(MapError::NoSuchOsd(id))?;
+        if osd.up {
+            return Err(MapError::InvalidValue {
+                field: "osd",
+                reason: format!("osd.{id} is up; stop it (and mark it down) first"),
+            });
+        }
+        Ok(self.next(vec![Change::RemoveOsd { id }]))
+    }
+
+    pub fn propose_flag(&self, flag: ClusterFlag, on: bool) -> Option<Incremental> {
+        (self.has_flag(flag) != on).then(|| self.next(vec![Change::SetFlag { flag, on }]))
+    }
+
+    fn resolve_rule(&self, rule: &str) -> Result<u32, MapError> {
+        if let Some(r) = self.crush.rule_by_name(rule) {
+            return Ok(r.id);
+        }
+        match rule.parse::<u32>() {
+            Ok(id) if self.crush.rule(id).is_some() => Ok(id),
+            _ => Err(MapError::NoSuchRule(rule.to_string())),
+        }
+    }
+
+    /// `pool create`. Defaults: 32 PGs, size 3, min_size = size - size/2, the default rule.
+    pub fn propose_pool_create(&self, spec: &PoolSpec) -> Result<(u32, Incremental), MapError> {
+        let name = spec.name.trim();
+        if name.is_empty() || name.len() > 128 || name.contains(char::is_whitespace) {
+            return Err(MapError::InvalidValue {
+                field: "name",
+                reason: format!("'{}' is not a valid pool name", spec.name),
+            });
+        }
+        if self.pool_by_name(name).is_some() {
+            return Err(MapError::PoolExists(name.to_string()));
+        }
+        let pg_num = spec.pg_num.unwrap_or(32);
+        if !(1..=65_536).contains(&pg_num) {
+            return Err(MapError::InvalidValue {
+                field: "pg_num",
+                reason: format!("{pg_num} is outside 1..=65536"),
+            });
+        }
+        let size = spec.size.unwrap_or(3);
+        let min_size = spec.min_size.unwrap_or(size - size / 2);
+        check_sizes(size, min_size)?;
+        let crush_rule = match &spec.crush_rule {
+            Some(r) => self.resolve_rule(r)?,
+            None => self.resolve_rule(DEFAULT_RULE)?,
+        };
+        let id = self.pool_max + 1;
+        let pool = Pool {
+            id,
+            name: name.to_string(),
+            kind: PoolKind::Replicated,
+            size,
+            min_size,
+            pg_num,
+            pgp_num: pg_num,
+            crush_rule,
+            hashpspool: true,
+            created: self.epoch + 1,
+        };
+        Ok((id, self.next(vec![Change::SetPool(pool)])))
+    }
+
+    pub fn propose_pool_delete(&self, name: &str) -> Result<Incremental, MapError> {
+        let pool = self
+            .pool_by_name(name)
+            .ok_or_else(|| MapError::NoSuchPool(name.to_string()))?;
+        Ok(self.next(vec![Change::RemovePool { id: pool.id }]))
+    }
+
+    /// `pool set NAME KEY VALUE` for `size`, `min_size` and `crush_rule`.
+    pub fn propose_pool_set(
+        &self,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<Option<Incremental>, MapError> {
+        let mut pool = self
+            .pool_by_name(name)
+            .ok_or_else(|| MapError::NoSuchPool(name.to_string()))?
+            .clone();
+        let number = |field: &'static str| {
+            value.parse::<u32>().map_err(|_| MapError::InvalidValue {
+                field,
+                reason: format!("'{value}' is not a number"),
+            })
+        };
+        match key {
+            "size" => {
+                pool.size = number("size")?;
+                if pool.min_size > pool.size {
+                    pool.min_size = pool.size;
+                }
+            }
+            "min_size" => pool.min_size = number("min_size")?,
+            "crush_rule" => pool.crush_rule = self.resolve_rule(value)?,
+            "pg_num" | "pgp_num" => {
+                return Err(MapError::InvalidValue {
+                    field: "pg_num",
+                    reason: "changing pg_num (PG splitting) is not supported yet".into(),
+                });
+            }
+            other => {
+                return Err(MapError::InvalidValue {
+                    field: "key",
+                    reason: format!("unknown pool setting '{other}' (size, min_size, crush_rule)"),
+                });
+            }
+        }
+        check_sizes(pool.size, pool.min_size)?;
+        if Some(&pool) == self.pools.get(&pool.id) {
+            return Ok(None);
+        }
+        Ok(Some(self.next(vec![Change::SetPool(pool)])))
+    }
+
+    // ---- mapping -------------------------------------------------------------------------
+
+    /// The PG holding an object.
+    pub fn object_pg(
+        &self,
+        pool_id: u32,
+        name: &str,
+        key: Option<&str>,
+        namespace: &str,
+    ) -> Result<PgId, MapError> {
+        let pool = self
+            .pools
+            .get(&pool_id)
+            .ok_or(MapError::NoSuchPoolId(pool_id))?;
+        Ok(pool.placement().object_pg(name, key, namespace))
+    }
+
+    /// Up and acting sets of a PG.
+    pub fn pg_mapping(&self, pg: PgId) -> Result<PgMapping, MapError> {
+        let pool = self
+            .pools
+            .get(&pg.pool.0)
+            .ok_or(MapError::NoSuchPoolId(pg.pool.0))?;
+        let raw = pool
+            .placement()
+            .raw_osds(&self.crush, pg.seed, &self.reweights)?;
+        // Drop OSDs that do not exist, then those that are down.
+        let up: Vec<i32> = raw
+            .into_iter()
+            .filter(|&o| o != ITEM_NONE && self.osds.contains_key(&o) && self.is_up(o))
+            .collect();
+        let up_primary = up.first().copied().unwrap_or(-1);
+        let acting = match self.pg_temp.get(&pg) {
+            Some(t) if !t.is_empty() => t.clone(),
+            _ => up.clone(),
+        };
+        let acting_primary = acting
+            .iter()
+            .copied()
+            .find(|&o| o != ITEM_NONE)
+            .unwrap_or(-1);
+        Ok(PgMapping {
+            up,
+            up_primary,
+            acting,
+            acting_primary,
+        })
+    }
+
+    /// Every PG of a pool.
+    pub fn pool_pgs(&self, pool_id: u32) -> Result<impl Iterator<Item = PgId> + '_, MapError> {
+        let pool = self
+            .pools
+            .get(&pool_id)
+            .ok_or(MapError::NoSuchPoolId(pool_id))?;
+        Ok((0..pool.pg_num).map(move |s| PgId::new(pool_id, s)))
+    }
+
+    /// CRUSH item id of an OSD's host bucket.
+    pub fn host_of(&self, osd: i32) -> Option<ItemId> {
+        self.crush.parents_of(osd).first().copied()
+    }
+}
+
+fn check_sizes(size: u32, min_size: u32) -> Result<(), MapError> {
+    if !(1..=10).contains(&size) {
+        return Err(MapError::InvalidValue {
+            field: "size",
+            reason: format!("{size} is outside 1..=10"),
+        });
+    }
+    if min_size == 0 || min_size > size {
+        return Err(MapError::InvalidValue {
+            field: "min_size",
+            reason: format!("{min_size} must be between 1 and size ({size})"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(osds: i32, domain: &str) -> OsdMap {
+        let mut map = OsdMap::new("fsid-1", domain).unwrap();
+        for i in 0..osds {
+            let (id, inc) = map
+                .propose_osd_create(&format!("uuid-{i}"), &format!("host{}", i % 3), WEIGHT_ONE)
+                .unwrap();
+            assert_eq!(id, i);
+            map.apply(&inc.unwrap()).unwrap();
+            let addr: SocketAddr = format!("127.0.0.1:{}", 6800 + i).parse().unwrap();
+            map.apply(&map.propose_osd_boot(id, addr).unwrap().unwrap())
+                .unwrap();
+        }
+        map
+    }
+
+    #[test]
+    fn builds_a_cluster_by_incrementals() {
+        let mut map = cluster(6, "host");
+        assert_eq!(map.epoch, 1 + 12);
+        assert_eq!(map.num_up(), 6);
+        assert_eq!(
+            map.crush.bucket(map.host_of(4).unwrap()).unwrap().name,
+            "host1"
+        );
+        let (pool, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "rbd".into(),
+                pg_num: Some(64),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        map.apply(&inc).unwrap();
+        assert_eq!(map.pools[&pool].min_size, 2);
+        for pg in map.pool_pgs(pool).unwrap() {
+            let m = map.pg_mapping(pg).unwrap();
+            assert_eq!(m.up.len(), 3, "{pg}");
+            let hosts: BTreeSet<_> = m.up.iter().map(|&o| map.host_of(o)).collect();
+            assert_eq!(hosts.len(), 3, "replicas on distinct hosts");
+            assert_eq!(m.acting, m.up);
+            assert_eq!(m.acting_primary, m.up[0]);
+        }
+        // the same uuid gets the same id back
+        assert_eq!(
+            map.propose_osd_create("uuid-4", "host1", WEIGHT_ONE)
+                .unwrap(),
+            (4, None)
+        );
+    }
+
+    #[test]
+    fn down_osds_leave_the_up_set_and_out_osds_leave_crush() {
+        let mut map = cluster(6, "host");
+        let (pool, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "p".into(),
+                pg_num: Some(32),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        map.apply(&inc).unwrap();
+        map.apply(&map.propose_osd_down(2).unwrap().unwrap())
+            .unwrap();
+        for pg in map.pool_pgs(pool).unwrap() {
+            let m = map.pg_mapping(pg).unwrap();
+            assert!(!m.up.contains(&2));
+            assert!(m.up.len() >= 2);
+        }
+        map.apply(&map.propose_osd_weight(2, 0).unwrap().unwrap())
+            .unwrap();
+        for pg in map.pool_pgs(pool).unwrap() {
+            assert_eq!(
+                map.pg_mapping(pg).unwrap().up.len(),
+                3,
+                "CRUSH remaps around an out OSD"
+            );
+        }
+        assert!(map.propose_osd_weight(2, 0).unwrap().is_none(), "no-op");
+    }
+
+    #[test]
+    fn single_host_clusters_use_osd_failure_domain() {
+        let mut map = OsdMap::new("f", "osd").unwrap();
+        for i in 0..3 {
+            let (id, inc) = map
+                .propose_osd_create(&format!("u{i}"), "localhost", WEIGHT_ONE)
+                .unwrap();
+            map.apply(&inc.unwrap()).unwrap();
+            map.apply(
+                &map.propose_osd_boot(id, "127.0.0.1:1".parse().unwrap())
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap();
+        }
+        let (pool, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "a".into(),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        map.apply(&inc).unwrap();
+        for pg in map.pool_pgs(pool).unwrap() {
+            assert_eq!(map.pg_mapping(pg).unwrap().up.len(), 3);
+        }
+    }
+
+    #[test]
+    fn decisions_refuse_bad_requests() {
+        let mut map = cluster(3, "host");
+        let spec = |name: &str| PoolSpec {
+            name: name.into(),
+            ..PoolSpec::default()
+        };
+        let (_, inc) = map.propose_pool_create(&spec("a")).unwrap();
+        map.apply(&inc).unwrap();
+        assert_eq!(
+            map.propose_pool_create(&spec("a")).unwrap_err(),
+            MapError::PoolExists("a".into())
+        );
+        assert!(map.propose_pool_create(&spec("has space")).is_err());
+        assert!(
+            map.propose_pool_create(&PoolSpec {
+                pg_num: Some(0),
+                ..spec("b")
+            })
+            .is_err()
+        );
+        assert!(
+            map.propose_pool_create(&PoolSpec {
+                size: Some(2),
+                min_size: Some(3),
+                ..spec("b")
+            })
+            .is_err()
+        );
+        assert!(
+            map.propose_pool_create(&PoolSpec {
+                crush_rule: Some("nope".into()),
+                ..spec("b")
+            })
+            .is_err()
+        );
+        assert!(map.propose_pool_set("a", "size", "x").is_err());
+        assert!(map.propose_pool_set("a", "colour", "1").is_err());
+        assert!(map.propose_pool_set("zz", "size", "2").is_err());
+        assert!(map.propose_pool_set("a", "size", "3").unwrap().is_none());
+        assert!(
+            map.propose_osd_remove(0).is_err(),
+            "up OSDs cannot be removed"
+        );
+        assert!(
+            map.propose_osd_boot(9, "127.0.0.1:1".parse().unwrap())
+                .is_err()
+        );
+        // an incremental from the wrong epoch is refused and changes nothing
+        let inc = map.propose_flag(ClusterFlag::NoOut, true).unwrap();
+        let mut stale = inc.clone();
+        stale.epoch += 1;
+        let before = map.clone();
+        assert!(matches!(map.apply(&stale), Err(MapError::EpochGap { .. })));
+        assert_eq!(map, before);
+        map.apply(&inc).unwrap();
+        assert!(map.has_flag(ClusterFlag::NoOut));
+        assert!(map.propose_flag(ClusterFlag::NoOut, true).is_none());
+    }
+
+    #[test]
+    fn maps_and_incrementals_round_trip_through_encoding() {
+        let mut map = cluster(4, "host");
+        let (_, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "x".into(),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        let bytes = inc.encode();
+        assert_eq!(Incremental::decode(&bytes).unwrap(), inc);
+        map.apply(&inc).unwrap();
+        let decoded = OsdMap::decode(&map.encode()).unwrap();
+        assert_eq!(decoded, map);
+        let mut bad = map.encode();
+        bad[0] = 9;
+        assert!(matches!(
+            OsdMap::decode(&bad),
+            Err(MapError::UnsupportedVersion { got: 9, .. })
+        ));
+        assert!(OsdMap::decode(&[]).is_err());
+        assert!(OsdMap::decode(&[OSD_MAP_FORMAT, 1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn removing_an_osd_removes_it_from_crush() {
+        let mut map = cluster(4, "host");
+        map.apply(&map.propose_osd_down(3).unwrap().unwrap())
+            .unwrap();
+        map.apply(&map.propose_osd_remove(3).unwrap()).unwrap();
+        assert!(!map.osds.contains_key(&3));
+        assert!(map.crush.device(3).is_none());
+        let (id, _) = map.propose_osd_create("new", "host0", WEIGHT_ONE).unwrap();
+        assert_eq!(id, 3, "ids are reused once free");
+    }
+}

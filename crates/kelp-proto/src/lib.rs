@@ -1,0 +1,36 @@
+//! Kelp's wire messages. The messenger (`kelp-msgr`) moves frames of `(msg_type, meta, data)`;
+//! this crate says what the `meta` of each `msg_type` contains. Bulk data (object payloads)
+//! never goes through serde: it rides in the frame's `data` segment as `Bytes`, and a message's
+//! metadata says how long each op's share of it is.
+//!
+//! Versioning: every `meta` starts with one version byte (`PROTO_VERSION`), followed by the
+//! postcard encoding of the message. A receiver refuses versions it does not know with a clear
+//! error instead of misreading them; a new field or variant means a new version, and the old
+//! one stays readable (see `docs/RADOS.md`).
+
+mod codec;
+mod mon;
+mod osd;
+
+pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
+pub use mon::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe};
+pub use osd::{ErrorCode, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, RepOp, RepOpReply};
+
+/// Message types carried in the messenger's frame header.
+pub mod msg_type {
+    /// Client/daemon → monitor: a `MonCommand`; reply `MonReply`.
+    pub const MON_COMMAND: u16 = 0x0100;
+    /// Client/daemon → monitor: `Subscribe`; reply `MapUpdate`; later updates are pushed as
+    /// one-way `MON_MAP_UPDATE` frames on the same connection.
+    pub const MON_SUBSCRIBE: u16 = 0x0101;
+    /// Monitor → subscriber (one-way push): `MapUpdate`.
+    pub const MON_MAP_UPDATE: u16 = 0x0102;
+    /// OSD → monitor: `OsdBoot`; reply `MonReply`.
+    pub const MON_OSD_BOOT: u16 = 0x0103;
+    /// Monitor ↔ monitor: Raft traffic (opaque to this crate; encoded by kelp-mon).
+    pub const MON_RAFT: u16 = 0x0180;
+    /// Client → primary OSD: `OsdOp` (+ data); reply `OsdOpReply` (+ data).
+    pub const OSD_OP: u16 = 0x0200;
+    /// Primary → replica OSD: `RepOp` (+ data); reply `RepOpReply`.
+    pub const OSD_REPOP: u16 = 0x0201;
+}

@@ -1,0 +1,146 @@
+//! Messages between clients/daemons and the monitors.
+
+use std::net::SocketAddr;
+
+use kelp_maps::PoolSpec;
+use serde::{Deserialize, Serialize};
+
+/// A request to the monitors. Those that change cluster state go through the Raft log; the
+/// reply says at which OSD map epoch the change is visible.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MonCommand {
+    Status,
+    /// Registers an OSD (or returns the id of the one with this uuid).
+    OsdCreate {
+        uuid: String,
+        host: String,
+        crush_weight: u32,
+    },
+    OsdDown {
+        id: i32,
+    },
+    OsdOut {
+        id: i32,
+    },
+    OsdIn {
+        id: i32,
+    },
+    /// In/out weight, 16.16.
+    OsdReweight {
+        id: i32,
+        weight: u32,
+    },
+    OsdRemove {
+        id: i32,
+    },
+    PoolCreate(PoolSpec),
+    PoolDelete {
+        name: String,
+    },
+    PoolSet {
+        name: String,
+        key: String,
+        value: String,
+    },
+    SetFlag {
+        flag: String,
+        on: bool,
+    },
+    ConfigSet {
+        who: String,
+        key: String,
+        value: String,
+    },
+    ConfigRm {
+        who: String,
+        key: String,
+    },
+    ConfigDump,
+    /// Returns the entity's secret, creating it if missing.
+    AuthGetOrCreate {
+        entity: String,
+    },
+    AuthRm {
+        entity: String,
+    },
+    AuthList,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigEntry {
+    /// `global`, a daemon type (`osd`, `mon`, `client`) or one daemon (`osd.3`).
+    pub who: String,
+    pub key: String,
+    pub value: String,
+}
+
+/// A summary of the cluster as the monitors see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub fsid: String,
+    pub epoch: u32,
+    pub num_osds: u32,
+    pub num_up_osds: u32,
+    pub num_in_osds: u32,
+    pub num_pools: u32,
+    pub num_pgs: u32,
+    pub flags: Vec<String>,
+    /// Monitor names and whether each is in the quorum.
+    pub monitors: Vec<(String, bool)>,
+    pub leader: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MonReply {
+    /// Done; the state is visible from this OSD map epoch on.
+    Done {
+        epoch: u32,
+    },
+    OsdId {
+        id: i32,
+        epoch: u32,
+    },
+    PoolId {
+        id: u32,
+        epoch: u32,
+    },
+    Status(ClusterStatus),
+    Config(Vec<ConfigEntry>),
+    /// An entity's secret, base64.
+    Key {
+        entity: String,
+        secret: String,
+    },
+    Entities(Vec<String>),
+    /// This monitor is not the leader; retry at `leader` (a monitor address) if known.
+    NotLeader {
+        leader: Option<SocketAddr>,
+    },
+    /// Refused, with a message for the operator.
+    Error {
+        message: String,
+    },
+}
+
+/// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be
+/// pushed on this connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscribe {
+    pub have_epoch: u32,
+}
+
+/// OSD map updates: either a full map (encoded `kelp_maps::OsdMap`) or consecutive encoded
+/// incrementals starting right after the subscriber's epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapUpdate {
+    pub full: Option<Vec<u8>>,
+    pub incrementals: Vec<Vec<u8>>,
+}
+
+/// An OSD reports that it is running and where it listens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdBoot {
+    pub id: i32,
+    pub uuid: String,
+    pub addr: SocketAddr,
+}

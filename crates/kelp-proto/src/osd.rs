@@ -1,0 +1,276 @@
+//! Messages between clients and OSDs, and between a PG's primary and its replicas.
+//!
+//! An `OsdOp` is a compound operation on one object, applied atomically: guards first
+//! (`AssertExists`, `AssertVersion`, `CmpXattr`), then mutations in order, or reads. Payloads of
+//! the ops that carry data (`len` fields) are consecutive slices of the frame's data segment, in
+//! op order; read results come back the same way in the reply's data segment.
+
+use kelp_types::PgId;
+use serde::{Deserialize, Serialize};
+
+/// Names an object: its pool, namespace, optional locator key (hashed instead of the name for
+/// placement) and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectLocator {
+    pub pool: u32,
+    pub namespace: String,
+    pub key: Option<String>,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpKind {
+    // -- guards: the whole op fails with `Canceled` (or `NotFound`) if one does not hold
+    AssertExists,
+    /// The object's version must be exactly this.
+    AssertVersion {
+        version: u64,
+    },
+    /// Compare an xattr with `len` bytes of data.
+    CmpXattr {
+        name: String,
+        op: CmpOp,
+        len: u64,
+    },
+    // -- mutations
+    /// Fails with `Exists` if `exclusive` and the object exists.
+    Create {
+        exclusive: bool,
+    },
+    WriteFull {
+        len: u64,
+    },
+    Write {
+        offset: u64,
+        len: u64,
+    },
+    Append {
+        len: u64,
+    },
+    Truncate {
+        size: u64,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
+    Remove,
+    SetXattr {
+        name: String,
+        len: u64,
+    },
+    RmXattr {
+        name: String,
+    },
+    /// Keys with the lengths of their values (values in data, in order).
+    OmapSet {
+        entries: Vec<(String, u64)>,
+    },
+    OmapRm {
+        keys: Vec<String>,
+    },
+    OmapClear,
+    OmapSetHeader {
+        len: u64,
+    },
+    // -- reads
+    /// `len == 0` reads to the end.
+    Read {
+        offset: u64,
+        len: u64,
+    },
+    Stat,
+    GetXattr {
+        name: String,
+    },
+    GetXattrs,
+    /// Up to `max` entries with keys `> start_after` that start with `prefix`.
+    OmapGetVals {
+        start_after: String,
+        prefix: String,
+        max: u32,
+    },
+    OmapGetValsByKeys {
+        keys: Vec<String>,
+    },
+    OmapGetHeader,
+}
+
+impl OpKind {
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Create { .. }
+                | OpKind::WriteFull { .. }
+                | OpKind::Write { .. }
+                | OpKind::Append { .. }
+                | OpKind::Truncate { .. }
+                | OpKind::Zero { .. }
+                | OpKind::Remove
+                | OpKind::SetXattr { .. }
+                | OpKind::RmXattr { .. }
+                | OpKind::OmapSet { .. }
+                | OpKind::OmapRm { .. }
+                | OpKind::OmapClear
+                | OpKind::OmapSetHeader { .. }
+        )
+    }
+
+    /// Bytes of the request's data segment this op consumes.
+    pub fn data_len(&self) -> u64 {
+        match self {
+            OpKind::CmpXattr { len, .. }
+            | OpKind::WriteFull { len }
+            | OpKind::Write { len, .. }
+            | OpKind::Append { len }
+            | OpKind::SetXattr { len, .. }
+            | OpKind::OmapSetHeader { len } => *len,
+            OpKind::OmapSet { entries } => entries.iter().map(|(_, l)| *l).sum(),
+            _ => 0,
+        }
+    }
+}
+
+/// A client's compound op on one object, sent to the PG's primary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdOp {
+    /// Unique per client (with the client's entity name): lets a resent write be recognised.
+    pub reqid: u64,
+    /// The client's OSD map epoch: an OSD with a newer map tells a stale client to refresh.
+    pub epoch: u32,
+    pub pg: PgId,
+    pub object: ObjectLocator,
+    pub ops: Vec<OpKind>,
+}
+
+/// Why an op failed. Stable codes, mapped to S3/NBD/errno at the edges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The object does not exist (ENOENT).
+    NotFound,
+    /// Exclusive create of an existing object (EEXIST).
+    Exists,
+    /// A guard did not hold (ECANCELED).
+    Canceled,
+    /// The pool does not exist.
+    NoSuchPool,
+    /// This OSD is not the PG's primary in its map, or the client's map is older: refresh
+    /// the map and resend.
+    Misdirected,
+    /// The PG has fewer than `min_size` replicas up: it does not serve I/O until it has.
+    Inactive,
+    /// Object or op larger than allowed.
+    TooBig,
+    /// The cluster (or this OSD) is full.
+    Full,
+    /// The request is malformed.
+    Invalid,
+    /// A stored checksum did not match (the data is not returned).
+    Corrupt,
+    /// Any other I/O failure on the OSD.
+    Io,
+}
+
+/// Per-op outputs; read payloads are in the reply's data segment in op order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpResult {
+    None,
+    /// `len` bytes of data.
+    Data {
+        len: u64,
+    },
+    Stat {
+        size: u64,
+        mtime_ns: u64,
+        version: u64,
+    },
+    /// Names and value lengths.
+    Xattrs {
+        entries: Vec<(String, u64)>,
+    },
+    /// Keys and value lengths; `more` if the listing was cut at `max`.
+    Omap {
+        entries: Vec<(String, u64)>,
+        more: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdOpReply {
+    /// `None` on success.
+    pub error: Option<(ErrorCode, String)>,
+    /// The object's version after the op (writes) or as read.
+    pub version: u64,
+    /// The OSD's map epoch.
+    pub epoch: u32,
+    pub outs: Vec<OpResult>,
+}
+
+/// The primary's instruction to a replica: apply exactly these (already checked and resolved)
+/// mutations as PG log entry `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepOp {
+    pub pg: PgId,
+    pub epoch: u32,
+    /// (epoch, version) of the PG log entry this write becomes.
+    pub log_epoch: u32,
+    pub log_version: u64,
+    pub reqid: (String, u64),
+    pub object: ObjectLocator,
+    pub ops: Vec<OpKind>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepOpReply {
+    pub error: Option<(ErrorCode, String)>,
+    pub epoch: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode, encode};
+
+    #[test]
+    fn messages_round_trip_and_versions_are_checked() {
+        let op = OsdOp {
+            reqid: 7,
+            epoch: 12,
+            pg: PgId::new(1, 0x1a5),
+            object: ObjectLocator {
+                pool: 1,
+                namespace: String::new(),
+                key: None,
+                name: "obj".into(),
+            },
+            ops: vec![
+                OpKind::AssertVersion { version: 3 },
+                OpKind::Write {
+                    offset: 4096,
+                    len: 10,
+                },
+                OpKind::SetXattr {
+                    name: "a".into(),
+                    len: 2,
+                },
+            ],
+        };
+        let bytes = encode(&op);
+        assert_eq!(decode::<OsdOp>(&bytes, "op").unwrap(), op);
+        assert_eq!(op.ops.iter().map(OpKind::data_len).sum::<u64>(), 12);
+        let mut wrong = bytes.clone();
+        wrong[0] = 2;
+        assert!(matches!(
+            decode::<OsdOp>(&wrong, "op"),
+            Err(crate::ProtoError::Version { got: 2 })
+        ));
+        assert!(decode::<OsdOp>(&bytes[..bytes.len() / 2], "op").is_err());
+        assert!(decode::<OsdOp>(&[], "op").is_err());
+    }
+}
