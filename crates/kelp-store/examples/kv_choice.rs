@@ -29,7 +29,11 @@ fn dir_size(p: &Path) -> u64 {
     let mut t = 0;
     for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
         let m = e.metadata().unwrap();
-        t += if m.is_dir() { dir_size(&e.path()) } else { m.len() };
+        t += if m.is_dir() {
+            dir_size(&e.path())
+        } else {
+            m.len()
+        };
     }
     t
 }

@@ -43,12 +43,12 @@ impl Allocator {
             return;
         }
         self.free += len;
-        if let Some((&po, &pl)) = self.by_off.range(..off).next_back() {
-            if po + pl == off {
-                self.del(po, pl);
-                off = po;
-                len += pl;
-            }
+        if let Some((&po, &pl)) = self.by_off.range(..off).next_back()
+            && po + pl == off
+        {
+            self.del(po, pl);
+            off = po;
+            len += pl;
         }
         if let Some(&nl) = self.by_off.get(&(off + len)) {
             self.del(off + len, nl);
@@ -179,7 +179,9 @@ impl Bitmap {
                 found: u32::from(v),
                 supported: u32::from(BITMAP_VERSION),
             }),
-            _ => Err(StoreError::corrupt(format!("bitmap chunk {chunk} has a bad length"))),
+            _ => Err(StoreError::corrupt(format!(
+                "bitmap chunk {chunk} has a bad length"
+            ))),
         }
     }
 
@@ -221,7 +223,11 @@ mod tests {
         assert_eq!(a.allocate(10), Some(vec![(0, 10)]));
         assert_eq!(a.allocate(10), Some(vec![(10, 10)]));
         a.release(0, 10);
-        assert_eq!(a.allocate(5), Some(vec![(0, 5)]), "best fit picks the small hole");
+        assert_eq!(
+            a.allocate(5),
+            Some(vec![(0, 5)]),
+            "best fit picks the small hole"
+        );
         a.release(0, 5);
         a.release(10, 10);
         assert_eq!(a.free_units(), 100);

@@ -94,7 +94,10 @@ impl<'a> Reader<'a> {
         if self.b.is_empty() {
             Ok(())
         } else {
-            Err(StoreError::corrupt(format!("trailing bytes in {}", self.what)))
+            Err(StoreError::corrupt(format!(
+                "trailing bytes in {}",
+                self.what
+            )))
         }
     }
 }
@@ -286,11 +289,11 @@ impl Onode {
     /// Replace the checksums of a mapped unit (in-place deferred overwrite).
     pub fn set_unit_csums(&mut self, lunit: u64, bpu: u64, csums: &[u32]) {
         let i = self.extents.partition_point(|e| e.lunit + e.units <= lunit);
-        if let Some(e) = self.extents.get_mut(i) {
-            if e.lunit <= lunit {
-                let k = ((lunit - e.lunit) * bpu) as usize;
-                e.csums[k..k + bpu as usize].copy_from_slice(csums);
-            }
+        if let Some(e) = self.extents.get_mut(i)
+            && e.lunit <= lunit
+        {
+            let k = ((lunit - e.lunit) * bpu) as usize;
+            e.csums[k..k + bpu as usize].copy_from_slice(csums);
         }
     }
 }

@@ -21,7 +21,10 @@ pub enum StoreError {
     #[error("collection {coll} is not empty")]
     CollectionNotEmpty { coll: CollectionId },
     #[error("object {object} does not exist in collection {coll}")]
-    ObjectNotFound { coll: CollectionId, object: ObjectId },
+    ObjectNotFound {
+        coll: CollectionId,
+        object: ObjectId,
+    },
     /// Stored data does not match its checksum. Never returned together with data: the caller
     /// must fetch the object from another replica.
     #[error(

@@ -129,7 +129,9 @@ impl KelpStore {
             let size_units = on.size.div_ceil(geo.unit);
             for e in &on.extents {
                 if e.units == 0
-                    || e.punit.checked_add(e.units).is_none_or(|end| end > geo.units)
+                    || e.punit
+                        .checked_add(e.units)
+                        .is_none_or(|end| end > geo.units)
                     || e.lunit + e.units > size_units
                     || e.csums.len() as u64 != e.units * geo.bpu
                 {
@@ -160,8 +162,8 @@ impl KelpStore {
                     let mut done = 0;
                     while done < e.units {
                         let n = (e.units - done).min(256);
-                        let cs = &e.csums
-                            [(done * geo.bpu) as usize..((done + n) * geo.bpu) as usize];
+                        let cs =
+                            &e.csums[(done * geo.bpu) as usize..((done + n) * geo.bpu) as usize];
                         match inner.read_units(&oid, e.lunit + done, e.punit + done, n, cs, None) {
                             Ok(_) => rep.blocks_verified += n * geo.bpu,
                             Err(err @ StoreError::ChecksumMismatch { .. }) => {
@@ -239,7 +241,9 @@ impl KelpStore {
             );
         }
         if let Some(v) = inner.meta.get(keys::NEXT_NID).map_err(kv_err)? {
-            let next = <[u8; 8]>::try_from(&v[..]).map(u64::from_be_bytes).unwrap_or(0);
+            let next = <[u8; 8]>::try_from(&v[..])
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
             if next <= max_nid {
                 rep.problem(
                     "nid",

@@ -46,7 +46,7 @@ use crate::keys;
 use crate::store::ObjectStore;
 use crate::superblock::{self, FORMAT_VERSION, Superblock};
 use crate::types::{
-    Commit, CollectionId, ListPage, ObjectId, ObjectStat, OmapPage, Op, Transaction,
+    CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Op, Transaction,
 };
 
 const DATA_FILE: &str = "block";
@@ -57,6 +57,12 @@ const PARTITION: &str = "meta";
 const MAX_OBJECT_END: u64 = 1 << 44;
 
 type Value = Arc<[u8]>;
+/// Pending metadata: key -> (seq of the transaction that wrote it, value or deletion).
+type Overlay = BTreeMap<Vec<u8>, (u64, Option<Value>)>;
+/// Deferred unit contents not yet written back: punit -> (seq, content).
+type PendingUnits = HashMap<u64, (u64, Arc<Vec<u8>>)>;
+/// A sorted source of `(key, value-or-tombstone)` for `merge_sources`.
+type KvSource<'a> = Box<dyn Iterator<Item = Result<(Vec<u8>, Option<Value>)>> + 'a>;
 
 /// Alignment of buffers, offsets and lengths for O_DIRECT I/O on the data file.
 const DIO_ALIGN: usize = 4096;
@@ -113,6 +119,9 @@ impl DataDone {
     fn finish(&self, r: std::result::Result<(), String>) {
         *lock(&self.state) = Some(r);
         self.cv.notify_all();
+    }
+    fn is_done(&self) -> bool {
+        lock(&self.state).is_some()
     }
     fn wait(&self) -> std::result::Result<(), String> {
         let mut g = lock(&self.state);
@@ -197,9 +206,9 @@ pub(crate) struct Inner {
     pub meta: PartitionHandle,
     _lock: File,
     /// Metadata of transactions submitted but not yet durable: key -> (seq, value or deletion).
-    overlay: RwLock<BTreeMap<Vec<u8>, (u64, Option<Value>)>>,
+    overlay: RwLock<Overlay>,
     /// Unit contents of deferred writes not yet written back: punit -> (seq, content).
-    pending_blocks: Mutex<HashMap<u64, (u64, Arc<Vec<u8>>)>>,
+    pending_blocks: Mutex<PendingUnits>,
     /// New-extent data being written by submitters: start punit -> run (removed once written).
     inflight_cow: Mutex<BTreeMap<u64, CowWrite>>,
     alloc: Mutex<Allocator>,
@@ -276,7 +285,7 @@ fn random_id() -> String {
 pub fn mkfs(dir: &Path, opts: &MkfsOptions) -> Result<Superblock> {
     let unit = opts.min_alloc_size.0;
     let cb = opts.csum_block_size.0;
-    if cb < 512 || unit < cb || unit % cb != 0 || !unit.is_power_of_two() {
+    if cb < 512 || unit < cb || !unit.is_multiple_of(cb) || !unit.is_power_of_two() {
         return Err(StoreError::InvalidArgument {
             reason: format!(
                 "min_alloc_size ({unit}) must be a power of two and a multiple of csum_block_size ({cb} >= 512)"
@@ -344,10 +353,7 @@ pub fn mkfs(dir: &Path, opts: &MkfsOptions) -> Result<Superblock> {
 
 /// A 3-way merge of sorted `(key, value-or-tombstone)` sources; earlier sources win on equal
 /// keys. Tombstones are skipped in the output.
-fn merge_sources(
-    mut sources: Vec<Box<dyn Iterator<Item = Result<(Vec<u8>, Option<Value>)>> + '_>>,
-    limit: usize,
-) -> Result<Vec<(Vec<u8>, Value)>> {
+fn merge_sources(mut sources: Vec<KvSource<'_>>, limit: usize) -> Result<Vec<(Vec<u8>, Value)>> {
     let mut heads: Vec<Option<(Vec<u8>, Option<Value>)>> = Vec::with_capacity(sources.len());
     for s in sources.iter_mut() {
         heads.push(s.next().transpose()?);
@@ -424,8 +430,7 @@ impl Inner {
             std::ops::Bound::Included(start.to_vec()),
             std::ops::Bound::Excluded(end.to_vec()),
         );
-        let mut sources: Vec<Box<dyn Iterator<Item = Result<(Vec<u8>, Option<Value>)>>>> =
-            Vec::new();
+        let mut sources: Vec<KvSource<'static>> = Vec::new();
         if let Some(st) = staged {
             let v: Vec<_> = st
                 .range(range.clone())
@@ -488,8 +493,7 @@ impl Inner {
             let pending = lock(&self.pending_blocks);
             let cow = lock(&self.inflight_cow);
             let (st_def, st_cow) = staged.unwrap_or((&EMPTY_DEFERRED, &[]));
-            if !pending.is_empty() || !cow.is_empty() || !st_def.is_empty() || !st_cow.is_empty()
-            {
+            if !pending.is_empty() || !cow.is_empty() || !st_def.is_empty() || !st_cow.is_empty() {
                 let from_cow = |w: &CowWrite, p: u64| -> Option<Vec<u8>> {
                     (p >= w.punit && p < w.punit + w.units).then(|| {
                         let at = w.start + ((p - w.punit) as usize) * u;
@@ -503,7 +507,11 @@ impl Inner {
                         .map(|d| d.to_vec())
                         .or_else(|| st_cow.iter().rev().find_map(|w| from_cow(w, p)))
                         .or_else(|| pending.get(&p).map(|(_, d)| d.to_vec()))
-                        .or_else(|| cow.range(..=p).next_back().and_then(|(_, w)| from_cow(w, p)));
+                        .or_else(|| {
+                            cow.range(..=p)
+                                .next_back()
+                                .and_then(|(_, w)| from_cow(w, p))
+                        });
                     if let Some(d) = found {
                         buf[i as usize * u..(i as usize + 1) * u].copy_from_slice(&d);
                     }
@@ -565,7 +573,8 @@ impl Inner {
             let s = e.lunit.max(first);
             let t = (e.lunit + e.units).min(last);
             let k = s - e.lunit;
-            let csums = &e.csums[(k * self.geo.bpu) as usize..((t - e.lunit) * self.geo.bpu) as usize];
+            let csums =
+                &e.csums[(k * self.geo.bpu) as usize..((t - e.lunit) * self.geo.bpu) as usize];
             let data = self.read_units(oid, s, e.punit + k, t - s, csums, staged)?;
             // Copy the overlap of [s*u, t*u) and [off, off+len).
             let a = (s * u).max(off);
@@ -620,10 +629,11 @@ impl Txc<'_> {
     }
 
     fn existing(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
-        self.onode(coll, oid)?.ok_or_else(|| StoreError::ObjectNotFound {
-            coll,
-            object: oid.clone(),
-        })
+        self.onode(coll, oid)?
+            .ok_or_else(|| StoreError::ObjectNotFound {
+                coll,
+                object: oid.clone(),
+            })
     }
 
     fn new_onode(&mut self) -> Onode {
@@ -674,10 +684,14 @@ impl Txc<'_> {
     fn unit_content(&self, oid: &ObjectId, on: &Onode, lunit: u64) -> Result<AlignedBuf> {
         let bpu = self.inner.geo.bpu;
         match on.lookup(lunit, bpu) {
-            Some((punit, csums)) => {
-                self.inner
-                    .read_units(oid, lunit, punit, 1, csums, Some((&self.deferred, &self.cow)))
-            }
+            Some((punit, csums)) => self.inner.read_units(
+                oid,
+                lunit,
+                punit,
+                1,
+                csums,
+                Some((&self.deferred, &self.cow)),
+            ),
             None => Ok(AlignedBuf::zeroed(self.inner.geo.unit as usize)),
         }
     }
@@ -737,7 +751,8 @@ impl Txc<'_> {
             let part = &data[done..done + units as usize * u];
             if defer {
                 for (i, chunk) in part.chunks(u).enumerate() {
-                    self.deferred.insert(punit + i as u64, Arc::new(chunk.to_vec()));
+                    self.deferred
+                        .insert(punit + i as u64, Arc::new(chunk.to_vec()));
                 }
             } else {
                 self.cow.push(CowWrite {
@@ -907,9 +922,9 @@ impl Txc<'_> {
                 self.require_coll(*dest)?;
                 let mask = keys::split_mask(*bits);
                 let p = keys::obj_prefix(*src);
-                let all = self
-                    .inner
-                    .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
+                let all =
+                    self.inner
+                        .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
                 for (k, v) in all {
                     let (_, oid) = keys::decode_obj_key(&k)?;
                     if oid.hash & mask == rem & mask {
@@ -987,7 +1002,11 @@ impl Txc<'_> {
                     self.save(*coll, oid, &on);
                 }
             }
-            Op::OmapRemove { coll, oid, keys: ks } => {
+            Op::OmapRemove {
+                coll,
+                oid,
+                keys: ks,
+            } => {
                 let on = self.existing(*coll, oid)?;
                 for k in ks {
                     self.put(keys::omap_key(on.nid, k), None);
@@ -1033,9 +1052,12 @@ impl Txc<'_> {
                 }
                 if s.has_omap {
                     let p = keys::omap_prefix(s.nid);
-                    let entries =
-                        self.inner
-                            .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
+                    let entries = self.inner.scan(
+                        Some(&self.staged),
+                        &p,
+                        &keys::prefix_end(&p),
+                        usize::MAX,
+                    )?;
                     for (k, v) in entries {
                         let mut nk = keys::omap_prefix(d.nid);
                         nk.extend_from_slice(&k[9..]);
@@ -1309,15 +1331,31 @@ fn committer(inner: Arc<Inner>) {
                         .0;
                 }
             }
-            let n = q.items.len().min(inner.cfg.max_batch_txns.max(1));
+            // Wait (without the queue lock) for the head's data writes, then take the longest
+            // prefix whose data is on the device: transactions still writing join a later
+            // batch instead of holding this one back, so data writes overlap with flushes.
+            let head = q.items.front().and_then(|p| p.data_done.clone());
+            if let Some(dd) = head {
+                drop(q);
+                let _ = dd.wait();
+                q = lock(&inner.queue);
+            }
+            let max = q.items.len().min(inner.cfg.max_batch_txns.max(1));
+            let n = q
+                .items
+                .iter()
+                .take(max)
+                .position(|p| p.data_done.as_ref().is_some_and(|d| !d.is_done()))
+                .unwrap_or(max)
+                .max(usize::from(max > 0));
             let batch: Vec<Prepared> = q.items.drain(..n).collect();
             (batch, q.shutdown)
         };
         if batch.is_empty() {
-            if !st.unsynced.is_empty() {
-                if let Err(e) = cleanup_deferred(&inner, &mut st) {
-                    fail(&inner, &e.to_string());
-                }
+            if !st.unsynced.is_empty()
+                && let Err(e) = cleanup_deferred(&inner, &mut st)
+            {
+                fail(&inner, &e.to_string());
             }
             if shutdown {
                 break;
@@ -1385,8 +1423,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             }
         }
         let wrote = batch.iter().any(|p| p.wrote_data);
-        let cleanup =
-            !st.unsynced.is_empty() && (wrote || st.unsynced.len() >= CLEANUP_BATCHES);
+        let cleanup = !st.unsynced.is_empty() && (wrote || st.unsynced.len() >= CLEANUP_BATCHES);
         if wrote || cleanup {
             inner
                 .data
@@ -1546,7 +1583,10 @@ impl KelpStore {
         }
         if txc.nid_used {
             st.next_nid = txc.next_nid;
-            txc.put(keys::NEXT_NID.to_vec(), Some(txc.next_nid.to_be_bytes().to_vec()));
+            txc.put(
+                keys::NEXT_NID.to_vec(),
+                Some(txc.next_nid.to_be_bytes().to_vec()),
+            );
         }
         let seq = st.next_seq;
         st.next_seq += 1;
@@ -1577,12 +1617,8 @@ impl ObjectStore for KelpStore {
         // Throttle: bound memory held by transactions that are prepared but not durable.
         {
             let mut q = lock(&inner.queue);
-            while q.inflight_bytes > inner.cfg.inflight_bytes() && q.durable_seq + 1 < st.next_seq
-            {
-                q = inner
-                    .durable_cv
-                    .wait(q)
-                    .unwrap_or_else(|p| p.into_inner());
+            while q.inflight_bytes > inner.cfg.inflight_bytes() && q.durable_seq + 1 < st.next_seq {
+                q = inner.durable_cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 if lock(&inner.failed).is_some() {
                     break;
                 }
@@ -1691,7 +1727,9 @@ impl ObjectStore for KelpStore {
             .inner
             .scan(None, &from, &keys::prefix_end(&p), max.saturating_add(1))?;
         let next = if got.len() > max {
-            got.pop().map(|(k, _)| keys::decode_obj_key(&k).map(|x| x.1)).transpose()?
+            got.pop()
+                .map(|(k, _)| keys::decode_obj_key(&k).map(|x| x.1))
+                .transpose()?
         } else {
             None
         };

@@ -247,6 +247,11 @@ mod tests {
     #[test]
     fn prefix_end_bounds_the_prefix() {
         assert_eq!(prefix_end(b"M\x00\xff"), b"M\x01".to_vec());
-        assert!(obj_key(CollectionId::new(1, 0), &ObjectId::new(1, "", "x", u32::MAX)) < prefix_end(&obj_prefix(CollectionId::new(1, 0))));
+        assert!(
+            obj_key(
+                CollectionId::new(1, 0),
+                &ObjectId::new(1, "", "x", u32::MAX)
+            ) < prefix_end(&obj_prefix(CollectionId::new(1, 0)))
+        );
     }
 }

@@ -17,8 +17,8 @@ mod codec;
 mod config;
 mod error;
 mod fsck;
-mod keys;
 mod kelpstore;
+mod keys;
 mod memstore;
 mod store;
 mod superblock;
@@ -33,5 +33,5 @@ pub use memstore::MemStore;
 pub use store::ObjectStore;
 pub use superblock::{FORMAT_VERSION, Superblock};
 pub use types::{
-    Commit, CollectionId, ListPage, ObjectId, ObjectStat, OmapPage, Op, SNAP_HEAD, Transaction,
+    CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Op, SNAP_HEAD, Transaction,
 };

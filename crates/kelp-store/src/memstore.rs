@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use crate::error::{Result, StoreError};
 use crate::store::ObjectStore;
 use crate::types::{
-    Commit, CollectionId, ListPage, ObjectId, ObjectStat, OmapPage, Op, Transaction,
+    CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Op, Transaction,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -102,7 +102,10 @@ impl Apply<'_> {
 
     /// The object, saved for rollback; created if `create`.
     fn obj(&mut self, coll: CollectionId, oid: &ObjectId, create: bool) -> Result<&mut MemObject> {
-        let c = self.colls.get_mut(&coll).ok_or(StoreError::CollectionNotFound { coll })?;
+        let c = self
+            .colls
+            .get_mut(&coll)
+            .ok_or(StoreError::CollectionNotFound { coll })?;
         let before = c.get(oid).cloned();
         if before.is_none() && !create {
             return Err(StoreError::ObjectNotFound {
@@ -282,7 +285,9 @@ impl ObjectStore for MemStore {
         max: usize,
     ) -> Result<ListPage> {
         self.with(|c| {
-            let c = c.get(&coll).ok_or(StoreError::CollectionNotFound { coll })?;
+            let c = c
+                .get(&coll)
+                .ok_or(StoreError::CollectionNotFound { coll })?;
             let lower = match start {
                 Some(s) => Bound::Included(s.clone()),
                 None => Bound::Unbounded,

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::Result;
-use crate::types::{Commit, CollectionId, ListPage, ObjectId, ObjectStat, OmapPage, Transaction};
+use crate::types::{CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Transaction};
 
 pub trait ObjectStore: Send + Sync {
     /// Apply `txn` atomically; the returned future resolves once it is durable.

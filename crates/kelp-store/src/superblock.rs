@@ -83,11 +83,13 @@ impl Superblock {
         let sb: Superblock = serde_json::from_slice(&b[16..16 + len])
             .map_err(|e| bad(format!("unreadable payload: {e}")))?;
         if sb.format_version != version {
-            return Err(bad("payload and header disagree on the format version".into()));
+            return Err(bad(
+                "payload and header disagree on the format version".into()
+            ));
         }
         if sb.csum_block_size == 0
             || sb.min_alloc_size == 0
-            || sb.min_alloc_size % sb.csum_block_size != 0
+            || !sb.min_alloc_size.is_multiple_of(sb.csum_block_size)
             || sb.data_size < sb.min_alloc_size
         {
             return Err(bad("inconsistent geometry".into()));
@@ -107,8 +109,8 @@ impl Superblock {
     /// Write atomically (temp file, fsync, rename, fsync dir).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let tmp = dir.join("superblock.tmp");
-        let mut f = std::fs::File::create(&tmp)
-            .map_err(|e| StoreError::io("creating superblock", e))?;
+        let mut f =
+            std::fs::File::create(&tmp).map_err(|e| StoreError::io("creating superblock", e))?;
         f.write_all(&self.encode())
             .and_then(|_| f.sync_all())
             .map_err(|e| StoreError::io("writing superblock", e))?;
@@ -147,10 +149,17 @@ mod tests {
         }
         let mut g = b.clone();
         g[30] ^= 0x40;
-        assert!(Superblock::decode(&g, p).unwrap_err().to_string().contains("checksum"));
-        assert!(Superblock::decode(b"hello world, this is not it", p)
-            .unwrap_err()
-            .to_string()
-            .contains("magic"));
+        assert!(
+            Superblock::decode(&g, p)
+                .unwrap_err()
+                .to_string()
+                .contains("checksum")
+        );
+        assert!(
+            Superblock::decode(b"hello world, this is not it", p)
+                .unwrap_err()
+                .to_string()
+                .contains("magic")
+        );
     }
 }

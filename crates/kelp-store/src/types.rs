@@ -314,7 +314,12 @@ impl Transaction {
             header,
         })
     }
-    pub fn clone_object(&mut self, coll: CollectionId, src: &ObjectId, dst: &ObjectId) -> &mut Self {
+    pub fn clone_object(
+        &mut self,
+        coll: CollectionId,
+        src: &ObjectId,
+        dst: &ObjectId,
+    ) -> &mut Self {
         self.push(Op::Clone {
             coll,
             src: src.clone(),

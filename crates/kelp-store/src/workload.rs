@@ -66,7 +66,12 @@ pub fn marker() -> ObjectId {
 
 fn crash_obj(i: u64) -> ObjectId {
     let name = format!("obj{i}");
-    ObjectId::new(1, if i % 3 == 0 { "ns" } else { "" }, &name, test_hash(&name))
+    ObjectId::new(
+        1,
+        if i.is_multiple_of(3) { "ns" } else { "" },
+        &name,
+        test_hash(&name),
+    )
 }
 
 /// Creates the crash workload's collections.

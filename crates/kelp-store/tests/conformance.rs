@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use kelp_store::workload::{self, Rng, test_hash};
 use kelp_store::{
-    CollectionId, KelpStore, MemStore, MkfsOptions, ObjectId, ObjectStore, StoreConfig,
-    StoreError, Transaction,
+    CollectionId, KelpStore, MemStore, MkfsOptions, ObjectId, ObjectStore, StoreConfig, StoreError,
+    Transaction,
 };
 
 const C: CollectionId = workload::CRASH_COLLS[0];
@@ -40,7 +40,11 @@ fn check_collections(s: &dyn ObjectStore) {
         run(s, Transaction::new().remove_collection(C)),
         Err(StoreError::CollectionNotEmpty { .. })
     ));
-    run(s, Transaction::new().remove(C, &oid("x")).remove_collection(C)).unwrap();
+    run(
+        s,
+        Transaction::new().remove(C, &oid("x")).remove_collection(C),
+    )
+    .unwrap();
     assert_eq!(s.list_collections().unwrap(), vec![D]);
     assert!(!s.collection_exists(C).unwrap());
     assert!(matches!(
@@ -106,10 +110,18 @@ fn check_data_ops(s: &dyn ObjectStore) {
             }
         }
         run(s, &mut t).unwrap();
-        assert_eq!(s.stat(C, &o).unwrap().size, model.len() as u64, "step {step}");
+        assert_eq!(
+            s.stat(C, &o).unwrap().size,
+            model.len() as u64,
+            "step {step}"
+        );
     }
     assert_eq!(s.read(C, &o, 0, u64::MAX).unwrap(), model);
-    assert!(s.read(C, &o, model.len() as u64 + 10, 10).unwrap().is_empty());
+    assert!(
+        s.read(C, &o, model.len() as u64 + 10, 10)
+            .unwrap()
+            .is_empty()
+    );
 }
 
 fn check_ordering_and_listing(s: &dyn ObjectStore) {
@@ -162,7 +174,11 @@ fn check_ordering_and_listing(s: &dyn ObjectStore) {
 
 fn check_atomicity(s: &dyn ObjectStore) {
     with_coll(s, C);
-    run(s, Transaction::new().write(C, &oid("a"), 0, vec![1; 10_000])).unwrap();
+    run(
+        s,
+        Transaction::new().write(C, &oid("a"), 0, vec![1; 10_000]),
+    )
+    .unwrap();
     let before = workload::dump(s).unwrap();
     // Every op valid except the last: nothing may be applied.
     let mut t = Transaction::new();
@@ -170,15 +186,25 @@ fn check_atomicity(s: &dyn ObjectStore) {
         .truncate(C, &oid("a"), 5)
         .write(C, &oid("b"), 0, vec![3; 100_000])
         .set_xattr(C, &oid("b"), "x", b"y".to_vec())
-        .omap_set(C, &oid("b"), BTreeMap::from([(b"k".to_vec(), b"v".to_vec())]))
+        .omap_set(
+            C,
+            &oid("b"),
+            BTreeMap::from([(b"k".to_vec(), b"v".to_vec())]),
+        )
         .create_collection(D)
         .remove(C, &oid("missing"));
-    assert!(matches!(run(s, &mut t), Err(StoreError::ObjectNotFound { .. })));
+    assert!(matches!(
+        run(s, &mut t),
+        Err(StoreError::ObjectNotFound { .. })
+    ));
     assert_eq!(workload::dump(s).unwrap(), before);
     assert!(!s.collection_exists(D).unwrap());
     // Ops on a missing object that require it.
     assert!(matches!(
-        run(s, Transaction::new().set_xattr(C, &oid("nope"), "x", vec![])),
+        run(
+            s,
+            Transaction::new().set_xattr(C, &oid("nope"), "x", vec![])
+        ),
         Err(StoreError::ObjectNotFound { .. })
     ));
     assert_eq!(workload::dump(s).unwrap(), before);
@@ -283,7 +309,10 @@ fn check_xattrs_and_omap(s: &dyn ObjectStore) {
         Transaction::new().omap_remove(C, &o, vec![b"a".to_vec(), b"nope".to_vec()]),
     )
     .unwrap();
-    assert_eq!(s.omap_iter(C, &o, None, 1000).unwrap().entries.len(), want.len() - 1);
+    assert_eq!(
+        s.omap_iter(C, &o, None, 1000).unwrap().entries.len(),
+        want.len() - 1
+    );
     run(s, Transaction::new().omap_clear(C, &o)).unwrap();
     assert!(s.omap_iter(C, &o, None, 1000).unwrap().entries.is_empty());
     assert_eq!(s.omap_header(C, &o).unwrap(), None);
@@ -339,8 +368,11 @@ fn check_split(s: &dyn ObjectStore) {
     let objs: Vec<ObjectId> = (0..64).map(|i| oid(&format!("s{i}"))).collect();
     let mut t = Transaction::new();
     for (i, o) in objs.iter().enumerate() {
-        t.write(C, o, 0, vec![i as u8; 100])
-            .omap_set(C, o, BTreeMap::from([(b"i".to_vec(), vec![i as u8])]));
+        t.write(C, o, 0, vec![i as u8; 100]).omap_set(
+            C,
+            o,
+            BTreeMap::from([(b"i".to_vec(), vec![i as u8])]),
+        );
     }
     run(s, &mut t).unwrap();
     // pg_num 1 -> 2: objects with hash bit 0 set move to D (seed 1).
@@ -373,9 +405,17 @@ fn check_against_model(s: &dyn ObjectStore) {
     let mut commits = Vec::new();
     for id in 1..=300 {
         commits.push(s.submit(workload::crash_txn(11, id)).unwrap());
-        model.submit(workload::crash_txn(11, id)).unwrap().wait().unwrap();
+        model
+            .submit(workload::crash_txn(11, id))
+            .unwrap()
+            .wait()
+            .unwrap();
         if id % 50 == 0 {
-            assert_eq!(workload::dump(s).unwrap(), workload::dump(&model).unwrap(), "after {id}");
+            assert_eq!(
+                workload::dump(s).unwrap(),
+                workload::dump(&model).unwrap(),
+                "after {id}"
+            );
         }
     }
     for c in commits {
@@ -386,10 +426,24 @@ fn check_against_model(s: &dyn ObjectStore) {
 
 fn check_async_commit(s: &dyn ObjectStore) {
     with_coll(s, C);
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     rt.block_on(async {
-        let c1 = s.submit(Transaction::new().write(C, &oid("z"), 0, vec![1; 10]).clone()).unwrap();
-        let c2 = s.submit(Transaction::new().write(C, &oid("z"), 5, vec![2; 10]).clone()).unwrap();
+        let c1 = s
+            .submit(
+                Transaction::new()
+                    .write(C, &oid("z"), 0, vec![1; 10])
+                    .clone(),
+            )
+            .unwrap();
+        let c2 = s
+            .submit(
+                Transaction::new()
+                    .write(C, &oid("z"), 5, vec![2; 10])
+                    .clone(),
+            )
+            .unwrap();
         c2.await.unwrap();
         c1.await.unwrap();
     });
@@ -431,7 +485,11 @@ impl Drop for Durable {
             assert!(rep.is_clean(), "{:?}", rep.problems);
             s.close().unwrap();
             let s = KelpStore::mount(self._dir.path(), StoreConfig::default()).unwrap();
-            assert_eq!(workload::dump(&s).unwrap(), before, "state changed across remount");
+            assert_eq!(
+                workload::dump(&s).unwrap(),
+                before,
+                "state changed across remount"
+            );
             let rep = s.fsck(true).unwrap();
             assert!(rep.is_clean(), "{:?}", rep.problems);
         }

@@ -43,7 +43,11 @@ fn survives_sigkill_at_random_moments() {
         s.close().unwrap();
     }
     let model = MemStore::new();
-    model.submit(workload::crash_setup()).unwrap().wait().unwrap();
+    model
+        .submit(workload::crash_setup())
+        .unwrap()
+        .wait()
+        .unwrap();
     let mut model_id = 0u64;
     let mut rng = Rng::new(seed);
     let started = Instant::now();
@@ -80,7 +84,12 @@ fn survives_sigkill_at_random_moments() {
                 if let Ok(Some(status)) = child.try_wait() {
                     let mut err = String::new();
                     use std::io::Read;
-                    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                    child
+                        .stderr
+                        .take()
+                        .unwrap()
+                        .read_to_string(&mut err)
+                        .unwrap();
                     panic!("round {round}: child exited early with {status}: {err}");
                 }
                 std::thread::sleep(Duration::from_millis(1));
@@ -92,7 +101,12 @@ fn survives_sigkill_at_random_moments() {
         if let Ok(Some(status)) = child.try_wait() {
             let mut err = String::new();
             use std::io::Read;
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             panic!("round {round}: child died by itself with {status}: {err}");
         }
         child.kill().unwrap(); // SIGKILL
@@ -108,7 +122,10 @@ fn survives_sigkill_at_random_moments() {
             k >= acked,
             "round {round}: transaction {acked} was acknowledged but the store holds only {k}"
         );
-        assert!(k >= model_id, "round {round}: store went back from {model_id} to {k}");
+        assert!(
+            k >= model_id,
+            "round {round}: store went back from {model_id} to {k}"
+        );
         total_acked += k - model_id;
         while model_id < k {
             model_id += 1;

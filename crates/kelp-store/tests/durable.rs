@@ -75,7 +75,10 @@ fn flipped_bytes_are_checksum_errors_and_fsck_deep_names_the_object() {
     }
     // Blocks around the damaged one still read fine; the damaged one never returns data.
     assert_eq!(s.read(C, &oid("big"), 0, 4096).unwrap(), big[..4096]);
-    assert_eq!(s.read(C, &oid("big"), 8192, 4096).unwrap(), big[8192..12288]);
+    assert_eq!(
+        s.read(C, &oid("big"), 8192, 4096).unwrap(),
+        big[8192..12288]
+    );
     assert!(matches!(
         s.read(C, &oid("big"), 4100, 1),
         Err(StoreError::ChecksumMismatch { .. })
@@ -90,7 +93,11 @@ fn flipped_bytes_are_checksum_errors_and_fsck_deep_names_the_object() {
     let kinds: Vec<_> = rep.problems.iter().map(|p| p.kind).collect();
     assert_eq!(kinds, vec!["checksum", "checksum"], "{:?}", rep.problems);
     let text: Vec<String> = rep.problems.iter().map(|p| p.to_string()).collect();
-    assert!(text.iter().any(|t| t.contains("big") && t.contains("offset 4096")), "{text:?}");
+    assert!(
+        text.iter()
+            .any(|t| t.contains("big") && t.contains("offset 4096")),
+        "{text:?}"
+    );
     assert!(text.iter().any(|t| t.contains("small")), "{text:?}");
     // Overwriting the damaged block heals it (a whole-unit write does not read the old data).
     s.submit(
@@ -104,7 +111,11 @@ fn flipped_bytes_are_checksum_errors_and_fsck_deep_names_the_object() {
     assert_eq!(s.read(C, &oid("big"), 0, 65536).unwrap(), big);
     // A partial-unit write must read the damaged unit and refuses.
     assert!(matches!(
-        s.submit(Transaction::new().write(C, &oid("small"), 1, b"x".to_vec()).clone()),
+        s.submit(
+            Transaction::new()
+                .write(C, &oid("small"), 1, b"x".to_vec())
+                .clone()
+        ),
         Err(StoreError::ChecksumMismatch { .. })
     ));
 }
@@ -118,22 +129,30 @@ fn damaged_superblock_is_refused_with_a_clear_error() {
 
     let msg = |e: StoreError| e.to_string();
     std::fs::write(&sb_path, &good[..good.len() / 2]).unwrap();
-    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, StoreError::BadSuperblock { .. }));
     assert!(msg(e).contains("truncated"));
 
     std::fs::write(&sb_path, &good[..7]).unwrap();
-    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default())
+        .err()
+        .unwrap();
     assert!(msg(e).contains("truncated"));
 
     std::fs::write(&sb_path, vec![0x5a; 4096]).unwrap();
-    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default())
+        .err()
+        .unwrap();
     assert!(msg(e).contains("not a Kelp object store"));
 
     let mut flipped = good.clone();
     flipped[40] ^= 1;
     std::fs::write(&sb_path, &flipped).unwrap();
-    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default())
+        .err()
+        .unwrap();
     assert!(msg(e).contains("checksum mismatch"));
 
     let mut future = good.clone();
@@ -142,7 +161,9 @@ fn damaged_superblock_is_refused_with_a_clear_error() {
     assert!(KelpStore::mount(dir.path(), StoreConfig::default()).is_err());
 
     std::fs::remove_file(&sb_path).unwrap();
-    let e = KelpStore::mount(dir.path(), StoreConfig::default()).err().unwrap();
+    let e = KelpStore::mount(dir.path(), StoreConfig::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, StoreError::BadSuperblock { .. }));
 
     // Restored, it mounts again.
@@ -178,7 +199,10 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
     assert!(err.is_retryable());
     assert!(written.len() >= 6);
     // The refused transaction left nothing behind, not even the object.
-    assert!(!s.exists(C, &oid(&format!("fill{}", written.len()))).unwrap());
+    assert!(
+        !s.exists(C, &oid(&format!("fill{}", written.len())))
+            .unwrap()
+    );
     // Small (deferred) writes are refused too once no unit is left.
     while s.free_bytes() > 0 {
         let o = oid(&format!("small{}", s.free_bytes()));
@@ -189,7 +213,11 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
         written.push(o);
     }
     assert!(matches!(
-        s.submit(Transaction::new().write(C, &oid("one-more"), 0, vec![1; 10]).clone()),
+        s.submit(
+            Transaction::new()
+                .write(C, &oid("one-more"), 0, vec![1; 10])
+                .clone()
+        ),
         Err(StoreError::NoSpace { .. })
     ));
     let rep = s.fsck(true).unwrap();
@@ -203,10 +231,14 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
         t.remove(C, o);
     }
     s.submit(t).unwrap().wait().unwrap();
-    s.submit(Transaction::new().write(C, &oid("again"), 0, chunk.clone()).clone())
-        .unwrap()
-        .wait()
-        .unwrap();
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("again"), 0, chunk.clone())
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
     assert_eq!(s.read(C, &oid("again"), 0, 1 << 20).unwrap(), chunk);
     s.close().unwrap();
     let rep = kelp_store::fsck_dir(dir.path(), true).unwrap();
@@ -255,7 +287,11 @@ fn concurrent_submitters_read_their_own_writes() {
                     for _ in 0..150 {
                         let i = r.below(3) as usize;
                         let off = r.below(40_000);
-                        let len = if r.below(2) == 0 { 4096 * (1 + r.below(8)) } else { 1 + r.below(9000) };
+                        let len = if r.below(2) == 0 {
+                            4096 * (1 + r.below(8))
+                        } else {
+                            1 + r.below(9000)
+                        };
                         let data = r.bytes(len as usize);
                         let end = (off + len) as usize;
                         if model[i].len() < end {

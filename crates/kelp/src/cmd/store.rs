@@ -66,7 +66,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1_000_000)]
     pub objects: u64,
     /// Size of the benchmark store's data file (sparse).
-    #[arg(long, default_value = "64GiB")]
+    #[arg(long, default_value = "16GiB")]
     pub size: ByteSize,
     /// Memory budget for the store's caches and in-flight transactions.
     #[arg(long, default_value = "256MiB")]
@@ -148,7 +148,7 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                     a.dir.display()
                 );
             }
-            if !(a.seconds > 0.0) {
+            if a.seconds.is_nan() || a.seconds <= 0.0 {
                 bail!("--seconds must be positive");
             }
             let opts = BenchOptions {
@@ -173,7 +173,17 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                 }
             });
             if !a.keep {
-                for f in ["block", "meta", "superblock", "lock"] {
+                for f in [
+                    "ingest/block",
+                    "ingest/meta",
+                    "ingest/superblock",
+                    "ingest/lock",
+                    "ingest",
+                    "block",
+                    "meta",
+                    "superblock",
+                    "lock",
+                ] {
                     let p = a.dir.join(f);
                     let _ = if p.is_dir() {
                         std::fs::remove_dir_all(&p)
