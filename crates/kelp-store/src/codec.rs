@@ -368,6 +368,26 @@ mod tests {
         assert_eq!(o.extents.len(), 1, "re-inserting the same run merges back");
     }
 
+    /// A v1 onode as written by the first release: must keep decoding.
+    #[test]
+    fn v1_fixture_still_decodes() {
+        let fixture: &[u8] = &[
+            1, 7, 0xb9, 0x60, 1, 2, 0, 10, 2, 0xe8, 3, 0, 0, 0xe9, 3, 0, 0, 3, 100, 1, 0x10, 0x27,
+            0, 0, 1, 1, b'a', 1, b'1',
+        ];
+        let o = Onode::decode(fixture, 1).unwrap();
+        assert_eq!(o.nid, 7);
+        assert_eq!(o.size, 12345);
+        assert!(o.has_omap);
+        assert_eq!(o.extents, vec![ext(0, 10, 2), ext(5, 100, 1)]);
+        assert_eq!(o.xattrs["a"], b"1".to_vec());
+        assert_eq!(
+            o.encode(),
+            fixture,
+            "v1 encoding changed: bump ONODE_VERSION instead"
+        );
+    }
+
     #[test]
     fn small_onode_is_small() {
         let o = Onode {
