@@ -14,7 +14,9 @@ mod osd;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe};
-pub use osd::{ErrorCode, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, RepOp, RepOpReply};
+pub use osd::{
+    CmpOp, ErrorCode, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, RepOp, RepOpReply,
+};
 
 /// Message types carried in the messenger's frame header.
 pub mod msg_type {

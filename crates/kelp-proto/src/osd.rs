@@ -158,6 +158,8 @@ pub enum ErrorCode {
     Exists,
     /// A guard did not hold (ECANCELED).
     Canceled,
+    /// The object exists but the asked-for attribute does not (ENODATA).
+    NoData,
     /// The pool does not exist.
     NoSuchPool,
     /// This OSD is not the PG's primary in its map, or the client's map is older: refresh
@@ -222,6 +224,8 @@ pub struct RepOp {
     pub log_epoch: u32,
     pub log_version: u64,
     pub reqid: (String, u64),
+    /// Modification time the primary stamped on the write, so replicas store the same.
+    pub mtime_ns: u64,
     pub object: ObjectLocator,
     pub ops: Vec<OpKind>,
 }

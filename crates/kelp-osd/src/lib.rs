@@ -1,0 +1,13 @@
+//! The OSD: serves the placement groups it holds from its local object store.
+//!
+//! Layers inside the crate, pure first:
+//! * `exec` turns a client's compound op into one store transaction (or a read), guards
+//!   checked first, so that the op applies completely or not at all;
+//! * `pglog` keeps each PG's log (`(epoch, version)` per write) in the same transaction as the
+//!   data, which is what peering and recovery compare later.
+
+pub mod exec;
+pub mod pglog;
+
+pub use exec::{ExecError, Executed, Limits, Stamp, execute, object_id};
+pub use pglog::{LogEntry, PgInfo, PgMeta};
