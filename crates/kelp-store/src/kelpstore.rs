@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -211,6 +212,11 @@ pub(crate) struct Inner {
     pending_blocks: Mutex<PendingUnits>,
     /// New-extent data being written by submitters: start punit -> run (removed once written).
     inflight_cow: Mutex<BTreeMap<u64, CowWrite>>,
+    /// Sizes of the two maps above, so the read hot path can skip their locks when both are
+    /// empty. Entries are only added while `reuse` is held exclusively, so a reader holding it
+    /// shared never misses one.
+    pending_len: AtomicUsize,
+    inflight_len: AtomicUsize,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
     /// Readers hold it shared while they use an extent map; the committer holds it exclusively
@@ -487,12 +493,16 @@ impl Inner {
         let u = self.geo.unit as usize;
         let mut buf = AlignedBuf::zeroed(units as usize * u);
         self.read_raw(punit * self.geo.unit, &mut buf)?;
+        let (st_def, st_cow) = staged.unwrap_or((&EMPTY_DEFERRED, &[]));
+        if self.pending_len.load(Ordering::Acquire) > 0
+            || self.inflight_len.load(Ordering::Acquire) > 0
+            || !st_def.is_empty()
+            || !st_cow.is_empty()
         {
             // Newest first: this transaction's deferred units, then deferred units of prepared
             // transactions, then new-extent data still being written.
             let pending = lock(&self.pending_blocks);
             let cow = lock(&self.inflight_cow);
-            let (st_def, st_cow) = staged.unwrap_or((&EMPTY_DEFERRED, &[]));
             if !pending.is_empty() || !cow.is_empty() || !st_def.is_empty() || !st_cow.is_empty() {
                 let from_cow = |w: &CowWrite, p: u64| -> Option<Vec<u8>> {
                     (p >= w.punit && p < w.punit + w.units).then(|| {
@@ -1166,6 +1176,8 @@ impl KelpStore {
             overlay: RwLock::new(BTreeMap::new()),
             pending_blocks: Mutex::new(HashMap::new()),
             inflight_cow: Mutex::new(BTreeMap::new()),
+            pending_len: AtomicUsize::new(0),
+            inflight_len: AtomicUsize::new(0),
             alloc: Mutex::new(alloc),
             apply: Mutex::new(ApplyState {
                 next_seq: 1,
@@ -1529,6 +1541,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
                     pending.remove(punit);
                 }
             }
+            inner.pending_len.store(pending.len(), Ordering::Release);
         }
         let mut a = lock(&inner.alloc);
         for (off, len) in freed {
@@ -1639,10 +1652,12 @@ impl ObjectStore for KelpStore {
             for (punit, d) in &p.deferred {
                 pending.insert(*punit, (p.seq, d.clone()));
             }
+            inner.pending_len.store(pending.len(), Ordering::Release);
             let mut inflight = lock(&inner.inflight_cow);
             for w in &cow {
                 inflight.insert(w.punit, w.clone());
             }
+            inner.inflight_len.store(inflight.len(), Ordering::Release);
             let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
             for (k, v) in &p.mutations {
                 ov.insert(k.clone(), (p.seq, v.clone()));
@@ -1672,6 +1687,7 @@ impl ObjectStore for KelpStore {
                 for w in &cow {
                     inflight.remove(&w.punit);
                 }
+                inner.inflight_len.store(inflight.len(), Ordering::Release);
             }
             dd.finish(result);
         }
