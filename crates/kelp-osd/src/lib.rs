@@ -4,10 +4,14 @@
 //! * `exec` turns a client's compound op into one store transaction (or a read), guards
 //!   checked first, so that the op applies completely or not at all;
 //! * `pglog` keeps each PG's log (`(epoch, version)` per write) in the same transaction as the
-//!   data, which is what peering and recovery compare later.
+//!   data, which is what peering and recovery compare later;
+//! * `service` handles client ops, replica writes and map changes, with the network behind the
+//!   `Peers` trait.
 
 pub mod exec;
 pub mod pglog;
+pub mod service;
 
 pub use exec::{ExecError, Executed, Limits, Stamp, execute, object_id};
 pub use pglog::{LogEntry, PgInfo, PgMeta};
+pub use service::{OsdConfig, OsdService, Peers};

@@ -1,0 +1,516 @@
+//! The OSD's request handling: client ops on the PGs it is primary for, replica writes from
+//! other primaries, and map changes.
+//!
+//! Write path (replicated pools): the primary takes the PG's write lock (ops on one PG are
+//! applied in order), checks that the acting set has at least `min_size` members, assigns the
+//! next PG-log version, builds the transaction (data + log entry), and sends the same ops with
+//! the same version to every other acting member while committing locally. The client is
+//! answered only when every member has committed durably; if any fails, the client gets an
+//! error and retries (the duplicate-request check keeps a retried write from applying twice).
+//! Reads take the PG's read lock, so they never see a write that is not yet on every replica.
+//!
+//! The network is behind the `Peers` trait, so a whole cluster of services can be tested in
+//! one process; the daemon implements it over the messenger.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use kelp_maps::OsdMap;
+use kelp_proto::{ErrorCode, OpResult, OsdOp, OsdOpReply, RepOp, RepOpReply};
+use kelp_store::{CollectionId, ObjectStore, Transaction};
+use kelp_types::PgId;
+use tokio::sync::{RwLock, watch};
+
+use crate::exec::{ExecError, Executed, Limits, Stamp, execute};
+use crate::pglog::{LogEntry, PgMeta};
+
+/// OSD settings (Ceph's names where the concept is Ceph's).
+#[derive(Debug, Clone)]
+pub struct OsdConfig {
+    pub id: i32,
+    /// `osd_max_pg_log_entries`: log entries kept per PG.
+    pub max_pg_log_entries: usize,
+    pub limits: Limits,
+    /// How long a client op waits for this OSD to catch up with the client's newer map.
+    pub map_wait: Duration,
+}
+
+impl OsdConfig {
+    pub fn new(id: i32) -> Self {
+        OsdConfig {
+            id,
+            max_pg_log_entries: 3000,
+            limits: Limits::default(),
+            map_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How the primary reaches its replicas.
+#[async_trait::async_trait]
+pub trait Peers: Send + Sync {
+    async fn repop(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        op: RepOp,
+        data: Bytes,
+    ) -> Result<RepOpReply, String>;
+}
+
+/// A PG as this OSD holds it.
+#[derive(Debug)]
+struct PgState {
+    meta: PgMeta,
+    /// Replicas that failed to commit a write this OSD applied as primary. While any of them is
+    /// still in the acting set the PG refuses writes (an ack would claim a write is on every
+    /// replica when it is not); a map that takes them out unblocks it, and recovery brings
+    /// them back.
+    failed_replicas: Vec<i32>,
+}
+
+type PgHandle = Arc<RwLock<PgState>>;
+
+pub struct OsdService {
+    cfg: OsdConfig,
+    store: Arc<dyn ObjectStore>,
+    peers: Arc<dyn Peers>,
+    map_tx: watch::Sender<Arc<OsdMap>>,
+    pgs: Mutex<HashMap<PgId, PgHandle>>,
+}
+
+fn reply_err(code: ErrorCode, message: impl Into<String>, epoch: u32) -> (OsdOpReply, Bytes) {
+    (
+        OsdOpReply {
+            error: Some((code, message.into())),
+            version: 0,
+            epoch,
+            outs: Vec::new(),
+        },
+        Bytes::new(),
+    )
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl OsdService {
+    pub fn new(
+        cfg: OsdConfig,
+        store: Arc<dyn ObjectStore>,
+        peers: Arc<dyn Peers>,
+        map: OsdMap,
+    ) -> Arc<OsdService> {
+        let (map_tx, _) = watch::channel(Arc::new(map));
+        Arc::new(OsdService {
+            cfg,
+            store,
+            peers,
+            map_tx,
+            pgs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn id(&self) -> i32 {
+        self.cfg.id
+    }
+
+    pub fn map(&self) -> Arc<OsdMap> {
+        self.map_tx.borrow().clone()
+    }
+
+    /// Installs a newer map and makes sure this OSD holds a PG for every PG whose acting set
+    /// includes it (creating empty ones on first sight). Older maps are ignored.
+    pub async fn set_map(self: &Arc<Self>, map: OsdMap) -> Result<(), ExecError> {
+        if map.epoch <= self.map().epoch && !self.pgs.lock().expect("pg table").is_empty() {
+            return Ok(());
+        }
+        let map = Arc::new(map);
+        let me = self.cfg.id;
+        let mut wanted = Vec::new();
+        for pool in map.pools.values() {
+            for seed in 0..pool.pg_num {
+                let pg = PgId::new(pool.id, seed);
+                if let Ok(m) = map.pg_mapping(pg)
+                    && m.acting.contains(&me)
+                {
+                    wanted.push(pg);
+                }
+            }
+        }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.open_pgs(&wanted))
+            .await
+            .map_err(|e| ExecError {
+                code: ErrorCode::Io,
+                message: format!("PG setup task failed: {e}"),
+            })??;
+        self.map_tx.send_replace(map);
+        Ok(())
+    }
+
+    /// Loads or creates the given PGs (blocking: store I/O).
+    fn open_pgs(&self, wanted: &[PgId]) -> Result<(), ExecError> {
+        let mut create = Transaction::new();
+        let mut opened = Vec::new();
+        for &pg in wanted {
+            if self.pgs.lock().expect("pg table").contains_key(&pg) {
+                continue;
+            }
+            let coll = CollectionId(pg);
+            let meta = if self.store.collection_exists(coll)? {
+                PgMeta::load(&*self.store, coll, self.cfg.max_pg_log_entries)?
+            } else {
+                PgMeta::create(&mut create, coll, self.cfg.max_pg_log_entries)
+            };
+            opened.push((pg, meta));
+        }
+        if !create.is_empty() {
+            self.store.submit(create)?.wait()?;
+        }
+        let mut pgs = self.pgs.lock().expect("pg table");
+        for (pg, meta) in opened {
+            pgs.entry(pg).or_insert_with(|| {
+                Arc::new(RwLock::new(PgState {
+                    meta,
+                    failed_replicas: Vec::new(),
+                }))
+            });
+        }
+        Ok(())
+    }
+
+    fn pg(&self, pg: PgId) -> Option<PgHandle> {
+        self.pgs.lock().expect("pg table").get(&pg).cloned()
+    }
+
+    /// Waits (bounded) until this OSD's map is at least `epoch`.
+    async fn map_at_least(&self, epoch: u32) -> Arc<OsdMap> {
+        let mut rx = self.map_tx.subscribe();
+        let wait = rx.wait_for(|m| m.epoch >= epoch);
+        match tokio::time::timeout(self.cfg.map_wait, wait).await {
+            Ok(Ok(m)) => m.clone(),
+            _ => self.map(),
+        }
+    }
+
+    /// Handles a client op; returns the reply and its data segment.
+    pub async fn client_op(&self, client: &str, op: OsdOp, data: Bytes) -> (OsdOpReply, Bytes) {
+        let map = self.map_at_least(op.epoch).await;
+        let epoch = map.epoch;
+        let Some(pool) = map.pools.get(&op.pg.pool.0) else {
+            return reply_err(
+                ErrorCode::NoSuchPool,
+                format!("pool {} does not exist", op.pg.pool),
+                epoch,
+            );
+        };
+        if op.object.pool != pool.id {
+            return reply_err(
+                ErrorCode::Invalid,
+                "the object's pool differs from the PG's",
+                epoch,
+            );
+        }
+        let expected = pool.placement().object_pg(
+            &op.object.name,
+            op.object.key.as_deref(),
+            &op.object.namespace,
+        );
+        if expected != op.pg {
+            return reply_err(
+                ErrorCode::Invalid,
+                format!(
+                    "object '{}' belongs to PG {expected}, not {}",
+                    op.object.name, op.pg
+                ),
+                epoch,
+            );
+        }
+        let mapping = match map.pg_mapping(op.pg) {
+            Ok(m) => m,
+            Err(e) => return reply_err(ErrorCode::Invalid, e.to_string(), epoch),
+        };
+        if mapping.acting_primary != self.cfg.id {
+            return reply_err(
+                ErrorCode::Misdirected,
+                format!(
+                    "osd.{} is not the primary of PG {} at epoch {epoch} (osd.{} is)",
+                    self.cfg.id, op.pg, mapping.acting_primary
+                ),
+                epoch,
+            );
+        }
+        if (mapping.acting.len() as u32) < pool.min_size {
+            return reply_err(
+                ErrorCode::Inactive,
+                format!(
+                    "PG {} has {} of {} replicas up, fewer than min_size {}",
+                    op.pg,
+                    mapping.acting.len(),
+                    pool.size,
+                    pool.min_size
+                ),
+                epoch,
+            );
+        }
+        let Some(pg) = self.pg(op.pg) else {
+            return reply_err(
+                ErrorCode::Misdirected,
+                format!("PG {} is not open here yet", op.pg),
+                epoch,
+            );
+        };
+        let is_write = op.ops.iter().any(|o| o.is_write());
+        if !is_write {
+            let state = pg.read().await;
+            let store = self.store.clone();
+            let limits = self.cfg.limits;
+            let coll = state.meta.coll;
+            let result = tokio::task::spawn_blocking(move || {
+                execute(
+                    &*store,
+                    coll,
+                    &op.object,
+                    &op.ops,
+                    &data,
+                    Stamp {
+                        version: 0,
+                        mtime_ns: 0,
+                    },
+                    &limits,
+                )
+            })
+            .await;
+            drop(state);
+            return match result {
+                Ok(Ok(done)) => ok_reply(done, epoch),
+                Ok(Err(e)) => reply_err(e.code, e.message, epoch),
+                Err(e) => reply_err(ErrorCode::Io, format!("read task failed: {e}"), epoch),
+            };
+        }
+
+        // ---- write: ordered per PG, applied on every acting member before the ack
+        let mut state = pg.write().await;
+        state
+            .failed_replicas
+            .retain(|osd| mapping.acting.contains(osd));
+        if !state.failed_replicas.is_empty() {
+            return reply_err(
+                ErrorCode::Inactive,
+                format!(
+                    "PG {} is degraded: replicas {:?} missed a write and are still acting; \
+                     waiting for them to be marked down or recovered",
+                    op.pg, state.failed_replicas
+                ),
+                epoch,
+            );
+        }
+        let meta = &mut state.meta;
+        let reqid = (client.to_string(), op.reqid);
+        if let Some(version) = meta.applied_version(&reqid) {
+            return (
+                OsdOpReply {
+                    error: None,
+                    version,
+                    epoch,
+                    outs: op.ops.iter().map(|_| OpResult::None).collect(),
+                },
+                Bytes::new(),
+            );
+        }
+        let stamp = Stamp {
+            version: meta.next_version(),
+            mtime_ns: now_ns(),
+        };
+        let store = self.store.clone();
+        let limits = self.cfg.limits;
+        let coll = meta.coll;
+        let (object, ops, payload) = (op.object.clone(), op.ops.clone(), data.clone());
+        let executed = tokio::task::spawn_blocking(move || {
+            execute(&*store, coll, &object, &ops, &payload, stamp, &limits)
+        })
+        .await;
+        let mut done = match executed {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => return reply_err(e.code, e.message, epoch),
+            Err(e) => return reply_err(ErrorCode::Io, format!("op task failed: {e}"), epoch),
+        };
+        if !done.is_write {
+            return ok_reply(done, epoch);
+        }
+        let mut next_meta = meta.clone();
+        next_meta.append(
+            &mut done.txn,
+            LogEntry {
+                epoch,
+                version: stamp.version,
+                object: op.object.clone(),
+                reqid: reqid.clone(),
+                deleted: !done.exists_after,
+            },
+        );
+        let repop = RepOp {
+            pg: op.pg,
+            epoch,
+            log_epoch: epoch,
+            log_version: stamp.version,
+            reqid,
+            mtime_ns: stamp.mtime_ns,
+            object: op.object.clone(),
+            ops: op.ops.clone(),
+        };
+        let mut replicas = Vec::new();
+        for &osd in mapping.acting.iter().filter(|&&o| o != self.cfg.id) {
+            let Some(addr) = map.osds.get(&osd).and_then(|o| o.addr) else {
+                return reply_err(
+                    ErrorCode::Io,
+                    format!("replica osd.{osd} has no address"),
+                    epoch,
+                );
+            };
+            let peers = self.peers.clone();
+            let (r, d) = (repop.clone(), data.clone());
+            replicas.push(async move { (osd, peers.repop(osd, addr, r, d).await) });
+        }
+        let txn = std::mem::take(&mut done.txn);
+        let local = async {
+            match self.store.submit(txn) {
+                Ok(commit) => commit.await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let (local, remote) = tokio::join!(local, futures::future::join_all(replicas));
+        if let Err(e) = local {
+            // Nothing was applied locally: the in-memory log stays as it was.
+            return reply_err(ErrorCode::Io, format!("local commit failed: {e}"), epoch);
+        }
+        // Applied locally: the log moves on even if a replica failed (recovery fixes that one).
+        state.meta = next_meta;
+        let mut failures = Vec::new();
+        for (osd, result) in remote {
+            match result {
+                Ok(RepOpReply { error: None, .. }) => {}
+                Ok(RepOpReply {
+                    error: Some((code, msg)),
+                    ..
+                }) => failures.push((osd, format!("{code:?}: {msg}"))),
+                Err(e) => failures.push((osd, e)),
+            }
+        }
+        if failures.is_empty() {
+            return ok_reply(done, epoch);
+        }
+        state.failed_replicas = failures.iter().map(|(osd, _)| *osd).collect();
+        let detail: Vec<String> = failures
+            .iter()
+            .map(|(osd, why)| format!("osd.{osd}: {why}"))
+            .collect();
+        reply_err(
+            ErrorCode::Io,
+            format!(
+                "the write is not on every replica ({}); retry",
+                detail.join("; ")
+            ),
+            epoch,
+        )
+    }
+
+    /// Applies a primary's replicated write.
+    pub async fn repop(&self, op: RepOp, data: Bytes) -> RepOpReply {
+        let map = self.map_at_least(op.epoch).await;
+        let epoch = map.epoch;
+        let fail = |code, msg: String| RepOpReply {
+            error: Some((code, msg)),
+            epoch,
+        };
+        let Some(pg) = self.pg(op.pg) else {
+            return fail(
+                ErrorCode::Misdirected,
+                format!("osd.{} does not hold PG {}", self.cfg.id, op.pg),
+            );
+        };
+        let mut state = pg.write().await;
+        let meta = &mut state.meta;
+        let next = meta.next_version();
+        if op.log_version < next {
+            // Already applied (a resend after a lost reply).
+            return RepOpReply { error: None, epoch };
+        }
+        if op.log_version > next {
+            return fail(
+                ErrorCode::Io,
+                format!(
+                    "PG {} on osd.{} is at version {}, the write is {}: it needs recovery",
+                    op.pg,
+                    self.cfg.id,
+                    next - 1,
+                    op.log_version
+                ),
+            );
+        }
+        let stamp = Stamp {
+            version: op.log_version,
+            mtime_ns: op.mtime_ns,
+        };
+        let store = self.store.clone();
+        let limits = self.cfg.limits;
+        let coll = meta.coll;
+        let (object, ops) = (op.object.clone(), op.ops.clone());
+        let executed = tokio::task::spawn_blocking(move || {
+            execute(&*store, coll, &object, &ops, &data, stamp, &limits)
+        })
+        .await;
+        let mut done = match executed {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => return fail(e.code, e.message),
+            Err(e) => return fail(ErrorCode::Io, format!("op task failed: {e}")),
+        };
+        let mut next_meta = meta.clone();
+        next_meta.append(
+            &mut done.txn,
+            LogEntry {
+                epoch: op.log_epoch,
+                version: op.log_version,
+                object: op.object,
+                reqid: op.reqid,
+                deleted: !done.exists_after,
+            },
+        );
+        match self.store.submit(done.txn) {
+            Ok(commit) => {
+                if let Err(e) = commit.await {
+                    return fail(ErrorCode::Io, format!("commit failed: {e}"));
+                }
+            }
+            Err(e) => return fail(ErrorCode::Io, format!("submit failed: {e}")),
+        }
+        state.meta = next_meta;
+        RepOpReply { error: None, epoch }
+    }
+
+    /// (last_update, number of log entries) of a PG this OSD holds.
+    pub async fn pg_info(&self, pg: PgId) -> Option<((u32, u64), usize)> {
+        let handle = self.pg(pg)?;
+        let state = handle.read().await;
+        Some((state.meta.info.last_update, state.meta.len()))
+    }
+}
+
+fn ok_reply(done: Executed, epoch: u32) -> (OsdOpReply, Bytes) {
+    (
+        OsdOpReply {
+            error: None,
+            version: done.version,
+            epoch,
+            outs: done.outs,
+        },
+        Bytes::from(done.out_data),
+    )
+}

@@ -1,0 +1,277 @@
+//! Three OSD services in one process, wired by an in-memory `Peers`: replication, ordering,
+//! `min_size`, misdirected ops and replica failures.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kelp_maps::{OsdMap, PoolSpec};
+use kelp_osd::{Limits, OsdConfig, OsdService, Peers, Stamp, execute};
+use kelp_proto::{ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, RepOp, RepOpReply};
+use kelp_store::{CollectionId, MemStore};
+
+#[derive(Default)]
+struct LocalPeers {
+    osds: OnceLock<HashMap<i32, Arc<OsdService>>>,
+    dead: Mutex<HashSet<i32>>,
+}
+
+#[async_trait::async_trait]
+impl Peers for LocalPeers {
+    async fn repop(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        op: RepOp,
+        data: Bytes,
+    ) -> Result<RepOpReply, String> {
+        if self.dead.lock().unwrap().contains(&osd) {
+            return Err(format!("connection to osd.{osd} lost"));
+        }
+        let svc = self.osds.get().unwrap()[&osd].clone();
+        Ok(svc.repop(op, data).await)
+    }
+}
+
+struct Cluster {
+    map: OsdMap,
+    osds: HashMap<i32, Arc<OsdService>>,
+    stores: HashMap<i32, Arc<MemStore>>,
+    peers: Arc<LocalPeers>,
+    pool: u32,
+    reqid: u64,
+}
+
+impl Cluster {
+    async fn new() -> Cluster {
+        let mut map = OsdMap::new("fsid", "osd").unwrap();
+        for i in 0..3 {
+            let (id, inc) = map
+                .propose_osd_create(&format!("u{i}"), "localhost", 0x10000)
+                .unwrap();
+            map.apply(&inc.unwrap()).unwrap();
+            let addr: SocketAddr = format!("127.0.0.1:{}", 7000 + i).parse().unwrap();
+            map.apply(&map.propose_osd_boot(id, addr).unwrap().unwrap())
+                .unwrap();
+        }
+        let (pool, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "data".into(),
+                pg_num: Some(8),
+                size: Some(3),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        map.apply(&inc).unwrap();
+        let peers = Arc::new(LocalPeers::default());
+        let mut osds = HashMap::new();
+        let mut stores = HashMap::new();
+        for id in 0..3 {
+            let store = Arc::new(MemStore::new());
+            let mut cfg = OsdConfig::new(id);
+            cfg.map_wait = Duration::from_millis(200);
+            let svc = OsdService::new(cfg, store.clone(), peers.clone(), map.clone());
+            svc.set_map(map.clone()).await.unwrap();
+            osds.insert(id, svc);
+            stores.insert(id, store);
+        }
+        peers.osds.set(osds.clone()).ok().unwrap();
+        Cluster {
+            map,
+            osds,
+            stores,
+            peers,
+            pool,
+            reqid: 0,
+        }
+    }
+
+    async fn publish(&mut self, inc: kelp_maps::Incremental) {
+        self.map.apply(&inc).unwrap();
+        for svc in self.osds.values() {
+            svc.set_map(self.map.clone()).await.unwrap();
+        }
+    }
+
+    fn loc(&self, name: &str) -> ObjectLocator {
+        ObjectLocator {
+            pool: self.pool,
+            namespace: String::new(),
+            key: None,
+            name: name.into(),
+        }
+    }
+
+    fn op(&mut self, name: &str, ops: Vec<OpKind>) -> OsdOp {
+        self.reqid += 1;
+        OsdOp {
+            reqid: self.reqid,
+            epoch: self.map.epoch,
+            pg: self.map.object_pg(self.pool, name, None, "").unwrap(),
+            object: self.loc(name),
+            ops,
+        }
+    }
+
+    fn primary(&self, op: &OsdOp) -> Arc<OsdService> {
+        let m = self.map.pg_mapping(op.pg).unwrap();
+        self.osds[&m.acting_primary].clone()
+    }
+
+    async fn send(&self, op: OsdOp, data: &[u8]) -> (OsdOpReply, Bytes) {
+        self.primary(&op)
+            .client_op("client.test", op, Bytes::copy_from_slice(data))
+            .await
+    }
+
+    /// Reads an object straight from one OSD's store.
+    fn stored(&self, osd: i32, name: &str) -> Option<Vec<u8>> {
+        let loc = self.loc(name);
+        let pg = self.map.object_pg(self.pool, name, None, "").unwrap();
+        execute(
+            &*self.stores[&osd],
+            CollectionId(pg),
+            &loc,
+            &[OpKind::Read { offset: 0, len: 0 }],
+            &[],
+            Stamp {
+                version: 0,
+                mtime_ns: 0,
+            },
+            &Limits::default(),
+        )
+        .ok()
+        .map(|d| d.out_data)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_reach_every_replica_before_the_ack() {
+    let mut c = Cluster::new().await;
+    for i in 0..60u32 {
+        let name = format!("obj{i}");
+        let body = vec![(i % 251) as u8; (i as usize * 97) % 5000];
+        let op = c.op(
+            &name,
+            vec![OpKind::WriteFull {
+                len: body.len() as u64,
+            }],
+        );
+        let (reply, _) = c.send(op, &body).await;
+        assert_eq!(reply.error, None, "{name}");
+        for osd in 0..3 {
+            assert_eq!(
+                c.stored(osd, &name).as_deref(),
+                Some(&body[..]),
+                "{name} on osd.{osd}"
+            );
+        }
+        let op = c.op(&name, vec![OpKind::Read { offset: 0, len: 0 }]);
+        let (reply, data) = c.send(op, &[]).await;
+        assert_eq!(reply.error, None);
+        assert_eq!(&data[..], &body[..]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_osd_unknown_pool_and_bad_pg_are_refused() {
+    let mut c = Cluster::new().await;
+    let op = c.op("x", vec![OpKind::WriteFull { len: 1 }]);
+    let primary = c.map.pg_mapping(op.pg).unwrap().acting_primary;
+    let other = (0..3).find(|&o| o != primary).unwrap();
+    let (reply, _) = c.osds[&other]
+        .client_op("client.test", op.clone(), Bytes::from_static(b"x"))
+        .await;
+    assert_eq!(reply.error.unwrap().0, ErrorCode::Misdirected);
+    let mut bad = op.clone();
+    bad.pg.seed = (bad.pg.seed + 1) % 8;
+    let (reply, _) = c.osds[&primary]
+        .client_op("client.test", bad, Bytes::from_static(b"x"))
+        .await;
+    assert_eq!(reply.error.unwrap().0, ErrorCode::Invalid);
+    let mut nopool = op.clone();
+    nopool.pg.pool = kelp_types::PoolId(99);
+    let (reply, _) = c.osds[&primary]
+        .client_op("client.test", nopool, Bytes::from_static(b"x"))
+        .await;
+    assert_eq!(reply.error.unwrap().0, ErrorCode::NoSuchPool);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fewer_than_min_size_replicas_stops_io() {
+    let mut c = Cluster::new().await;
+    let op = c.op("m", vec![OpKind::WriteFull { len: 1 }]);
+    let m = c.map.pg_mapping(op.pg).unwrap();
+    // take the two non-primaries down: 1 of 3 left, min_size 2
+    for &osd in &m.acting[1..] {
+        let inc = c.map.propose_osd_down(osd).unwrap().unwrap();
+        c.publish(inc).await;
+    }
+    let op = c.op("m", vec![OpKind::WriteFull { len: 1 }]);
+    let (reply, _) = c.send(op, b"1").await;
+    assert_eq!(reply.error.unwrap().0, ErrorCode::Inactive);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_replica_blocks_the_pg_until_the_map_drops_it() {
+    let mut c = Cluster::new().await;
+    let op = c.op("f", vec![OpKind::WriteFull { len: 4 }]);
+    let m = c.map.pg_mapping(op.pg).unwrap();
+    let victim = m.acting[2];
+    c.peers.dead.lock().unwrap().insert(victim);
+    let (reply, _) = c.send(op.clone(), b"data").await;
+    assert_eq!(reply.error.unwrap().0, ErrorCode::Io, "not acknowledged");
+    // the retry is refused while the failed replica is still acting
+    let (reply, _) = c.send(op.clone(), b"data").await;
+    assert_eq!(reply.error.unwrap().0, ErrorCode::Inactive);
+    // the monitors mark it down: the retry is answered (the write is on both remaining members)
+    let inc = c.map.propose_osd_down(victim).unwrap().unwrap();
+    c.publish(inc).await;
+    let mut retry = op.clone();
+    retry.epoch = c.map.epoch;
+    let (reply, _) = c.send(retry, b"data").await;
+    assert_eq!(reply.error, None);
+    for &osd in &m.acting[..2] {
+        assert_eq!(c.stored(osd, "f").as_deref(), Some(&b"data"[..]));
+    }
+    assert_eq!(c.stored(victim, "f"), None);
+    // and new writes go on with two replicas (min_size 2)
+    let op = c.op("f", vec![OpKind::Append { len: 1 }]);
+    assert_eq!(c.send(op, b"!").await.0.error, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_to_one_object_apply_in_one_order_everywhere() {
+    let mut c = Cluster::new().await;
+    let ops: Vec<OsdOp> = (0..100)
+        .map(|_| c.op("log", vec![OpKind::Append { len: 4 }]))
+        .collect();
+    let c = Arc::new(c);
+    let mut tasks = Vec::new();
+    for (i, op) in ops.into_iter().enumerate() {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let (reply, _) = c.send(op, &(i as u32).to_le_bytes()).await;
+            assert_eq!(reply.error, None);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let on0 = c.stored(0, "log").unwrap();
+    assert_eq!(on0.len(), 400);
+    assert_eq!(c.stored(1, "log").unwrap(), on0);
+    assert_eq!(c.stored(2, "log").unwrap(), on0);
+    let mut seen: Vec<u32> = on0
+        .chunks(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..100).collect::<Vec<_>>(),
+        "every append exactly once"
+    );
+}
