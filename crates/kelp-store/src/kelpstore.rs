@@ -102,6 +102,70 @@ impl std::ops::DerefMut for AlignedBuf {
     }
 }
 
+const ONODE_CACHE_SHARDS: usize = 8;
+
+/// Decoded object records of committed objects, so hot reads skip the database lookup and the
+/// decode (a 4 MiB object's record carries 1024 checksums). Filled only by readers holding
+/// `reuse` shared, from committed values (never from the overlay); entries are dropped when a
+/// transaction touching them is published (under `reuse` exclusively), so it never serves a
+/// stale record. Bounded in bytes; when full, an arbitrary quarter is evicted.
+#[derive(Default)]
+struct OnodeCacheShard {
+    map: HashMap<Vec<u8>, (Arc<Onode>, usize)>,
+    bytes: usize,
+}
+
+struct OnodeCache {
+    shards: Vec<Mutex<OnodeCacheShard>>,
+    shard_cap: usize,
+}
+
+impl OnodeCache {
+    fn new(bytes: u64) -> Self {
+        OnodeCache {
+            shards: (0..ONODE_CACHE_SHARDS)
+                .map(|_| Mutex::new(OnodeCacheShard::default()))
+                .collect(),
+            shard_cap: (bytes as usize) / ONODE_CACHE_SHARDS,
+        }
+    }
+    fn shard(&self, key: &[u8]) -> &Mutex<OnodeCacheShard> {
+        &self.shards[crc32c::crc32c(key) as usize % ONODE_CACHE_SHARDS]
+    }
+    fn get(&self, key: &[u8]) -> Option<Arc<Onode>> {
+        lock(self.shard(key)).map.get(key).map(|(o, _)| o.clone())
+    }
+    fn insert(&self, key: Vec<u8>, onode: Arc<Onode>, encoded_len: usize) {
+        let cost = key.len() + encoded_len + 96;
+        if cost > self.shard_cap {
+            return;
+        }
+        let mut sh = lock(self.shard(&key));
+        if sh.bytes + cost > self.shard_cap {
+            let target = self.shard_cap * 3 / 4;
+            let victims: Vec<Vec<u8>> = sh.map.keys().take(sh.map.len() / 4 + 1).cloned().collect();
+            for k in victims {
+                if let Some((_, c)) = sh.map.remove(&k) {
+                    sh.bytes -= c;
+                }
+                if sh.bytes <= target {
+                    break;
+                }
+            }
+        }
+        if let Some((_, old)) = sh.map.insert(key, (onode, cost)) {
+            sh.bytes -= old;
+        }
+        sh.bytes += cost;
+    }
+    fn invalidate(&self, key: &[u8]) {
+        let mut sh = lock(self.shard(key));
+        if let Some((_, c)) = sh.map.remove(key) {
+            sh.bytes -= c;
+        }
+    }
+}
+
 /// The current transaction's not-yet-published unit contents: deferred units and new-extent
 /// writes (consulted by reads made while preparing it, e.g. read-modify-write and clone).
 pub(crate) type Staged<'a> = (&'a BTreeMap<u64, Arc<Vec<u8>>>, &'a [CowWrite]);
@@ -217,6 +281,7 @@ pub(crate) struct Inner {
     /// shared never misses one.
     pending_len: AtomicUsize,
     inflight_len: AtomicUsize,
+    onode_cache: OnodeCache,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
     /// Readers hold it shared while they use an extent map; the committer holds it exclusively
@@ -556,6 +621,34 @@ impl Inner {
                     })
                 }
             }
+        }
+    }
+
+    /// Like `onode_for_read`, through the onode cache. The caller must hold `reuse` shared.
+    fn onode_cached(&self, coll: CollectionId, oid: &ObjectId) -> Result<Arc<Onode>> {
+        let key = keys::obj_key(coll, oid);
+        if let Some(o) = self.onode_cache.get(&key) {
+            return Ok(o);
+        }
+        let pending = {
+            let ov = self.overlay.read().unwrap_or_else(|p| p.into_inner());
+            ov.get(&key).map(|(_, v)| v.clone())
+        };
+        match pending {
+            Some(Some(v)) => Ok(Arc::new(Onode::decode(&v, self.geo.bpu)?)),
+            Some(None) => self.onode_for_read(coll, oid).map(Arc::new),
+            None => match self
+                .meta
+                .get(&key)
+                .map_err(|e| StoreError::kv("reading metadata", e))?
+            {
+                Some(v) => {
+                    let on = Arc::new(Onode::decode(&v, self.geo.bpu)?);
+                    self.onode_cache.insert(key, on.clone(), v.len());
+                    Ok(on)
+                }
+                None => self.onode_for_read(coll, oid).map(Arc::new),
+            },
         }
     }
 
@@ -1163,6 +1256,7 @@ impl KelpStore {
         for (off, len) in bitmap.free_runs() {
             alloc.release(off, len);
         }
+        let onode_cache = OnodeCache::new(cfg.onode_cache_bytes());
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             cfg,
@@ -1178,6 +1272,7 @@ impl KelpStore {
             inflight_cow: Mutex::new(BTreeMap::new()),
             pending_len: AtomicUsize::new(0),
             inflight_len: AtomicUsize::new(0),
+            onode_cache,
             alloc: Mutex::new(alloc),
             apply: Mutex::new(ApplyState {
                 next_seq: 1,
@@ -1660,6 +1755,9 @@ impl ObjectStore for KelpStore {
             inner.inflight_len.store(inflight.len(), Ordering::Release);
             let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
             for (k, v) in &p.mutations {
+                if k.first() == Some(&keys::OBJ) {
+                    inner.onode_cache.invalidate(k);
+                }
                 ov.insert(k.clone(), (p.seq, v.clone()));
             }
         }
@@ -1763,7 +1861,7 @@ impl ObjectStore for KelpStore {
 
     fn read(&self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>> {
         let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
-        let on = self.inner.onode_for_read(coll, oid)?;
+        let on = self.inner.onode_cached(coll, oid)?;
         let start = offset.min(on.size);
         let end = offset.saturating_add(len).min(on.size);
         self.inner.read_onode(oid, &on, start, end - start, None)
