@@ -30,6 +30,10 @@ pub struct MsgrConfig {
     pub frame_body_timeout_ms: u64,
     /// Requests from one peer handled at once; further requests wait (and, once the socket
     /// buffers fill, the peer's writes block): backpressure. Default 256.
+    ///
+    /// While a connection is at this cap its reader waits, so responses to calls *this* end
+    /// made on the same connection wait too: a handler must not call back over the connection
+    /// it is serving and wait for the answer (use another connection, or do not wait).
     pub max_in_flight_requests: usize,
     /// Frames queued for one connection's writer before senders wait. Default 1024.
     pub send_queue_len: usize,

@@ -402,6 +402,22 @@ impl Messenger {
             .clone()
     }
 
+    /// Forgets the cached connection to `addr` and closes it (pending calls on it fail with
+    /// `ConnectionLost`). For peers that left the cluster; a later `connect` dials afresh.
+    pub fn disconnect(&self, addr: SocketAddr) {
+        let removed = self
+            .inner
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&addr);
+        if let Some(conn) = removed
+            && let Some(s) = conn.slot.live()
+        {
+            close_arc(&s, "disconnected locally".to_string());
+        }
+    }
+
     /// Every live connection, accepted or dialled (e.g. to push to all subscribers).
     pub fn peers(&self) -> Vec<Peer> {
         self.inner

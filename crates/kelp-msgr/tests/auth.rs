@@ -189,5 +189,7 @@ async fn keyring_file_drives_authentication() {
     let conn = client.connect(addr).await.unwrap();
     let peer = conn.peer().unwrap();
     assert_eq!(peer.entity(), "mon.a");
+    // The server registers the session just after sending Accept: wait for it.
+    wait_for("server-side session", || server.peers().len() == 1).await;
     assert_eq!(server.peers()[0].entity(), "client.admin");
 }

@@ -210,7 +210,7 @@ async fn injected_delay_slows_calls() {
         .await
         .unwrap();
     assert!(
-        start.elapsed() < Duration::from_millis(100),
+        start.elapsed() < Duration::from_millis(200),
         "{:?}",
         start.elapsed()
     );
@@ -254,4 +254,25 @@ async fn unreachable_peer_backs_off() {
         took >= Duration::from_millis(480) && took < Duration::from_secs(3),
         "{took:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_forgets_and_closes() {
+    let c = cluster(MsgrConfig::default()).await;
+    let client = c.client("client.a");
+    let conn = client.connect(c.addr).await.unwrap();
+    let hung = {
+        let conn = conn.clone();
+        tokio::spawn(async move { conn.call(HANG, Bytes::new(), Bytes::new(), T).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client.disconnect(c.addr);
+    assert!(matches!(
+        hung.await.unwrap(),
+        Err(MsgrError::ConnectionLost { .. })
+    ));
+    assert!(client.peers().is_empty());
+    // A fresh connect dials again.
+    client.connect(c.addr).await.unwrap();
+    assert_eq!(client.stats().connections_dialed, 2);
 }
