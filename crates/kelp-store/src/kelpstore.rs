@@ -1909,7 +1909,7 @@ impl ObjectStore for KelpStore {
         max: usize,
     ) -> Result<OmapPage> {
         let on = self.inner.onode_for_read(coll, oid)?;
-        if !on.has_omap || max == 0 {
+        if !on.has_omap {
             return Ok(OmapPage {
                 entries: Vec::new(),
                 more: false,

@@ -297,6 +297,8 @@ fn check_xattrs_and_omap(s: &dyn ObjectStore) {
         }
         assert_eq!(got, want, "page size {page_size}");
     }
+    let empty_page = s.omap_iter(C, &o, None, 0).unwrap();
+    assert!(empty_page.entries.is_empty() && empty_page.more);
     // "after" a key that does not exist.
     let p = s.omap_iter(C, &o, Some(b"aa"), 2).unwrap();
     assert_eq!(p.entries[0].0, b"ab".to_vec());
