@@ -1,0 +1,769 @@
+//! The monitor daemon: `mkfs` of a data directory, and [`Monitor`], which runs openraft over
+//! the durable [`crate::store`], serves the protocol over kelp-msgr, pushes map updates to
+//! subscribers and, on the leader, watches OSD sessions.
+//!
+//! Request handling (see docs/MONITOR.md for the full contract):
+//! - `MON_COMMAND`: mutations go through the Raft log; read-only commands are answered by the
+//!   leader from its state after `ensure_linearizable`. A follower *forwards* the command to
+//!   the leader once and relays the reply; a command that was itself forwarded (it comes from a
+//!   `mon.*` entity) is never forwarded again: it gets `NotLeader { leader }`.
+//! - `MON_SUBSCRIBE`: answered by any monitor from its own applied state; later epochs are
+//!   pushed as `MON_MAP_UPDATE` on the same connection, in order, by one pusher task.
+//! - `MON_OSD_BOOT`: only the leader accepts it (followers answer `NotLeader`), only from the
+//!   entity `osd.<id>`, because the leader watches the OSD's session on that connection.
+//!
+//! Invariants: only the leader proposes `Init`, `MarkDown` and `MarkOut`, and each carries a
+//! guard (`up_from`, `down_at`) so a stale proposal is a no-op when applied.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use kelp_maps::{ClusterFlag, OsdMap};
+use kelp_msgr::{
+    Dispatcher, KeyLookup, Keyring, Messenger, Peer, RemoteError, Request, Response, Secret,
+};
+use kelp_proto::{MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe, msg_type};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::error::MonError;
+use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};
+use crate::state::{InitSpec, MonEntry, MonInfo};
+use crate::store::{self, LogStore, Shared, StateMachine};
+use crate::{NodeId, TypeConfig};
+
+/// Format version of `DIR/mon.json`.
+pub const MON_META_FORMAT: u8 = 1;
+
+/// Error codes of `RemoteError` replies from the monitor (below the messenger's reserved range).
+pub mod code {
+    /// The request's meta could not be decoded.
+    pub const BAD_REQUEST: u32 = 0x0100;
+    /// The authenticated entity may not send this request.
+    pub const FORBIDDEN: u32 = 0x0101;
+    /// Unknown msg_type for a monitor.
+    pub const UNKNOWN_TYPE: u32 = 0x0102;
+    /// The monitor is starting or stopping.
+    pub const UNAVAILABLE: u32 = 0x0103;
+}
+
+/// What `kelp mon mkfs` records in `DIR/mon.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MonMeta {
+    format: u8,
+    name: String,
+    fsid: String,
+    failure_domain: String,
+    monmap: Vec<MonInfo>,
+}
+
+/// Inputs of [`mkfs`].
+#[derive(Debug, Clone)]
+pub struct MkfsOptions {
+    /// This monitor's name (`a`); its entity is `mon.a`.
+    pub name: String,
+    pub data: PathBuf,
+    pub fsid: String,
+    /// Every monitor of the cluster, this one included.
+    pub monmap: Vec<MonInfo>,
+    /// Initial keys: `mon.<name>` of every monitor and `client.admin` at least.
+    pub keyring: Keyring,
+    /// `host` or `osd`.
+    pub failure_domain: String,
+}
+
+fn valid_mon_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// Initialises a monitor's data directory: `mon.json` (identity, fsid, monitor map), `keyring`
+/// (mode 0600) and an empty `mon.redb`. Refuses a directory that already holds a monitor.
+pub fn mkfs(opts: &MkfsOptions) -> Result<(), MonError> {
+    let mut names = HashSet::new();
+    for m in &opts.monmap {
+        if !valid_mon_name(&m.name) {
+            return Err(MonError::InvalidSpec(format!(
+                "monitor name '{}' must be 1-64 letters, digits or '-'",
+                m.name
+            )));
+        }
+        if !names.insert(m.name.clone()) {
+            return Err(MonError::InvalidSpec(format!(
+                "monitor '{}' listed twice",
+                m.name
+            )));
+        }
+        if opts.keyring.secret_for(&format!("mon.{}", m.name)).is_none() {
+            return Err(MonError::InvalidSpec(format!(
+                "the keyring has no key for mon.{}",
+                m.name
+            )));
+        }
+    }
+    if !names.contains(&opts.name) {
+        return Err(MonError::InvalidSpec(format!(
+            "this monitor ('{}') is not in the monitor map",
+            opts.name
+        )));
+    }
+    if opts.keyring.secret_for("client.admin").is_none() {
+        return Err(MonError::InvalidSpec(
+            "the keyring has no key for client.admin".into(),
+        ));
+    }
+    if opts.fsid.trim().is_empty() {
+        return Err(MonError::InvalidSpec("the fsid must not be empty".into()));
+    }
+    if opts.failure_domain != "host" && opts.failure_domain != "osd" {
+        return Err(MonError::InvalidSpec(format!(
+            "failure domain '{}' must be host or osd",
+            opts.failure_domain
+        )));
+    }
+    OsdMap::new(&opts.fsid, &opts.failure_domain)?;
+    let dir = &opts.data;
+    std::fs::create_dir_all(dir).map_err(|e| MonError::data_dir(dir, e))?;
+    let meta_path = dir.join("mon.json");
+    if meta_path.exists() {
+        return Err(MonError::data_dir(
+            dir,
+            "already holds a monitor (mon.json exists)",
+        ));
+    }
+    opts.keyring.save(dir.join("keyring"))?;
+    store::open_db(&dir.join("mon.redb"))?;
+    let mut monmap = opts.monmap.clone();
+    monmap.sort();
+    let meta = MonMeta {
+        format: MON_META_FORMAT,
+        name: opts.name.clone(),
+        fsid: opts.fsid.clone(),
+        failure_domain: opts.failure_domain.clone(),
+        monmap,
+    };
+    let text = serde_json::to_string_pretty(&meta).expect("plain struct serialises");
+    let tmp = dir.join("mon.json.tmp");
+    write_synced(&tmp, text.as_bytes()).map_err(|e| MonError::data_dir(&tmp, e))?;
+    std::fs::rename(&tmp, &meta_path).map_err(|e| MonError::data_dir(&meta_path, e))?;
+    Ok(())
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+fn load_meta(dir: &Path) -> Result<MonMeta, MonError> {
+    let path = dir.join("mon.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| MonError::data_dir(&path, e))?;
+    let meta: MonMeta = serde_json::from_str(&text).map_err(|e| MonError::Corrupt {
+        what: "mon.json",
+        reason: e.to_string(),
+    })?;
+    if meta.format != MON_META_FORMAT {
+        return Err(MonError::UnsupportedFormat {
+            what: "mon.json",
+            got: meta.format,
+            max: MON_META_FORMAT,
+        });
+    }
+    Ok(meta)
+}
+
+/// Local tunables of one monitor daemon (the cluster-wide ones are in the central config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MonConfig {
+    /// Raft heartbeat interval, ms. Default 150.
+    pub heartbeat_interval_ms: u64,
+    /// Raft election timeout range, ms. Default 750..1500.
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot (and purge the log before it) every this many entries. Default 500.
+    pub snapshot_every: u64,
+    /// Period of the leader's housekeeping (Init, OSD session and down-out checks), ms.
+    /// Default 250.
+    pub tick_ms: u64,
+    /// Deadline of a command forwarded to the leader, ms. Default 10000.
+    pub forward_timeout_ms: u64,
+}
+
+impl Default for MonConfig {
+    fn default() -> Self {
+        MonConfig {
+            heartbeat_interval_ms: 150,
+            election_timeout_min_ms: 750,
+            election_timeout_max_ms: 1500,
+            snapshot_every: 500,
+            tick_ms: 250,
+            forward_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// The messenger's key lookup on a monitor: the replicated auth table once the cluster state
+/// exists, the mkfs keyring before (so the monitors can reach each other to create it).
+struct MonKeys {
+    shared: Arc<Shared>,
+    bootstrap: Keyring,
+}
+
+impl KeyLookup for MonKeys {
+    fn secret_for(&self, entity: &str) -> Option<Secret> {
+        let a = self.shared.read();
+        if a.state.is_initialized() {
+            a.state
+                .secret(entity)
+                .and_then(|s| Secret::from_base64(s).ok())
+        } else {
+            self.bootstrap.secret_for(entity)
+        }
+    }
+}
+
+struct Subscriber {
+    peer: Peer,
+    /// The last epoch this subscriber has been sent (or had).
+    sent: u32,
+}
+
+struct Inner {
+    name: String,
+    node_id: NodeId,
+    monmap: Vec<MonInfo>,
+    init: InitSpec,
+    raft: Raft<TypeConfig>,
+    msgr: Messenger,
+    shared: Arc<Shared>,
+    subscribers: Mutex<Vec<Subscriber>>,
+    config: MonConfig,
+}
+
+/// A running monitor.
+pub struct Monitor {
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Forwards the messenger's callbacks to the monitor once it exists (the messenger must be
+/// built before Raft, which needs it for its network).
+struct MonDispatcher {
+    inner: OnceLock<Weak<Inner>>,
+}
+
+fn node_id_of(monmap: &[MonInfo], name: &str) -> Option<NodeId> {
+    monmap
+        .iter()
+        .position(|m| m.name == name)
+        .map(|i| i as NodeId + 1)
+}
+
+impl Monitor {
+    /// Opens the data directory made by [`mkfs`], binds the monitor's address from the monitor
+    /// map and joins the Raft group. The monitor with the lowest name initialises the group's
+    /// membership on a fresh cluster.
+    pub async fn start(data: &Path, config: MonConfig) -> Result<Monitor, MonError> {
+        let meta = load_meta(data)?;
+        let keyring = Keyring::load(data.join("keyring"))?;
+        let me = meta
+            .monmap
+            .iter()
+            .find(|m| m.name == meta.name)
+            .cloned()
+            .ok_or_else(|| MonError::InvalidSpec("this monitor is not in its monmap".into()))?;
+        let node_id = node_id_of(&meta.monmap, &meta.name).unwrap_or(1);
+        let entity = format!("mon.{}", meta.name);
+        let secret = keyring
+            .secret_for(&entity)
+            .ok_or_else(|| MonError::InvalidSpec(format!("no key for {entity} in the keyring")))?;
+        let init = InitSpec {
+            fsid: meta.fsid.clone(),
+            failure_domain: meta.failure_domain.clone(),
+            keys: keyring
+                .entities()
+                .filter_map(|e| keyring.secret_for(e).map(|s| (e.to_string(), s.to_base64())))
+                .collect(),
+            monmap: meta.monmap.clone(),
+        };
+
+        let db = store::open_db(&data.join("mon.redb"))?;
+        let log = LogStore::new(db.clone());
+        let sm = StateMachine::open(db)?;
+        let shared = sm.shared();
+
+        let dispatcher = Arc::new(MonDispatcher {
+            inner: OnceLock::new(),
+        });
+        let msgr = Messenger::builder(entity)
+            .secret(secret)
+            .keys(Arc::new(MonKeys {
+                shared: shared.clone(),
+                bootstrap: keyring,
+            }))
+            .dispatcher(dispatcher.clone())
+            .build()?;
+        let addr = msgr.bind(me.addr).await?;
+
+        let raft_config = openraft::Config {
+            cluster_name: format!("kelp-{}", meta.fsid),
+            heartbeat_interval: config.heartbeat_interval_ms,
+            election_timeout_min: config.election_timeout_min_ms,
+            election_timeout_max: config.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            max_in_snapshot_log_to_keep: config.snapshot_every,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| MonError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            node_id,
+            Arc::new(raft_config),
+            MsgrNetwork { msgr: msgr.clone() },
+            log,
+            sm,
+        )
+        .await
+        .map_err(|e| MonError::Raft(e.to_string()))?;
+
+        let inner = Arc::new(Inner {
+            name: meta.name.clone(),
+            node_id,
+            monmap: meta.monmap.clone(),
+            init,
+            raft: raft.clone(),
+            msgr: msgr.clone(),
+            shared,
+            subscribers: Mutex::new(Vec::new()),
+            config,
+        });
+        let _ = dispatcher.inner.set(Arc::downgrade(&inner));
+
+        let lowest = meta.monmap.iter().map(|m| &m.name).min();
+        if lowest == Some(&meta.name)
+            && !raft
+                .is_initialized()
+                .await
+                .map_err(|e| MonError::Raft(e.to_string()))?
+        {
+            let members: std::collections::BTreeMap<NodeId, BasicNode> = meta
+                .monmap
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (i as NodeId + 1, BasicNode::new(m.addr.to_string())))
+                .collect();
+            info!(members = members.len(), "initialising the monitor group");
+            if let Err(e) = raft.initialize(members).await {
+                // Another run got there first (the log is not empty): nothing to do.
+                debug!(error = %e, "initialize refused");
+            }
+        }
+        info!(mon = %meta.name, %addr, node_id, "monitor started");
+
+        let tasks = vec![
+            tokio::spawn(pusher(inner.clone())),
+            tokio::spawn(leader_loop(inner.clone())),
+        ];
+        Ok(Monitor { inner, addr, tasks })
+    }
+
+    /// The address the monitor listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// This monitor's copy of the OSD map (`None` before the cluster state exists).
+    pub fn osdmap(&self) -> Option<OsdMap> {
+        self.inner.shared.read().state.osdmap().cloned()
+    }
+
+    /// This monitor's copy of the whole replicated state, encoded (for comparing monitors).
+    pub fn state_bytes(&self) -> Vec<u8> {
+        self.inner.shared.read().state.encode()
+    }
+
+    /// The leader's name, as this monitor knows it.
+    pub fn leader(&self) -> Option<String> {
+        self.inner.leader_name()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.inner.is_leader()
+    }
+
+    /// Stops serving, stops Raft and closes every connection.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Err(e) = self.inner.raft.shutdown().await {
+            warn!(error = %e, "raft shutdown");
+        }
+        self.inner.msgr.shutdown();
+        info!(mon = %self.inner.name, "monitor stopped");
+    }
+}
+
+fn encode_reply(r: &MonReply) -> Response {
+    Response::new(msg_type::MON_COMMAND, kelp_proto::encode(r), Bytes::new())
+}
+
+impl Inner {
+    fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.node_id)
+    }
+
+    fn leader_id(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    fn leader_name(&self) -> Option<String> {
+        let id = self.leader_id()?;
+        self.monmap.get((id as usize).checked_sub(1)?).map(|m| m.name.clone())
+    }
+
+    fn leader_addr(&self) -> Option<SocketAddr> {
+        let id = self.leader_id()?;
+        if id == self.node_id {
+            return None;
+        }
+        self.monmap.get((id as usize).checked_sub(1)?).map(|m| m.addr)
+    }
+
+    fn not_leader(&self) -> MonReply {
+        MonReply::NotLeader {
+            leader: self.leader_addr(),
+        }
+    }
+
+    async fn command(&self, cmd: MonCommand, from: &Peer) -> MonReply {
+        let forwarded = from.entity().starts_with("mon.");
+        match &cmd {
+            MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
+                if self.is_leader() && self.raft.ensure_linearizable().await.is_ok() {
+                    self.read_only(&cmd)
+                } else {
+                    self.forward(cmd, forwarded).await
+                }
+            }
+            MonCommand::AuthGetOrCreate { entity } => {
+                let entry = MonEntry::AuthGetOrCreate {
+                    entity: entity.clone(),
+                    secret: kelp_msgr::generate_secret().to_base64(),
+                };
+                self.write(entry, cmd, forwarded).await
+            }
+            _ => self.write(MonEntry::Command(cmd.clone()), cmd, forwarded).await,
+        }
+    }
+
+    fn read_only(&self, cmd: &MonCommand) -> MonReply {
+        let reply = self.shared.read().state.read_only(cmd);
+        match reply {
+            MonReply::Status(mut s) => {
+                let m = self.raft.metrics().borrow().clone();
+                let last = m.last_log_index;
+                let repl = m.replication.clone().unwrap_or_default();
+                for (i, (_, in_quorum)) in s.monitors.iter_mut().enumerate() {
+                    let id = i as NodeId + 1;
+                    *in_quorum = id == self.node_id
+                        || repl
+                            .get(&id)
+                            .and_then(|x| x.as_ref())
+                            .is_some_and(|l| Some(l.index) == last);
+                }
+                s.leader = self.leader_name();
+                MonReply::Status(s)
+            }
+            other => other,
+        }
+    }
+
+    /// Proposes `entry`; on a follower, forwards `cmd` to the leader instead.
+    async fn write(&self, entry: MonEntry, cmd: MonCommand, forwarded: bool) -> MonReply {
+        match self.raft.client_write(entry).await {
+            Ok(resp) => resp.data,
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                self.forward(cmd, forwarded).await
+            }
+            Err(e) => MonReply::Error {
+                message: format!("raft: {e}"),
+            },
+        }
+    }
+
+    async fn forward(&self, cmd: MonCommand, forwarded: bool) -> MonReply {
+        let Some(addr) = self.leader_addr().filter(|_| !forwarded) else {
+            return self.not_leader();
+        };
+        let timeout = Duration::from_millis(self.config.forward_timeout_ms);
+        let conn = self.msgr.connection(addr);
+        match conn
+            .call(
+                msg_type::MON_COMMAND,
+                kelp_proto::encode(&cmd),
+                Bytes::new(),
+                timeout,
+            )
+            .await
+        {
+            Ok(resp) => kelp_proto::decode(&resp.meta, "MonReply").unwrap_or_else(|e| {
+                MonReply::Error {
+                    message: format!("bad reply from the leader: {e}"),
+                }
+            }),
+            Err(e) => {
+                debug!(error = %e, "forwarding to the leader failed");
+                self.not_leader()
+            }
+        }
+    }
+
+    async fn boot(&self, boot: OsdBoot, from: &Peer) -> MonReply {
+        if from.entity() != format!("osd.{}", boot.id) {
+            return MonReply::Error {
+                message: format!(
+                    "the boot of osd.{} must come from entity osd.{} (not {})",
+                    boot.id,
+                    boot.id,
+                    from.entity()
+                ),
+            };
+        }
+        if !self.is_leader() {
+            return self.not_leader();
+        }
+        match self.raft.client_write(MonEntry::OsdBoot(boot)).await {
+            Ok(resp) => resp.data,
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => self.not_leader(),
+            Err(e) => MonReply::Error {
+                message: format!("raft: {e}"),
+            },
+        }
+    }
+
+    fn subscribe(&self, peer: Peer, have: u32) -> MapUpdate {
+        let a = self.shared.read();
+        let update = a.state.catch_up(have);
+        let sent = a.state.epoch().max(have);
+        let mut subs = self.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        subs.retain(|s| !s.peer.is_closed() && !same_peer(&s.peer, &peer));
+        subs.push(Subscriber { peer, sent });
+        update
+    }
+
+    async fn raft_rpc(&self, rpc: RaftRpc) -> RaftRpcReply {
+        match rpc {
+            RaftRpc::AppendEntries(r) => {
+                RaftRpcReply::AppendEntries(self.raft.append_entries(r).await)
+            }
+            RaftRpc::Vote(r) => RaftRpcReply::Vote(self.raft.vote(r).await),
+            RaftRpc::InstallSnapshot(r) => {
+                RaftRpcReply::InstallSnapshot(self.raft.install_snapshot(r).await)
+            }
+        }
+    }
+}
+
+fn same_peer(a: &Peer, b: &Peer) -> bool {
+    a.addr() == b.addr() && a.entity() == b.entity()
+}
+
+fn bad_request(e: impl std::fmt::Display) -> RemoteError {
+    RemoteError::new(code::BAD_REQUEST, e.to_string())
+}
+
+#[async_trait]
+impl Dispatcher for MonDispatcher {
+    async fn handle_request(&self, req: Request) -> Result<Response, RemoteError> {
+        let inner = self
+            .inner
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| RemoteError::new(code::UNAVAILABLE, "monitor starting or stopping"))?;
+        match req.msg_type {
+            msg_type::MON_RAFT => {
+                if !req.peer.entity().starts_with("mon.") {
+                    return Err(RemoteError::new(
+                        code::FORBIDDEN,
+                        format!("{} may not send raft traffic", req.peer.entity()),
+                    ));
+                }
+                let rpc: RaftRpc = network::decode(&req.meta).map_err(bad_request)?;
+                let reply = inner.raft_rpc(rpc).await;
+                Ok(Response::new(
+                    msg_type::MON_RAFT,
+                    network::encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::MON_COMMAND => {
+                let cmd: MonCommand =
+                    kelp_proto::decode(&req.meta, "MonCommand").map_err(bad_request)?;
+                debug!(peer = %req.peer, ?cmd, "command");
+                Ok(encode_reply(&inner.command(cmd, &req.peer).await))
+            }
+            msg_type::MON_SUBSCRIBE => {
+                let sub: Subscribe =
+                    kelp_proto::decode(&req.meta, "Subscribe").map_err(bad_request)?;
+                let update = inner.subscribe(req.peer.clone(), sub.have_epoch);
+                Ok(Response::new(
+                    msg_type::MON_MAP_UPDATE,
+                    kelp_proto::encode(&update),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::MON_OSD_BOOT => {
+                let boot: OsdBoot = kelp_proto::decode(&req.meta, "OsdBoot").map_err(bad_request)?;
+                Ok(encode_reply(&inner.boot(boot, &req.peer).await))
+            }
+            other => Err(RemoteError::new(
+                code::UNKNOWN_TYPE,
+                format!("a monitor does not handle msg_type {other:#06x}"),
+            )),
+        }
+    }
+}
+
+/// Pushes new epochs to subscribers, in order, whenever the applied epoch changes.
+async fn pusher(inner: Arc<Inner>) {
+    let mut rx = inner.shared.epoch_tx.subscribe();
+    while rx.changed().await.is_ok() {
+        let targets: Vec<(Peer, u32)> = {
+            let mut subs = inner.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+            subs.retain(|s| !s.peer.is_closed());
+            subs.iter().map(|s| (s.peer.clone(), s.sent)).collect()
+        };
+        for (peer, sent) in targets {
+            let (update, epoch) = {
+                let a = inner.shared.read();
+                (a.state.catch_up(sent), a.state.epoch())
+            };
+            if update.full.is_none() && update.incrementals.is_empty() {
+                continue;
+            }
+            let send = peer.send(
+                msg_type::MON_MAP_UPDATE,
+                kelp_proto::encode(&update),
+                Bytes::new(),
+            );
+            let ok = matches!(
+                tokio::time::timeout(Duration::from_secs(5), send).await,
+                Ok(Ok(()))
+            );
+            let mut subs = inner.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+            if ok {
+                for s in subs.iter_mut().filter(|s| same_peer(&s.peer, &peer)) {
+                    s.sent = s.sent.max(epoch);
+                }
+            } else {
+                debug!(%peer, "dropping subscriber: push failed");
+                subs.retain(|s| !same_peer(&s.peer, &peer));
+            }
+        }
+    }
+}
+
+/// The leader's housekeeping: creates the cluster state on a fresh group, marks down OSDs
+/// whose session is gone for `mon_osd_session_grace`, and marks out OSDs down for
+/// `mon_osd_down_out_interval`. Timers restart whenever this monitor becomes leader.
+async fn leader_loop(inner: Arc<Inner>) {
+    let mut last_seen: HashMap<i32, Instant> = HashMap::new();
+    let mut down_since: HashMap<i32, Instant> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(inner.config.tick_ms.max(10)));
+    loop {
+        tick.tick().await;
+        if !inner.is_leader() {
+            last_seen.clear();
+            down_since.clear();
+            continue;
+        }
+        let initialized = inner.shared.read().state.is_initialized();
+        if !initialized {
+            info!("creating the cluster state");
+            if let Err(e) = inner
+                .raft
+                .client_write(MonEntry::Init(inner.init.clone()))
+                .await
+            {
+                warn!(error = %e, "proposing the initial state failed");
+            }
+            continue;
+        }
+        let proposals = {
+            let a = inner.shared.read();
+            let Some(map) = a.state.osdmap() else {
+                continue;
+            };
+            let grace = Duration::from_secs_f64(a.state.config_secs("mon_osd_session_grace"));
+            let down_out = a.state.config_secs("mon_osd_down_out_interval");
+            let connected: HashSet<i32> = inner
+                .msgr
+                .peers()
+                .iter()
+                .filter_map(|p| p.entity().strip_prefix("osd.")?.parse().ok())
+                .collect();
+            let now = Instant::now();
+            let mut proposals = Vec::new();
+            for osd in map.osds.values() {
+                if osd.up {
+                    down_since.remove(&osd.id);
+                    if connected.contains(&osd.id) {
+                        last_seen.insert(osd.id, now);
+                    } else {
+                        let seen = *last_seen.entry(osd.id).or_insert(now);
+                        if now.duration_since(seen) > grace && !map.has_flag(ClusterFlag::NoDown)
+                        {
+                            info!(osd = osd.id, ?grace, "OSD session lost; marking it down");
+                            proposals.push(MonEntry::MarkDown {
+                                id: osd.id,
+                                up_from: osd.up_from,
+                            });
+                            last_seen.remove(&osd.id);
+                        }
+                    }
+                } else {
+                    last_seen.remove(&osd.id);
+                    if osd.is_in() && down_out > 0.0 {
+                        let since = *down_since.entry(osd.id).or_insert(now);
+                        if now.duration_since(since).as_secs_f64() > down_out
+                            && !map.has_flag(ClusterFlag::NoOut)
+                        {
+                            info!(osd = osd.id, "OSD down for the down-out interval; marking it out");
+                            proposals.push(MonEntry::MarkOut {
+                                id: osd.id,
+                                down_at: osd.down_at,
+                            });
+                            down_since.remove(&osd.id);
+                        }
+                    } else {
+                        down_since.remove(&osd.id);
+                    }
+                }
+            }
+            proposals
+        };
+        for p in proposals {
+            if let Err(e) = inner.raft.client_write(p).await {
+                warn!(error = %e, "leader proposal failed");
+            }
+        }
+    }
+}

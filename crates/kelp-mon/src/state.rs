@@ -1,0 +1,516 @@
+//! The monitors' replicated state and the deterministic function that advances it.
+//!
+//! Why: the Raft log holds *requests* ([`MonEntry`]), not results. Every monitor applies the
+//! same committed entries in the same order to the same state with [`MonState::apply`], which
+//! calls the pure `kelp-maps` decisions (`propose_*`) on its current map and then `apply`s the
+//! incremental they return. There is no proposer race (two leaders cannot both decide "epoch 7"
+//! from different maps) and a refused request is refused identically everywhere.
+//!
+//! Invariants:
+//! - `apply` is a pure function of the state and the entry: no clock, no randomness, no I/O
+//!   (random secrets are drawn by the leader *before* proposing and carried in the entry);
+//! - the OSD map epoch grows by one per incremental, and `incrementals` holds the encoded
+//!   incrementals for the consecutive epochs `(epoch - incrementals.len(), epoch]`, at most
+//!   `mon_max_incrementals` of them;
+//! - `auth` always holds the key of every monitor in the monitor map (removing one is refused).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+
+use kelp_maps::{ClusterFlag, Incremental, OsdMap, PoolSpec};
+use kelp_proto::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot};
+use serde::{Deserialize, Serialize};
+
+use crate::central_config;
+use crate::error::MonError;
+
+/// In/out weight meaning "fully in" (16.16 fixed point).
+const WEIGHT_IN: u32 = 0x1_0000;
+
+/// Format version of an encoded [`MonState`] (snapshots).
+pub const STATE_FORMAT: u8 = 1;
+
+/// One monitor of the monitor map.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MonInfo {
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+/// What a new cluster starts from (the same on every monitor: it comes from `mkfs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitSpec {
+    pub fsid: String,
+    /// CRUSH failure domain of the default rule: `host` or `osd`.
+    pub failure_domain: String,
+    /// Initial keys: entity -> base64 secret.
+    pub keys: Vec<(String, String)>,
+    pub monmap: Vec<MonInfo>,
+}
+
+/// One entry of the monitors' Raft log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MonEntry {
+    /// Creates the cluster state; ignored once the state exists.
+    Init(InitSpec),
+    /// An operator/daemon command (mutations; read-only commands are answered without the log).
+    Command(MonCommand),
+    /// `auth get-or-create`, with the secret the leader drew in case the entity is new.
+    AuthGetOrCreate { entity: String, secret: String },
+    /// An OSD booted (the leader checked that it came from `osd.<id>`).
+    OsdBoot(OsdBoot),
+    /// The leader saw no session of an OSD for `mon_osd_session_grace`. Applies only if the OSD
+    /// is still up since `up_from` (it did not re-boot meanwhile).
+    MarkDown { id: i32, up_from: u32 },
+    /// The OSD has been down for `mon_osd_down_out_interval`. Applies only if it is still down
+    /// since `down_at`, still in, and `noout` is not set.
+    MarkOut { id: i32, down_at: u32 },
+}
+
+/// The replicated state of the monitors.
+#[derive(Debug, Clone, Default)]
+pub struct MonState {
+    /// `None` until the `Init` entry is applied.
+    osdmap: Option<OsdMap>,
+    /// `(epoch, encoded incremental)`, consecutive epochs ending at the map's epoch.
+    incrementals: VecDeque<(u32, Vec<u8>)>,
+    /// `(who, key) -> value`, values normalised.
+    config: BTreeMap<(String, String), String>,
+    /// entity -> base64 secret.
+    auth: BTreeMap<String, String>,
+    monmap: Vec<MonInfo>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateWire {
+    osdmap: Option<Vec<u8>>,
+    incrementals: Vec<(u32, Vec<u8>)>,
+    config: Vec<(String, String, String)>,
+    auth: Vec<(String, String)>,
+    monmap: Vec<MonInfo>,
+}
+
+fn refuse(e: impl std::fmt::Display) -> MonReply {
+    MonReply::Error {
+        message: e.to_string(),
+    }
+}
+
+impl MonState {
+    pub fn is_initialized(&self) -> bool {
+        self.osdmap.is_some()
+    }
+
+    pub fn osdmap(&self) -> Option<&OsdMap> {
+        self.osdmap.as_ref()
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.osdmap.as_ref().map_or(0, |m| m.epoch)
+    }
+
+    pub fn monmap(&self) -> &[MonInfo] {
+        &self.monmap
+    }
+
+    /// The base64 secret of `entity`.
+    pub fn secret(&self, entity: &str) -> Option<&str> {
+        self.auth.get(entity).map(String::as_str)
+    }
+
+    /// The effective value of a known config key for `who`.
+    pub fn config_value(&self, who: &str, key: &str) -> Option<String> {
+        central_config::effective(&self.config, who, key)
+    }
+
+    fn config_u64(&self, key: &str) -> u64 {
+        self.config_value("mon", key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// A config value in seconds (for the monitor's own timers).
+    pub fn config_secs(&self, key: &str) -> f64 {
+        self.config_value("mon", key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Applies one committed entry and returns the reply for whoever proposed it.
+    pub fn apply(&mut self, entry: &MonEntry) -> MonReply {
+        if let MonEntry::Init(spec) = entry {
+            return self.init(spec);
+        }
+        let Some(map) = self.osdmap.as_ref() else {
+            return refuse(MonError::NotInitialized);
+        };
+        let epoch = map.epoch;
+        let result = match entry {
+            MonEntry::Init(_) => unreachable!("handled above"),
+            MonEntry::Command(cmd) => self.command(cmd),
+            MonEntry::AuthGetOrCreate { entity, secret } => {
+                self.auth_get_or_create(entity, secret)
+            }
+            MonEntry::OsdBoot(boot) => self.osd_boot(boot),
+            MonEntry::MarkDown { id, up_from } => {
+                let still = map
+                    .osds
+                    .get(id)
+                    .is_some_and(|o| o.up && o.up_from == *up_from);
+                if still && !map.has_flag(ClusterFlag::NoDown) {
+                    let inc = map.propose_osd_down(*id);
+                    self.commit(inc.map_err(Into::into))
+                } else {
+                    Ok(MonReply::Done { epoch })
+                }
+            }
+            MonEntry::MarkOut { id, down_at } => {
+                let still = map
+                    .osds
+                    .get(id)
+                    .is_some_and(|o| !o.up && o.down_at == *down_at && o.is_in());
+                if still && !map.has_flag(ClusterFlag::NoOut) {
+                    let inc = map.propose_osd_weight(*id, 0);
+                    self.commit(inc.map_err(Into::into))
+                } else {
+                    Ok(MonReply::Done { epoch })
+                }
+            }
+        };
+        result.unwrap_or_else(refuse)
+    }
+
+    fn init(&mut self, spec: &InitSpec) -> MonReply {
+        if let Some(map) = &self.osdmap {
+            return MonReply::Done { epoch: map.epoch };
+        }
+        match OsdMap::new(&spec.fsid, &spec.failure_domain) {
+            Ok(map) => {
+                self.auth = spec.keys.iter().cloned().collect();
+                let mut monmap = spec.monmap.clone();
+                monmap.sort();
+                self.monmap = monmap;
+                let epoch = map.epoch;
+                self.osdmap = Some(map);
+                self.incrementals.clear();
+                MonReply::Done { epoch }
+            }
+            Err(e) => refuse(e),
+        }
+    }
+
+    /// Applies the incremental a decision returned (if any) and answers `Done`.
+    fn commit(&mut self, inc: Result<Option<Incremental>, MonError>) -> Result<MonReply, MonError> {
+        if let Some(inc) = inc? {
+            self.apply_incremental(&inc)?;
+        }
+        Ok(MonReply::Done {
+            epoch: self.epoch(),
+        })
+    }
+
+    fn apply_incremental(&mut self, inc: &Incremental) -> Result<(), MonError> {
+        let map = self.osdmap.as_mut().ok_or(MonError::NotInitialized)?;
+        map.apply(inc)?;
+        self.incrementals.push_back((inc.epoch, inc.encode()));
+        self.trim_incrementals();
+        Ok(())
+    }
+
+    fn trim_incrementals(&mut self) {
+        let max = self.config_u64("mon_max_incrementals") as usize;
+        while self.incrementals.len() > max {
+            self.incrementals.pop_front();
+        }
+    }
+
+    fn map(&self) -> Result<&OsdMap, MonError> {
+        self.osdmap.as_ref().ok_or(MonError::NotInitialized)
+    }
+
+    fn command(&mut self, cmd: &MonCommand) -> Result<MonReply, MonError> {
+        let map = self.map()?;
+        match cmd {
+            MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
+                Ok(self.read_only(cmd))
+            }
+            MonCommand::OsdCreate {
+                uuid,
+                host,
+                crush_weight,
+            } => {
+                let (id, inc) = map.propose_osd_create(uuid, host, *crush_weight)?;
+                self.commit(Ok(inc))?;
+                Ok(MonReply::OsdId {
+                    id,
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::OsdDown { id } => {
+                let inc = map.propose_osd_down(*id);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::OsdOut { id } => {
+                let inc = map.propose_osd_weight(*id, 0);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::OsdIn { id } => {
+                let inc = map.propose_osd_weight(*id, WEIGHT_IN);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::OsdReweight { id, weight } => {
+                let inc = map.propose_osd_weight(*id, *weight);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::OsdRemove { id } => {
+                let inc = map.propose_osd_remove(*id)?;
+                self.commit(Ok(Some(inc)))
+            }
+            MonCommand::PoolCreate(spec) => {
+                let spec = self.pool_defaults(spec);
+                let (id, inc) = self.map()?.propose_pool_create(&spec)?;
+                self.commit(Ok(Some(inc)))?;
+                Ok(MonReply::PoolId {
+                    id,
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::PoolDelete { name } => {
+                let inc = map.propose_pool_delete(name)?;
+                self.commit(Ok(Some(inc)))
+            }
+            MonCommand::PoolSet { name, key, value } => {
+                let inc = map.propose_pool_set(name, key, value);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::SetFlag { flag, on } => {
+                let f = ClusterFlag::from_name(flag)
+                    .ok_or_else(|| MonError::UnknownFlag { flag: flag.clone() })?;
+                let inc = map.propose_flag(f, *on);
+                self.commit(Ok(inc))
+            }
+            MonCommand::ConfigSet { who, key, value } => {
+                central_config::validate_who(who)?;
+                let value = central_config::normalize(key, value)?;
+                self.config.insert((who.clone(), key.clone()), value);
+                if key == "mon_max_incrementals" {
+                    self.trim_incrementals();
+                }
+                Ok(MonReply::Done {
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::ConfigRm { who, key } => {
+                central_config::validate_who(who)?;
+                if central_config::key_def(key).is_none() {
+                    return Err(MonError::UnknownConfigKey { key: key.clone() });
+                }
+                self.config.remove(&(who.clone(), key.clone()));
+                Ok(MonReply::Done {
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::AuthGetOrCreate { entity } => {
+                // The leader turns this into `MonEntry::AuthGetOrCreate` with a fresh secret;
+                // only an existing key can be answered without one.
+                match self.auth.get(entity) {
+                    Some(secret) => Ok(MonReply::Key {
+                        entity: entity.clone(),
+                        secret: secret.clone(),
+                    }),
+                    None => Err(MonError::NoSuchEntity {
+                        entity: entity.clone(),
+                    }),
+                }
+            }
+            MonCommand::AuthRm { entity } => {
+                if self.monmap.iter().any(|m| format!("mon.{}", m.name) == *entity) {
+                    return Err(MonError::MonKeyProtected {
+                        entity: entity.clone(),
+                    });
+                }
+                if self.auth.remove(entity).is_none() {
+                    return Err(MonError::NoSuchEntity {
+                        entity: entity.clone(),
+                    });
+                }
+                Ok(MonReply::Done {
+                    epoch: self.epoch(),
+                })
+            }
+        }
+    }
+
+    fn pool_defaults(&self, spec: &PoolSpec) -> PoolSpec {
+        let mut spec = spec.clone();
+        let get = |k: &str| u32::try_from(self.config_u64(k)).unwrap_or(u32::MAX);
+        if spec.size.is_none() {
+            spec.size = Some(get("osd_pool_default_size"));
+        }
+        if spec.min_size.is_none() {
+            let m = get("osd_pool_default_min_size");
+            if m != 0 {
+                spec.min_size = Some(m);
+            }
+        }
+        if spec.pg_num.is_none() {
+            spec.pg_num = Some(get("osd_pool_default_pg_num"));
+        }
+        spec
+    }
+
+    fn auth_get_or_create(&mut self, entity: &str, secret: &str) -> Result<MonReply, MonError> {
+        kelp_msgr::validate_entity(entity).map_err(|e| MonError::InvalidEntity {
+            entity: entity.to_string(),
+            reason: e.to_string(),
+        })?;
+        let secret = self
+            .auth
+            .entry(entity.to_string())
+            .or_insert_with(|| secret.to_string());
+        Ok(MonReply::Key {
+            entity: entity.to_string(),
+            secret: secret.clone(),
+        })
+    }
+
+    fn osd_boot(&mut self, boot: &OsdBoot) -> Result<MonReply, MonError> {
+        let map = self.map()?;
+        let osd = map
+            .osds
+            .get(&boot.id)
+            .ok_or(kelp_maps::MapError::NoSuchOsd(boot.id))?;
+        if osd.uuid != boot.uuid {
+            return Err(MonError::UuidMismatch {
+                id: boot.id,
+                expected: osd.uuid.clone(),
+                got: boot.uuid.clone(),
+            });
+        }
+        let inc = map.propose_osd_boot(boot.id, boot.addr);
+        self.commit(inc.map_err(Into::into))
+    }
+
+    /// Answers the read-only commands from this state (Status without the Raft part).
+    pub fn read_only(&self, cmd: &MonCommand) -> MonReply {
+        match cmd {
+            MonCommand::Status => match self.status() {
+                Some(s) => MonReply::Status(s),
+                None => refuse(MonError::NotInitialized),
+            },
+            MonCommand::ConfigDump => MonReply::Config(
+                self.config
+                    .iter()
+                    .map(|((who, key), value)| ConfigEntry {
+                        who: who.clone(),
+                        key: key.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+            ),
+            MonCommand::AuthList => MonReply::Entities(self.auth.keys().cloned().collect()),
+            other => refuse(format!("{other:?} is not a read-only command")),
+        }
+    }
+
+    /// The status as far as the replicated state knows it (`monitors` all out of quorum,
+    /// `leader` unknown: the daemon fills those in).
+    pub fn status(&self) -> Option<ClusterStatus> {
+        let map = self.osdmap.as_ref()?;
+        Some(ClusterStatus {
+            fsid: map.fsid.clone(),
+            epoch: map.epoch,
+            num_osds: map.osds.len() as u32,
+            num_up_osds: map.num_up() as u32,
+            num_in_osds: map.num_in() as u32,
+            num_pools: map.pools.len() as u32,
+            num_pgs: map.pools.values().map(|p| p.pg_num).sum(),
+            flags: map.flags.iter().map(|f| f.name().to_string()).collect(),
+            monitors: self.monmap.iter().map(|m| (m.name.clone(), false)).collect(),
+            leader: None,
+        })
+    }
+
+    /// What a subscriber at `have_epoch` needs: nothing if it is current (or ahead), the
+    /// incrementals after its epoch if they are all still kept, otherwise the full map.
+    pub fn catch_up(&self, have_epoch: u32) -> MapUpdate {
+        let empty = MapUpdate {
+            full: None,
+            incrementals: Vec::new(),
+        };
+        let Some(map) = &self.osdmap else {
+            return empty;
+        };
+        if have_epoch >= map.epoch {
+            return empty;
+        }
+        let oldest = self.incrementals.front().map(|(e, _)| *e);
+        if have_epoch > 0 && oldest.is_some_and(|o| o <= have_epoch + 1) {
+            return MapUpdate {
+                full: None,
+                incrementals: self
+                    .incrementals
+                    .iter()
+                    .filter(|(e, _)| *e > have_epoch)
+                    .map(|(_, b)| b.clone())
+                    .collect(),
+            };
+        }
+        MapUpdate {
+            full: Some(map.encode()),
+            incrementals: Vec::new(),
+        }
+    }
+
+    /// `[STATE_FORMAT][postcard]` of the whole state (snapshots).
+    pub fn encode(&self) -> Vec<u8> {
+        let wire = StateWire {
+            osdmap: self.osdmap.as_ref().map(OsdMap::encode),
+            incrementals: self.incrementals.iter().cloned().collect(),
+            config: self
+                .config
+                .iter()
+                .map(|((w, k), v)| (w.clone(), k.clone(), v.clone()))
+                .collect(),
+            auth: self
+                .auth
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            monmap: self.monmap.clone(),
+        };
+        let mut out = vec![STATE_FORMAT];
+        out.extend(postcard::to_stdvec(&wire).expect("encoding into a Vec cannot fail"));
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<MonState, MonError> {
+        let (&v, body) = bytes.split_first().ok_or(MonError::Corrupt {
+            what: "monitor state",
+            reason: "empty".into(),
+        })?;
+        if v != STATE_FORMAT {
+            return Err(MonError::UnsupportedFormat {
+                what: "monitor state",
+                got: v,
+                max: STATE_FORMAT,
+            });
+        }
+        let wire: StateWire = postcard::from_bytes(body).map_err(|e| MonError::Corrupt {
+            what: "monitor state",
+            reason: e.to_string(),
+        })?;
+        let osdmap = wire.osdmap.as_deref().map(OsdMap::decode).transpose()?;
+        Ok(MonState {
+            osdmap,
+            incrementals: wire.incrementals.into(),
+            config: wire
+                .config
+                .into_iter()
+                .map(|(w, k, v)| ((w, k), v))
+                .collect(),
+            auth: wire.auth.into_iter().collect(),
+            monmap: wire.monmap,
+        })
+    }
+}

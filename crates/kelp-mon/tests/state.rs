@@ -1,0 +1,182 @@
+//! The state machine alone: a sequence of entries applied to `MonState`, no Raft, no network.
+
+use kelp_maps::PoolSpec;
+use kelp_mon::{InitSpec, MonEntry, MonInfo, MonState};
+use kelp_proto::{MonCommand, MonReply, OsdBoot};
+
+fn init() -> MonEntry {
+    MonEntry::Init(InitSpec {
+        fsid: "f5c0ffee-0000-4000-8000-000000000001".into(),
+        failure_domain: "osd".into(),
+        keys: vec![
+            ("client.admin".into(), "YWRtaW4=".into()),
+            ("mon.a".into(), "bW9u".into()),
+        ],
+        monmap: vec![MonInfo {
+            name: "a".into(),
+            addr: "127.0.0.1:6789".parse().unwrap(),
+        }],
+    })
+}
+
+fn cmd(c: MonCommand) -> MonEntry {
+    MonEntry::Command(c)
+}
+
+fn err(r: MonReply) -> String {
+    match r {
+        MonReply::Error { message } => message,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn commands_before_init_are_refused_and_init_is_idempotent() {
+    let mut s = MonState::default();
+    let m = err(s.apply(&cmd(MonCommand::OsdCreate {
+        uuid: "u".into(),
+        host: "h".into(),
+        crush_weight: 0x10000,
+    })));
+    assert!(m.contains("not initialised"), "{m}");
+    assert_eq!(s.apply(&init()), MonReply::Done { epoch: 1 });
+    assert_eq!(s.apply(&init()), MonReply::Done { epoch: 1 });
+    assert_eq!(s.secret("client.admin"), Some("YWRtaW4="));
+}
+
+#[test]
+fn a_sequence_of_commands() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    for i in 0..3 {
+        let r = s.apply(&cmd(MonCommand::OsdCreate {
+            uuid: format!("uuid-{i}"),
+            host: format!("host{i}"),
+            crush_weight: 0x10000,
+        }));
+        assert_eq!(r, MonReply::OsdId { id: i, epoch: 2 + i as u32 });
+    }
+    // Same uuid again: same id, no new epoch.
+    let r = s.apply(&cmd(MonCommand::OsdCreate {
+        uuid: "uuid-1".into(),
+        host: "host1".into(),
+        crush_weight: 0x10000,
+    }));
+    assert_eq!(r, MonReply::OsdId { id: 1, epoch: 4 });
+
+    let addr = "127.0.0.1:7000".parse().unwrap();
+    let m = err(s.apply(&MonEntry::OsdBoot(OsdBoot { id: 0, uuid: "wrong".into(), addr })));
+    assert!(m.contains("uuid"), "{m}");
+    assert_eq!(
+        s.apply(&MonEntry::OsdBoot(OsdBoot { id: 0, uuid: "uuid-0".into(), addr })),
+        MonReply::Done { epoch: 5 }
+    );
+    let up_from = s.osdmap().unwrap().osds[&0].up_from;
+    assert_eq!(up_from, 5);
+
+    // Pool defaults come from the central config.
+    s.apply(&cmd(MonCommand::ConfigSet {
+        who: "global".into(),
+        key: "osd_pool_default_size".into(),
+        value: "2".into(),
+    }));
+    let r = s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
+        name: "rbd".into(),
+        ..Default::default()
+    })));
+    assert_eq!(r, MonReply::PoolId { id: 1, epoch: 6 });
+    let pool = s.osdmap().unwrap().pool_by_name("rbd").unwrap().clone();
+    assert_eq!((pool.size, pool.min_size, pool.pg_num), (2, 1, 32));
+    assert!(err(s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
+        name: "rbd".into(),
+        ..Default::default()
+    }))))
+    .contains("already exists"));
+
+    // Config validation.
+    let m = err(s.apply(&cmd(MonCommand::ConfigSet {
+        who: "osd".into(),
+        key: "osd_max_backfils".into(),
+        value: "2".into(),
+    })));
+    assert!(m.contains("unknown config key 'osd_max_backfils'"), "{m}");
+    let m = err(s.apply(&cmd(MonCommand::ConfigSet {
+        who: "osd".into(),
+        key: "osd_max_backfills".into(),
+        value: "many".into(),
+    })));
+    assert!(m.contains("invalid value"), "{m}");
+    assert!(err(s.apply(&cmd(MonCommand::SetFlag { flag: "nope".into(), on: true })))
+        .contains("unknown cluster flag"));
+    assert_eq!(
+        s.apply(&cmd(MonCommand::SetFlag { flag: "noout".into(), on: true })),
+        MonReply::Done { epoch: 7 }
+    );
+
+    // A stale mark-down (wrong up_from) does nothing; the right one marks the OSD down.
+    assert_eq!(
+        s.apply(&MonEntry::MarkDown { id: 0, up_from: 3 }),
+        MonReply::Done { epoch: 7 }
+    );
+    assert_eq!(
+        s.apply(&MonEntry::MarkDown { id: 0, up_from }),
+        MonReply::Done { epoch: 8 }
+    );
+    assert!(!s.osdmap().unwrap().osds[&0].up);
+    // noout is set: mark-out is a no-op.
+    let down_at = s.osdmap().unwrap().osds[&0].down_at;
+    assert_eq!(s.apply(&MonEntry::MarkOut { id: 0, down_at }), MonReply::Done { epoch: 8 });
+    assert!(s.osdmap().unwrap().osds[&0].is_in());
+
+    // Auth: get-or-create keeps an existing secret; mon keys cannot be removed.
+    let r = s.apply(&MonEntry::AuthGetOrCreate { entity: "osd.0".into(), secret: "c2VjcmV0".into() });
+    assert_eq!(r, MonReply::Key { entity: "osd.0".into(), secret: "c2VjcmV0".into() });
+    let r = s.apply(&MonEntry::AuthGetOrCreate { entity: "osd.0".into(), secret: "b3RoZXI=".into() });
+    assert_eq!(r, MonReply::Key { entity: "osd.0".into(), secret: "c2VjcmV0".into() });
+    assert!(err(s.apply(&cmd(MonCommand::AuthRm { entity: "mon.a".into() }))).contains("cannot be removed"));
+    assert_eq!(
+        s.read_only(&MonCommand::AuthList),
+        MonReply::Entities(vec!["client.admin".into(), "mon.a".into(), "osd.0".into()])
+    );
+
+    // The encoded state round-trips exactly, and so does every later decision.
+    let copy = MonState::decode(&s.encode()).unwrap();
+    assert_eq!(copy.encode(), s.encode());
+}
+
+#[test]
+fn incrementals_are_kept_up_to_the_limit_then_full_maps() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    s.apply(&cmd(MonCommand::ConfigSet {
+        who: "mon".into(),
+        key: "mon_max_incrementals".into(),
+        value: "3".into(),
+    }));
+    for i in 0..6 {
+        s.apply(&cmd(MonCommand::OsdCreate {
+            uuid: format!("u{i}"),
+            host: "h".into(),
+            crush_weight: 0x10000,
+        }));
+    }
+    assert_eq!(s.epoch(), 7);
+    let u = s.catch_up(6);
+    assert!(u.full.is_none());
+    assert_eq!(u.incrementals.len(), 1);
+    let u = s.catch_up(4);
+    assert!(u.full.is_none());
+    assert_eq!(u.incrementals.len(), 3);
+    let u = s.catch_up(3);
+    assert!(u.full.is_some(), "too far behind: full map");
+    assert!(s.catch_up(0).full.is_some());
+    let u = s.catch_up(7);
+    assert!(u.full.is_none() && u.incrementals.is_empty());
+    // The subscriber's own application gives the same map.
+    let mut sub = kelp_maps::OsdMap::decode(s.catch_up(0).full.as_ref().unwrap()).unwrap();
+    assert_eq!(sub.epoch, 7);
+    let maps = kelp_mon::client::apply_update(Some(&sub), &s.catch_up(7)).unwrap().unwrap();
+    assert!(maps.is_empty());
+    sub.epoch = 7;
+    assert_eq!(&sub, s.osdmap().unwrap());
+}
