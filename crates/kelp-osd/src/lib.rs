@@ -9,6 +9,7 @@
 //!   `Peers` trait.
 
 pub mod exec;
+pub mod net;
 pub mod peering;
 pub mod pglog;
 pub mod service;

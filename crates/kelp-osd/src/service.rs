@@ -19,8 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use kelp_maps::OsdMap;
-use kelp_proto::{ErrorCode, OpResult, OsdOp, OsdOpReply, RepOp, RepOpReply};
-use kelp_store::{CollectionId, ObjectStore, Transaction};
+use kelp_proto::{
+    ErrorCode, ListCursor, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, RepOp, RepOpReply,
+};
+use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
 use tokio::sync::{RwLock, watch};
 
@@ -493,6 +495,91 @@ impl OsdService {
         }
         state.meta = next_meta;
         RepOpReply { error: None, epoch }
+    }
+
+    /// Lists a page of a PG's objects (as its primary), skipping Kelp's internal objects.
+    pub async fn pg_list(&self, req: PgList) -> PgListReply {
+        let map = self.map_at_least(req.epoch).await;
+        let epoch = map.epoch;
+        let fail = |code, msg: String| PgListReply {
+            error: Some((code, msg)),
+            epoch,
+            objects: Vec::new(),
+            next: None,
+        };
+        match map.pg_mapping(req.pg) {
+            Ok(m) if m.acting_primary == self.cfg.id => {}
+            Ok(_) => {
+                return fail(
+                    ErrorCode::Misdirected,
+                    format!("osd.{} is not the primary of PG {}", self.cfg.id, req.pg),
+                );
+            }
+            Err(e) => return fail(ErrorCode::NoSuchPool, e.to_string()),
+        }
+        let Some(pg) = self.pg(req.pg) else {
+            return fail(
+                ErrorCode::Misdirected,
+                format!("PG {} is not open here yet", req.pg),
+            );
+        };
+        let state = pg.read().await;
+        let store = self.store.clone();
+        let coll = state.meta.coll;
+        let max = req.max.clamp(1, 10_000) as usize;
+        let start = req
+            .cursor
+            .map(|c| ObjectId::new(req.pg.pool.0, &c.namespace, &c.name, c.hash));
+        let listed = tokio::task::spawn_blocking(move || -> Result<_, ExecError> {
+            let mut objects = Vec::new();
+            let mut from = start;
+            let mut skip_first = from.is_some();
+            loop {
+                let page = store.list_objects(coll, from.as_ref(), max + 1)?;
+                for oid in &page.objects {
+                    if std::mem::take(&mut skip_first) && Some(oid) == from.as_ref() {
+                        continue;
+                    }
+                    if oid.namespace.starts_with('\u{1f}') || oid.snap != kelp_store::SNAP_HEAD {
+                        continue;
+                    }
+                    if objects.len() == max {
+                        return Ok((objects, Some(oid.clone())));
+                    }
+                    objects.push(oid.clone());
+                }
+                match page.next {
+                    Some(next) => {
+                        from = Some(next);
+                    }
+                    None => return Ok((objects, None)),
+                }
+            }
+        })
+        .await;
+        drop(state);
+        match listed {
+            Ok(Ok((objects, next))) => {
+                // `next` is the first object not returned: resume *at* it by pointing the
+                // cursor just before it (the cursor is exclusive).
+                let next = match (next, objects.last()) {
+                    (Some(_), Some(last)) => Some(ListCursor {
+                        hash: last.hash,
+                        namespace: last.namespace.clone(),
+                        name: last.name.clone(),
+                    }),
+                    _ => None,
+                };
+                PgListReply {
+                    error: None,
+                    epoch,
+                    objects: objects.into_iter().map(|o| (o.namespace, o.name)).collect(),
+                    next,
+                }
+            }
+            Ok(Err(e)) => fail(e.code, e.message),
+            Err(e) => fail(ErrorCode::Io, format!("listing task failed: {e}")),
+        }
     }
 
     /// (last_update, number of log entries) of a PG this OSD holds.

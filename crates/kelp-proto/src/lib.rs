@@ -15,7 +15,8 @@ mod osd;
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe};
 pub use osd::{
-    CmpOp, ErrorCode, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, RepOp, RepOpReply,
+    CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, PgList,
+    PgListReply, RepOp, RepOpReply,
 };
 
 /// Message types carried in the messenger's frame header.
@@ -35,4 +36,6 @@ pub mod msg_type {
     pub const OSD_OP: u16 = 0x0200;
     /// Primary → replica OSD: `RepOp` (+ data); reply `RepOpReply`.
     pub const OSD_REPOP: u16 = 0x0201;
+    /// Client → primary OSD: `PgList`; reply `PgListReply`.
+    pub const OSD_PGLS: u16 = 0x0202;
 }

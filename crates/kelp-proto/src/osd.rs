@@ -230,6 +230,34 @@ pub struct RepOp {
     pub ops: Vec<OpKind>,
 }
 
+/// Lists the objects of one PG (served by its primary), in placement-hash order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgList {
+    pub pg: PgId,
+    pub epoch: u32,
+    /// Resume after this cursor (from the previous reply), or from the start.
+    pub cursor: Option<ListCursor>,
+    pub max: u32,
+}
+
+/// A position in a PG's object order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListCursor {
+    pub hash: u32,
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgListReply {
+    pub error: Option<(ErrorCode, String)>,
+    pub epoch: u32,
+    /// (namespace, name) of each object.
+    pub objects: Vec<(String, String)>,
+    /// Where to resume; `None` when the PG is exhausted.
+    pub next: Option<ListCursor>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepOpReply {
     pub error: Option<(ErrorCode, String)>,

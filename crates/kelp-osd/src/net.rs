@@ -1,0 +1,87 @@
+//! The OSD on the network: a messenger dispatcher that decodes requests and hands them to the
+//! `OsdService`, and `Peers` implemented over the messenger for primary → replica writes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kelp_msgr::{Dispatcher, Messenger, RemoteError, Request, Response};
+use kelp_proto::{PgList, RepOp, RepOpReply, decode, encode, msg_type};
+
+use crate::service::{OsdService, Peers};
+
+/// Application error code for a request the OSD could not decode.
+pub const BAD_REQUEST: u32 = 1;
+
+/// Routes OSD requests arriving on the messenger.
+pub struct OsdDispatcher {
+    pub service: Arc<OsdService>,
+}
+
+#[async_trait::async_trait]
+impl Dispatcher for OsdDispatcher {
+    async fn handle_request(&self, req: Request) -> Result<Response, RemoteError> {
+        let bad = |e: kelp_proto::ProtoError| RemoteError::new(BAD_REQUEST, e.to_string());
+        match req.msg_type {
+            msg_type::OSD_OP => {
+                let op = decode(&req.meta, "OsdOp").map_err(bad)?;
+                let client = req.peer.entity().to_string();
+                let (reply, data) = self.service.client_op(&client, op, req.data).await;
+                Ok(Response::new(msg_type::OSD_OP, encode(&reply), data))
+            }
+            msg_type::OSD_REPOP => {
+                let op: RepOp = decode(&req.meta, "RepOp").map_err(bad)?;
+                if !req.peer.entity().starts_with("osd.") {
+                    return Err(RemoteError::new(
+                        BAD_REQUEST,
+                        format!("{} may not send replica writes", req.peer.entity()),
+                    ));
+                }
+                let reply = self.service.repop(op, req.data).await;
+                Ok(Response::new(
+                    msg_type::OSD_REPOP,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_PGLS => {
+                let list: PgList = decode(&req.meta, "PgList").map_err(bad)?;
+                let reply = self.service.pg_list(list).await;
+                Ok(Response::new(
+                    msg_type::OSD_PGLS,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            other => Err(RemoteError::new(
+                BAD_REQUEST,
+                format!("an OSD does not handle msg_type {other:#06x}"),
+            )),
+        }
+    }
+}
+
+/// Replica writes over the messenger.
+pub struct MsgrPeers {
+    pub msgr: Messenger,
+    pub timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl Peers for MsgrPeers {
+    async fn repop(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        op: RepOp,
+        data: Bytes,
+    ) -> Result<RepOpReply, String> {
+        let conn = self.msgr.connection(addr);
+        let resp = conn
+            .call(msg_type::OSD_REPOP, encode(&op), data, self.timeout)
+            .await
+            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
+        decode(&resp.meta, "RepOpReply").map_err(|e| format!("osd.{osd}: {e}"))
+    }
+}
