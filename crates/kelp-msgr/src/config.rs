@@ -44,6 +44,13 @@ pub struct MsgrConfig {
     pub reconnect_backoff_min_ms: u64,
     /// Cap of the doubling redial delay. Default 2 s.
     pub reconnect_backoff_max_ms: u64,
+    /// Each end sends a keepalive frame this often. 0 disables keepalives (and the dead-peer
+    /// check below). Default 5 s.
+    pub keepalive_interval_ms: u64,
+    /// A connection on which nothing at all (not even a keepalive) has arrived for this long is
+    /// closed as dead: pending calls fail with `ConnectionLost` and the next call redials.
+    /// Catches peers that vanished without closing (host down, real partition). Default 30 s.
+    pub keepalive_timeout_ms: u64,
 }
 
 impl Default for MsgrConfig {
@@ -59,6 +66,8 @@ impl Default for MsgrConfig {
             message_queue_len: 1024,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 2_000,
+            keepalive_interval_ms: 5_000,
+            keepalive_timeout_ms: 30_000,
         }
     }
 }
@@ -78,6 +87,14 @@ impl MsgrConfig {
     }
     pub(crate) fn frame_body_timeout(&self) -> Duration {
         Duration::from_millis(self.frame_body_timeout_ms)
+    }
+    /// `None` when keepalives are disabled.
+    pub(crate) fn keepalive(&self) -> Option<(Duration, Duration)> {
+        (self.keepalive_interval_ms > 0).then(|| {
+            let interval = Duration::from_millis(self.keepalive_interval_ms);
+            let timeout = Duration::from_millis(self.keepalive_timeout_ms).max(interval * 2);
+            (interval, timeout)
+        })
     }
     pub(crate) fn backoff_min(&self) -> Duration {
         Duration::from_millis(self.reconnect_backoff_min_ms)

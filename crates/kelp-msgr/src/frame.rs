@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | 0 | 2 | magic `"KL"` |
 //! | 2 | 1 | frame format version (1) |
-//! | 3 | 1 | flags: kind (request / response / one-way) + error bit |
+//! | 3 | 1 | flags: kind (request / response / one-way / keepalive) + error bit |
 //! | 4 | 2 | `msg_type` |
 //! | 6 | 2 | reserved, must be 0 |
 //! | 8 | 8 | `tid` |
@@ -45,6 +45,9 @@ pub const FLAG_ONEWAY: u8 = 0x04;
 /// Flag bit (only with [`FLAG_RESPONSE`]): the response is an error; meta holds
 /// `code: u32 LE` followed by a UTF-8 message.
 pub const FLAG_ERROR: u8 = 0x08;
+/// Flag bit: a keepalive (no segments; `msg_type` and `tid` are 0 and ignored). Sent when a
+/// connection is otherwise quiet so each end can tell a silent peer from a dead path.
+pub const FLAG_KEEPALIVE: u8 = 0x10;
 
 /// What a frame is, decoded from its flags byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +56,7 @@ pub enum FrameKind {
     Response,
     ErrorResponse,
     OneWay,
+    Keepalive,
 }
 
 impl FrameKind {
@@ -63,6 +67,7 @@ impl FrameKind {
             FrameKind::Response => FLAG_RESPONSE,
             FrameKind::ErrorResponse => FLAG_RESPONSE | FLAG_ERROR,
             FrameKind::OneWay => FLAG_ONEWAY,
+            FrameKind::Keepalive => FLAG_KEEPALIVE,
         }
     }
 
@@ -73,6 +78,7 @@ impl FrameKind {
             FLAG_RESPONSE => Ok(FrameKind::Response),
             f if f == FLAG_RESPONSE | FLAG_ERROR => Ok(FrameKind::ErrorResponse),
             FLAG_ONEWAY => Ok(FrameKind::OneWay),
+            FLAG_KEEPALIVE => Ok(FrameKind::Keepalive),
             _ => Err(FrameError::BadFlags { flags }),
         }
     }
@@ -186,6 +192,18 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     limits: Limits,
     body_timeout: Duration,
 ) -> Result<Option<Frame>, FrameError> {
+    match read_header(r, limits).await? {
+        None => Ok(None),
+        Some((raw, header)) => read_body(r, &raw, header, body_timeout).await.map(Some),
+    }
+}
+
+/// First half of [`read_frame`]: waits (without deadline) for a header and validates it.
+/// Returns the raw bytes too, for the crc. `Ok(None)`: clean end of stream.
+pub async fn read_header<R: AsyncRead + Unpin>(
+    r: &mut R,
+    limits: Limits,
+) -> Result<Option<([u8; HEADER_LEN], Header)>, FrameError> {
     let mut raw = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -203,6 +221,16 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         got += n;
     }
     let header = decode_header(&raw, limits)?;
+    Ok(Some((raw, header)))
+}
+
+/// Second half of [`read_frame`]: reads the segments within `body_timeout` and checks the crc.
+pub async fn read_body<R: AsyncRead + Unpin>(
+    r: &mut R,
+    raw: &[u8; HEADER_LEN],
+    header: Header,
+    body_timeout: Duration,
+) -> Result<Frame, FrameError> {
     let body = async {
         let meta = read_segment(r, header.meta_len as usize, "meta").await?;
         let data = read_segment(r, header.data_len as usize, "data").await?;
@@ -221,13 +249,13 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
             computed: crc,
         });
     }
-    Ok(Some(Frame {
+    Ok(Frame {
         kind: header.kind,
         msg_type: header.msg_type,
         tid: header.tid,
         meta: meta.freeze(),
         data: data.freeze(),
-    }))
+    })
 }
 
 /// Reads exactly `len` bytes into one allocation of exactly that capacity (no zero-fill, no
@@ -355,10 +383,11 @@ mod tests {
             FrameKind::Response,
             FrameKind::ErrorResponse,
             FrameKind::OneWay,
+            FrameKind::Keepalive,
         ] {
             assert_eq!(FrameKind::from_flags(k.flags()).unwrap(), k);
         }
-        for bad in [0u8, 0x03, 0x05, 0x09, 0x0c, 0x10, 0xff] {
+        for bad in [0u8, 0x03, 0x05, 0x09, 0x0c, 0x11, 0x18, 0x20, 0xff] {
             assert!(FrameKind::from_flags(bad).is_err(), "{bad:#x}");
         }
     }

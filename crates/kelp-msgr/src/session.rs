@@ -15,7 +15,10 @@
 //! - at most `max_in_flight_requests` inbound requests are being handled; the reader stops
 //!   reading while at the cap, so TCP flow control pushes back on the peer;
 //! - one-way messages are delivered to the dispatcher in arrival order, one at a time, on their
-//!   own task, so a slow message handler delays other messages but never responses.
+//!   own task, so a slow message handler delays other messages but never responses;
+//! - a connection on which nothing arrives for the keepalive timeout, while the reader was free
+//!   to read, is closed as dead (each end sends keepalives when configured), so a vanished
+//!   peer fails pending calls long before TCP itself would notice.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -242,6 +245,14 @@ pub(crate) struct Session {
     next_tid: AtomicU64,
     closed: AtomicBool,
     shutdown: watch::Sender<bool>,
+    /// When the session started; `last_rx_ms` counts from here.
+    born: std::time::Instant,
+    /// Milliseconds since `born` at which the last frame (or frame header) arrived.
+    last_rx_ms: AtomicU64,
+    /// True while the reader is legitimately not reading new frames (waiting for a request
+    /// permit or for room in the message queue, or inside a frame body), so silence is not the
+    /// peer's fault and the keepalive check must not count it.
+    reader_busy: AtomicBool,
 }
 
 impl Session {
@@ -266,6 +277,9 @@ impl Session {
             next_tid: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             shutdown,
+            born: std::time::Instant::now(),
+            last_rx_ms: AtomicU64::new(0),
+            reader_busy: AtomicBool::new(false),
         });
         if let Some(policy) = &session.policy {
             policy.register_session(&session);
@@ -275,6 +289,9 @@ impl Session {
             tokio::spawn(message_loop(d, rx));
             tx
         });
+        if let Some((interval, timeout)) = session.config.keepalive() {
+            tokio::spawn(keepalive_loop(session.clone(), interval, timeout));
+        }
         tokio::spawn(writer_loop(session.clone(), wr, out_rx));
         tokio::spawn(reader_loop(session.clone(), rd, msg_tx));
         debug!(peer = %session.label, direction = ?session.direction, "connection established");
@@ -292,6 +309,16 @@ impl Session {
     }
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    fn touch_rx(&self) {
+        let now = self.born.elapsed().as_millis() as u64;
+        self.last_rx_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn since_rx(&self) -> Duration {
+        let now = self.born.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_rx_ms.load(Ordering::Relaxed)))
     }
 
     fn pending(&self) -> MutexGuard<'_, Pending> {
@@ -566,6 +593,54 @@ pub(crate) fn close_arc(session: &Arc<Session>, reason: String) {
     }
 }
 
+/// Reads one frame, marking the reader busy while inside a body (a large body may take longer
+/// than the keepalive timeout; it has its own deadline).
+async fn read_one(
+    session: &Session,
+    rd: &mut BufReader<OwnedReadHalf>,
+    limits: frame::Limits,
+    body_timeout: Duration,
+) -> std::result::Result<Option<Frame>, crate::error::FrameError> {
+    let Some((raw, header)) = frame::read_header(rd, limits).await? else {
+        return Ok(None);
+    };
+    session.touch_rx();
+    session.reader_busy.store(true, Ordering::Relaxed);
+    let body = frame::read_body(rd, &raw, header, body_timeout).await;
+    session.reader_busy.store(false, Ordering::Relaxed);
+    body.map(Some)
+}
+
+/// Sends a keepalive every `interval` and closes the session when nothing has arrived for
+/// `timeout` while the reader was free to read.
+async fn keepalive_loop(session: Arc<Session>, interval: Duration, timeout: Duration) {
+    let mut shutdown = session.shutdown.subscribe();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|closed| *closed) => return,
+            _ = tick.tick() => {}
+        }
+        if session.reader_busy.load(Ordering::Relaxed) {
+            session.touch_rx();
+        } else {
+            let idle = session.since_rx();
+            if idle > timeout {
+                warn!(peer = %session.label, ?idle, "no frame from peer within the keepalive timeout; closing");
+                close_arc(
+                    &session,
+                    format!("nothing received for {idle:?} (keepalive timeout {timeout:?})"),
+                );
+                return;
+            }
+        }
+        // A full queue means traffic is flowing anyway; skipping this keepalive is fine.
+        let ka = Outgoing::new(FrameKind::Keepalive, 0, 0, Bytes::new(), Bytes::new());
+        let _ = session.out.try_send(ka);
+    }
+}
+
 async fn reader_loop(
     session: Arc<Session>,
     rd: OwnedReadHalf,
@@ -579,7 +654,7 @@ async fn reader_loop(
     let reason = loop {
         let read = tokio::select! {
             _ = shutdown.wait_for(|closed| *closed) => break None,
-            r = frame::read_frame(&mut rd, limits, body_timeout) => r,
+            r = read_one(&session, &mut rd, limits, body_timeout) => r,
         };
         let f = match read {
             Ok(Some(f)) => f,
@@ -599,13 +674,17 @@ async fn reader_loop(
         {
             continue;
         }
+        session.touch_rx();
         match f.kind {
+            FrameKind::Keepalive => {}
             FrameKind::Response | FrameKind::ErrorResponse => session.complete(f),
             FrameKind::Request => {
+                session.reader_busy.store(true, Ordering::Relaxed);
                 let permit = tokio::select! {
                     _ = shutdown.wait_for(|closed| *closed) => break None,
                     p = in_flight.clone().acquire_owned() => p,
                 };
+                session.reader_busy.store(false, Ordering::Relaxed);
                 let Ok(permit) = permit else {
                     break Some("request limiter closed".to_string());
                 };
@@ -627,12 +706,14 @@ async fn reader_loop(
                     meta: f.meta,
                     data: f.data,
                 };
+                session.reader_busy.store(true, Ordering::Relaxed);
                 tokio::select! {
                     _ = shutdown.wait_for(|closed| *closed) => break None,
                     r = tx.send(msg) => if r.is_err() {
                         break Some("message delivery task ended".to_string());
                     },
                 }
+                session.reader_busy.store(false, Ordering::Relaxed);
             }
         }
     };

@@ -276,3 +276,55 @@ async fn disconnect_forgets_and_closes() {
     client.connect(c.addr).await.unwrap();
     assert_eq!(client.stats().connections_dialed, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_closes_a_silent_connection() {
+    let cfg = MsgrConfig {
+        keepalive_interval_ms: 50,
+        keepalive_timeout_ms: 300,
+        ..MsgrConfig::default()
+    };
+    // The server gives up much later, so it is the client's own keepalive check that acts
+    // (the policy drops frames, not the FIN a closing server would send).
+    let c = cluster(MsgrConfig {
+        keepalive_timeout_ms: 10_000,
+        ..cfg.clone()
+    })
+    .await;
+    let client = c.client_with("client.a", cfg, None);
+    let conn = client.connect(c.addr).await.unwrap();
+    // Idle but healthy: keepalives keep it open well past the timeout.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    conn.call(ECHO, Bytes::new(), Bytes::new(), T)
+        .await
+        .unwrap();
+    assert_eq!(client.stats().connections_dialed, 1);
+
+    // A silent path (everything dropped, nothing closed): the pending call fails with
+    // ConnectionLost once the keepalive timeout passes, long before its own 30 s deadline.
+    let hung = {
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let r = conn
+                .call(HANG, Bytes::new(), Bytes::new(), Duration::from_secs(30))
+                .await;
+            (r, start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.policy.partition("client.a", "osd.1");
+    let (r, took) = hung.await.unwrap();
+    match r {
+        Err(MsgrError::ConnectionLost { reason, .. }) => {
+            assert!(reason.contains("keepalive"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    c.policy.heal();
+    conn.call(ECHO, Bytes::new(), Bytes::new(), T)
+        .await
+        .unwrap();
+    assert_eq!(client.stats().connections_dialed, 2);
+}
