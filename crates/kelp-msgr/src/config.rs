@@ -44,6 +44,9 @@ pub struct MsgrConfig {
     pub reconnect_backoff_min_ms: u64,
     /// Cap of the doubling redial delay. Default 2 s.
     pub reconnect_backoff_max_ms: u64,
+    /// Inbound connections allowed to be in the handshake at once; further ones are closed at
+    /// once (protects the listener from connection floods). Default 1024.
+    pub max_pending_handshakes: usize,
     /// Each end sends a keepalive frame this often. 0 disables keepalives (and the dead-peer
     /// check below). Default 5 s.
     pub keepalive_interval_ms: u64,
@@ -66,6 +69,7 @@ impl Default for MsgrConfig {
             message_queue_len: 1024,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 2_000,
+            max_pending_handshakes: 1024,
             keepalive_interval_ms: 5_000,
             keepalive_timeout_ms: 30_000,
         }

@@ -115,14 +115,21 @@ impl Core {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    async fn handle_inbound(self: Arc<Self>, mut stream: TcpStream, addr: SocketAddr) {
+    async fn handle_inbound(
+        self: Arc<Self>,
+        mut stream: TcpStream,
+        addr: SocketAddr,
+        handshake_slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
         let _ = stream.set_nodelay(true);
         let Some(keys) = self.keys.clone() else {
             return;
         };
         let peer = addr.to_string();
         let timeout = self.config.handshake_timeout();
-        match handshake::server(&mut stream, &self.entity, keys.as_ref(), timeout, &peer).await {
+        let hs = handshake::server(&mut stream, &self.entity, keys.as_ref(), timeout, &peer).await;
+        drop(handshake_slot);
+        match hs {
             Ok(entity) => {
                 if let Some(policy) = &self.policy
                     && policy.is_partitioned(&self.entity, &entity)
@@ -451,6 +458,9 @@ impl Messenger {
 
 async fn accept_loop(core: Arc<Core>, listener: TcpListener) {
     let mut shutdown = core.shutdown.subscribe();
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(
+        core.config.max_pending_handshakes.max(1),
+    ));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -458,7 +468,17 @@ async fn accept_loop(core: Arc<Core>, listener: TcpListener) {
         };
         match accepted {
             Ok((stream, addr)) => {
-                tokio::spawn(core.clone().handle_inbound(stream, addr));
+                let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                    core.stats
+                        .handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(%addr, "too many connections in the handshake; refusing this one");
+                    continue;
+                };
+                let core = core.clone();
+                tokio::spawn(async move {
+                    core.handle_inbound(stream, addr, permit).await;
+                });
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.

@@ -271,3 +271,24 @@ async fn fuzz_loop_never_crashes_or_hangs_the_server() {
     assert!(st.frame_errors > 100);
     c.assert_serving().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_flood_is_capped() {
+    let c = cluster(MsgrConfig {
+        max_pending_handshakes: 2,
+        handshake_timeout_ms: 1_000,
+        ..hostile_config()
+    })
+    .await;
+    // Two silent connections hold both handshake slots.
+    let _silent1 = TcpStream::connect(c.addr).await.unwrap();
+    let _silent2 = TcpStream::connect(c.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A third is closed at once, long before the handshake timeout.
+    let s = TcpStream::connect(c.addr).await.unwrap();
+    let took = assert_server_closes(s, b"", false, Duration::from_secs(3)).await;
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    // Once the silent ones time out, the server accepts again.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    c.assert_serving().await;
+}
