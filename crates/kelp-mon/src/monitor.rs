@@ -255,6 +255,11 @@ pub struct Monitor {
     inner: Arc<Inner>,
     addr: SocketAddr,
     tasks: Vec<JoinHandle<()>>,
+    /// Kept to close the database ourselves on shutdown: once Raft's storage tasks have dropped
+    /// their handles, dropping this last one closes the file (redb writes its allocator state
+    /// and releases the lock), so the data directory can be reopened as soon as `shutdown`
+    /// returns.
+    db: Arc<redb::Database>,
 }
 
 /// Forwards the messenger's callbacks to the monitor once it exists (the messenger must be
@@ -299,6 +304,7 @@ impl Monitor {
         };
 
         let db = store::open_db(&data.join("mon.redb"))?;
+        let db_handle = db.clone();
         let log = LogStore::new(db.clone());
         let sm = StateMachine::open(db)?;
         let shared = sm.shared();
@@ -375,7 +381,12 @@ impl Monitor {
             tokio::spawn(pusher(inner.clone())),
             tokio::spawn(leader_loop(inner.clone())),
         ];
-        Ok(Monitor { inner, addr, tasks })
+        Ok(Monitor {
+            inner,
+            addr,
+            tasks,
+            db: db_handle,
+        })
     }
 
     /// The address the monitor listens on.
@@ -415,7 +426,22 @@ impl Monitor {
             warn!(error = %e, "raft shutdown");
         }
         self.inner.msgr.shutdown();
-        info!(mon = %self.inner.name, "monitor stopped");
+        let name = self.inner.name.clone();
+        let db = self.db;
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        drop(self.inner);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&db) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if Arc::strong_count(&db) > 1 {
+            warn!(mon = %name, "database still in use after shutdown");
+        }
+        // The last handle: closing writes and fsyncs, so do it off the async workers.
+        let _ = tokio::task::spawn_blocking(move || drop(db)).await;
+        info!(mon = %name, "monitor stopped");
     }
 }
 
