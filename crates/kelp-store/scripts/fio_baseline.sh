@@ -12,20 +12,23 @@ common=(--filename="$f" --size=8G --runtime="$secs" --time_based --group_reporti
 # Lay the file out once (written, not sparse), so every job runs on allocated blocks.
 fio --name=layout --filename="$f" --size=8G --rw=write --bs=4M --ioengine=libaio --direct=1 \
     --iodepth=4 --output=/dev/null
-run() {
-    local name=$1; shift
-    fio --name="$name" "${common[@]}" "$@" | python3 -c '
+parser=$(mktemp)
+trap 'rm -f "$parser"' EXIT
+cat > "$parser" <<'PY'
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
-name = j["jobname"]
 for kind in ("write", "read"):
     d = j[kind]
     if d["io_bytes"] == 0:
         continue
     p = d["clat_ns"]["percentile"]
-    print(f"{name:<28} {d[\"iops\"]:>10.0f} IOPS {d[\"bw_bytes\"]/2**20:>8.1f} MiB/s"
-          f"  p50 {p[\"50.000000\"]/1e6:7.3f} ms  p99 {p[\"99.000000\"]/1e6:7.3f} ms")
-'
+    print("%-36s %9.0f IOPS %8.1f MiB/s  p50 %7.3f ms  p99 %7.3f ms" % (
+        j["jobname"], d["iops"], d["bw_bytes"] / 2**20,
+        p["50.000000"] / 1e6, p["99.000000"] / 1e6))
+PY
+run() {
+    local name=$1; shift
+    fio --name="$name" "${common[@]}" "$@" | python3 "$parser"
 }
 run seqwrite_4m_direct_qd4   --rw=write     --bs=4M --ioengine=libaio --direct=1 --iodepth=4
 run seqwrite_4m_direct_qd4_fdatasync4 --rw=write --bs=4M --ioengine=libaio --direct=1 --iodepth=4 --fdatasync=4

@@ -33,7 +33,21 @@ pub struct BenchOptions {
     pub objects: u64,
     pub mkfs: MkfsOptions,
     pub config: StoreConfig,
+    /// Run only these tests (names as in the table above); empty: all. Tests whose input
+    /// another test would have created (overwrites, reads) prefill it themselves.
+    pub only: Vec<String>,
 }
+
+/// Names of all tests, in the order they run.
+pub const TESTS: [&str; 7] = [
+    "write_4k_new_qd1",
+    "write_4k_new_qd16",
+    "overwrite_4k_qd1",
+    "overwrite_4k_qd16",
+    "write_4m_qd4",
+    "randread_4k_qd16_cold",
+    "create_1m_4k_qd16",
+];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchResult {
@@ -64,8 +78,9 @@ pub struct BenchReport {
     pub results: Vec<BenchResult>,
     pub peak_rss_mib: f64,
     pub cache_budget_mib: f64,
-    pub metadata_bytes_per_object: f64,
-    pub ingest: IngestReport,
+    /// Metadata database growth per object in the ingest test (None if it did not run).
+    pub metadata_bytes_per_object: Option<f64>,
+    pub ingest: Option<IngestReport>,
     pub config: StoreConfig,
     pub mkfs: MkfsOptions,
 }
@@ -205,8 +220,12 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     };
 
     // 4 KiB new objects.
+    let want = |name: &str| opts.only.is_empty() || opts.only.iter().any(|n| n == name);
     let mut created = 0u64;
     for (qd, name) in [(1, "write_4k_new_qd1"), (16, "write_4k_new_qd16")] {
+        if !want(name) {
+            continue;
+        }
         let base = created;
         let o = drive(qd, secs, u64::MAX, |_, i| {
             write_new(&store, colls[0], "s", base + i, &block4k)
@@ -217,6 +236,15 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     store.flush()?;
     // 4 KiB overwrites of those objects.
     for (qd, name) in [(1, "overwrite_4k_qd1"), (16, "overwrite_4k_qd16")] {
+        if !want(name) {
+            continue;
+        }
+        if created == 0 {
+            let o = drive(16, 1e7, 20_000, |_, i| {
+                write_new(&store, colls[0], "s", i, &block4k)
+            })?;
+            created = o.ops;
+        }
         let o = drive(qd, secs, u64::MAX, |t, i| {
             let mut r = Rng::new(i ^ ((t as u64) << 40));
             write_new(&store, colls[0], "s", r.below(created.max(1)), &block4k)
@@ -225,28 +253,50 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     }
     // 4 MiB objects.
     let big: Vec<u8> = Rng::new(2).bytes(4 << 20);
-    let o = drive(4, secs, u64::MAX, |_, i| {
-        write_new(&store, colls[1], "m", i, &big)
-    })?;
-    let big_objects = o.ops;
-    report(summarize("write_4m_qd4", 4, o), &mut results);
+    let mut big_objects = 0;
+    if want("write_4m_qd4") {
+        let o = drive(4, secs, u64::MAX, |_, i| {
+            write_new(&store, colls[1], "m", i, &big)
+        })?;
+        big_objects = o.ops;
+        report(summarize("write_4m_qd4", 4, o), &mut results);
+    }
+    if want("randread_4k_qd16_cold") && big_objects == 0 {
+        let o = drive(4, 1e7, 512, |_, i| {
+            write_new(&store, colls[1], "m", i, &big)
+        })?;
+        big_objects = o.ops;
+    }
 
     // Cold random reads: remount (empty metadata cache), drop data pages.
     store.close()?;
     store = KelpStore::mount(dir, opts.config.clone())?;
     store.drop_data_cache()?;
-    let o = drive(16, secs, u64::MAX, |t, i| {
-        let mut r = Rng::new(i.wrapping_mul(31) ^ ((t as u64) << 48) ^ 0xabc);
-        let which = r.below(big_objects.max(1));
-        let off = r.below(1024) * 4096;
-        let d = store.read(colls[1], &obj("m", which), off, 4096)?;
-        Ok(d.len() as u64)
-    })?;
-    report(summarize("randread_4k_qd16_cold", 16, o), &mut results);
+    if want("randread_4k_qd16_cold") {
+        let o = drive(16, secs, u64::MAX, |t, i| {
+            let mut r = Rng::new(i.wrapping_mul(31) ^ ((t as u64) << 48) ^ 0xabc);
+            let which = r.below(big_objects.max(1));
+            let off = r.below(1024) * 4096;
+            let d = store.read(colls[1], &obj("m", which), off, 4096)?;
+            Ok(d.len() as u64)
+        })?;
+        report(summarize("randread_4k_qd16_cold", 16, o), &mut results);
+    }
 
     // Metadata-heavy ingest, in a store of its own so that compaction of the earlier tests'
     // garbage cannot make the metadata growth look smaller than it is.
     store.close()?;
+    if !want("create_1m_4k_qd16") {
+        return Ok(BenchReport {
+            results,
+            peak_rss_mib: peak_rss_mib(),
+            cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
+            metadata_bytes_per_object: None,
+            ingest: None,
+            config: opts.config.clone(),
+            mkfs: opts.mkfs,
+        });
+    }
     let ingest_dir = dir.join("ingest");
     mkfs(&ingest_dir, &opts.mkfs)?;
     store = KelpStore::mount(&ingest_dir, opts.config.clone())?;
@@ -305,8 +355,8 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
         results,
         peak_rss_mib: peak_rss_mib(),
         cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
-        metadata_bytes_per_object,
-        ingest,
+        metadata_bytes_per_object: Some(metadata_bytes_per_object),
+        ingest: Some(ingest),
         config: opts.config.clone(),
         mkfs: opts.mkfs,
     })

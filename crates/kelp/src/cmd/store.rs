@@ -81,6 +81,11 @@ pub struct BenchArgs {
     /// Keep the benchmark store instead of deleting it.
     #[arg(long)]
     pub keep: bool,
+    /// Run only these tests (comma-separated): write_4k_new_qd1, write_4k_new_qd16,
+    /// overwrite_4k_qd1, overwrite_4k_qd16, write_4m_qd4, randread_4k_qd16_cold,
+    /// create_1m_4k_qd16. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
@@ -151,7 +156,18 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
             if a.seconds.is_nan() || a.seconds <= 0.0 {
                 bail!("--seconds must be positive");
             }
+            if let Some(bad) = a
+                .only
+                .iter()
+                .find(|n| !kelp_store::bench::TESTS.contains(&n.as_str()))
+            {
+                bail!(
+                    "unknown test {bad:?}; tests are {}",
+                    kelp_store::bench::TESTS.join(", ")
+                );
+            }
             let opts = BenchOptions {
+                only: a.only.clone(),
                 seconds: a.seconds,
                 objects: a.objects,
                 mkfs: MkfsOptions {
@@ -200,25 +216,25 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                         "peak RSS {:.1} MiB (cache budget {:.0} MiB)",
                         rep.peak_rss_mib, rep.cache_budget_mib
                     );
-                    println!(
-                        "metadata {:.1} bytes per object",
-                        rep.metadata_bytes_per_object
-                    );
-                    println!(
-                        "ingest of {} objects: first {} {:.0} ops/s, last {:.0} ops/s ({:+.1}%)",
-                        rep.ingest.objects,
-                        rep.ingest.block_size,
-                        rep.ingest.first_block_ops_per_s,
-                        rep.ingest.last_block_ops_per_s,
-                        rep.ingest.change_percent
-                    );
-                    let rates: Vec<String> = rep
-                        .ingest
-                        .ops_per_s_by_block
-                        .iter()
-                        .map(|r| format!("{r:.0}"))
-                        .collect();
-                    println!("ingest ops/s per block: {}", rates.join(" "));
+                    if let Some(m) = rep.metadata_bytes_per_object {
+                        println!("metadata {m:.1} bytes per object");
+                    }
+                    if let Some(ing) = &rep.ingest {
+                        println!(
+                            "ingest of {} objects: first {} {:.0} ops/s, last {:.0} ops/s ({:+.1}%)",
+                            ing.objects,
+                            ing.block_size,
+                            ing.first_block_ops_per_s,
+                            ing.last_block_ops_per_s,
+                            ing.change_percent
+                        );
+                        let rates: Vec<String> = ing
+                            .ops_per_s_by_block
+                            .iter()
+                            .map(|r| format!("{r:.0}"))
+                            .collect();
+                        println!("ingest ops/s per block: {}", rates.join(" "));
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
