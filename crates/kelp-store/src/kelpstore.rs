@@ -267,6 +267,8 @@ pub(crate) struct Inner {
     pub data: File,
     /// The data file is open with O_DIRECT (all buffers and offsets aligned).
     direct: bool,
+    /// The same file without O_DIRECT, for deferred write-back.
+    data_buffered: File,
     pub kv: Keyspace,
     pub meta: PartitionHandle,
     _lock: File,
@@ -531,6 +533,13 @@ impl Inner {
         self.data
             .read_exact_at(buf, off)
             .map_err(|e| StoreError::io(format!("reading the data file at {off}"), e))
+    }
+
+    /// Deferred write-back (buffered; durable at the next data-file flush).
+    fn writeback(&self, data: &[u8], off: u64) -> Result<()> {
+        self.data_buffered
+            .write_all_at(data, off)
+            .map_err(|e| StoreError::io(format!("writing back deferred data at {off}"), e))
     }
 
     /// Write whole units at `off` (copied to an aligned buffer when O_DIRECT needs it).
@@ -1197,6 +1206,11 @@ impl KelpStore {
                 false,
             ),
         };
+        // Deferred write-backs go through the page cache: they are small and scattered, must
+        // not stall the committer, and only need to be durable by the next data-file flush
+        // (which syncs the inode, whichever descriptor wrote). Linux keeps O_DIRECT reads
+        // coherent with them (dirty pages in the range are written first).
+        let data_buffered = open(0).map_err(|e| StoreError::io("opening the data file", e))?;
         let len = data
             .metadata()
             .map_err(|e| StoreError::io("inspecting the data file", e))?
@@ -1263,6 +1277,7 @@ impl KelpStore {
             geo,
             sb,
             data,
+            data_buffered,
             direct,
             kv,
             meta,
@@ -1390,7 +1405,7 @@ fn replay_deferred(inner: &Inner) -> Result<()> {
                     data.len()
                 )));
             }
-            inner.dev_write(&data, punit * inner.geo.unit)?;
+            inner.writeback(&data, punit * inner.geo.unit)?;
         }
         keys_done.push(k.to_vec());
     }
@@ -1626,7 +1641,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             for (k, (_, d)) in units[i..j].iter().enumerate() {
                 buf[k * u..(k + 1) * u].copy_from_slice(d);
             }
-            inner.dev_write(&buf, *units[i].0 * inner.geo.unit)?;
+            inner.writeback(&buf, *units[i].0 * inner.geo.unit)?;
             i = j;
         }
         {

@@ -1,6 +1,8 @@
 //! One conformance suite, run against both implementations of `ObjectStore`: every `check_*`
-//! function is generic over the store and is instantiated for `MemStore` and `KelpStore` by the
-//! `conformance!` macro at the bottom. Runs in a few seconds in debug builds.
+//! function is generic over the store and is instantiated for `MemStore` and for `KelpStore`
+//! (twice: default configuration, and with small whole-unit writes not deferred, so both write
+//! paths are covered) by the `conformance!` macro at the bottom. Runs in a few seconds in debug
+//! builds.
 
 use std::collections::BTreeMap;
 
@@ -461,13 +463,26 @@ struct Durable {
 
 impl Durable {
     fn new() -> Self {
+        Self::with_config(StoreConfig::default())
+    }
+
+    /// Every whole-unit write goes to new extents written before the commit (no deferral of
+    /// small whole-unit writes), so the copy-on-write path is covered by the same suite.
+    fn cow() -> Self {
+        Self::with_config(StoreConfig {
+            prefer_deferred_size: kelp_types::ByteSize(0),
+            ..StoreConfig::default()
+        })
+    }
+
+    fn with_config(cfg: StoreConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let opts = MkfsOptions {
             size: kelp_types::ByteSize(256 << 20),
             ..MkfsOptions::default()
         };
         kelp_store::mkfs(dir.path(), &opts).unwrap();
-        let store = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+        let store = KelpStore::mount(dir.path(), cfg).unwrap();
         Durable {
             _dir: dir,
             store: Some(store),
@@ -506,6 +521,12 @@ macro_rules! conformance {
         mod durable {
             $(#[test] fn $name() {
                 let d = super::Durable::new();
+                super::$name(d.store.as_ref().unwrap());
+            })*
+        }
+        mod durable_cow {
+            $(#[test] fn $name() {
+                let d = super::Durable::cow();
                 super::$name(d.store.as_ref().unwrap());
             })*
         }

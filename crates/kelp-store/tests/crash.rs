@@ -1,5 +1,6 @@
 //! Crash test: a child process (`kelp-store-crash-child`) runs the deterministic crash workload
-//! and prints each transaction's durable acknowledgement; it is killed with SIGKILL at a random
+//! and prints each transaction's durable acknowledgement (odd rounds defer small whole-unit
+//! writes, even rounds write them to new extents); it is killed with SIGKILL at a random
 //! moment (sometimes during mount and deferred-write replay, usually mid-write), many times.
 //! After every kill the store is remounted and
 //! - fsck is clean (deep on every 5th round),
@@ -56,6 +57,8 @@ fn survives_sigkill_at_random_moments() {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kelp-store-crash-child"))
             .arg(dir.path())
             .arg(seed.to_string())
+            // Alternate the small-write path: copy-on-write extents vs deferred writes.
+            .arg(if round % 2 == 0 { "0" } else { "65536" })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -1,4 +1,5 @@
-//! Test-only child process for `tests/crash.rs`: mounts the store in `DIR`, then submits the
+//! Test-only child process for `tests/crash.rs`: mounts the store in `DIR` (optionally with
+//! `prefer_deferred_size` = `PREFER_DEFERRED` bytes), then submits the
 //! deterministic crash workload (`kelp_store::workload::crash_txn(SEED, id)`) from the id after
 //! the last one applied, up to 8 transactions in flight, printing `ACK <id>` to stdout once each
 //! is durable. It runs until it is killed (the test sends SIGKILL at a random moment).
@@ -13,14 +14,20 @@ use kelp_store::{KelpStore, ObjectStore, StoreConfig};
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(dir), Some(seed)) = (args.next(), args.next()) else {
-        eprintln!("usage: kelp-store-crash-child DIR SEED");
+        eprintln!("usage: kelp-store-crash-child DIR SEED [PREFER_DEFERRED]");
         std::process::exit(2);
     };
     let seed: u64 = seed.parse().unwrap_or_else(|_| {
         eprintln!("SEED must be an integer");
         std::process::exit(2)
     });
-    let store = match KelpStore::mount(&PathBuf::from(dir), StoreConfig::default()) {
+    // Optional third argument: prefer_deferred_size in bytes (the test alternates write paths
+    // between runs of the child over the same store).
+    let mut cfg = StoreConfig::default();
+    if let Some(pd) = args.next().and_then(|v| v.parse::<u64>().ok()) {
+        cfg.prefer_deferred_size = kelp_types::ByteSize(pd);
+    }
+    let store = match KelpStore::mount(&PathBuf::from(dir), cfg) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("mount failed: {e}");

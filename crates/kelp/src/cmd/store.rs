@@ -71,8 +71,9 @@ pub struct BenchArgs {
     /// Memory budget for the store's caches and in-flight transactions.
     #[arg(long, default_value = "256MiB")]
     pub cache_budget: ByteSize,
-    /// Whole-unit writes up to this size are carried in the metadata commit (0: never).
-    #[arg(long, default_value = "0")]
+    /// Whole-unit writes up to this size are carried in the metadata commit instead of being
+    /// flushed to new extents before it (0: never).
+    #[arg(long, default_value = "64KiB")]
     pub prefer_deferred_size: ByteSize,
     /// Output format; json prints {results: [{name, ops_per_s, mib_per_s, p50_ms, p99_ms, ...}],
     /// peak_rss_mib, metadata_bytes_per_object, ingest, ...}.
