@@ -102,7 +102,11 @@ impl MapSubscription {
 impl MonClient {
     /// A client authenticating as `entity` (`client.admin`, `osd.3`) with `secret`, talking to
     /// any of `mons`. Each command is retried for up to 30 s (see [`Self::with_timeout`]).
-    pub fn new(entity: &str, secret: Secret, mons: Vec<SocketAddr>) -> Result<MonClient, MonClientError> {
+    pub fn new(
+        entity: &str,
+        secret: Secret,
+        mons: Vec<SocketAddr>,
+    ) -> Result<MonClient, MonClientError> {
         if mons.is_empty() {
             return Err(MonClientError::NoMonitors);
         }
@@ -205,7 +209,10 @@ impl MonClient {
     /// Returns the epoch at which the OSD is up.
     pub async fn osd_boot(&self, boot: &OsdBoot) -> Result<u32, MonClientError> {
         match self
-            .call(msg_type::MON_OSD_BOOT, Bytes::from(kelp_proto::encode(boot)))
+            .call(
+                msg_type::MON_OSD_BOOT,
+                Bytes::from(kelp_proto::encode(boot)),
+            )
             .await?
         {
             MonReply::Done { epoch } => Ok(epoch),
@@ -217,7 +224,10 @@ impl MonClient {
 
     /// Subscribes to OSD maps, starting after `have` (or with the full map). One subscription
     /// per client.
-    pub fn subscribe(self: &Arc<Self>, have: Option<OsdMap>) -> Result<MapSubscription, MonClientError> {
+    pub fn subscribe(
+        self: &Arc<Self>,
+        have: Option<OsdMap>,
+    ) -> Result<MapSubscription, MonClientError> {
         let pushes = self
             .pushes
             .lock()
@@ -273,7 +283,10 @@ async fn subscription(
         let have = cur.as_ref().map_or(0, |m| m.epoch);
         let meta = Bytes::from(kelp_proto::encode(&Subscribe { have_epoch: have }));
         let conn = client.msgr.connection(addr);
-        let update = match conn.call(msg_type::MON_SUBSCRIBE, meta, Bytes::new(), per_try).await {
+        let update = match conn
+            .call(msg_type::MON_SUBSCRIBE, meta, Bytes::new(), per_try)
+            .await
+        {
             Ok(resp) => kelp_proto::decode::<MapUpdate>(&resp.meta, "MapUpdate"),
             Err(MsgrError::Shutdown) => return,
             Err(e) => {

@@ -102,7 +102,11 @@ pub fn mkfs(opts: &MkfsOptions) -> Result<(), MonError> {
                 m.name
             )));
         }
-        if opts.keyring.secret_for(&format!("mon.{}", m.name)).is_none() {
+        if opts
+            .keyring
+            .secret_for(&format!("mon.{}", m.name))
+            .is_none()
+        {
             return Err(MonError::InvalidSpec(format!(
                 "the keyring has no key for mon.{}",
                 m.name
@@ -162,6 +166,11 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;
     f.write_all(bytes)?;
     f.sync_all()
+}
+
+/// The name of the monitor whose data directory `dir` is (from its `mon.json`).
+pub fn data_dir_name(dir: &Path) -> Result<String, MonError> {
+    Ok(load_meta(dir)?.name)
 }
 
 fn load_meta(dir: &Path) -> Result<MonMeta, MonError> {
@@ -298,7 +307,11 @@ impl Monitor {
             failure_domain: meta.failure_domain.clone(),
             keys: keyring
                 .entities()
-                .filter_map(|e| keyring.secret_for(e).map(|s| (e.to_string(), s.to_base64())))
+                .filter_map(|e| {
+                    keyring
+                        .secret_for(e)
+                        .map(|s| (e.to_string(), s.to_base64()))
+                })
                 .collect(),
             monmap: meta.monmap.clone(),
         };
@@ -462,7 +475,9 @@ impl Inner {
 
     fn leader_name(&self) -> Option<String> {
         let id = self.leader_id()?;
-        self.monmap.get((id as usize).checked_sub(1)?).map(|m| m.name.clone())
+        self.monmap
+            .get((id as usize).checked_sub(1)?)
+            .map(|m| m.name.clone())
     }
 
     fn leader_addr(&self) -> Option<SocketAddr> {
@@ -470,7 +485,9 @@ impl Inner {
         if id == self.node_id {
             return None;
         }
-        self.monmap.get((id as usize).checked_sub(1)?).map(|m| m.addr)
+        self.monmap
+            .get((id as usize).checked_sub(1)?)
+            .map(|m| m.addr)
     }
 
     fn not_leader(&self) -> MonReply {
@@ -496,7 +513,10 @@ impl Inner {
                 };
                 self.write(entry, cmd, forwarded).await
             }
-            _ => self.write(MonEntry::Command(cmd.clone()), cmd, forwarded).await,
+            _ => {
+                self.write(MonEntry::Command(cmd.clone()), cmd, forwarded)
+                    .await
+            }
         }
     }
 
@@ -550,11 +570,11 @@ impl Inner {
             )
             .await
         {
-            Ok(resp) => kelp_proto::decode(&resp.meta, "MonReply").unwrap_or_else(|e| {
-                MonReply::Error {
+            Ok(resp) => {
+                kelp_proto::decode(&resp.meta, "MonReply").unwrap_or_else(|e| MonReply::Error {
                     message: format!("bad reply from the leader: {e}"),
-                }
-            }),
+                })
+            }
             Err(e) => {
                 debug!(error = %e, "forwarding to the leader failed");
                 self.not_leader()
@@ -619,11 +639,10 @@ fn bad_request(e: impl std::fmt::Display) -> RemoteError {
 #[async_trait]
 impl Dispatcher for MonDispatcher {
     async fn handle_request(&self, req: Request) -> Result<Response, RemoteError> {
-        let inner = self
-            .inner
-            .get()
-            .and_then(Weak::upgrade)
-            .ok_or_else(|| RemoteError::new(code::UNAVAILABLE, "monitor starting or stopping"))?;
+        let inner =
+            self.inner.get().and_then(Weak::upgrade).ok_or_else(|| {
+                RemoteError::new(code::UNAVAILABLE, "monitor starting or stopping")
+            })?;
         match req.msg_type {
             msg_type::MON_RAFT => {
                 if !req.peer.entity().starts_with("mon.") {
@@ -657,7 +676,8 @@ impl Dispatcher for MonDispatcher {
                 ))
             }
             msg_type::MON_OSD_BOOT => {
-                let boot: OsdBoot = kelp_proto::decode(&req.meta, "OsdBoot").map_err(bad_request)?;
+                let boot: OsdBoot =
+                    kelp_proto::decode(&req.meta, "OsdBoot").map_err(bad_request)?;
                 Ok(encode_reply(&inner.boot(boot, &req.peer).await))
             }
             other => Err(RemoteError::new(
@@ -755,8 +775,7 @@ async fn leader_loop(inner: Arc<Inner>) {
                         last_seen.insert(osd.id, now);
                     } else {
                         let seen = *last_seen.entry(osd.id).or_insert(now);
-                        if now.duration_since(seen) > grace && !map.has_flag(ClusterFlag::NoDown)
-                        {
+                        if now.duration_since(seen) > grace && !map.has_flag(ClusterFlag::NoDown) {
                             info!(osd = osd.id, ?grace, "OSD session lost; marking it down");
                             proposals.push(MonEntry::MarkDown {
                                 id: osd.id,
@@ -772,7 +791,10 @@ async fn leader_loop(inner: Arc<Inner>) {
                         if now.duration_since(since).as_secs_f64() > down_out
                             && !map.has_flag(ClusterFlag::NoOut)
                         {
-                            info!(osd = osd.id, "OSD down for the down-out interval; marking it out");
+                            info!(
+                                osd = osd.id,
+                                "OSD down for the down-out interval; marking it out"
+                            );
                             proposals.push(MonEntry::MarkOut {
                                 id: osd.id,
                                 down_at: osd.down_at,

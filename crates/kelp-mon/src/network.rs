@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kelp_msgr::{Connection, Messenger, MsgrError};
 use kelp_proto::msg_type;
+use openraft::BasicNode;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -21,7 +22,6 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
 use serde::{Deserialize, Serialize};
 
 use crate::error::MonError;
@@ -138,7 +138,11 @@ impl MonPeer {
         &self,
         e: RaftError<NodeId, E>,
     ) -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
-        RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e))
+        RPCError::RemoteError(RemoteError::new_with_node(
+            self.target,
+            self.node.clone(),
+            e,
+        ))
     }
 }
 
@@ -147,9 +151,11 @@ impl RaftNetwork<TypeConfig> for MonPeer {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>>
-    {
-        match self.call(RaftRpc::AppendEntries(rpc), option.hard_ttl()).await? {
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        match self
+            .call(RaftRpc::AppendEntries(rpc), option.hard_ttl())
+            .await?
+        {
             RaftRpcReply::AppendEntries(r) => r.map_err(|e| self.remote(e)),
             _ => Err(self.unexpected()),
         }

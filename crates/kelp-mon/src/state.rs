@@ -148,9 +148,7 @@ impl MonState {
         let result = match entry {
             MonEntry::Init(_) => unreachable!("handled above"),
             MonEntry::Command(cmd) => self.command(cmd),
-            MonEntry::AuthGetOrCreate { entity, secret } => {
-                self.auth_get_or_create(entity, secret)
-            }
+            MonEntry::AuthGetOrCreate { entity, secret } => self.auth_get_or_create(entity, secret),
             MonEntry::OsdBoot(boot) => self.osd_boot(boot),
             MonEntry::MarkDown { id, up_from } => {
                 let still = map
@@ -324,7 +322,11 @@ impl MonState {
                 }
             }
             MonCommand::AuthRm { entity } => {
-                if self.monmap.iter().any(|m| format!("mon.{}", m.name) == *entity) {
+                if self
+                    .monmap
+                    .iter()
+                    .any(|m| format!("mon.{}", m.name) == *entity)
+                {
                     return Err(MonError::MonKeyProtected {
                         entity: entity.clone(),
                     });
@@ -426,7 +428,11 @@ impl MonState {
             num_pools: map.pools.len() as u32,
             num_pgs: map.pools.values().map(|p| p.pg_num).sum(),
             flags: map.flags.iter().map(|f| f.name().to_string()).collect(),
-            monitors: self.monmap.iter().map(|m| (m.name.clone(), false)).collect(),
+            monitors: self
+                .monmap
+                .iter()
+                .map(|m| (m.name.clone(), false))
+                .collect(),
             leader: None,
         })
     }

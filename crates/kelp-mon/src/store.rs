@@ -124,7 +124,10 @@ impl LogStore {
         LogStore { db }
     }
 
-    fn read_range(db: &Database, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry<TypeConfig>>, MonError> {
+    fn read_range(
+        db: &Database,
+        range: (Bound<u64>, Bound<u64>),
+    ) -> Result<Vec<Entry<TypeConfig>>, MonError> {
         let tx = db.begin_read()?;
         let t = tx.open_table(LOG)?;
         let mut out = Vec::new();

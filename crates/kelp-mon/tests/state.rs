@@ -54,7 +54,13 @@ fn a_sequence_of_commands() {
             host: format!("host{i}"),
             crush_weight: 0x10000,
         }));
-        assert_eq!(r, MonReply::OsdId { id: i, epoch: 2 + i as u32 });
+        assert_eq!(
+            r,
+            MonReply::OsdId {
+                id: i,
+                epoch: 2 + i as u32
+            }
+        );
     }
     // Same uuid again: same id, no new epoch.
     let r = s.apply(&cmd(MonCommand::OsdCreate {
@@ -65,10 +71,18 @@ fn a_sequence_of_commands() {
     assert_eq!(r, MonReply::OsdId { id: 1, epoch: 4 });
 
     let addr = "127.0.0.1:7000".parse().unwrap();
-    let m = err(s.apply(&MonEntry::OsdBoot(OsdBoot { id: 0, uuid: "wrong".into(), addr })));
+    let m = err(s.apply(&MonEntry::OsdBoot(OsdBoot {
+        id: 0,
+        uuid: "wrong".into(),
+        addr,
+    })));
     assert!(m.contains("uuid"), "{m}");
     assert_eq!(
-        s.apply(&MonEntry::OsdBoot(OsdBoot { id: 0, uuid: "uuid-0".into(), addr })),
+        s.apply(&MonEntry::OsdBoot(OsdBoot {
+            id: 0,
+            uuid: "uuid-0".into(),
+            addr
+        })),
         MonReply::Done { epoch: 5 }
     );
     let up_from = s.osdmap().unwrap().osds[&0].up_from;
@@ -87,11 +101,13 @@ fn a_sequence_of_commands() {
     assert_eq!(r, MonReply::PoolId { id: 1, epoch: 6 });
     let pool = s.osdmap().unwrap().pool_by_name("rbd").unwrap().clone();
     assert_eq!((pool.size, pool.min_size, pool.pg_num), (2, 1, 32));
-    assert!(err(s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
-        name: "rbd".into(),
-        ..Default::default()
-    }))))
-    .contains("already exists"));
+    assert!(
+        err(s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
+            name: "rbd".into(),
+            ..Default::default()
+        }))))
+        .contains("already exists")
+    );
 
     // Config validation.
     let m = err(s.apply(&cmd(MonCommand::ConfigSet {
@@ -106,10 +122,18 @@ fn a_sequence_of_commands() {
         value: "many".into(),
     })));
     assert!(m.contains("invalid value"), "{m}");
-    assert!(err(s.apply(&cmd(MonCommand::SetFlag { flag: "nope".into(), on: true })))
-        .contains("unknown cluster flag"));
+    assert!(
+        err(s.apply(&cmd(MonCommand::SetFlag {
+            flag: "nope".into(),
+            on: true
+        })))
+        .contains("unknown cluster flag")
+    );
     assert_eq!(
-        s.apply(&cmd(MonCommand::SetFlag { flag: "noout".into(), on: true })),
+        s.apply(&cmd(MonCommand::SetFlag {
+            flag: "noout".into(),
+            on: true
+        })),
         MonReply::Done { epoch: 7 }
     );
 
@@ -125,15 +149,41 @@ fn a_sequence_of_commands() {
     assert!(!s.osdmap().unwrap().osds[&0].up);
     // noout is set: mark-out is a no-op.
     let down_at = s.osdmap().unwrap().osds[&0].down_at;
-    assert_eq!(s.apply(&MonEntry::MarkOut { id: 0, down_at }), MonReply::Done { epoch: 8 });
+    assert_eq!(
+        s.apply(&MonEntry::MarkOut { id: 0, down_at }),
+        MonReply::Done { epoch: 8 }
+    );
     assert!(s.osdmap().unwrap().osds[&0].is_in());
 
     // Auth: get-or-create keeps an existing secret; mon keys cannot be removed.
-    let r = s.apply(&MonEntry::AuthGetOrCreate { entity: "osd.0".into(), secret: "c2VjcmV0".into() });
-    assert_eq!(r, MonReply::Key { entity: "osd.0".into(), secret: "c2VjcmV0".into() });
-    let r = s.apply(&MonEntry::AuthGetOrCreate { entity: "osd.0".into(), secret: "b3RoZXI=".into() });
-    assert_eq!(r, MonReply::Key { entity: "osd.0".into(), secret: "c2VjcmV0".into() });
-    assert!(err(s.apply(&cmd(MonCommand::AuthRm { entity: "mon.a".into() }))).contains("cannot be removed"));
+    let r = s.apply(&MonEntry::AuthGetOrCreate {
+        entity: "osd.0".into(),
+        secret: "c2VjcmV0".into(),
+    });
+    assert_eq!(
+        r,
+        MonReply::Key {
+            entity: "osd.0".into(),
+            secret: "c2VjcmV0".into()
+        }
+    );
+    let r = s.apply(&MonEntry::AuthGetOrCreate {
+        entity: "osd.0".into(),
+        secret: "b3RoZXI=".into(),
+    });
+    assert_eq!(
+        r,
+        MonReply::Key {
+            entity: "osd.0".into(),
+            secret: "c2VjcmV0".into()
+        }
+    );
+    assert!(
+        err(s.apply(&cmd(MonCommand::AuthRm {
+            entity: "mon.a".into()
+        })))
+        .contains("cannot be removed")
+    );
     assert_eq!(
         s.read_only(&MonCommand::AuthList),
         MonReply::Entities(vec!["client.admin".into(), "mon.a".into(), "osd.0".into()])
@@ -175,7 +225,9 @@ fn incrementals_are_kept_up_to_the_limit_then_full_maps() {
     // The subscriber's own application gives the same map.
     let mut sub = kelp_maps::OsdMap::decode(s.catch_up(0).full.as_ref().unwrap()).unwrap();
     assert_eq!(sub.epoch, 7);
-    let maps = kelp_mon::client::apply_update(Some(&sub), &s.catch_up(7)).unwrap().unwrap();
+    let maps = kelp_mon::client::apply_update(Some(&sub), &s.catch_up(7))
+        .unwrap()
+        .unwrap();
     assert!(maps.is_empty());
     sub.epoch = 7;
     assert_eq!(&sub, s.osdmap().unwrap());

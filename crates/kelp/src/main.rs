@@ -23,6 +23,9 @@ enum Command {
     /// OSD-local object store: create (mkfs), check (fsck) and benchmark a store directory.
     #[command(subcommand)]
     Store(cmd::store::StoreCommand),
+    /// Monitors: create a monitor's data directory (mkfs) and run the monitor daemon (run).
+    #[command(subcommand)]
+    Mon(cmd::mon::MonCommand),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +33,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Crush(c) => cmd::crush::run(c),
         Command::Store(c) => cmd::store::run(c),
+        Command::Mon(c) => cmd::mon::run(c),
     };
     match result {
         Ok(code) => code,

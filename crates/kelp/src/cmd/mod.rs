@@ -1,6 +1,7 @@
 //! One module per subcommand group; each exposes a clap `Subcommand`/`Args` type and a `run`.
 
 pub mod crush;
+pub mod mon;
 pub mod store;
 
 /// Output format of commands that can print machine-readable results.
