@@ -8,6 +8,7 @@
 //! * `service` handles client ops, replica writes and map changes, with the network behind the
 //!   `Peers` trait.
 
+pub mod daemon;
 pub mod exec;
 pub mod net;
 pub mod peering;

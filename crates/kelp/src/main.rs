@@ -26,6 +26,18 @@ enum Command {
     /// Monitors: create a monitor's data directory (mkfs) and run the monitor daemon (run).
     #[command(subcommand)]
     Mon(cmd::mon::MonCommand),
+    /// OSDs: run an OSD daemon (run) and manage OSDs (tree, ls, out, in, down).
+    #[command(subcommand)]
+    Osd(cmd::osd::OsdCommand),
+    /// Pools: create, ls, get, set, rm.
+    #[command(subcommand)]
+    Pool(cmd::pool::PoolCommand),
+    /// Objects: put, get, ls, rm, stat, xattrs, omap, and the `bench` load generator.
+    Rados(cmd::rados::RadosArgs),
+    /// Cluster status: health, monitors, OSDs, pools and PG states.
+    Status(cmd::status::StatusArgs),
+    /// Cluster health (HEALTH_OK / HEALTH_WARN / HEALTH_ERR) and, with `detail`, what is wrong.
+    Health(cmd::status::HealthArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +46,11 @@ fn main() -> ExitCode {
         Command::Crush(c) => cmd::crush::run(c),
         Command::Store(c) => cmd::store::run(c),
         Command::Mon(c) => cmd::mon::run(c),
+        Command::Osd(c) => cmd::osd::run(c),
+        Command::Pool(c) => cmd::pool::run(c),
+        Command::Rados(a) => cmd::rados::run(a),
+        Command::Status(a) => cmd::status::run_status(a),
+        Command::Health(a) => cmd::status::run_health(a),
     };
     match result {
         Ok(code) => code,

@@ -1,7 +1,12 @@
 //! One module per subcommand group; each exposes a clap `Subcommand`/`Args` type and a `run`.
 
+pub mod common;
 pub mod crush;
 pub mod mon;
+pub mod osd;
+pub mod pool;
+pub mod rados;
+pub mod status;
 pub mod store;
 
 /// Output format of commands that can print machine-readable results.

@@ -1,0 +1,70 @@
+//! Errors of the client library: what failed and why, with the object or pool named.
+
+use std::time::Duration;
+
+use kelp_proto::ErrorCode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("object '{object}' does not exist")]
+    NotFound { object: String },
+    #[error("object '{object}' already exists")]
+    Exists { object: String },
+    /// A guard (version, xattr comparison) did not hold.
+    #[error("condition failed on '{object}': {message}")]
+    Canceled { object: String, message: String },
+    #[error("'{object}' has no attribute '{name}'")]
+    NoData { object: String, name: String },
+    #[error("pool '{0}' does not exist")]
+    NoSuchPool(String),
+    #[error("too large: {0}")]
+    TooBig(String),
+    #[error("the cluster is full: {0}")]
+    Full(String),
+    #[error("stored data failed its checksum: {0}")]
+    Corrupt(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("I/O error on the OSD: {0}")]
+    Io(String),
+    /// The operation did not complete within the op timeout; `last` says what went wrong
+    /// on the last attempt.
+    #[error("{what} timed out after {after:?} (last problem: {last})")]
+    Timeout {
+        what: String,
+        after: Duration,
+        last: String,
+    },
+    #[error("monitors: {0}")]
+    Mon(#[from] kelp_monc::MonClientError),
+    #[error("network: {0}")]
+    Msgr(#[from] kelp_msgr::MsgrError),
+    #[error("bad reply: {0}")]
+    Proto(#[from] kelp_proto::ProtoError),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl ClientError {
+    /// Maps an OSD error code for `object` to a client error.
+    pub(crate) fn from_code(code: ErrorCode, object: &str, message: String) -> ClientError {
+        let object = object.to_string();
+        match code {
+            ErrorCode::NotFound => ClientError::NotFound { object },
+            ErrorCode::Exists => ClientError::Exists { object },
+            ErrorCode::Canceled => ClientError::Canceled { object, message },
+            ErrorCode::NoData => ClientError::NoData {
+                object,
+                name: message,
+            },
+            ErrorCode::NoSuchPool => ClientError::NoSuchPool(message),
+            ErrorCode::TooBig => ClientError::TooBig(message),
+            ErrorCode::Full => ClientError::Full(message),
+            ErrorCode::Corrupt => ClientError::Corrupt(message),
+            ErrorCode::Invalid => ClientError::Invalid(message),
+            ErrorCode::Io | ErrorCode::Misdirected | ErrorCode::Inactive => {
+                ClientError::Io(message)
+            }
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! `IoCtx`: object operations within one pool (and namespace).
+
+use bytes::Bytes;
+use kelp_proto::{ListCursor, ObjectLocator, OpKind, OpResult};
+use kelp_types::PgId;
+
+use crate::error::ClientError;
+use crate::ops::{ReadOp, ReadResult, WriteOp, split_results};
+use crate::rados::Rados;
+
+/// An object's size, modification time and version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectStat {
+    pub size: u64,
+    pub mtime_ns: u64,
+    pub version: u64,
+}
+
+/// Object operations in one pool.
+#[derive(Clone)]
+pub struct IoCtx {
+    rados: Rados,
+    pool: u32,
+    pool_name: String,
+    namespace: String,
+}
+
+impl IoCtx {
+    pub(crate) fn new(rados: Rados, pool: u32, pool_name: &str) -> IoCtx {
+        IoCtx {
+            rados,
+            pool,
+            pool_name: pool_name.to_string(),
+            namespace: String::new(),
+        }
+    }
+
+    pub fn pool_id(&self) -> u32 {
+        self.pool
+    }
+
+    pub fn pool_name(&self) -> &str {
+        &self.pool_name
+    }
+
+    /// Operates within `namespace` from now on (empty: the default namespace).
+    pub fn set_namespace(&mut self, namespace: &str) {
+        self.namespace = namespace.to_string();
+    }
+
+    fn loc(&self, name: &str) -> ObjectLocator {
+        ObjectLocator {
+            pool: self.pool,
+            namespace: self.namespace.clone(),
+            key: None,
+            name: name.to_string(),
+        }
+    }
+
+    /// Runs a compound write; returns the object's new version (0 if it was removed).
+    pub async fn operate(&self, op: WriteOp, name: &str) -> Result<u64, ClientError> {
+        let (reply, _) = self
+            .rados
+            .submit(&self.loc(name), op.ops, op.data.freeze())
+            .await?;
+        Ok(reply.version)
+    }
+
+    /// Runs a compound read; one result per step.
+    pub async fn operate_read(
+        &self,
+        op: ReadOp,
+        name: &str,
+    ) -> Result<Vec<ReadResult>, ClientError> {
+        let (reply, data) = self
+            .rados
+            .submit(&self.loc(name), op.ops, op.data.freeze())
+            .await?;
+        split_results(reply.outs, data).map_err(ClientError::Invalid)
+    }
+
+    /// Replaces the object's data (creating it).
+    pub async fn write_full(&self, name: &str, data: impl Into<Bytes>) -> Result<u64, ClientError> {
+        let data = data.into();
+        let ops = vec![OpKind::WriteFull {
+            len: data.len() as u64,
+        }];
+        Ok(self
+            .rados
+            .submit(&self.loc(name), ops, data)
+            .await?
+            .0
+            .version)
+    }
+
+    /// Writes at `offset` (creating the object, extending it).
+    pub async fn write(
+        &self,
+        name: &str,
+        offset: u64,
+        data: impl Into<Bytes>,
+    ) -> Result<u64, ClientError> {
+        let data = data.into();
+        let ops = vec![OpKind::Write {
+            offset,
+            len: data.len() as u64,
+        }];
+        Ok(self
+            .rados
+            .submit(&self.loc(name), ops, data)
+            .await?
+            .0
+            .version)
+    }
+
+    pub async fn append(&self, name: &str, data: impl Into<Bytes>) -> Result<u64, ClientError> {
+        let data = data.into();
+        let ops = vec![OpKind::Append {
+            len: data.len() as u64,
+        }];
+        Ok(self
+            .rados
+            .submit(&self.loc(name), ops, data)
+            .await?
+            .0
+            .version)
+    }
+
+    /// Reads `len` bytes at `offset` (`len == 0`: to the end). Short past the end.
+    pub async fn read(&self, name: &str, offset: u64, len: u64) -> Result<Bytes, ClientError> {
+        let (_, data) = self
+            .rados
+            .submit(
+                &self.loc(name),
+                vec![OpKind::Read { offset, len }],
+                Bytes::new(),
+            )
+            .await?;
+        Ok(data)
+    }
+
+    pub async fn stat(&self, name: &str) -> Result<ObjectStat, ClientError> {
+        let (reply, _) = self
+            .rados
+            .submit(&self.loc(name), vec![OpKind::Stat], Bytes::new())
+            .await?;
+        match reply.outs.first() {
+            Some(OpResult::Stat {
+                size,
+                mtime_ns,
+                version,
+            }) => Ok(ObjectStat {
+                size: *size,
+                mtime_ns: *mtime_ns,
+                version: *version,
+            }),
+            other => Err(ClientError::Invalid(format!("stat returned {other:?}"))),
+        }
+    }
+
+    pub async fn remove(&self, name: &str) -> Result<(), ClientError> {
+        self.rados
+            .submit(&self.loc(name), vec![OpKind::Remove], Bytes::new())
+            .await?;
+        Ok(())
+    }
+
+    pub async fn truncate(&self, name: &str, size: u64) -> Result<(), ClientError> {
+        self.operate(WriteOp::new().truncate(size), name)
+            .await
+            .map(drop)
+    }
+
+    pub async fn set_xattr(
+        &self,
+        name: &str,
+        key: &str,
+        value: impl AsRef<[u8]>,
+    ) -> Result<(), ClientError> {
+        self.operate(WriteOp::new().set_xattr(key, value), name)
+            .await
+            .map(drop)
+    }
+
+    pub async fn rm_xattr(&self, name: &str, key: &str) -> Result<(), ClientError> {
+        self.operate(WriteOp::new().rm_xattr(key), name)
+            .await
+            .map(drop)
+    }
+
+    pub async fn get_xattr(&self, name: &str, key: &str) -> Result<Bytes, ClientError> {
+        match self
+            .operate_read(ReadOp::new().get_xattr(key), name)
+            .await?
+            .pop()
+        {
+            Some(ReadResult::Data(v)) => Ok(v),
+            other => Err(ClientError::Invalid(format!("getxattr returned {other:?}"))),
+        }
+    }
+
+    pub async fn get_xattrs(&self, name: &str) -> Result<Vec<(String, Bytes)>, ClientError> {
+        match self
+            .operate_read(ReadOp::new().get_xattrs(), name)
+            .await?
+            .pop()
+        {
+            Some(ReadResult::Pairs { entries, .. }) => Ok(entries),
+            other => Err(ClientError::Invalid(format!(
+                "getxattrs returned {other:?}"
+            ))),
+        }
+    }
+
+    pub async fn omap_set<K: AsRef<str>, V: AsRef<[u8]>>(
+        &self,
+        name: &str,
+        entries: &[(K, V)],
+    ) -> Result<(), ClientError> {
+        self.operate(WriteOp::new().omap_set(entries), name)
+            .await
+            .map(drop)
+    }
+
+    pub async fn omap_rm_keys<K: AsRef<str>>(
+        &self,
+        name: &str,
+        keys: &[K],
+    ) -> Result<(), ClientError> {
+        self.operate(WriteOp::new().omap_rm_keys(keys), name)
+            .await
+            .map(drop)
+    }
+
+    /// Up to `max` omap entries after `start_after` whose keys start with `prefix`, and
+    /// whether more follow.
+    pub async fn omap_get_vals(
+        &self,
+        name: &str,
+        start_after: &str,
+        prefix: &str,
+        max: u32,
+    ) -> Result<(Vec<(String, Bytes)>, bool), ClientError> {
+        match self
+            .operate_read(ReadOp::new().omap_get_vals(start_after, prefix, max), name)
+            .await?
+            .pop()
+        {
+            Some(ReadResult::Pairs { entries, more }) => Ok((entries, more)),
+            other => Err(ClientError::Invalid(format!(
+                "omap listing returned {other:?}"
+            ))),
+        }
+    }
+
+    /// Every object name in the pool (and this namespace), PG by PG.
+    pub async fn list_objects(&self) -> Result<Vec<String>, ClientError> {
+        let map = self.rados.osd_map();
+        let pool = map
+            .pools
+            .get(&self.pool)
+            .ok_or_else(|| ClientError::NoSuchPool(self.pool_name.clone()))?;
+        let mut names = Vec::new();
+        for seed in 0..pool.pg_num {
+            let pg = PgId::new(self.pool, seed);
+            let mut cursor: Option<ListCursor> = None;
+            loop {
+                let page = self.rados.list_pg(pg, cursor.take(), 1000).await?;
+                names.extend(
+                    page.objects
+                        .into_iter()
+                        .filter(|(ns, _)| *ns == self.namespace)
+                        .map(|(_, n)| n),
+                );
+                match page.next {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+        }
+        Ok(names)
+    }
+}

@@ -1,0 +1,221 @@
+//! `kelp osd`: the OSD daemon around `OsdService`.
+//!
+//! Start-up: mount the store (its `store_id` is the OSD's uuid); ask the monitors for the OSD
+//! id of that uuid (creating it on first start) and refuse to run if it is not the id we were
+//! told to be (a store moved to the wrong OSD); take the current OSD map; open the PGs this
+//! OSD holds; start serving; tell the monitors it is up at its address. Then follow map
+//! updates, booting again whenever a map says this (running) OSD is down.
+//!
+//! Shut-down (SIGTERM/SIGINT, or the `shutdown` future): tell the monitors this OSD is going
+//! down (best effort, so peers stop sending to it at once), stop serving, close the store.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kelp_maps::OsdMap;
+use kelp_monc::MonClient;
+use kelp_msgr::{KeyLookup, Keyring, Messenger};
+use kelp_proto::{MonCommand, MonReply, OsdBoot};
+use kelp_store::{KelpStore, StoreConfig};
+use tracing::{info, warn};
+
+use crate::net::{MsgrPeers, OsdDispatcher};
+use crate::service::{OsdConfig, OsdService};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("store: {0}")]
+    Store(#[from] kelp_store::StoreError),
+    #[error("monitors: {0}")]
+    Mon(#[from] kelp_monc::MonClientError),
+    #[error("network: {0}")]
+    Msgr(#[from] kelp_msgr::MsgrError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// What `kelp osd` needs to run.
+pub struct DaemonOptions {
+    pub id: i32,
+    /// Store directory (made with `kelp store mkfs`).
+    pub data: PathBuf,
+    pub mons: Vec<SocketAddr>,
+    /// Keys of every entity that may connect (this OSD's own included).
+    pub keyring: Keyring,
+    /// Address to serve on (`127.0.0.1:0` picks a free port).
+    pub bind: SocketAddr,
+    /// CRUSH host bucket to sit under.
+    pub host: String,
+    /// CRUSH weight, 16.16.
+    pub crush_weight: u32,
+    pub store: StoreConfig,
+    pub osd: OsdConfig,
+}
+
+/// Runs the OSD until `shutdown` resolves.
+pub async fn run(
+    opts: DaemonOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let id = opts.id;
+    let entity = format!("osd.{id}");
+    let secret = opts
+        .keyring
+        .secret_for(&entity)
+        .ok_or_else(|| DaemonError::Setup(format!("the keyring has no key for {entity}")))?;
+    let data = opts.data.clone();
+    let store = tokio::task::spawn_blocking(move || KelpStore::mount(&data, opts.store))
+        .await
+        .map_err(|e| DaemonError::Setup(format!("mount task failed: {e}")))??;
+    let uuid = store.superblock().store_id.clone();
+    let store = Arc::new(store);
+    info!(%entity, %uuid, data = %opts.data.display(), "store mounted");
+
+    let mon = Arc::new(MonClient::new(&entity, secret.clone(), opts.mons.clone())?);
+    match mon
+        .command(&MonCommand::OsdCreate {
+            uuid: uuid.clone(),
+            host: opts.host.clone(),
+            crush_weight: opts.crush_weight,
+        })
+        .await?
+    {
+        MonReply::OsdId { id: got, .. } if got == id => {}
+        MonReply::OsdId { id: got, .. } => {
+            return Err(DaemonError::Setup(format!(
+                "the store in {} belongs to osd.{got}, not osd.{id}",
+                opts.data.display()
+            )));
+        }
+        other => {
+            return Err(DaemonError::Setup(format!(
+                "unexpected reply to osd create: {other:?}"
+            )));
+        }
+    }
+    let mut maps = mon.subscribe(None)?;
+    let first = maps
+        .next()
+        .await
+        .ok_or_else(|| DaemonError::Setup("the map subscription ended".into()))?;
+
+    let keys: Arc<dyn KeyLookup> = Arc::new(opts.keyring);
+    // The serving messenger: clients, primaries (replica writes) and our own replica writes.
+    let (service_slot, dispatcher) = LateService::new();
+    let msgr = Messenger::builder(entity.clone())
+        .secret(secret)
+        .keys(keys)
+        .dispatcher(dispatcher)
+        .build()?;
+    let peers = Arc::new(MsgrPeers {
+        msgr: msgr.clone(),
+        timeout: Duration::from_secs(30),
+    });
+    let service = OsdService::new(opts.osd, store.clone(), peers, (*first).clone());
+    service
+        .set_map((*first).clone())
+        .await
+        .map_err(|e| DaemonError::Setup(format!("opening PGs: {e}")))?;
+    service_slot.set(service.clone()).ok();
+    let addr = msgr.bind(opts.bind).await?;
+    info!(%entity, %addr, "serving");
+
+    let boot = OsdBoot {
+        id,
+        uuid: uuid.clone(),
+        addr,
+    };
+    let epoch = mon.osd_boot(&boot).await?;
+    info!(%entity, epoch, "marked up");
+
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            next = maps.next() => {
+                let Some(map) = next else {
+                    warn!("monitor subscription ended");
+                    break;
+                };
+                if let Err(e) = service.set_map((*map).clone()).await {
+                    warn!(epoch = map.epoch, "applying map: {e}");
+                }
+                if needs_boot(&map, id, addr) {
+                    match mon.osd_boot(&boot).await {
+                        Ok(e) => info!(epoch = e, "marked up again"),
+                        Err(e) => warn!("boot: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    info!(%entity, "shutting down");
+    let down = MonCommand::OsdDown { id };
+    match tokio::time::timeout(Duration::from_secs(3), mon.command(&down)).await {
+        Ok(Ok(_)) => info!(%entity, "marked down"),
+        Ok(Err(e)) => warn!("could not tell the monitors we are going down: {e}"),
+        Err(_) => warn!("the monitors did not confirm we are going down within 3 s"),
+    }
+    msgr.shutdown();
+    mon.shutdown();
+    drop(service);
+    match Arc::try_unwrap(store) {
+        Ok(store) => tokio::task::spawn_blocking(move || store.close())
+            .await
+            .map_err(|e| DaemonError::Setup(format!("close task failed: {e}")))??,
+        Err(store) => {
+            // Requests still hold the store: flush what is committed; Drop closes the rest.
+            let s = store.clone();
+            tokio::task::spawn_blocking(move || kelp_store::ObjectStore::flush(&*s))
+                .await
+                .map_err(|e| DaemonError::Setup(format!("flush task failed: {e}")))??;
+        }
+    }
+    info!(%entity, "stopped");
+    Ok(())
+}
+
+fn needs_boot(map: &OsdMap, id: i32, addr: SocketAddr) -> bool {
+    match map.osds.get(&id) {
+        Some(o) => !o.up || o.addr != Some(addr),
+        None => false,
+    }
+}
+
+/// A dispatcher that answers "not ready" until the service exists.
+struct LateService {
+    slot: Arc<std::sync::OnceLock<Arc<OsdService>>>,
+}
+
+impl LateService {
+    fn new() -> (Arc<std::sync::OnceLock<Arc<OsdService>>>, Arc<LateService>) {
+        let slot = Arc::new(std::sync::OnceLock::new());
+        (slot.clone(), Arc::new(LateService { slot }))
+    }
+}
+
+#[async_trait::async_trait]
+impl kelp_msgr::Dispatcher for LateService {
+    async fn handle_request(
+        &self,
+        req: kelp_msgr::Request,
+    ) -> Result<kelp_msgr::Response, kelp_msgr::RemoteError> {
+        match self.slot.get() {
+            Some(service) => {
+                OsdDispatcher {
+                    service: service.clone(),
+                }
+                .handle_request(req)
+                .await
+            }
+            None => Err(kelp_msgr::RemoteError::new(
+                crate::net::BAD_REQUEST,
+                "the OSD is still starting",
+            )),
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! What the cluster commands share: finding `kelp.conf`, connecting as `client.admin`, the
+//! tokio runtime, logging, signals.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kelp_client::{ClientConfig, Rados};
+
+/// Where the cluster configuration is.
+#[derive(Args, Debug, Clone)]
+pub struct ConfArgs {
+    /// Cluster configuration file written by `kelp up` (default: $KELP_CONF, else
+    /// ./kelp-data/kelp.conf).
+    #[arg(short = 'c', long = "conf", env = "KELP_CONF", value_name = "CONF")]
+    pub conf: Option<PathBuf>,
+    /// Entity to authenticate as (its key must be in the keyring the configuration names).
+    #[arg(long = "name", value_name = "ENTITY", default_value = "client.admin")]
+    pub entity: String,
+}
+
+impl ConfArgs {
+    pub fn path(&self) -> PathBuf {
+        self.conf
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("kelp-data/kelp.conf"))
+    }
+
+    pub fn client_config(&self) -> Result<ClientConfig> {
+        let path = self.path();
+        ClientConfig::from_conf_file(&path, &self.entity).with_context(|| {
+            format!(
+                "cannot use cluster configuration {} (start a cluster with `kelp up`, or pass -c)",
+                path.display()
+            )
+        })
+    }
+
+    pub async fn connect(&self) -> Result<Rados> {
+        let cfg = self.client_config()?;
+        let mons = cfg.mons.clone();
+        Rados::connect(cfg)
+            .await
+            .with_context(|| format!("cannot connect to the monitors at {mons:?}"))
+    }
+}
+
+/// A multi-threaded runtime for one command.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Logs to stderr, filtered by RUST_LOG (default `info` for daemons).
+pub fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Writes `pid` into `path` (creating its folder), replaced atomically.
+pub fn write_pid_file(path: &std::path::Path) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("pid.tmp");
+    std::fs::write(&tmp, format!("{}\n", std::process::id()))
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
