@@ -34,7 +34,12 @@ fiojob() {
 }
 kelpjob() {
     rm -rf "$dir/kb"
-    "$kelp" store bench "$dir/kb" --seconds "$secs" --only "$1" 2>&1 | grep ' qd ' | sed 's/^/kelp /'
+    local out
+    if ! out=$("$kelp" store bench "$dir/kb" --seconds "$secs" --only "$1" 2>&1); then
+        echo "kelp FAILED: $out"
+        return 0
+    fi
+    echo "$out" | grep ' qd ' | sed 's/^/kelp /'
 }
 for r in $(seq 1 "$rounds"); do
     echo "== round $r $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg)"

@@ -65,8 +65,9 @@ pub struct BenchArgs {
     /// Number of 4 KiB objects created by the metadata-heavy test.
     #[arg(long, default_value_t = 1_000_000)]
     pub objects: u64,
-    /// Size of the benchmark store's data file (sparse).
-    #[arg(long, default_value = "16GiB")]
+    /// Size of the data file of each of the two benchmark stores (space is reserved with
+    /// fallocate, so this much must be free, twice).
+    #[arg(long, default_value = "8GiB")]
     pub size: ByteSize,
     /// Memory budget for the store's caches and in-flight transactions.
     #[arg(long, default_value = "256MiB")]
