@@ -30,7 +30,7 @@ mod ioctx;
 mod ops;
 mod rados;
 
-pub use config::{ClientConfig, ClusterConf};
+pub use config::{ClientConfig, ClusterConf, GlobalSection};
 pub use error::ClientError;
 pub use ioctx::{IoCtx, ObjectStat};
 pub use ops::{ReadOp, ReadResult, WriteOp};

@@ -522,6 +522,45 @@ impl OsdMap {
         host: &str,
         crush_weight: u32,
     ) -> Result<(i32, Option<Incremental>), MapError> {
+        self.propose_osd_create_with_id(uuid, host, crush_weight, None)
+    }
+
+    /// As `propose_osd_create`, asking for a specific id (like `ceph osd new UUID ID`): the id
+    /// must be free or already belong to this uuid.
+    pub fn propose_osd_create_with_id(
+        &self,
+        uuid: &str,
+        host: &str,
+        crush_weight: u32,
+        want: Option<i32>,
+    ) -> Result<(i32, Option<Incremental>), MapError> {
+        if let Some(w) = want {
+            if w < 0 {
+                return Err(MapError::InvalidValue {
+                    field: "id",
+                    reason: format!("osd id {w} is negative"),
+                });
+            }
+            if let Some(existing) = self.osds.get(&w)
+                && existing.uuid != uuid
+            {
+                return Err(MapError::InvalidValue {
+                    field: "id",
+                    reason: format!(
+                        "osd.{w} already exists with another uuid ({})",
+                        existing.uuid
+                    ),
+                });
+            }
+            if let Some(other) = self.osds.values().find(|o| o.uuid == uuid)
+                && other.id != w
+            {
+                return Err(MapError::InvalidValue {
+                    field: "id",
+                    reason: format!("uuid {uuid} is already osd.{}", other.id),
+                });
+            }
+        }
         if uuid.is_empty() {
             return Err(MapError::InvalidValue {
                 field: "uuid",
@@ -545,7 +584,10 @@ impl OsdMap {
                 reason: format!("'{host}' is the name of a device"),
             });
         }
-        let id = (0..).find(|i| !self.osds.contains_key(i)).unwrap_or(0);
+        let id = match want {
+            Some(w) => w,
+            None => (0..).find(|i| !self.osds.contains_key(i)).unwrap_or(0),
+        };
         let inc = self.next(vec![Change::NewOsd {
             id,
             uuid: uuid.to_string(),

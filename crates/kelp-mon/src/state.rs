@@ -233,11 +233,12 @@ impl MonState {
                 Ok(self.read_only(cmd))
             }
             MonCommand::OsdCreate {
+                id: want,
                 uuid,
                 host,
                 crush_weight,
             } => {
-                let (id, inc) = map.propose_osd_create(uuid, host, *crush_weight)?;
+                let (id, inc) = map.propose_osd_create_with_id(uuid, host, *crush_weight, *want)?;
                 self.commit(Ok(inc))?;
                 Ok(MonReply::OsdId {
                     id,

@@ -131,6 +131,7 @@ async fn one_monitor_serves_commands_boots_subscriptions_and_marks_lost_osds_dow
         let r = run(
             &c,
             MonCommand::OsdCreate {
+                id: None,
                 uuid: format!("uuid-{i}"),
                 host: format!("h{i}"),
                 crush_weight: 0x10000,
@@ -364,6 +365,7 @@ async fn three_monitors_elect_replicate_forward_and_recover() {
         run(
             &c,
             MonCommand::OsdCreate {
+                id: None,
                 uuid: format!("u{i}"),
                 host: format!("h{i}"),
                 crush_weight: 0x10000,

@@ -34,6 +34,7 @@ fn err(r: MonReply) -> String {
 fn commands_before_init_are_refused_and_init_is_idempotent() {
     let mut s = MonState::default();
     let m = err(s.apply(&cmd(MonCommand::OsdCreate {
+        id: None,
         uuid: "u".into(),
         host: "h".into(),
         crush_weight: 0x10000,
@@ -50,6 +51,7 @@ fn a_sequence_of_commands() {
     s.apply(&init());
     for i in 0..3 {
         let r = s.apply(&cmd(MonCommand::OsdCreate {
+            id: None,
             uuid: format!("uuid-{i}"),
             host: format!("host{i}"),
             crush_weight: 0x10000,
@@ -64,6 +66,7 @@ fn a_sequence_of_commands() {
     }
     // Same uuid again: same id, no new epoch.
     let r = s.apply(&cmd(MonCommand::OsdCreate {
+        id: None,
         uuid: "uuid-1".into(),
         host: "host1".into(),
         crush_weight: 0x10000,
@@ -205,6 +208,7 @@ fn incrementals_are_kept_up_to_the_limit_then_full_maps() {
     }));
     for i in 0..6 {
         s.apply(&cmd(MonCommand::OsdCreate {
+            id: None,
             uuid: format!("u{i}"),
             host: "h".into(),
             crush_weight: 0x10000,

@@ -75,14 +75,28 @@ pub async fn run(
     info!(%entity, %uuid, data = %opts.data.display(), "store mounted");
 
     let mon = Arc::new(MonClient::new(&entity, secret.clone(), opts.mons.clone())?);
-    match mon
-        .command(&MonCommand::OsdCreate {
-            uuid: uuid.clone(),
-            host: opts.host.clone(),
-            crush_weight: opts.crush_weight,
-        })
-        .await?
-    {
+    let create = MonCommand::OsdCreate {
+        id: Some(id),
+        uuid: uuid.clone(),
+        host: opts.host.clone(),
+        crush_weight: opts.crush_weight,
+    };
+    // Monitors that are still forming (or creating the cluster state) refuse for a moment:
+    // keep asking for up to a minute before giving up.
+    let started = std::time::Instant::now();
+    let reply = loop {
+        match mon.command(&create).await {
+            Ok(reply) => break reply,
+            Err(kelp_monc::MonClientError::Refused { message })
+                if message.contains("not initialised")
+                    && started.elapsed() < Duration::from_secs(60) =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    match reply {
         MonReply::OsdId { id: got, .. } if got == id => {}
         MonReply::OsdId { id: got, .. } => {
             return Err(DaemonError::Setup(format!(

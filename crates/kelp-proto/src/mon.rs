@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MonCommand {
     Status,
-    /// Registers an OSD (or returns the id of the one with this uuid).
+    /// Registers an OSD (or returns the id of the one with this uuid). With `id`, that id is
+    /// required (it must be free or already this uuid's).
     OsdCreate {
+        id: Option<i32>,
         uuid: String,
         host: String,
         crush_weight: u32,

@@ -17,6 +17,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Start a whole local cluster (monitors, OSDs on files, a default pool) in one directory,
+    /// creating it on first use; Ctrl-C stops it. This is how to run Kelp on one machine.
+    Up(cmd::up::UpArgs),
+    /// Stop the cluster started with `kelp up --detach`.
+    Down(cmd::up::DownArgs),
+    /// Start, stop or restart one daemon of a `kelp up` cluster (e.g. `kelp daemon stop osd.2`).
+    #[command(subcommand)]
+    Daemon(cmd::up::DaemonCommand),
     /// CRUSH placement: test mappings, map object names to PGs and OSDs, print maps.
     #[command(subcommand)]
     Crush(cmd::crush::CrushCommand),
@@ -41,8 +49,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Behave like other Unix tools when the reader goes away (`kelp rados ls | head`).
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Up(a) => cmd::up::run_up(a),
+        Command::Down(a) => cmd::up::run_down(a),
+        Command::Daemon(c) => cmd::up::run_daemon(c),
         Command::Crush(c) => cmd::crush::run(c),
         Command::Store(c) => cmd::store::run(c),
         Command::Mon(c) => cmd::mon::run(c),

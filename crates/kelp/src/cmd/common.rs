@@ -83,13 +83,18 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Writes `pid` into `path` (creating its folder), replaced atomically.
+/// Writes this process's pid into `path` (creating its folder), replaced atomically.
 pub fn write_pid_file(path: &std::path::Path) -> Result<()> {
+    write_pid_file_for(path, std::process::id())
+}
+
+/// Writes `pid` into `path` (creating its folder), replaced atomically.
+pub fn write_pid_file_for(path: &std::path::Path, pid: u32) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = path.with_extension("pid.tmp");
-    std::fs::write(&tmp, format!("{}\n", std::process::id()))
+    std::fs::write(&tmp, format!("{pid}\n"))
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())

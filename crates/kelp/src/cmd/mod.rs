@@ -8,6 +8,7 @@ pub mod pool;
 pub mod rados;
 pub mod status;
 pub mod store;
+pub mod up;
 
 /// Output format of commands that can print machine-readable results.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]

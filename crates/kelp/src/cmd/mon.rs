@@ -112,13 +112,7 @@ fn mkfs(a: MkfsArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_daemon(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    // A second init (e.g. in tests) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::cmd::common::init_logging("info,openraft=warn");
     let name = kelp_mon::monitor::data_dir_name(&a.data)?;
     if name != a.id {
         bail!(

@@ -1,0 +1,617 @@
+//! `kelp up`, `kelp down`, `kelp daemon`: a whole local cluster in one directory.
+//!
+//! Layout of DIR (default `./kelp-data`):
+//!   kelp.conf            cluster configuration (monitors, keyring path)
+//!   keyring              secrets of client.admin, every mon.X and osd.N (mode 0600)
+//!   mon.X/               monitor data        osd.N/   OSD store
+//!   logs/NAME.log        each daemon's log   run/NAME.pid   each running daemon's pid
+//!
+//! Every daemon is its own process (`kelp mon run --id a …`, `kelp osd run --id 2 …`) in its
+//! own process group, so Ctrl-C in the terminal reaches only `kelp up`, which then stops the
+//! daemons in order (OSDs first, so they can report themselves down). A daemon that dies is
+//! logged and left down, like a failed disk, until `kelp daemon start NAME` brings it back.
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use kelp_maps::PoolSpec;
+use kelp_msgr::{Keyring, generate_secret};
+
+use crate::cmd::common;
+
+const DEFAULT_POOL: &str = "data";
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Cluster directory (created if missing, reopened if it holds a cluster).
+    #[arg(long, default_value = "kelp-data")]
+    pub dir: PathBuf,
+    /// OSDs to create (only when creating the cluster).
+    #[arg(long, default_value_t = 3)]
+    pub osds: u32,
+    /// Monitors to create (1, 3 or 5; only when creating the cluster).
+    #[arg(long, default_value_t = 1)]
+    pub mons: u32,
+    /// Size of each OSD's data file. The space is reserved on disk when the cluster is
+    /// created (an OSD never fails later because the filesystem filled up), so N OSDs take
+    /// N times this much disk.
+    #[arg(long, default_value = "8GiB")]
+    pub osd_size: kelp_types::ByteSize,
+    /// Placement groups of the default pool.
+    #[arg(long, default_value_t = 64)]
+    pub pg_num: u32,
+    /// Start the daemons in the background and return once the cluster is healthy;
+    /// stop it with `kelp down`.
+    #[arg(long)]
+    pub detach: bool,
+    /// How long to wait for the cluster to become healthy.
+    #[arg(long, default_value_t = 120)]
+    pub timeout_secs: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DownArgs {
+    /// Cluster directory.
+    #[arg(long, default_value = "kelp-data")]
+    pub dir: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DaemonCommand {
+    /// Start one daemon (`mon.a`, `osd.2`) of the cluster in DIR, in the background.
+    Start(DaemonArgs),
+    /// Stop one daemon (SIGTERM, then SIGKILL after 20 s).
+    Stop(DaemonArgs),
+    /// Stop, then start one daemon.
+    Restart(DaemonArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// `mon.NAME` or `osd.N`.
+    pub name: String,
+    /// Cluster directory.
+    #[arg(long, default_value = "kelp-data")]
+    pub dir: PathBuf,
+}
+
+/// One daemon of the cluster.
+#[derive(Debug, Clone)]
+struct Daemon {
+    name: String,
+    args: Vec<String>,
+}
+
+fn abs(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    dir.canonicalize()
+        .with_context(|| format!("resolving {}", dir.display()))
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn kelp_exe() -> Result<PathBuf> {
+    std::env::current_exe().context("locating the kelp binary")
+}
+
+fn run_quiet(args: &[String]) -> Result<()> {
+    let out = Command::new(kelp_exe()?)
+        .args(args)
+        .output()
+        .with_context(|| format!("running kelp {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "kelp {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Creates a new cluster's files (keys, config, monitor and OSD data). No daemon runs yet.
+fn create(dir: &Path, a: &UpArgs) -> Result<()> {
+    if !matches!(a.mons, 1 | 3 | 5) {
+        bail!("--mons must be 1, 3 or 5");
+    }
+    if a.osds == 0 {
+        bail!("--osds must be at least 1");
+    }
+    let fsid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|s| s.trim().to_string())
+        .context("generating a cluster id")?;
+    let names: Vec<String> = (0..a.mons)
+        .map(|i| ((b'a' + i as u8) as char).to_string())
+        .collect();
+    let mut mons: Vec<(String, SocketAddr)> = Vec::new();
+    for n in &names {
+        mons.push((n.clone(), SocketAddr::from(([127, 0, 0, 1], free_port()?))));
+    }
+    let mut keyring = Keyring::new();
+    keyring.insert("client.admin", generate_secret())?;
+    for n in &names {
+        keyring.insert(&format!("mon.{n}"), generate_secret())?;
+    }
+    for i in 0..a.osds {
+        keyring.insert(&format!("osd.{i}"), generate_secret())?;
+    }
+    keyring.save(dir.join("keyring"))?;
+    let conf = kelp_client::ClusterConf {
+        global: kelp_client::GlobalSection {
+            fsid: fsid.clone(),
+            mon_host: mons.iter().map(|(_, a)| *a).collect(),
+            keyring: PathBuf::from("keyring"),
+        },
+    };
+    let text = toml::to_string(&conf).context("writing kelp.conf")?;
+    std::fs::write(
+        dir.join("kelp.conf"),
+        format!("# Kelp cluster configuration, written by `kelp up`.\n{text}"),
+    )?;
+    // One host: spread replicas over OSDs.
+    let domain = "osd";
+    for (n, _) in &mons {
+        let mut args = vec![
+            "mon".to_string(),
+            "mkfs".into(),
+            "--id".into(),
+            n.clone(),
+            "--data".into(),
+            dir.join(format!("mon.{n}")).display().to_string(),
+            "--fsid".into(),
+            fsid.clone(),
+            "--keyring".into(),
+            dir.join("keyring").display().to_string(),
+            "--failure-domain".into(),
+            domain.into(),
+        ];
+        for (m, addr) in &mons {
+            args.push("--mon".into());
+            args.push(format!("{m}={addr}"));
+        }
+        run_quiet(&args)?;
+    }
+    for i in 0..a.osds {
+        run_quiet(&[
+            "store".into(),
+            "mkfs".into(),
+            dir.join(format!("osd.{i}")).display().to_string(),
+            "--size".into(),
+            a.osd_size.0.to_string(),
+        ])?;
+    }
+    Ok(())
+}
+
+/// The daemons of the cluster in `dir`, monitors first.
+fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
+    let conf = dir.join("kelp.conf").display().to_string();
+    let mut mons = Vec::new();
+    let mut osds = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().to_string();
+        if let Some(m) = name.strip_prefix("mon.") {
+            mons.push(Daemon {
+                name: name.clone(),
+                args: vec![
+                    "mon".into(),
+                    "run".into(),
+                    "--id".into(),
+                    m.to_string(),
+                    "--data".into(),
+                    dir.join(&name).display().to_string(),
+                ],
+            });
+        } else if let Some(id) = name.strip_prefix("osd.")
+            && let Ok(id) = id.parse::<u32>()
+        {
+            osds.push((
+                id,
+                Daemon {
+                    name: name.clone(),
+                    args: vec![
+                        "osd".into(),
+                        "run".into(),
+                        "--id".into(),
+                        id.to_string(),
+                        "--data".into(),
+                        dir.join(&name).display().to_string(),
+                        "-c".into(),
+                        conf.clone(),
+                        "--host".into(),
+                        "localhost".into(),
+                    ],
+                },
+            ));
+        }
+    }
+    mons.sort_by(|a, b| a.name.cmp(&b.name));
+    osds.sort_by_key(|(id, _)| *id);
+    mons.extend(osds.into_iter().map(|(_, d)| d));
+    if mons.is_empty() {
+        bail!(
+            "{} holds no cluster (run `kelp up --dir {}`)",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(mons)
+}
+
+fn pid_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join("run").join(format!("{name}.pid"))
+}
+
+/// The pid of a running daemon of this cluster (its command line must name the daemon's
+/// data directory, so a stale pid file never makes us signal an unrelated process).
+fn running_pid(dir: &Path, name: &str) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(pid_file(dir, name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    let data = dir.join(name).display().to_string();
+    cmdline.contains(&data).then_some(pid)
+}
+
+/// Starts a daemon in the background (its own process group), logging to DIR/logs.
+fn start(dir: &Path, d: &Daemon) -> Result<std::process::Child> {
+    if let Some(pid) = running_pid(dir, &d.name) {
+        bail!("{} is already running (pid {pid})", d.name);
+    }
+    std::fs::create_dir_all(dir.join("logs"))?;
+    std::fs::create_dir_all(dir.join("run"))?;
+    let log_path = dir.join("logs").join(format!("{}.log", d.name));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let child = Command::new(kelp_exe()?)
+        .args(&d.args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {}", d.name))?;
+    common::write_pid_file_for(&pid_file(dir, &d.name), child.id())?;
+    Ok(child)
+}
+
+fn signal(pid: i32, sig: i32) -> bool {
+    // SAFETY: kill(2) has no memory-safety preconditions; pid was checked to be ours.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie child still answers kill(pid, 0); look at its state too.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Stops one daemon: SIGTERM, then SIGKILL after `grace`. Returns whether it was running.
+fn stop(dir: &Path, name: &str, grace: Duration) -> bool {
+    let Some(pid) = running_pid(dir, name) else {
+        let _ = std::fs::remove_file(pid_file(dir, name));
+        return false;
+    };
+    signal(pid, libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if alive(pid) {
+        eprintln!("{name} did not stop within {grace:?}: killing it");
+        signal(pid, libc::SIGKILL);
+    }
+    let _ = std::fs::remove_file(pid_file(dir, name));
+    true
+}
+
+fn stop_all(dir: &Path) -> Result<usize> {
+    let mut list = daemons(dir)?;
+    // OSDs first (they report themselves down to the monitors), then monitors.
+    list.reverse();
+    let mut n = 0;
+    for d in &list {
+        if stop(dir, &d.name, Duration::from_secs(20)) {
+            eprintln!("stopped {}", d.name);
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Fails if a daemon that was started has died, quoting the end of its log.
+fn check_started(dir: &Path) -> Result<()> {
+    for d in daemons(dir)? {
+        let started = pid_file(dir, &d.name).exists();
+        if started && running_pid(dir, &d.name).is_none() {
+            let log = dir.join("logs").join(format!("{}.log", d.name));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "{} stopped while the cluster was starting; the end of {}:\n  {}",
+                d.name,
+                log.display(),
+                tail.join("\n  ")
+            );
+        }
+    }
+    Ok(())
+}
+
+fn admin_conf(dir: &Path) -> crate::cmd::common::ConfArgs {
+    crate::cmd::common::ConfArgs {
+        conf: Some(dir.join("kelp.conf")),
+        entity: "client.admin".into(),
+    }
+}
+
+/// Waits until the monitors answer a status command with a cluster map.
+async fn wait_monitors(dir: &Path, timeout: Duration) -> Result<()> {
+    let mut cfg = admin_conf(dir).client_config()?;
+    cfg.mon_timeout = Duration::from_secs(2);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let attempt = async {
+            let rados = kelp_client::Rados::connect(cfg.clone()).await?;
+            rados.mon_command(kelp_proto::MonCommand::Status).await
+        };
+        match attempt.await {
+            Ok(kelp_proto::MonReply::Status(_)) => return Ok(()),
+            Ok(other) => tracing::debug!("monitors not ready: {other:?}"),
+            Err(e) => tracing::debug!("monitors not ready: {e}"),
+        }
+        check_started(dir)?;
+        if Instant::now() >= deadline {
+            bail!(
+                "the monitors did not come up within {timeout:?} (see {}/logs/mon.*.log)",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until every OSD is up and every PG is active+clean; creates the default pool on a
+/// new cluster.
+async fn wait_healthy(
+    dir: &Path,
+    new: bool,
+    pg_num: u32,
+    osds: usize,
+    timeout: Duration,
+) -> Result<()> {
+    let conf = admin_conf(dir);
+    let deadline = Instant::now() + timeout;
+    let rados = conf.connect().await?;
+    let want_osds = osds;
+    loop {
+        let map = rados.osd_map();
+        if map.num_up() >= want_osds && want_osds > 0 {
+            break;
+        }
+        check_started(dir)?;
+        if Instant::now() >= deadline {
+            bail!(
+                "only {} of {want_osds} OSDs came up within {timeout:?} (see {}/logs/)",
+                map.num_up(),
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if new && rados.osd_map().pool_by_name(DEFAULT_POOL).is_none() {
+        let size = (osds as u32).min(3);
+        rados
+            .create_pool(PoolSpec {
+                name: DEFAULT_POOL.into(),
+                pg_num: Some(pg_num),
+                size: Some(size),
+                min_size: None,
+                crush_rule: None,
+            })
+            .await
+            .context("creating the default pool")?;
+    }
+    loop {
+        let r = crate::cmd::status::report(&conf).await?;
+        let clean = r.pgs_by_state.iter().all(|(s, _)| s == "active+clean");
+        if clean && r.map.num_up() == r.map.osds.len() {
+            return Ok(());
+        }
+        check_started(dir)?;
+        if Instant::now() >= deadline {
+            bail!(
+                "the cluster is not healthy after {timeout:?}: {} (see `kelp health detail`)",
+                r.status()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+pub fn run_up(a: UpArgs) -> Result<ExitCode> {
+    common::init_logging("warn");
+    let dir = abs(&a.dir)?;
+    let new = !dir.join("kelp.conf").exists();
+    if new {
+        eprintln!(
+            "creating a new cluster in {} ({} monitor(s), {} OSDs)…",
+            dir.display(),
+            a.mons,
+            a.osds
+        );
+        create(&dir, &a)?;
+    } else {
+        eprintln!("reopening the cluster in {}…", dir.display());
+    }
+    let list = daemons(&dir)?;
+    let osd_count = list.iter().filter(|d| d.name.starts_with("osd.")).count();
+    let rt = common::runtime()?;
+    let mut children = Vec::new();
+    let started = (|| -> Result<()> {
+        // Monitors first; OSDs once the monitors answer.
+        for d in list.iter().filter(|d| d.name.starts_with("mon.")) {
+            if running_pid(&dir, &d.name).is_some() {
+                eprintln!("{} is already running", d.name);
+                continue;
+            }
+            children.push((d.name.clone(), start(&dir, d)?));
+        }
+        rt.block_on(wait_monitors(&dir, Duration::from_secs(a.timeout_secs)))?;
+        for d in list.iter().filter(|d| d.name.starts_with("osd.")) {
+            if running_pid(&dir, &d.name).is_some() {
+                eprintln!("{} is already running", d.name);
+                continue;
+            }
+            children.push((d.name.clone(), start(&dir, d)?));
+        }
+        rt.block_on(wait_healthy(
+            &dir,
+            new,
+            a.pg_num,
+            osd_count,
+            Duration::from_secs(a.timeout_secs),
+        ))
+    })();
+    if let Err(e) = started {
+        eprintln!("kelp up: {e:#}; stopping the cluster");
+        stop_all(&dir)?;
+        return Err(e);
+    }
+    print_banner(&dir, a.detach)?;
+    if a.detach {
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Supervise until Ctrl-C / SIGTERM: report deaths, leave dead daemons down.
+    let stop_now = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook_consts::SIGINT, signal_hook_consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop_now.clone()).context("installing signal handlers")?;
+    }
+    while !stop_now.load(std::sync::atomic::Ordering::Relaxed) {
+        children.retain_mut(|(name, child)| match child.try_wait() {
+            Ok(Some(status)) => {
+                eprintln!(
+                    "{name} exited ({status}); it stays down until `kelp daemon start {name} --dir {}`",
+                    dir.display()
+                );
+                let _ = std::fs::remove_file(pid_file(&dir, name));
+                false
+            }
+            _ => true,
+        });
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("stopping the cluster…");
+    stop_all(&dir)?;
+    for (_, mut child) in children {
+        let _ = child.wait();
+    }
+    eprintln!(
+        "cluster stopped; `kelp up --dir {}` starts it again",
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_banner(dir: &Path, detached: bool) -> Result<()> {
+    let conf = kelp_client::ClusterConf::load(&dir.join("kelp.conf"))?;
+    let list = daemons(dir)?;
+    let osds = list.iter().filter(|d| d.name.starts_with("osd.")).count();
+    let mons: Vec<String> = conf.global.mon_host.iter().map(|a| a.to_string()).collect();
+    println!("Kelp cluster is up ({}).", dir.display());
+    println!("  monitors:  {}", mons.join(", "));
+    println!(
+        "  OSDs:      {osds} (stores in {}/osd.N, logs in {}/logs/)",
+        dir.display(),
+        dir.display()
+    );
+    println!("  pool:      '{DEFAULT_POOL}' (replicated)");
+    println!(
+        "  config:    {}/kelp.conf   (export KELP_CONF={}/kelp.conf)",
+        dir.display(),
+        dir.display()
+    );
+    println!("  key:       client.admin in {}/keyring", dir.display());
+    println!();
+    println!("Try:");
+    println!("  kelp status");
+    println!(
+        "  kelp rados -p {DEFAULT_POOL} put hello /etc/hostname && kelp rados -p {DEFAULT_POOL} ls"
+    );
+    println!("  kelp rados -p {DEFAULT_POOL} bench 10 write");
+    if detached {
+        println!("Stop it with: kelp down --dir {}", dir.display());
+    } else {
+        println!("Ctrl-C stops the cluster.");
+    }
+    Ok(())
+}
+
+pub fn run_down(a: DownArgs) -> Result<ExitCode> {
+    let dir = a
+        .dir
+        .canonicalize()
+        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+    let n = stop_all(&dir)?;
+    eprintln!("stopped {n} daemon(s)");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_daemon(cmd: DaemonCommand) -> Result<ExitCode> {
+    let (a, action) = match cmd {
+        DaemonCommand::Start(a) => (a, "start"),
+        DaemonCommand::Stop(a) => (a, "stop"),
+        DaemonCommand::Restart(a) => (a, "restart"),
+    };
+    let dir = a
+        .dir
+        .canonicalize()
+        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+    let list = daemons(&dir)?;
+    let Some(d) = list.iter().find(|d| d.name == a.name) else {
+        let names: Vec<&str> = list.iter().map(|d| d.name.as_str()).collect();
+        bail!(
+            "no daemon '{}' in {} (daemons: {})",
+            a.name,
+            dir.display(),
+            names.join(", ")
+        );
+    };
+    if action != "start" {
+        if stop(&dir, &d.name, Duration::from_secs(20)) {
+            eprintln!("stopped {}", d.name);
+        } else if action == "stop" {
+            eprintln!("{} was not running", d.name);
+        }
+    }
+    if action != "stop" {
+        let child = start(&dir, d)?;
+        eprintln!("started {} (pid {})", d.name, child.id());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+mod signal_hook_consts {
+    pub const SIGINT: i32 = libc::SIGINT;
+    pub const SIGTERM: i32 = libc::SIGTERM;
+}
