@@ -54,6 +54,9 @@ const DATA_FILE: &str = "block";
 const META_DIR: &str = "meta";
 const LOCK_FILE: &str = "lock";
 const PARTITION: &str = "meta";
+/// Deferred-write records (`D` keys) live in their own partition: they are large, short-lived
+/// and deleted soon after being written, and must not add compaction work to the metadata tree.
+const DEFERRED_PARTITION: &str = "deferred";
 /// Largest object offset accepted (16 TiB): keeps unit arithmetic far from overflow.
 const MAX_OBJECT_END: u64 = 1 << 44;
 
@@ -271,6 +274,7 @@ pub(crate) struct Inner {
     data_buffered: File,
     pub kv: Keyspace,
     pub meta: PartitionHandle,
+    deferred_part: PartitionHandle,
     _lock: File,
     /// Metadata of transactions submitted but not yet durable: key -> (seq, value or deletion).
     overlay: RwLock<Overlay>,
@@ -304,7 +308,7 @@ pub struct KelpStore {
     committer: Mutex<Option<JoinHandle<()>>>,
 }
 
-fn open_kv(dir: &Path, cfg: &StoreConfig) -> Result<(Keyspace, PartitionHandle)> {
+fn open_kv(dir: &Path, cfg: &StoreConfig) -> Result<(Keyspace, PartitionHandle, PartitionHandle)> {
     let kv = fjall::Config::new(dir.join(META_DIR))
         .cache_size(cfg.block_cache_bytes())
         .max_write_buffer_size(cfg.write_buffer_bytes())
@@ -314,7 +318,10 @@ fn open_kv(dir: &Path, cfg: &StoreConfig) -> Result<(Keyspace, PartitionHandle)>
     let meta = kv
         .open_partition(PARTITION, PartitionCreateOptions::default())
         .map_err(|e| StoreError::kv("opening the metadata partition", e))?;
-    Ok((kv, meta))
+    let deferred = kv
+        .open_partition(DEFERRED_PARTITION, PartitionCreateOptions::default())
+        .map_err(|e| StoreError::kv("opening the deferred-write partition", e))?;
+    Ok((kv, meta, deferred))
 }
 
 fn take_lock(dir: &Path) -> Result<File> {
@@ -404,7 +411,7 @@ pub fn mkfs(dir: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         ..StoreConfig::default()
     };
     {
-        let (kv, meta) = open_kv(dir, &cfg)?;
+        let (kv, meta, _) = open_kv(dir, &cfg)?;
         let mut batch = kv.batch().durability(Some(PersistMode::SyncAll));
         batch.insert(&meta, keys::SUPER, sb.encode());
         batch.insert(&meta, keys::NEXT_NID, 1u64.to_be_bytes().to_vec());
@@ -1223,7 +1230,7 @@ impl KelpStore {
         }
         // Reads are random; readahead would only pollute the page cache.
         let _ = rustix::fs::fadvise(&data, 0, None, rustix::fs::Advice::Random);
-        let (kv, meta) = open_kv(dir, &cfg)?;
+        let (kv, meta, deferred_part) = open_kv(dir, &cfg)?;
         let geo = Geometry {
             unit: sb.min_alloc_size,
             csum_block: sb.csum_block_size,
@@ -1281,6 +1288,7 @@ impl KelpStore {
             direct,
             kv,
             meta,
+            deferred_part,
             _lock: lock_file,
             overlay: RwLock::new(BTreeMap::new()),
             pending_blocks: Mutex::new(HashMap::new()),
@@ -1396,7 +1404,7 @@ impl Drop for KelpStore {
 /// Write back deferred records a crash left behind, then drop them.
 fn replay_deferred(inner: &Inner) -> Result<()> {
     let mut keys_done = Vec::new();
-    for r in inner.meta.prefix([keys::DEFERRED]) {
+    for r in inner.deferred_part.prefix([keys::DEFERRED]) {
         let (k, v) = r.map_err(|e| StoreError::kv("reading deferred writes", e))?;
         for (punit, data) in codec::decode_deferred(&v)? {
             if punit >= inner.geo.units || data.len() as u64 != inner.geo.unit {
@@ -1416,7 +1424,7 @@ fn replay_deferred(inner: &Inner) -> Result<()> {
             .map_err(|e| StoreError::io("syncing replayed deferred writes", e))?;
         let mut b = inner.kv.batch().durability(Some(PersistMode::SyncData));
         for k in keys_done {
-            b.remove(&inner.meta, k);
+            b.remove(&inner.deferred_part, k);
         }
         b.commit()
             .map_err(|e| StoreError::kv("dropping replayed deferred records", e))?;
@@ -1428,6 +1436,8 @@ struct CommitterState {
     bitmap: Bitmap,
     /// Deferred records whose units were written back but not yet flushed.
     unsynced: Vec<Vec<u8>>,
+    /// Bytes of deferred data in `unsynced` records.
+    unsynced_bytes: u64,
 }
 
 fn committer(inner: Arc<Inner>) {
@@ -1437,6 +1447,7 @@ fn committer(inner: Arc<Inner>) {
     let mut st = CommitterState {
         bitmap,
         unsynced: Vec::new(),
+        unsynced_bytes: 0,
     };
     let idle = Duration::from_millis(inner.cfg.deferred_cleanup_ms.max(1));
     loop {
@@ -1514,8 +1525,9 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
         .map_err(|e| StoreError::io("flushing the data file", e))?;
     let mut b = inner.kv.batch().durability(Some(PersistMode::SyncData));
     for k in st.unsynced.drain(..) {
-        b.remove(&inner.meta, k);
+        b.remove(&inner.deferred_part, k);
     }
+    st.unsynced_bytes = 0;
     b.commit()
         .map_err(|e| StoreError::kv("dropping deferred records", e))
 }
@@ -1523,6 +1535,9 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
 /// Deferred-write records are dropped (after a data-file flush) at the latest once this many
 /// batches have accumulated; earlier if a batch flushes the data file anyway or when idle.
 const CLEANUP_BATCHES: usize = 64;
+/// ... or once they hold this much data (bounds the live deferred data in the database, which
+/// would otherwise be flushed into tables and compacted away later).
+const CLEANUP_BYTES: u64 = 1 << 20;
 
 fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) -> Result<()> {
     let last_seq = batch.last().map_or(0, |p| p.seq);
@@ -1545,7 +1560,10 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             }
         }
         let wrote = batch.iter().any(|p| p.wrote_data);
-        let cleanup = !st.unsynced.is_empty() && (wrote || st.unsynced.len() >= CLEANUP_BATCHES);
+        let cleanup = !st.unsynced.is_empty()
+            && (wrote
+                || st.unsynced.len() >= CLEANUP_BATCHES
+                || st.unsynced_bytes >= CLEANUP_BYTES);
         if wrote || cleanup {
             inner
                 .data
@@ -1578,12 +1596,17 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         if !deferred.is_empty() {
             let list: Vec<(u64, &[u8])> =
                 deferred.iter().map(|(u, d)| (*u, d.as_slice())).collect();
-            b.insert(&inner.meta, dkey.clone(), codec::encode_deferred(&list));
+            b.insert(
+                &inner.deferred_part,
+                dkey.clone(),
+                codec::encode_deferred(&list),
+            );
         }
         if cleanup {
             for k in st.unsynced.drain(..) {
-                b.remove(&inner.meta, k);
+                b.remove(&inner.deferred_part, k);
             }
+            st.unsynced_bytes = 0;
         }
         b.commit()
             .map_err(|e| StoreError::kv("committing a metadata batch", e))?;
@@ -1661,6 +1684,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
     })();
     if !deferred.is_empty() {
         st.unsynced.push(dkey);
+        st.unsynced_bytes += deferred.len() as u64 * inner.geo.unit;
     }
     {
         let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
