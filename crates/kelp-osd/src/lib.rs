@@ -13,6 +13,7 @@ pub mod exec;
 pub mod net;
 pub mod peering;
 pub mod pglog;
+pub mod recovery;
 pub mod service;
 
 pub use exec::{ExecError, Executed, Limits, Stamp, execute, object_id};

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kelp_msgr::{Dispatcher, Messenger, RemoteError, Request, Response};
-use kelp_proto::{PgList, RepOp, RepOpReply, decode, encode, msg_type};
+use kelp_proto::{
+    PgList, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
+    decode, encode, msg_type,
+};
 
 use crate::service::{OsdService, Peers};
 
@@ -41,6 +44,37 @@ impl Dispatcher for OsdDispatcher {
                 let reply = self.service.repop(op, req.data).await;
                 Ok(Response::new(
                     msg_type::OSD_REPOP,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_PG_QUERY | msg_type::OSD_PG_PULL | msg_type::OSD_PG_SYNC
+                if !req.peer.entity().starts_with("osd.") =>
+            {
+                Err(RemoteError::new(
+                    BAD_REQUEST,
+                    format!("{} may not take part in peering", req.peer.entity()),
+                ))
+            }
+            msg_type::OSD_PG_QUERY => {
+                let q: PgQuery = decode(&req.meta, "PgQuery").map_err(bad)?;
+                let reply = self.service.pg_query(q).await;
+                Ok(Response::new(
+                    msg_type::OSD_PG_QUERY,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_PG_PULL => {
+                let p: PgPull = decode(&req.meta, "PgPull").map_err(bad)?;
+                let (reply, data) = self.service.pg_pull(p).await;
+                Ok(Response::new(msg_type::OSD_PG_PULL, encode(&reply), data))
+            }
+            msg_type::OSD_PG_SYNC => {
+                let s: PgSync = decode(&req.meta, "PgSync").map_err(bad)?;
+                let reply = self.service.pg_sync(s).await;
+                Ok(Response::new(
+                    msg_type::OSD_PG_SYNC,
                     encode(&reply),
                     Bytes::new(),
                 ))
@@ -83,5 +117,57 @@ impl Peers for MsgrPeers {
             .await
             .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
         decode(&resp.meta, "RepOpReply").map_err(|e| format!("osd.{osd}: {e}"))
+    }
+
+    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String> {
+        let resp = self
+            .msgr
+            .connection(addr)
+            .call(
+                msg_type::OSD_PG_QUERY,
+                encode(&q),
+                Bytes::new(),
+                self.timeout,
+            )
+            .await
+            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
+        decode(&resp.meta, "PgQueryReply").map_err(|e| format!("osd.{osd}: {e}"))
+    }
+
+    async fn pull(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        p: PgPull,
+    ) -> Result<(PgPullReply, Bytes), String> {
+        let resp = self
+            .msgr
+            .connection(addr)
+            .call(
+                msg_type::OSD_PG_PULL,
+                encode(&p),
+                Bytes::new(),
+                self.timeout,
+            )
+            .await
+            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
+        let reply = decode(&resp.meta, "PgPullReply").map_err(|e| format!("osd.{osd}: {e}"))?;
+        Ok((reply, resp.data))
+    }
+
+    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String> {
+        // A sync copies objects: allow it much longer than a single op.
+        let resp = self
+            .msgr
+            .connection(addr)
+            .call(
+                msg_type::OSD_PG_SYNC,
+                encode(&s),
+                Bytes::new(),
+                self.timeout * 20,
+            )
+            .await
+            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
+        decode(&resp.meta, "PgSyncReply").map_err(|e| format!("osd.{osd}: {e}"))
     }
 }

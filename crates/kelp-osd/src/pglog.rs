@@ -72,6 +72,30 @@ fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, S
     }
 }
 
+impl From<LogEntry> for kelp_proto::WireLogEntry {
+    fn from(e: LogEntry) -> Self {
+        kelp_proto::WireLogEntry {
+            epoch: e.epoch,
+            version: e.version,
+            object: e.object,
+            reqid: e.reqid,
+            deleted: e.deleted,
+        }
+    }
+}
+
+impl From<kelp_proto::WireLogEntry> for LogEntry {
+    fn from(e: kelp_proto::WireLogEntry) -> Self {
+        LogEntry {
+            epoch: e.epoch,
+            version: e.version,
+            object: e.object,
+            reqid: e.reqid,
+            deleted: e.deleted,
+        }
+    }
+}
+
 impl PgMeta {
     /// The metadata object of a PG.
     pub fn meta_oid(coll: CollectionId) -> ObjectId {
@@ -176,6 +200,65 @@ impl PgMeta {
                 .cloned()
                 .collect(),
         )
+    }
+
+    /// Replaces the log's newest part with the authoritative history: keeps the entries up to
+    /// `keep_through` (none when `None`, which also takes the authoritative `log_tail`), then
+    /// appends `entries` (which continue from `keep_through`), all inside `txn`.
+    pub fn rewrite(
+        &mut self,
+        txn: &mut Transaction,
+        keep_through: Option<u64>,
+        entries: Vec<LogEntry>,
+        log_tail: u64,
+        last_update: (u32, u64),
+    ) {
+        let oid = Self::meta_oid(self.coll);
+        let keep = |e: &LogEntry| keep_through.is_some_and(|v| e.version <= v);
+        let dropped: Vec<Vec<u8>> = self
+            .log
+            .iter()
+            .filter(|e| !keep(e))
+            .map(|e| e.version.to_be_bytes().to_vec())
+            .collect();
+        if !dropped.is_empty() {
+            txn.omap_remove(self.coll, &oid, dropped);
+        }
+        self.log.retain(|e| keep(e));
+        if keep_through.is_none() {
+            self.info.log_tail = log_tail;
+        }
+        let mut add = std::collections::BTreeMap::new();
+        for e in entries {
+            add.insert(e.version.to_be_bytes().to_vec(), encode(&e));
+            self.log.push_back(e);
+        }
+        if !add.is_empty() {
+            txn.omap_set(self.coll, &oid, add);
+        }
+        self.info.last_update = last_update;
+        self.dups = self
+            .log
+            .iter()
+            .map(|e| (e.reqid.clone(), e.version))
+            .collect();
+        let mut trimmed = Vec::new();
+        while self.log.len() > self.max_entries {
+            if let Some(old) = self.log.pop_front() {
+                self.dups.remove(&old.reqid);
+                self.info.log_tail = old.version;
+                trimmed.push(old.version.to_be_bytes().to_vec());
+            }
+        }
+        if !trimmed.is_empty() {
+            txn.omap_remove(self.coll, &oid, trimmed);
+        }
+        txn.omap_set_header(self.coll, &oid, encode(&self.info));
+    }
+
+    /// Every entry, oldest first.
+    pub fn entries(&self) -> Vec<LogEntry> {
+        self.log.iter().cloned().collect()
     }
 
     pub fn len(&self) -> usize {

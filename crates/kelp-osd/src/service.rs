@@ -20,7 +20,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use kelp_maps::OsdMap;
 use kelp_proto::{
-    ErrorCode, ListCursor, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, RepOp, RepOpReply,
+    ErrorCode, ListCursor, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, PgPull, PgPullReply,
+    PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
 };
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
@@ -51,7 +52,7 @@ impl OsdConfig {
     }
 }
 
-/// How the primary reaches its replicas.
+/// How an OSD reaches its peers (replica writes, peering, recovery).
 #[async_trait::async_trait]
 pub trait Peers: Send + Sync {
     async fn repop(
@@ -61,12 +62,23 @@ pub trait Peers: Send + Sync {
         op: RepOp,
         data: Bytes,
     ) -> Result<RepOpReply, String>;
+    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String>;
+    async fn pull(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        p: PgPull,
+    ) -> Result<(PgPullReply, Bytes), String>;
+    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String>;
 }
 
 /// A PG as this OSD holds it.
 #[derive(Debug)]
-struct PgState {
-    meta: PgMeta,
+pub(crate) struct PgState {
+    pub(crate) meta: PgMeta,
+    /// The acting set this OSD has peered the PG for as its primary; client ops are served
+    /// only while the current acting set is this one.
+    active: Option<Vec<i32>>,
     /// Replicas that failed to commit a write this OSD applied as primary. While any of them is
     /// still in the acting set the PG refuses writes (an ack would claim a write is on every
     /// replica when it is not); a map that takes them out unblocks it, and recovery brings
@@ -74,7 +86,7 @@ struct PgState {
     failed_replicas: Vec<i32>,
 }
 
-type PgHandle = Arc<RwLock<PgState>>;
+pub(crate) type PgHandle = Arc<RwLock<PgState>>;
 
 pub struct OsdService {
     cfg: OsdConfig,
@@ -153,7 +165,23 @@ impl OsdService {
                 code: ErrorCode::Io,
                 message: format!("PG setup task failed: {e}"),
             })??;
-        self.map_tx.send_replace(map);
+        self.map_tx.send_replace(map.clone());
+        // Peer every PG this OSD is primary of whose acting set changed.
+        for pool in map.pools.values() {
+            for seed in 0..pool.pg_num {
+                let pg = PgId::new(pool.id, seed);
+                let Ok(m) = map.pg_mapping(pg) else { continue };
+                let Some(handle) = self.pg(pg) else { continue };
+                if m.acting_primary != me {
+                    handle.write().await.active = None;
+                    continue;
+                }
+                if handle.read().await.active.as_deref() != Some(&m.acting[..]) {
+                    handle.write().await.active = None;
+                    tokio::spawn(self.clone().peer(pg, map.epoch));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -181,6 +209,7 @@ impl OsdService {
             pgs.entry(pg).or_insert_with(|| {
                 Arc::new(RwLock::new(PgState {
                     meta,
+                    active: None,
                     failed_replicas: Vec::new(),
                 }))
             });
@@ -192,8 +221,44 @@ impl OsdService {
         self.pgs.lock().expect("pg table").get(&pg).cloned()
     }
 
+    pub(crate) fn pg_handle(&self, pg: PgId) -> Option<PgHandle> {
+        self.pg(pg)
+    }
+
+    pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    pub(crate) fn peers(&self) -> Arc<dyn Peers> {
+        self.peers.clone()
+    }
+
+    /// Marks a PG active for `acting` (after peering). False if the map moved on meanwhile.
+    pub(crate) async fn activate(&self, pg: PgId, acting: &[i32]) -> bool {
+        let map = self.map();
+        let still = map
+            .pg_mapping(pg)
+            .is_ok_and(|m| m.acting == acting && m.acting_primary == self.cfg.id);
+        if !still {
+            return false;
+        }
+        let Some(handle) = self.pg(pg) else {
+            return false;
+        };
+        handle.write().await.active = Some(acting.to_vec());
+        true
+    }
+
+    /// Whether this OSD has peered `pg` for exactly `acting`.
+    pub async fn is_active(&self, pg: PgId, acting: &[i32]) -> bool {
+        match self.pg(pg) {
+            Some(h) => h.read().await.active.as_deref() == Some(acting),
+            None => false,
+        }
+    }
+
     /// Waits (bounded) until this OSD's map is at least `epoch`.
-    async fn map_at_least(&self, epoch: u32) -> Arc<OsdMap> {
+    pub(crate) async fn map_at_least(&self, epoch: u32) -> Arc<OsdMap> {
         let mut rx = self.map_tx.subscribe();
         let wait = rx.wait_for(|m| m.epoch >= epoch);
         match tokio::time::timeout(self.cfg.map_wait, wait).await {
@@ -272,6 +337,13 @@ impl OsdService {
         let is_write = op.ops.iter().any(|o| o.is_write());
         if !is_write {
             let state = pg.read().await;
+            if state.active.as_deref() != Some(&mapping.acting[..]) {
+                return reply_err(
+                    ErrorCode::Inactive,
+                    format!("PG {} is peering", op.pg),
+                    epoch,
+                );
+            }
             let store = self.store.clone();
             let limits = self.cfg.limits;
             let coll = state.meta.coll;
@@ -300,6 +372,13 @@ impl OsdService {
 
         // ---- write: ordered per PG, applied on every acting member before the ack
         let mut state = pg.write().await;
+        if state.active.as_deref() != Some(&mapping.acting[..]) {
+            return reply_err(
+                ErrorCode::Inactive,
+                format!("PG {} is peering", op.pg),
+                epoch,
+            );
+        }
         state
             .failed_replicas
             .retain(|osd| mapping.acting.contains(osd));

@@ -9,13 +9,28 @@ use std::time::Duration;
 use bytes::Bytes;
 use kelp_maps::{OsdMap, PoolSpec};
 use kelp_osd::{Limits, OsdConfig, OsdService, Peers, Stamp, execute};
-use kelp_proto::{ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, RepOp, RepOpReply};
+use kelp_proto::{
+    ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgPull, PgPullReply, PgQuery,
+    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
+};
 use kelp_store::{CollectionId, MemStore};
 
 #[derive(Default)]
 struct LocalPeers {
     osds: OnceLock<HashMap<i32, Arc<OsdService>>>,
     dead: Mutex<HashSet<i32>>,
+}
+
+impl LocalPeers {
+    fn get(&self, osd: i32) -> Result<Arc<OsdService>, String> {
+        if self.dead.lock().unwrap().contains(&osd) {
+            return Err(format!("connection to osd.{osd} lost"));
+        }
+        self.osds
+            .get()
+            .and_then(|m| m.get(&osd).cloned())
+            .ok_or_else(|| format!("osd.{osd} is not reachable yet"))
+    }
 }
 
 #[async_trait::async_trait]
@@ -27,11 +42,21 @@ impl Peers for LocalPeers {
         op: RepOp,
         data: Bytes,
     ) -> Result<RepOpReply, String> {
-        if self.dead.lock().unwrap().contains(&osd) {
-            return Err(format!("connection to osd.{osd} lost"));
-        }
-        let svc = self.osds.get().unwrap()[&osd].clone();
-        Ok(svc.repop(op, data).await)
+        Ok(self.get(osd)?.repop(op, data).await)
+    }
+    async fn query(&self, osd: i32, _addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String> {
+        Ok(self.get(osd)?.pg_query(q).await)
+    }
+    async fn pull(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        p: PgPull,
+    ) -> Result<(PgPullReply, Bytes), String> {
+        Ok(self.get(osd)?.pg_pull(p).await)
+    }
+    async fn sync(&self, osd: i32, _addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String> {
+        Ok(self.get(osd)?.pg_sync(s).await)
     }
 }
 
@@ -78,14 +103,16 @@ impl Cluster {
             stores.insert(id, store);
         }
         peers.osds.set(osds.clone()).ok().unwrap();
-        Cluster {
+        let c = Cluster {
             map,
             osds,
             stores,
             peers,
             pool,
             reqid: 0,
-        }
+        };
+        c.wait_active().await;
+        c
     }
 
     async fn publish(&mut self, inc: kelp_maps::Incremental) {
@@ -93,6 +120,30 @@ impl Cluster {
         for svc in self.osds.values() {
             svc.set_map(self.map.clone()).await.unwrap();
         }
+        self.wait_active().await;
+    }
+
+    /// Waits until every PG with enough replicas has been peered by its primary.
+    async fn wait_active(&self) {
+        let pool = &self.map.pools[&self.pool];
+        for _ in 0..1000 {
+            let mut all = true;
+            for seed in 0..pool.pg_num {
+                let pg = kelp_types::PgId::new(self.pool, seed);
+                let m = self.map.pg_mapping(pg).unwrap();
+                if m.acting_primary < 0 || (m.acting.len() as u32) < pool.min_size {
+                    continue;
+                }
+                if !self.osds[&m.acting_primary].is_active(pg, &m.acting).await {
+                    all = false;
+                }
+            }
+            if all {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("PGs did not become active");
     }
 
     fn loc(&self, name: &str) -> ObjectLocator {
@@ -240,6 +291,67 @@ async fn a_failed_replica_blocks_the_pg_until_the_map_drops_it() {
     // and new writes go on with two replicas (min_size 2)
     let op = c.op("f", vec![OpKind::Append { len: 1 }]);
     assert_eq!(c.send(op, b"!").await.0.error, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_osd_that_missed_writes_is_recovered_before_serving() {
+    let mut c = Cluster::new().await;
+    let names: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
+    for n in &names {
+        let op = c.op(n, vec![OpKind::WriteFull { len: 5 }]);
+        assert_eq!(c.send(op, b"first").await.0.error, None);
+    }
+    // osd.0 goes down; writes go on with two replicas: overwrite half, delete a few, add new
+    let inc = c.map.propose_osd_down(0).unwrap().unwrap();
+    c.publish(inc).await;
+    for (i, n) in names.iter().enumerate() {
+        let op = match i % 4 {
+            0 | 1 => c.op(n, vec![OpKind::WriteFull { len: 6 }]),
+            2 => c.op(n, vec![OpKind::Remove]),
+            _ => continue,
+        };
+        let data: &[u8] = if i % 4 == 2 { b"" } else { b"second" };
+        assert_eq!(c.send(op, data).await.0.error, None, "{n}");
+    }
+    for i in 0..10 {
+        let n = format!("new{i}");
+        let op = c.op(&n, vec![OpKind::WriteFull { len: 3 }]);
+        assert_eq!(c.send(op, b"new").await.0.error, None);
+    }
+    // osd.0 comes back: every PG it holds is peered and recovered before it serves
+    let addr = c.map.osds[&0].addr.unwrap();
+    let inc = c.map.propose_osd_boot(0, addr).unwrap().unwrap();
+    c.publish(inc).await;
+    for (i, n) in names.iter().enumerate() {
+        let want: Option<&[u8]> = match i % 4 {
+            0 | 1 => Some(b"second"),
+            2 => None,
+            _ => Some(b"first"),
+        };
+        for osd in 0..3 {
+            assert_eq!(c.stored(osd, n).as_deref(), want, "{n} on osd.{osd}");
+        }
+        let op = c.op(n, vec![OpKind::Read { offset: 0, len: 0 }]);
+        let (reply, data) = c.send(op, b"").await;
+        match want {
+            Some(w) => assert_eq!(&data[..], w),
+            None => assert_eq!(reply.error.unwrap().0, ErrorCode::NotFound),
+        }
+    }
+    for i in 0..10 {
+        for osd in 0..3 {
+            assert_eq!(
+                c.stored(osd, &format!("new{i}")).as_deref(),
+                Some(&b"new"[..])
+            );
+        }
+    }
+    // and writes continue on all three
+    let op = c.op("r3", vec![OpKind::Append { len: 1 }]);
+    assert_eq!(c.send(op, b"!").await.0.error, None);
+    for osd in 0..3 {
+        assert_eq!(c.stored(osd, "r3").as_deref(), Some(&b"first!"[..]));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

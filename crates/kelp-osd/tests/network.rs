@@ -82,6 +82,25 @@ async fn ops_replicate_and_list_over_the_wire() {
         svc.set_map(map.clone()).await.unwrap();
         services.lock().unwrap().push(svc);
     }
+    // wait for the primaries to peer their PGs
+    for _ in 0..500 {
+        let svcs = services.lock().unwrap().clone();
+        let mut all = true;
+        for seed in 0..4 {
+            let pg = PgId::new(pool, seed);
+            let m = map.pg_mapping(pg).unwrap();
+            if !svcs[m.acting_primary as usize]
+                .is_active(pg, &m.acting)
+                .await
+            {
+                all = false;
+            }
+        }
+        if all {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let client = Messenger::builder("client.admin")
         .secret(client_secret)

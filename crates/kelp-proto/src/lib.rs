@@ -16,7 +16,8 @@ pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe};
 pub use osd::{
     CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, PgList,
-    PgListReply, RepOp, RepOpReply,
+    PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
+    RepOpReply, WireLogEntry,
 };
 
 /// Message types carried in the messenger's frame header.
@@ -38,4 +39,10 @@ pub mod msg_type {
     pub const OSD_REPOP: u16 = 0x0201;
     /// Client → primary OSD: `PgList`; reply `PgListReply`.
     pub const OSD_PGLS: u16 = 0x0202;
+    /// Primary → member: `PgQuery`; reply `PgQueryReply` (peering).
+    pub const OSD_PG_QUERY: u16 = 0x0210;
+    /// Member → source: `PgPull`; reply `PgPullReply` + object data (recovery).
+    pub const OSD_PG_PULL: u16 = 0x0211;
+    /// Primary → member: `PgSync`; reply `PgSyncReply` (recovery).
+    pub const OSD_PG_SYNC: u16 = 0x0212;
 }

@@ -231,6 +231,7 @@ pub struct RepOp {
 }
 
 /// Lists the objects of one PG (served by its primary), in placement-hash order.
+/// (Members answer `PgQuery` with `want_objects` for backfill instead.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgList {
     pub pg: PgId,
@@ -256,6 +257,76 @@ pub struct PgListReply {
     pub objects: Vec<(String, String)>,
     /// Where to resume; `None` when the PG is exhausted.
     pub next: Option<ListCursor>,
+}
+
+/// Peering: ask a member of a PG for its log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgQuery {
+    pub pg: PgId,
+    pub epoch: u32,
+    /// Also list every object the member holds (for a backfill).
+    pub want_objects: bool,
+}
+
+/// One PG-log entry on the wire (the OSD's `LogEntry`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireLogEntry {
+    pub epoch: u32,
+    pub version: u64,
+    pub object: ObjectLocator,
+    pub reqid: (String, u64),
+    pub deleted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgQueryReply {
+    pub error: Option<(ErrorCode, String)>,
+    pub last_update: (u32, u64),
+    pub log_tail: u64,
+    pub entries: Vec<WireLogEntry>,
+    /// Every object the member holds (only when asked for a backfill listing).
+    pub objects: Option<Vec<(String, String)>>,
+}
+
+/// Recovery: fetch the complete state of one object of a PG.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgPull {
+    pub pg: PgId,
+    pub epoch: u32,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// An object's complete state; its data is the reply's data segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgPullReply {
+    pub error: Option<(ErrorCode, String)>,
+    pub exists: bool,
+    pub size: u64,
+    /// Every stored attribute, Kelp's own (`@v`, `@m`) included.
+    pub xattrs: Vec<(String, Vec<u8>)>,
+    pub omap_header: Option<Vec<u8>>,
+    pub omap: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Recovery: make this member's copy of a PG match the authoritative one: copy (or delete)
+/// `objects` from `source`, then keep its log through `keep_through` (all of it is replaced
+/// when `None`) and append `entries`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgSync {
+    pub pg: PgId,
+    pub epoch: u32,
+    pub source: i32,
+    pub objects: Vec<(String, String)>,
+    pub keep_through: Option<u64>,
+    pub entries: Vec<WireLogEntry>,
+    pub log_tail: u64,
+    pub last_update: (u32, u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgSyncReply {
+    pub error: Option<(ErrorCode, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
