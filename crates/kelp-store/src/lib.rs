@@ -10,6 +10,11 @@
 //! - [`MemStore`], an in-memory store with the same semantics, for fast tests.
 //!
 //! It depends on nothing network-related, so everything here is testable on one machine.
+//!
+//! Tests: `cargo test -p kelp-store` runs unit tests, the conformance suite (against both
+//! stores), the crash test (30 SIGKILLs) and the failure tests in about 40 s, debug or release,
+//! on the 2-vCPU development VM (the crash test is most of it); `KELP_CRASH_KILLS=200` runs the
+//! long crash variant (about 2.5 min in release).
 
 mod alloc;
 pub mod bench;
