@@ -48,6 +48,9 @@ impl Rados {
             MonClient::new(&cfg.entity, cfg.secret.clone(), cfg.mons.clone())?
                 .with_timeout(cfg.mon_timeout),
         );
+        // One command first: a wrong key or an unreachable cluster fails here, by name,
+        // instead of as a subscription that never delivers.
+        mon.command(&MonCommand::Status).await?;
         let mut sub = mon.subscribe(None)?;
         let first = tokio::time::timeout(cfg.mon_timeout, sub.next())
             .await

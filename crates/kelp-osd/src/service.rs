@@ -268,7 +268,12 @@ impl OsdService {
     }
 
     /// Handles a client op; returns the reply and its data segment.
-    pub async fn client_op(&self, client: &str, op: OsdOp, data: Bytes) -> (OsdOpReply, Bytes) {
+    pub async fn client_op(
+        self: &Arc<Self>,
+        client: &str,
+        op: OsdOp,
+        data: Bytes,
+    ) -> (OsdOpReply, Bytes) {
         let map = self.map_at_least(op.epoch).await;
         let epoch = map.epoch;
         let Some(pool) = map.pools.get(&op.pg.pool.0) else {
@@ -463,14 +468,17 @@ impl OsdService {
         let txn = std::mem::take(&mut done.txn);
         let local = async {
             match self.store.submit(txn) {
-                Ok(commit) => commit.await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+                Ok(commit) => commit.await.map_err(ExecError::from),
+                Err(e) => Err(ExecError::from(e)),
             }
         };
         let (local, remote) = tokio::join!(local, futures::future::join_all(replicas));
         if let Err(e) = local {
-            // Nothing was applied locally: the in-memory log stays as it was.
-            return reply_err(ErrorCode::Io, format!("local commit failed: {e}"), epoch);
+            // Nothing was applied here, but replicas may have applied it: this copy may now be
+            // behind them. Stop serving the PG and peer again, which reconciles the histories.
+            state.active = None;
+            tokio::spawn(self.clone().peer(op.pg, epoch));
+            return reply_err(e.code, format!("osd.{}: {}", self.cfg.id, e.message), epoch);
         }
         // Applied locally: the log moves on even if a replica failed (recovery fixes that one).
         state.meta = next_meta;
@@ -489,12 +497,17 @@ impl OsdService {
             return ok_reply(done, epoch);
         }
         state.failed_replicas = failures.iter().map(|(osd, _)| *osd).collect();
+        let code = if failures.iter().any(|(_, why)| why.starts_with("Full")) {
+            ErrorCode::Full
+        } else {
+            ErrorCode::Io
+        };
         let detail: Vec<String> = failures
             .iter()
             .map(|(osd, why)| format!("osd.{osd}: {why}"))
             .collect();
         reply_err(
-            ErrorCode::Io,
+            code,
             format!(
                 "the write is not on every replica ({}); retry",
                 detail.join("; ")
