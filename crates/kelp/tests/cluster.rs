@@ -99,7 +99,7 @@ fn body(w: usize, i: usize) -> Bytes {
         (_, 1) => 0,
         _ => (w * 7919 + i * 104_729) % (1 << 20),
     };
-    let mut x = (w as u64 + 1) * 0x9e37_79b9_7f4a_7c15 ^ i as u64;
+    let mut x = ((w as u64 + 1) * 0x9e37_79b9_7f4a_7c15) ^ i as u64;
     let mut v = Vec::with_capacity(len);
     while v.len() < len {
         x ^= x << 13;
@@ -160,7 +160,7 @@ async fn every_acknowledged_write_survives_restarts_and_a_killed_osd() {
     assert_eq!(snapshot.len(), 160);
     verify(&rados, &snapshot).await;
 
-    eprintln!("[{:?}] {}", started.elapsed(), "restart every daemon");
+    eprintln!("[{:?}] restart every daemon", started.elapsed());
     // 2. restart every daemon
     drop(rados);
     cluster.down();
@@ -168,7 +168,7 @@ async fn every_acknowledged_write_survives_restarts_and_a_killed_osd() {
     let rados = cluster.connect().await;
     verify(&rados, &snapshot).await;
 
-    eprintln!("[{:?}] {}", started.elapsed(), "SIGKILL one OSD");
+    eprintln!("[{:?}] SIGKILL one OSD", started.elapsed());
     // 3. SIGKILL one OSD while a client keeps writing; bring it back
     let writer = {
         let io = rados.ioctx("data").await.unwrap();
@@ -243,7 +243,7 @@ async fn every_acknowledged_write_survives_restarts_and_a_killed_osd() {
     );
     verify(&rados, &all).await;
 
-    eprintln!("[{:?}] {}", started.elapsed(), "a wrong key");
+    eprintln!("[{:?}] a wrong key", started.elapsed());
     // 4. a wrong key is refused; missing pools and objects are clear errors
     let mut bad = ClientConfig::from_conf_file(&cluster.conf(), "client.admin").unwrap();
     bad.secret = kelp_msgr::generate_secret();
@@ -263,7 +263,7 @@ async fn every_acknowledged_write_survives_restarts_and_a_killed_osd() {
         Err(ClientError::NotFound { .. })
     ));
 
-    eprintln!("[{:?}] {}", started.elapsed(), "garbage");
+    eprintln!("[{:?}] garbage", started.elapsed());
     // 5. garbage on the daemons' ports does not hurt them
     let map = rados.osd_map();
     let conf = kelp_client::ClusterConf::load(&cluster.conf()).unwrap();
