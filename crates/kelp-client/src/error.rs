@@ -35,11 +35,11 @@ pub enum ClientError {
         after: Duration,
         last: String,
     },
-    #[error("monitors: {0}")]
+    #[error(transparent)]
     Mon(#[from] kelp_monc::MonClientError),
-    #[error("network: {0}")]
+    #[error(transparent)]
     Msgr(#[from] kelp_msgr::MsgrError),
-    #[error("bad reply: {0}")]
+    #[error(transparent)]
     Proto(#[from] kelp_proto::ProtoError),
     #[error("configuration: {0}")]
     Config(String),

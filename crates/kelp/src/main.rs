@@ -46,6 +46,12 @@ enum Command {
     Status(cmd::status::StatusArgs),
     /// Cluster health (HEALTH_OK / HEALTH_WARN / HEALTH_ERR) and, with `detail`, what is wrong.
     Health(cmd::status::HealthArgs),
+    /// Placement groups: `ls` with state, up and acting sets.
+    #[command(subcommand)]
+    Pg(cmd::pg::PgCommand),
+    /// Central configuration kept by the monitors: set, get, rm, dump.
+    #[command(subcommand)]
+    Config(cmd::config::ConfigCommand),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +73,8 @@ fn main() -> ExitCode {
         Command::Rados(a) => cmd::rados::run(a),
         Command::Status(a) => cmd::status::run_status(a),
         Command::Health(a) => cmd::status::run_health(a),
+        Command::Pg(c) => cmd::pg::run_pg(c),
+        Command::Config(c) => cmd::config::run(c),
     };
     match result {
         Ok(code) => code,

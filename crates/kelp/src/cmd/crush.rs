@@ -29,6 +29,9 @@ pub enum CrushCommand {
     Build(BuildArgs),
     /// Measure mapping throughput in-process (no printing): mappings per second.
     Bench(BenchArgs),
+    /// The running cluster's CRUSH rules (`ls`, `dump`).
+    #[command(subcommand)]
+    Rule(crate::cmd::pg::RuleCommand),
 }
 
 /// Reweight overrides, as in crushtool: `--weight OSD W` with W from 0 (out) to 1 (in).
@@ -189,6 +192,7 @@ pub fn run(cmd: CrushCommand) -> Result<ExitCode> {
         }
         CrushCommand::Build(a) => build(a),
         CrushCommand::Bench(a) => bench(a),
+        CrushCommand::Rule(c) => crate::cmd::pg::run_rule(c),
     }
 }
 

@@ -1,9 +1,11 @@
 //! One module per subcommand group; each exposes a clap `Subcommand`/`Args` type and a `run`.
 
 pub mod common;
+pub mod config;
 pub mod crush;
 pub mod mon;
 pub mod osd;
+pub mod pg;
 pub mod pool;
 pub mod rados;
 pub mod status;
