@@ -29,16 +29,24 @@ struct Cluster {
 
 impl Cluster {
     fn up() -> Cluster {
+        Self::up_with(&[])
+    }
+
+    fn up_with(extra: &[&str]) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("kelp-data");
         let c = Cluster { _tmp: tmp, dir };
-        c.start();
+        c.start_with(extra);
         c
     }
 
     fn start(&self) {
+        self.start_with(&[]);
+    }
+
+    fn start_with(&self, extra: &[&str]) {
         let d = self.dir.display().to_string();
-        let out = kelp(&[
+        let mut args = vec![
             "up",
             "--detach",
             "--dir",
@@ -49,7 +57,9 @@ impl Cluster {
             "16",
             "--timeout-secs",
             "90",
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let out = kelp(&args);
         assert!(
             out.status.success(),
             "kelp up failed:\n{}\n{}",
@@ -297,4 +307,71 @@ async fn every_acknowledged_write_survives_restarts_and_a_killed_osd() {
         assert!(Path::new(&format!("/proc/{pid}")).exists(), "{name} died");
     }
     eprintln!("cluster test took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_monitors_keep_serving_when_the_leader_stops() {
+    let cluster = Cluster::up_with(&["--mons", "3"]);
+    let conf = cluster.conf().display().to_string();
+    let status = |conf: &str| -> serde_json::Value {
+        let out = kelp(&["status", "--format", "json", "-c", conf]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let before = status(&conf);
+    assert_eq!(before["monmap"]["num_mons"], 3);
+    let leader = before["monmap"]["leader"].as_str().unwrap().to_string();
+    let rados = cluster.connect().await;
+    let io = rados.ioctx("data").await.unwrap();
+    io.write_full("before", &b"1"[..]).await.unwrap();
+
+    let out = kelp(&[
+        "daemon",
+        "stop",
+        &format!("mon.{leader}"),
+        "--dir",
+        &cluster.dir.display().to_string(),
+    ]);
+    assert!(out.status.success());
+    // the client moves to another monitor by itself; writes and map changes go on
+    io.write_full("after", &b"2"[..]).await.unwrap();
+    rados
+        .create_pool(kelp_maps::PoolSpec {
+            name: "made-after".into(),
+            pg_num: Some(8),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(&io.read("before", 0, 0).await.unwrap()[..], b"1");
+    assert_eq!(&io.read("after", 0, 0).await.unwrap()[..], b"2");
+    let after = status(&conf);
+    let new_leader = after["monmap"]["leader"].as_str().unwrap();
+    assert_ne!(new_leader, leader, "a new leader was elected");
+    assert_eq!(after["health"]["status"], "HEALTH_OK");
+    // the stopped monitor rejoins and catches up
+    let out = kelp(&[
+        "daemon",
+        "start",
+        &format!("mon.{leader}"),
+        "--dir",
+        &cluster.dir.display().to_string(),
+    ]);
+    assert!(out.status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(&conf);
+        let quorum = s["monmap"]["quorum_names"]
+            .as_array()
+            .map_or(0, |q| q.len());
+        if quorum == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{leader} did not rejoin: {s}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
