@@ -55,12 +55,21 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Behave like other Unix tools when the reader goes away (`kelp rados ls | head`).
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
+    // Short-lived commands behave like other Unix tools when their reader goes away
+    // (`kelp rados ls | head`). Daemons and the `kelp up` supervisor keep SIGPIPE ignored:
+    // a peer closing a socket must give them an error to handle, not kill them silently.
+    let long_running = match &cli.command {
+        Command::Up(_) | Command::Mon(_) => true,
+        Command::Osd(c) => matches!(c, cmd::osd::OsdCommand::Run(_)),
+        _ => false,
+    };
+    if !long_running {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Up(a) => cmd::up::run_up(a),
         Command::Down(a) => cmd::up::run_down(a),
