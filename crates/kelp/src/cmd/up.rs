@@ -258,7 +258,15 @@ fn running_pid(dir: &Path, name: &str) -> Option<i32> {
         .trim()
         .parse()
         .ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    // A process that has only just been spawned may not show its arguments yet: wait a moment.
+    let mut cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    for _ in 0..50 {
+        if !cmdline.is_empty() || !alive(pid) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    }
     let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
     let data = dir.join(name).display().to_string();
     cmdline.contains(&data).then_some(pid)
@@ -339,10 +347,16 @@ fn stop_all(dir: &Path) -> Result<usize> {
 }
 
 /// Fails if a daemon that was started has died, quoting the end of its log.
+///
+/// Liveness here is "the pid exists and is not a zombie", deliberately not the command-line
+/// check of `running_pid`: right after `spawn` returns, the kernel may not have set up the new
+/// program's arguments yet, so `/proc/PID/cmdline` can read empty for a healthy daemon.
 fn check_started(dir: &Path) -> Result<()> {
     for d in daemons(dir)? {
-        let started = pid_file(dir, &d.name).exists();
-        if started && running_pid(dir, &d.name).is_none() {
+        let pid = std::fs::read_to_string(pid_file(dir, &d.name))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        if pid.is_some_and(|pid| !alive(pid)) {
             let log = dir.join("logs").join(format!("{}.log", d.name));
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(5).collect();
