@@ -173,6 +173,30 @@ pub struct Rule {
     pub steps: Vec<Step>,
 }
 
+impl Rule {
+    /// The usual replicated rule: take `root`, choose one leaf under each of `num_rep` distinct
+    /// buckets of type `failure_domain` (`chooseleaf firstn 0 type T`), emit.
+    pub fn replicated(id: u32, name: &str, root: ItemId, failure_domain: u32) -> Rule {
+        Rule {
+            id,
+            name: name.to_string(),
+            rule_type: RULE_TYPE_REPLICATED,
+            min_size: 1,
+            max_size: 10,
+            steps: vec![
+                Step::Take(root),
+                Step::Choose {
+                    leaf: true,
+                    indep: false,
+                    num: 0,
+                    type_id: failure_domain,
+                },
+                Step::Emit,
+            ],
+        }
+    }
+}
+
 /// A whole CRUSH map. Build with the `add_*` methods or `parse_text`, then call `finalize`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CrushMap {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 
-use kelp_crush::{CrushMap, ITEM_NONE, ItemId, PoolPlacement, Rule, Step, WEIGHT_ONE};
+use kelp_crush::{CrushMap, ITEM_NONE, ItemId, PoolPlacement, Rule, WEIGHT_ONE};
 use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
 
@@ -285,23 +285,7 @@ impl OsdMap {
             })?;
         let root_type = crush.type_id("root").expect("default types have root");
         let root = crush.add_bucket(None, DEFAULT_ROOT, root_type, &[])?;
-        crush.add_rule(Rule {
-            id: 0,
-            name: DEFAULT_RULE.into(),
-            rule_type: kelp_crush::RULE_TYPE_REPLICATED,
-            min_size: 1,
-            max_size: 10,
-            steps: vec![
-                Step::Take(root),
-                Step::Choose {
-                    leaf: true,
-                    indep: false,
-                    num: 0,
-                    type_id: domain,
-                },
-                Step::Emit,
-            ],
-        })?;
+        crush.add_rule(Rule::replicated(0, DEFAULT_RULE, root, domain))?;
         crush.finalize()?;
         let mut map = OsdMap {
             fsid: fsid.to_string(),

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use kelp_crush::{
-    CrushMap, ITEM_NONE, ItemId, PoolPlacement, Rule, Scratch, Step, WEIGHT_ONE, crush_hash32_2,
+    CrushMap, ITEM_NONE, ItemId, PoolPlacement, Rule, Scratch, WEIGHT_ONE, crush_hash32_2,
     parse_text,
 };
 
@@ -373,23 +373,7 @@ fn build(a: BuildArgs) -> Result<ExitCode> {
     let root_items: Vec<(ItemId, Option<u32>)> = hosts.iter().map(|&h| (h, None)).collect();
     let root = map.add_bucket(None, "default", root_type, &root_items)?;
     map.finalize()?;
-    map.add_rule(Rule {
-        id: 0,
-        name: "replicated_rule".into(),
-        rule_type: kelp_crush::RULE_TYPE_REPLICATED,
-        min_size: 1,
-        max_size: 10,
-        steps: vec![
-            Step::Take(root),
-            Step::Choose {
-                leaf: true,
-                indep: false,
-                num: 0,
-                type_id: host_type,
-            },
-            Step::Emit,
-        ],
-    })?;
+    map.add_rule(Rule::replicated(0, "replicated_rule", root, host_type))?;
     map.finalize()?;
     print!("{}", map.to_text());
     Ok(ExitCode::SUCCESS)
