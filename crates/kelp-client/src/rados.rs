@@ -192,33 +192,131 @@ impl Retry {
     }
 }
 
+/// A reply from a PG's primary: an optional error and the OSD's map epoch.
+trait PrimaryReply: serde::de::DeserializeOwned {
+    const NAME: &'static str;
+    fn error(&self) -> Option<&(ErrorCode, String)>;
+    fn epoch(&self) -> u32;
+}
+
+impl PrimaryReply for OsdOpReply {
+    const NAME: &'static str = "OsdOpReply";
+    fn error(&self) -> Option<&(ErrorCode, String)> {
+        self.error.as_ref()
+    }
+    fn epoch(&self) -> u32 {
+        self.epoch
+    }
+}
+
+impl PrimaryReply for PgListReply {
+    const NAME: &'static str = "PgListReply";
+    fn error(&self) -> Option<&(ErrorCode, String)> {
+        self.error.as_ref()
+    }
+    fn epoch(&self) -> u32 {
+        self.epoch
+    }
+}
+
 impl Rados {
     /// Sends one op on `object` to its PG's primary, following map changes until it succeeds,
-    /// fails for good, or the op timeout passes. Returns the reply and its data.
+    /// fails for good, or the op timeout passes. Returns the reply and its data. Every resend
+    /// carries the same request id, so the OSD never applies a write twice.
     pub(crate) async fn submit(
         &self,
         object: &ObjectLocator,
         ops: Vec<OpKind>,
         data: Bytes,
     ) -> Result<(OsdOpReply, Bytes), ClientError> {
+        let reqid = self.inner.next_reqid();
+        self.call_primary(
+            &format!("operation on '{}'", object.name),
+            &object.name,
+            msg_type::OSD_OP,
+            |map| {
+                let pool = map
+                    .pools
+                    .get(&object.pool)
+                    .ok_or_else(|| ClientError::NoSuchPool(object.pool.to_string()))?;
+                Ok(pool.placement().object_pg(
+                    &object.name,
+                    object.key.as_deref(),
+                    &object.namespace,
+                ))
+            },
+            |pg, epoch| {
+                encode(&OsdOp {
+                    reqid,
+                    epoch,
+                    pg,
+                    object: object.clone(),
+                    ops: ops.clone(),
+                })
+            },
+            data,
+        )
+        .await
+    }
+
+    /// Lists one page of a PG's objects from its primary.
+    pub(crate) async fn list_pg(
+        &self,
+        pg: PgId,
+        cursor: Option<ListCursor>,
+        max: u32,
+    ) -> Result<PgListReply, ClientError> {
+        let (reply, _) = self
+            .call_primary(
+                &format!("listing PG {pg}"),
+                &pg.to_string(),
+                msg_type::OSD_PGLS,
+                |map| {
+                    if map.pools.contains_key(&pg.pool.0) {
+                        Ok(pg)
+                    } else {
+                        Err(ClientError::NoSuchPool(pg.pool.to_string()))
+                    }
+                },
+                |pg, epoch| {
+                    encode(&PgList {
+                        pg,
+                        epoch,
+                        cursor: cursor.clone(),
+                        max,
+                    })
+                },
+                Bytes::new(),
+            )
+            .await?;
+        Ok(reply)
+    }
+
+    /// The one retry loop for requests to a PG's primary: locate the PG in the current map,
+    /// send to its primary, and on a lost connection, a stale map (`Misdirected`), a PG that is
+    /// not serving yet (`Inactive`) or a failed replica (`Io`) wait for a newer map (or a short,
+    /// growing pause) and resend, until the op timeout. Other errors are final.
+    async fn call_primary<R: PrimaryReply>(
+        &self,
+        what: &str,
+        subject: &str,
+        msg_type: u16,
+        locate: impl Fn(&OsdMap) -> Result<PgId, ClientError>,
+        request: impl Fn(PgId, u32) -> Vec<u8>,
+        data: Bytes,
+    ) -> Result<(R, Bytes), ClientError> {
         let inner = &self.inner;
-        let reqid = inner.next_reqid();
         let mut retry = Retry::new(inner.cfg.op_timeout);
         loop {
             if retry.expired() {
                 return Err(ClientError::Timeout {
-                    what: format!("operation on '{}'", object.name),
+                    what: what.to_string(),
                     after: inner.cfg.op_timeout,
                     last: retry.last,
                 });
             }
             let map = self.osd_map();
-            let Some(pool) = map.pools.get(&object.pool) else {
-                return Err(ClientError::NoSuchPool(object.pool.to_string()));
-            };
-            let pg =
-                pool.placement()
-                    .object_pg(&object.name, object.key.as_deref(), &object.namespace);
+            let pg = locate(&map)?;
             let (primary, addr) = match primary_of(&map, pg) {
                 Ok(p) => p,
                 Err(why) => {
@@ -226,17 +324,10 @@ impl Rados {
                     continue;
                 }
             };
-            let op = OsdOp {
-                reqid,
-                epoch: map.epoch,
-                pg,
-                object: object.clone(),
-                ops: ops.clone(),
-            };
             let call = self
                 .msgr()
                 .connection(addr)
-                .call(msg_type::OSD_OP, encode(&op), data.clone(), retry.left())
+                .call(msg_type, request(pg, map.epoch), data.clone(), retry.left())
                 .await;
             let resp = match call {
                 Ok(resp) => resp,
@@ -248,82 +339,17 @@ impl Rados {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let reply: OsdOpReply = decode(&resp.meta, "OsdOpReply")?;
-            match reply.error {
+            let reply: R = decode(&resp.meta, R::NAME)?;
+            match reply.error() {
                 None => return Ok((reply, resp.data)),
                 Some((ErrorCode::Misdirected | ErrorCode::Inactive | ErrorCode::Io, msg)) => {
-                    // Stale map, PG not serving yet, or a replica failed: wait for the map to
-                    // move on (or a short pause) and resend with the same request id.
-                    let epoch = map.epoch.max(reply.epoch.saturating_sub(1));
-                    retry
-                        .wait(inner, epoch, format!("osd.{primary}: {msg}"))
-                        .await;
-                }
-                Some((code, msg)) => return Err(ClientError::from_code(code, &object.name, msg)),
-            }
-        }
-    }
-
-    /// Lists one page of a PG's objects from its primary.
-    pub(crate) async fn list_pg(
-        &self,
-        pg: PgId,
-        cursor: Option<ListCursor>,
-        max: u32,
-    ) -> Result<PgListReply, ClientError> {
-        let inner = &self.inner;
-        let mut retry = Retry::new(inner.cfg.op_timeout);
-        loop {
-            if retry.expired() {
-                return Err(ClientError::Timeout {
-                    what: format!("listing PG {pg}"),
-                    after: inner.cfg.op_timeout,
-                    last: retry.last,
-                });
-            }
-            let map = self.osd_map();
-            if !map.pools.contains_key(&pg.pool.0) {
-                return Err(ClientError::NoSuchPool(pg.pool.to_string()));
-            }
-            let (primary, addr) = match primary_of(&map, pg) {
-                Ok(p) => p,
-                Err(why) => {
-                    retry.wait(inner, map.epoch, why).await;
-                    continue;
-                }
-            };
-            let req = PgList {
-                pg,
-                epoch: map.epoch,
-                cursor: cursor.clone(),
-                max,
-            };
-            let call = self
-                .msgr()
-                .connection(addr)
-                .call(msg_type::OSD_PGLS, encode(&req), Bytes::new(), retry.left())
-                .await;
-            let resp = match call {
-                Ok(r) => r,
-                Err(e) if e.is_retryable() => {
-                    retry
-                        .wait(inner, map.epoch, format!("osd.{primary}: {e}"))
-                        .await;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let reply: PgListReply = decode(&resp.meta, "PgListReply")?;
-            match &reply.error {
-                None => return Ok(reply),
-                Some((ErrorCode::Misdirected | ErrorCode::Inactive | ErrorCode::Io, msg)) => {
-                    let msg = msg.clone();
-                    retry
-                        .wait(inner, map.epoch, format!("osd.{primary}: {msg}"))
-                        .await;
+                    // Wait until our map is at least as new as the OSD's (or a short pause).
+                    let epoch = map.epoch.max(reply.epoch().saturating_sub(1));
+                    let why = format!("osd.{primary}: {msg}");
+                    retry.wait(inner, epoch, why).await;
                 }
                 Some((code, msg)) => {
-                    return Err(ClientError::from_code(*code, &pg.to_string(), msg.clone()));
+                    return Err(ClientError::from_code(*code, subject, msg.clone()));
                 }
             }
         }
