@@ -33,5 +33,7 @@ mod rados;
 pub use config::{ClientConfig, ClusterConf, GlobalSection};
 pub use error::ClientError;
 pub use ioctx::{IoCtx, ObjectStat};
+/// Pool parameters for [`Rados::create_pool`].
+pub use kelp_maps::PoolSpec;
 pub use ops::{ReadOp, ReadResult, WriteOp};
 pub use rados::Rados;

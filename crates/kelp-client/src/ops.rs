@@ -53,6 +53,29 @@ impl WriteOp {
             v,
         )
     }
+    /// Fails with `Canceled` unless omap key `key` holds exactly `value`, or, with `None`,
+    /// unless the key is absent.
+    pub fn cmp_omap(self, key: &str, value: Option<&[u8]>) -> Self {
+        self.with(
+            OpKind::CmpOmap {
+                key: key.into(),
+                op: CmpOp::Eq,
+                len: value.map(|v| v.len() as u64),
+            },
+            value.unwrap_or_default(),
+        )
+    }
+    /// Fails with `Canceled` unless omap key `key` is present (any value).
+    pub fn omap_key_present(self, key: &str) -> Self {
+        self.with(
+            OpKind::CmpOmap {
+                key: key.into(),
+                op: CmpOp::Ne,
+                len: None,
+            },
+            &[],
+        )
+    }
     /// Creates the object; with `exclusive`, fails with `Exists` if it exists.
     pub fn create(self, exclusive: bool) -> Self {
         self.with(OpKind::Create { exclusive }, &[])

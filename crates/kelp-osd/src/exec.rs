@@ -2,7 +2,7 @@
 //!
 //! A write op becomes exactly one store transaction (data, attributes, the object's new version
 //! and mtime); the PG layer adds the PG-log entry to the same transaction, so data and log
-//! commit together. Guards (`AssertExists`, `AssertVersion`, `CmpXattr`) are evaluated before
+//! commit together. Guards (`AssertExists`, `AssertVersion`, `CmpXattr`, `CmpOmap`) are evaluated before
 //! anything is queued, so a failed guard leaves no trace. Replicas run the same function with
 //! the primary's version and mtime: with identical prior state they produce the identical
 //! transaction (appends resolve to the same offset), which is what keeps replicas equal.
@@ -234,6 +234,29 @@ pub fn execute(
                     return err(
                         ErrorCode::Canceled,
                         format!("xattr '{name}' comparison failed"),
+                    );
+                }
+            }
+            OpKind::CmpOmap { key, op, len } => {
+                let want = len.map(|l| take(l));
+                let current = if exists {
+                    store
+                        .omap_get(coll, &oid, &[key.as_bytes().to_vec()])?
+                        .into_iter()
+                        .next()
+                        .map(|(_, v)| v)
+                } else {
+                    None
+                };
+                let equal = current.as_deref() == want;
+                let holds = match op {
+                    CmpOp::Eq => equal,
+                    CmpOp::Ne => !equal,
+                };
+                if !holds {
+                    return err(
+                        ErrorCode::Canceled,
+                        format!("omap key '{key}' comparison failed"),
                     );
                 }
             }
@@ -508,7 +531,10 @@ pub fn execute(
 fn is_guard(op: &OpKind) -> bool {
     matches!(
         op,
-        OpKind::AssertExists | OpKind::AssertVersion { .. } | OpKind::CmpXattr { .. }
+        OpKind::AssertExists
+            | OpKind::AssertVersion { .. }
+            | OpKind::CmpXattr { .. }
+            | OpKind::CmpOmap { .. }
     )
 }
 

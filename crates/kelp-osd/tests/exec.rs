@@ -504,3 +504,90 @@ fn pg_log_persists_trims_and_remembers_requests() {
         "the log no longer reaches version 2: backfill"
     );
 }
+
+/// `CmpOmap` makes an omap update conditional on one key's value (or absence): the index
+/// compare-and-swap the S3 gateway builds on.
+#[test]
+fn omap_compare_guards_updates() {
+    let (s, c) = setup();
+    // "k" must be absent: holds on a missing object, then on an object without the key
+    let put_if_absent = |key: &str, val: &[u8], v| {
+        let data = val.to_vec();
+        write(
+            &s,
+            c,
+            "idx",
+            &[
+                OpKind::CmpOmap {
+                    key: key.into(),
+                    op: CmpOp::Eq,
+                    len: None,
+                },
+                OpKind::OmapSet {
+                    entries: vec![(key.into(), val.len() as u64)],
+                },
+            ],
+            &data,
+            v,
+        )
+    };
+    assert_eq!(put_if_absent("k", b"one", 1), Ok(1));
+    assert_eq!(put_if_absent("k", b"two", 2), Err(ErrorCode::Canceled));
+    assert_eq!(put_if_absent("j", b"three", 2), Ok(2));
+    // swap only from the expected value
+    let swap = |from: &[u8], to: &[u8], v| {
+        let mut data = from.to_vec();
+        data.extend_from_slice(to);
+        write(
+            &s,
+            c,
+            "idx",
+            &[
+                OpKind::CmpOmap {
+                    key: "k".into(),
+                    op: CmpOp::Eq,
+                    len: Some(from.len() as u64),
+                },
+                OpKind::OmapSet {
+                    entries: vec![("k".into(), to.len() as u64)],
+                },
+            ],
+            &data,
+            v,
+        )
+    };
+    assert_eq!(swap(b"two", b"x", 3), Err(ErrorCode::Canceled));
+    assert_eq!(swap(b"one", b"four", 3), Ok(3));
+    // "present" guard
+    let present = |key: &str| {
+        write(
+            &s,
+            c,
+            "idx",
+            &[
+                OpKind::CmpOmap {
+                    key: key.into(),
+                    op: CmpOp::Ne,
+                    len: None,
+                },
+                OpKind::OmapRm {
+                    keys: vec![key.into()],
+                },
+            ],
+            &[],
+            4,
+        )
+    };
+    assert_eq!(present("missing"), Err(ErrorCode::Canceled));
+    assert_eq!(present("j"), Ok(4));
+    let (_, data) = read(
+        &s,
+        c,
+        "idx",
+        &[OpKind::OmapGetValsByKeys {
+            keys: vec!["k".into(), "j".into()],
+        }],
+    )
+    .unwrap();
+    assert_eq!(data, b"four");
+}

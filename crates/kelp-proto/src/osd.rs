@@ -100,6 +100,14 @@ pub enum OpKind {
         keys: Vec<String>,
     },
     OmapGetHeader,
+    // -- guards added later (kept last: variants are numbered on the wire)
+    /// Compare the omap value of `key` with `len` bytes of data; `len: None` stands for "no
+    /// such key", so `Eq` with `None` requires the key to be absent and `Ne` present.
+    CmpOmap {
+        key: String,
+        op: CmpOp,
+        len: Option<u64>,
+    },
 }
 
 impl OpKind {
@@ -125,6 +133,7 @@ impl OpKind {
     /// Bytes of the request's data segment this op consumes.
     pub fn data_len(&self) -> u64 {
         match self {
+            OpKind::CmpOmap { len, .. } => len.unwrap_or(0),
             OpKind::CmpXattr { len, .. }
             | OpKind::WriteFull { len }
             | OpKind::Write { len, .. }
