@@ -238,7 +238,7 @@ pub fn execute(
                 }
             }
             OpKind::CmpOmap { key, op, len } => {
-                let want = len.map(|l| take(l));
+                let want = len.map(&mut take);
                 let current = if exists {
                     store
                         .omap_get(coll, &oid, &[key.as_bytes().to_vec()])?

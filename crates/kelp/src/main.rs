@@ -52,6 +52,11 @@ enum Command {
     /// Central configuration kept by the monitors: set, get, rm, dump.
     #[command(subcommand)]
     Config(cmd::config::ConfigCommand),
+    /// The S3 gateway daemon: a stateless S3 service on the cluster (run as many as you like).
+    Rgw(cmd::rgw::RgwArgs),
+    /// S3 administration (users, keys, buckets, garbage collection).
+    #[command(subcommand)]
+    S3(cmd::rgw::S3Command),
 }
 
 fn main() -> ExitCode {
@@ -60,7 +65,7 @@ fn main() -> ExitCode {
     // (`kelp rados ls | head`). Daemons and the `kelp up` supervisor keep SIGPIPE ignored:
     // a peer closing a socket must give them an error to handle, not kill them silently.
     let long_running = match &cli.command {
-        Command::Up(_) | Command::Mon(_) => true,
+        Command::Up(_) | Command::Mon(_) | Command::Rgw(_) => true,
         Command::Osd(c) => matches!(c, cmd::osd::OsdCommand::Run(_)),
         _ => false,
     };
@@ -72,6 +77,8 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Up(a) => cmd::up::run_up(a),
+        Command::Rgw(a) => cmd::rgw::run_gateway(a),
+        Command::S3(c) => cmd::rgw::run_admin(c),
         Command::Down(a) => cmd::up::run_down(a),
         Command::Daemon(c) => cmd::up::run_daemon(c),
         Command::Crush(c) => cmd::crush::run(c),

@@ -8,6 +8,7 @@ pub mod osd;
 pub mod pg;
 pub mod pool;
 pub mod rados;
+pub mod rgw;
 pub mod status;
 pub mod store;
 pub mod up;

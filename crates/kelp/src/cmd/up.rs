@@ -52,6 +52,36 @@ pub struct UpArgs {
     /// How long to wait for the cluster to become healthy.
     #[arg(long, default_value_t = 120)]
     pub timeout_secs: u64,
+    /// Port of the S3 gateway (`kelp rgw`) on 127.0.0.1; a free port is picked if it is
+    /// taken. Chosen once, when the gateway is first set up.
+    #[arg(long, default_value_t = 7480)]
+    pub rgw_port: u16,
+    /// Do not run an S3 gateway.
+    #[arg(long)]
+    pub no_rgw: bool,
+}
+
+/// The gateway's directory in a cluster directory (holds its port, address and pid).
+const RGW_DIR: &str = "rgw.gw";
+/// The S3 user `kelp up` creates.
+const DEFAULT_S3_USER: &str = "kelp";
+
+/// Sets up the gateway of the cluster in `dir` (its port) unless it exists.
+fn create_rgw(dir: &Path, port: u16) -> Result<()> {
+    let gw = dir.join(RGW_DIR);
+    if gw.join("port").exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&gw)?;
+    let port = if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        port
+    } else {
+        let p = free_port()?;
+        eprintln!("port {port} is taken; the S3 gateway will use port {p}");
+        p
+    };
+    std::fs::write(gw.join("port"), format!("{port}\n"))?;
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -73,7 +103,7 @@ pub enum DaemonCommand {
 
 #[derive(Args, Debug)]
 pub struct DaemonArgs {
-    /// `mon.NAME` or `osd.N`.
+    /// `mon.NAME`, `osd.N` or `rgw.gw`.
     pub name: String,
     /// Cluster directory.
     #[arg(long, default_value = "kelp-data")]
@@ -196,6 +226,7 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
     let conf = dir.join("kelp.conf").display().to_string();
     let mut mons = Vec::new();
     let mut osds = Vec::new();
+    let mut rgws = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name().to_string_lossy().to_string();
         if let Some(m) = name.strip_prefix("mon.") {
@@ -206,6 +237,21 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
                     "run".into(),
                     "--id".into(),
                     m.to_string(),
+                    "--data".into(),
+                    dir.join(&name).display().to_string(),
+                ],
+            });
+        } else if name == RGW_DIR {
+            let port = std::fs::read_to_string(dir.join(&name).join("port"))
+                .with_context(|| format!("reading {}/{name}/port", dir.display()))?;
+            rgws.push(Daemon {
+                name: name.clone(),
+                args: vec![
+                    "rgw".into(),
+                    "-c".into(),
+                    conf.clone(),
+                    "--port".into(),
+                    port.trim().to_string(),
                     "--data".into(),
                     dir.join(&name).display().to_string(),
                 ],
@@ -236,6 +282,7 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
     mons.sort_by(|a, b| a.name.cmp(&b.name));
     osds.sort_by_key(|(id, _)| *id);
     mons.extend(osds.into_iter().map(|(_, d)| d));
+    mons.extend(rgws);
     if mons.is_empty() {
         bail!(
             "{} holds no cluster (run `kelp up --dir {}`)",
@@ -478,7 +525,13 @@ pub fn run_up(a: UpArgs) -> Result<ExitCode> {
     } else {
         eprintln!("reopening the cluster in {}…", dir.display());
     }
-    let list = daemons(&dir)?;
+    if !a.no_rgw {
+        create_rgw(&dir, a.rgw_port)?;
+    }
+    let list: Vec<Daemon> = daemons(&dir)?
+        .into_iter()
+        .filter(|d| !(a.no_rgw && d.name == RGW_DIR))
+        .collect();
     let osd_count = list.iter().filter(|d| d.name.starts_with("osd.")).count();
     let rt = common::runtime()?;
     let mut children = Vec::new();
@@ -505,7 +558,17 @@ pub fn run_up(a: UpArgs) -> Result<ExitCode> {
             a.pg_num,
             osd_count,
             Duration::from_secs(a.timeout_secs),
-        ))
+        ))?;
+        for d in list.iter().filter(|d| d.name == RGW_DIR) {
+            if running_pid(&dir, &d.name).is_some() {
+                eprintln!("{} is already running", d.name);
+            } else {
+                let _ = std::fs::remove_file(dir.join(RGW_DIR).join("addr"));
+                children.push((d.name.clone(), start(&dir, d)?));
+            }
+            rt.block_on(wait_rgw(&dir, Duration::from_secs(a.timeout_secs)))?;
+        }
+        Ok(())
     })();
     if let Err(e) = started {
         eprintln!("kelp up: {e:#}; stopping the cluster");
@@ -547,6 +610,50 @@ pub fn run_up(a: UpArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Waits until the gateway serves, then makes sure the default S3 user exists and its keys
+/// are in DIR/s3.env.
+async fn wait_rgw(dir: &Path, timeout: Duration) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let addr_file = dir.join(RGW_DIR).join("addr");
+    let addr: SocketAddr = loop {
+        if let Ok(text) = std::fs::read_to_string(&addr_file)
+            && let Ok(addr) = text.trim().parse::<SocketAddr>()
+            && tokio::net::TcpStream::connect(addr).await.is_ok()
+        {
+            break addr;
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "the S3 gateway did not start within {timeout:?} (see {}/logs/{RGW_DIR}.log)",
+                dir.display()
+            );
+        }
+        if running_pid(dir, RGW_DIR).is_none() {
+            bail!(
+                "the S3 gateway exited (see {}/logs/{RGW_DIR}.log)",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let rados = admin_conf(dir).connect().await?;
+    let key = crate::cmd::rgw::ensure_default_user(rados, DEFAULT_S3_USER).await?;
+    let env = format!(
+        "# S3 credentials of the default user '{DEFAULT_S3_USER}', written by `kelp up`.\n\
+         # Use with: set -a; . {}/s3.env; set +a\n\
+         AWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\nAWS_ENDPOINT_URL=http://{addr}\n\
+         AWS_DEFAULT_REGION=us-east-1\n",
+        dir.display(),
+        key.access_key,
+        key.secret_key
+    );
+    let tmp = dir.join("s3.env.tmp");
+    std::fs::write(&tmp, env)?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::fs::rename(&tmp, dir.join("s3.env"))?;
+    Ok(())
+}
+
 fn print_banner(dir: &Path, detached: bool) -> Result<()> {
     let conf = kelp_client::ClusterConf::load(&dir.join("kelp.conf"))?;
     let list = daemons(dir)?;
@@ -566,6 +673,16 @@ fn print_banner(dir: &Path, detached: bool) -> Result<()> {
         dir.display()
     );
     println!("  key:       client.admin in {}/keyring", dir.display());
+    if let Ok(addr) = std::fs::read_to_string(dir.join(RGW_DIR).join("addr"))
+        && list.iter().any(|d| d.name == RGW_DIR)
+    {
+        println!(
+            "  S3:        http://{}   (keys in {}/s3.env: set -a; . {}/s3.env; set +a)",
+            addr.trim(),
+            dir.display(),
+            dir.display()
+        );
+    }
     println!();
     println!("Try:");
     println!("  kelp status");
@@ -573,6 +690,12 @@ fn print_banner(dir: &Path, detached: bool) -> Result<()> {
         "  kelp rados -p {DEFAULT_POOL} put hello /etc/hostname && kelp rados -p {DEFAULT_POOL} ls"
     );
     println!("  kelp rados -p {DEFAULT_POOL} bench 10 write");
+    if list.iter().any(|d| d.name == RGW_DIR) {
+        println!(
+            "  set -a; . {}/s3.env; set +a; aws s3 mb s3://photos && aws s3 ls",
+            dir.display()
+        );
+    }
     if detached {
         println!("Stop it with: kelp down --dir {}", dir.display());
     } else {

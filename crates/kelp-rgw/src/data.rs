@@ -1,0 +1,415 @@
+//! Object bodies in the data pool: writing an instance stripe by stripe while the request body
+//! streams in, reading any byte range back as a stream, and deleting instances.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use futures::Stream;
+use kelp_client::{ClientError, IoCtx, ReadOp, ReadResult, WriteOp};
+use md5::{Digest, Md5};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::error::{Result, RgwError};
+use crate::layout::{
+    META_XATTR, ObjectMeta, PartRef, STRIPE, decode, encode, stripe_count, stripe_obj,
+};
+use crate::rgw::Rgw;
+
+/// Tail stripes of one upload written at the same time. The garbage collector deletes an
+/// abandoned instance of unknown size by probing stripes until this many in a row are absent.
+pub const MAX_INFLIGHT_STRIPES: usize = 4;
+
+/// Writes one instance: the head stripe is kept until [`InstanceWriter::finish`], tail stripes
+/// are written as soon as they are full, a few at a time.
+pub struct InstanceWriter {
+    data: IoCtx,
+    inst: String,
+    head: Option<Bytes>,
+    cur: BytesMut,
+    next_stripe: u64,
+    size: u64,
+    md5: Md5,
+    tails: JoinSet<Result<(), ClientError>>,
+}
+
+/// What was written.
+pub struct Written {
+    pub size: u64,
+    pub md5: [u8; 16],
+}
+
+impl InstanceWriter {
+    pub fn new(rgw: &Rgw, inst: &str) -> InstanceWriter {
+        InstanceWriter {
+            data: rgw.inner.data.clone(),
+            inst: inst.to_string(),
+            head: None,
+            cur: BytesMut::new(),
+            next_stripe: 0,
+            size: 0,
+            md5: Md5::new(),
+            tails: JoinSet::new(),
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Adds the next bytes of the body.
+    pub async fn push(&mut self, mut chunk: Bytes) -> Result<()> {
+        self.md5.update(&chunk);
+        self.size += chunk.len() as u64;
+        while !chunk.is_empty() {
+            let room = STRIPE as usize - self.cur.len();
+            if self.cur.is_empty() && chunk.len() >= room {
+                // a whole stripe without copying
+                let stripe = chunk.split_to(room);
+                self.emit(stripe).await?;
+                continue;
+            }
+            let take = room.min(chunk.len());
+            self.cur.extend_from_slice(&chunk.split_to(take));
+            if self.cur.len() == STRIPE as usize {
+                let stripe = std::mem::take(&mut self.cur).freeze();
+                self.emit(stripe).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn emit(&mut self, stripe: Bytes) -> Result<()> {
+        let n = self.next_stripe;
+        self.next_stripe += 1;
+        if n == 0 {
+            self.head = Some(stripe);
+            return Ok(());
+        }
+        while self.tails.len() >= MAX_INFLIGHT_STRIPES {
+            self.join_one().await?;
+        }
+        let data = self.data.clone();
+        let name = stripe_obj(&self.inst, n);
+        self.tails
+            .spawn(async move { data.write_full(&name, stripe).await.map(drop) });
+        Ok(())
+    }
+
+    async fn join_one(&mut self) -> Result<()> {
+        match self.tails.join_next().await {
+            Some(Ok(r)) => r.map_err(RgwError::from),
+            Some(Err(e)) => Err(RgwError::Body(format!("stripe writer failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every tail stripe; writes the head stripe with `meta` (if given) as its
+    /// xattr. The instance is then complete on disk (but not yet referenced).
+    pub async fn finish(
+        mut self,
+        meta: impl FnOnce(&Written) -> Option<ObjectMeta>,
+    ) -> Result<Written> {
+        if !self.cur.is_empty() || self.next_stripe == 0 {
+            let rest = std::mem::take(&mut self.cur).freeze();
+            self.emit(rest).await?;
+        }
+        while !self.tails.is_empty() {
+            self.join_one().await?;
+        }
+        let written = Written {
+            size: self.size,
+            md5: self.md5.finalize_reset().into(),
+        };
+        let mut op = WriteOp::new()
+            .create(true)
+            .write_full(self.head.take().unwrap_or_default());
+        if let Some(m) = meta(&written) {
+            op = op.set_xattr(META_XATTR, encode(&m));
+        }
+        self.data.operate(op, &self.inst).await?;
+        Ok(written)
+    }
+}
+
+/// One piece of a read: `len` bytes at `offset` in RADOS object `obj`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Segment {
+    obj: String,
+    offset: u64,
+    len: u64,
+}
+
+/// The RADOS reads that make up bytes `[start, end)` of an object laid out as `parts` (or,
+/// for a simple object, its own stripes).
+fn segments(inst: &str, meta: &ObjectMeta, start: u64, end: u64) -> Vec<Segment> {
+    let simple;
+    let parts: &[PartRef] = if meta.parts.is_empty() {
+        simple = [PartRef {
+            inst: inst.to_string(),
+            size: meta.size,
+        }];
+        &simple
+    } else {
+        &meta.parts
+    };
+    let mut out = Vec::new();
+    let mut base = 0u64;
+    for p in parts {
+        let (pstart, pend) = (base, base + p.size);
+        base = pend;
+        if pend <= start || pstart >= end {
+            continue;
+        }
+        let mut pos = start.max(pstart) - pstart;
+        let stop = end.min(pend) - pstart;
+        while pos < stop {
+            let n = pos / STRIPE;
+            let within = pos % STRIPE;
+            let len = (STRIPE - within).min(stop - pos);
+            out.push(Segment {
+                obj: stripe_obj(&p.inst, n),
+                offset: within,
+                len,
+            });
+            pos += len;
+        }
+    }
+    out
+}
+
+/// A body being streamed out of RADOS (a reader task feeds it, two stripes ahead).
+pub struct BodyStream {
+    rx: mpsc::Receiver<Result<Bytes, RgwError>>,
+}
+
+impl Stream for BodyStream {
+    type Item = Result<Bytes, RgwError>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Rgw {
+    /// Reads an object's meta (from its head's xattr).
+    pub async fn read_meta(&self, inst: &str) -> Result<ObjectMeta> {
+        let raw = self.inner.data.get_xattr(inst, META_XATTR).await?;
+        decode(inst, &raw)
+    }
+
+    /// Reads an object's meta and, in the same round trip, the first `len` bytes of the head.
+    pub async fn read_head(&self, inst: &str, len: u64) -> Result<(ObjectMeta, Bytes)> {
+        let res = self
+            .inner
+            .data
+            .operate_read(
+                ReadOp::new().get_xattr(META_XATTR).read(0, len.max(1)),
+                inst,
+            )
+            .await?;
+        match (res.first(), res.get(1)) {
+            (Some(ReadResult::Data(m)), Some(ReadResult::Data(d))) => {
+                let meta: ObjectMeta = decode(inst, m)?;
+                let mut d = d.clone();
+                d.truncate(len as usize);
+                Ok((meta, d))
+            }
+            _ => Err(RgwError::Corrupt {
+                object: inst.to_string(),
+                message: "unexpected head read result".into(),
+            }),
+        }
+    }
+
+    /// Streams bytes `[start, end)` of an object; `first` are bytes already read from the
+    /// start of that range (see [`Rgw::read_head`]).
+    pub fn read_body(
+        &self,
+        inst: &str,
+        meta: &ObjectMeta,
+        start: u64,
+        end: u64,
+        first: Bytes,
+    ) -> BodyStream {
+        let (tx, rx) = mpsc::channel(2);
+        let data = self.inner.data.clone();
+        let mut segs = segments(inst, meta, start, end);
+        let mut skip = first.len() as u64;
+        let expect_total = end.saturating_sub(start);
+        tokio::spawn(async move {
+            if !first.is_empty() && tx.send(Ok(first)).await.is_err() {
+                return;
+            }
+            // drop what `first` already covered
+            segs.retain_mut(|s| {
+                if skip == 0 {
+                    return true;
+                }
+                let cut = skip.min(s.len);
+                s.offset += cut;
+                s.len -= cut;
+                skip -= cut;
+                s.len > 0
+            });
+            let _ = expect_total;
+            let mut reads = futures::stream::iter(segs.into_iter().map(|s| {
+                let data = data.clone();
+                async move {
+                    let got = data.read(&s.obj, s.offset, s.len).await?;
+                    if (got.len() as u64) < s.len {
+                        return Err(RgwError::Corrupt {
+                            object: s.obj.clone(),
+                            message: format!(
+                                "stripe holds {} bytes at {}, {} expected",
+                                got.len(),
+                                s.offset,
+                                s.len
+                            ),
+                        });
+                    }
+                    Ok(got)
+                }
+            }))
+            .buffered(2);
+            use futures::StreamExt;
+            while let Some(r) = reads.next().await {
+                let failed = r.is_err();
+                if tx.send(r).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        BodyStream { rx }
+    }
+
+    /// Deletes an instance's RADOS objects: parts (for a multipart object), tails, then the
+    /// head, so an interrupted delete can be repeated. `size: None` means unknown (an
+    /// abandoned upload): stripes are probed until several in a row are missing.
+    pub async fn delete_instance(&self, inst: &str, size: Option<u64>) -> Result<()> {
+        let data = &self.inner.data;
+        let meta = match data.get_xattr(inst, META_XATTR).await {
+            Ok(raw) => decode::<ObjectMeta>(inst, &raw).ok(),
+            Err(ClientError::NotFound { .. } | ClientError::NoData { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(m) = &meta {
+            for p in &m.parts {
+                Box::pin(self.delete_instance(&p.inst, Some(p.size))).await?;
+            }
+        }
+        let size = size.or(meta.as_ref().filter(|m| m.parts.is_empty()).map(|m| m.size));
+        match size {
+            Some(size) => {
+                let count = if meta.as_ref().is_some_and(|m| !m.parts.is_empty()) {
+                    1
+                } else {
+                    stripe_count(size)
+                };
+                let mut rms = futures::stream::iter((1..count).map(|n| {
+                    let name = stripe_obj(inst, n);
+                    async move { ignore_missing(data.remove(&name).await) }
+                }))
+                .buffer_unordered(8);
+                use futures::StreamExt;
+                while let Some(r) = rms.next().await {
+                    r?;
+                }
+            }
+            None => {
+                let mut misses = 0usize;
+                let mut n = 1u64;
+                while misses < MAX_INFLIGHT_STRIPES * 2 {
+                    match data.remove(&stripe_obj(inst, n)).await {
+                        Ok(()) => misses = 0,
+                        Err(ClientError::NotFound { .. }) => misses += 1,
+                        Err(e) => return Err(e.into()),
+                    }
+                    n += 1;
+                }
+            }
+        }
+        ignore_missing(data.remove(inst).await)
+    }
+}
+
+fn ignore_missing(r: std::result::Result<(), ClientError>) -> Result<()> {
+    match r {
+        Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(size: u64, parts: &[(&str, u64)]) -> ObjectMeta {
+        ObjectMeta {
+            size,
+            parts: parts
+                .iter()
+                .map(|(i, s)| PartRef {
+                    inst: i.to_string(),
+                    size: *s,
+                })
+                .collect(),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn simple_object_segments() {
+        let m = meta(STRIPE * 2 + 10, &[]);
+        let s = segments("b.i", &m, 0, m.size);
+        assert_eq!(s.len(), 3);
+        assert_eq!(
+            s[2],
+            Segment {
+                obj: "b.i.2".into(),
+                offset: 0,
+                len: 10
+            }
+        );
+        let s = segments("b.i", &m, STRIPE - 1, STRIPE + 1);
+        assert_eq!(
+            s,
+            vec![
+                Segment {
+                    obj: "b.i".into(),
+                    offset: STRIPE - 1,
+                    len: 1
+                },
+                Segment {
+                    obj: "b.i.1".into(),
+                    offset: 0,
+                    len: 1
+                },
+            ]
+        );
+        assert!(segments("b.i", &meta(0, &[]), 0, 0).is_empty());
+    }
+
+    #[test]
+    fn multipart_segments_cross_parts() {
+        let m = meta(15, &[("p1", 5), ("p2", 10)]);
+        let s = segments("head", &m, 3, 8);
+        assert_eq!(
+            s,
+            vec![
+                Segment {
+                    obj: "p1".into(),
+                    offset: 3,
+                    len: 2
+                },
+                Segment {
+                    obj: "p2".into(),
+                    offset: 0,
+                    len: 3
+                },
+            ]
+        );
+        let total: u64 = segments("head", &m, 0, 15).iter().map(|s| s.len).sum();
+        assert_eq!(total, 15);
+    }
+}

@@ -1,0 +1,116 @@
+//! [`Rgw`]: the gateway's handle on the cluster (its three pools and its settings), shared by
+//! the S3 front end, the admin commands and the garbage collector.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kelp_client::{ClientError, IoCtx, PoolSpec, Rados};
+
+use crate::error::Result;
+
+/// Gateway settings. Every field has a `kelp rgw` flag (see `--help`) of the same name.
+#[derive(Debug, Clone)]
+pub struct RgwConfig {
+    /// Users, keys and bucket records.
+    pub meta_pool: String,
+    /// Bucket index shards.
+    pub index_pool: String,
+    /// Object data.
+    pub data_pool: String,
+    /// Index shards of a new bucket unless its creator asks otherwise.
+    pub default_shards: u32,
+    /// How long unreferenced data is kept before it is deleted (reads that started before an
+    /// overwrite or a delete may still be streaming it).
+    pub gc_min_wait: Duration,
+    /// How long an upload may take before its unfinished data counts as abandoned.
+    pub pending_grace: Duration,
+    /// How often the garbage collector runs (0: never, in this gateway).
+    pub gc_interval: Duration,
+    /// PGs of the pools the gateway creates: meta, index, data.
+    pub pg_nums: (u32, u32, u32),
+}
+
+impl Default for RgwConfig {
+    fn default() -> Self {
+        RgwConfig {
+            meta_pool: "kelp.rgw.meta".into(),
+            index_pool: "kelp.rgw.index".into(),
+            data_pool: "kelp.rgw.data".into(),
+            default_shards: 11,
+            gc_min_wait: Duration::from_secs(2 * 3600),
+            pending_grace: Duration::from_secs(3600),
+            gc_interval: Duration::from_secs(300),
+            pg_nums: (8, 16, 32),
+        }
+    }
+}
+
+/// The gateway's state: a cluster connection and its pools. Cheap to clone.
+#[derive(Clone)]
+pub struct Rgw {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub rados: Rados,
+    pub meta: IoCtx,
+    pub index: IoCtx,
+    pub data: IoCtx,
+    pub cfg: RgwConfig,
+}
+
+impl Rgw {
+    /// Opens the gateway's pools, creating those that do not exist yet.
+    pub async fn open(rados: Rados, cfg: RgwConfig) -> Result<Rgw> {
+        let meta = ensure_pool(&rados, &cfg.meta_pool, cfg.pg_nums.0).await?;
+        let index = ensure_pool(&rados, &cfg.index_pool, cfg.pg_nums.1).await?;
+        let data = ensure_pool(&rados, &cfg.data_pool, cfg.pg_nums.2).await?;
+        Ok(Rgw {
+            inner: Arc::new(Inner {
+                rados,
+                meta,
+                index,
+                data,
+                cfg,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &RgwConfig {
+        &self.inner.cfg
+    }
+
+    pub fn rados(&self) -> &Rados {
+        &self.inner.rados
+    }
+}
+
+async fn ensure_pool(rados: &Rados, name: &str, pg_num: u32) -> Result<IoCtx> {
+    match rados.ioctx(name).await {
+        Ok(io) => return Ok(io),
+        Err(ClientError::NoSuchPool(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let created = rados
+        .create_pool(PoolSpec {
+            name: name.to_string(),
+            pg_num: Some(pg_num),
+            size: None,
+            min_size: None,
+            crush_rule: None,
+        })
+        .await;
+    match created {
+        Ok(_) => Ok(rados.ioctx(name).await?),
+        // another gateway created it at the same moment
+        Err(first) => {
+            for _ in 0..50 {
+                if let Ok(io) = rados.ioctx(name).await {
+                    return Ok(io);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(first.into())
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! `kelp rgw`: the S3 gateway daemon, and `kelp s3 …`: its administration (users, keys,
+//! buckets), the `radosgw-admin` equivalents.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use kelp_rgw::{AccessKey, Rgw, RgwConfig};
+
+use crate::cmd::OutputFormat;
+use crate::cmd::common::{self, ConfArgs};
+
+/// Pools and tuning shared by the gateway and the admin commands.
+#[derive(Args, Debug, Clone)]
+pub struct RgwPoolArgs {
+    /// Pool for users, keys and bucket records (created if missing).
+    #[arg(long, default_value = "kelp.rgw.meta")]
+    pub meta_pool: String,
+    /// Pool for bucket index shards (created if missing).
+    #[arg(long, default_value = "kelp.rgw.index")]
+    pub index_pool: String,
+    /// Pool for object data (created if missing).
+    #[arg(long, default_value = "kelp.rgw.data")]
+    pub data_pool: String,
+    /// Index shards of a new bucket.
+    #[arg(long, default_value_t = 11)]
+    pub default_shards: u32,
+    /// Seconds unreferenced data (overwritten or deleted objects) is kept before the garbage
+    /// collector deletes it: reads that started before may still be streaming it.
+    #[arg(long, default_value_t = 7200)]
+    pub gc_min_wait_secs: u64,
+    /// Seconds an upload may take before its unfinished data counts as abandoned.
+    #[arg(long, default_value_t = 3600)]
+    pub pending_grace_secs: u64,
+}
+
+impl RgwPoolArgs {
+    fn config(&self, gc_interval: Duration) -> RgwConfig {
+        RgwConfig {
+            meta_pool: self.meta_pool.clone(),
+            index_pool: self.index_pool.clone(),
+            data_pool: self.data_pool.clone(),
+            default_shards: self.default_shards,
+            gc_min_wait: Duration::from_secs(self.gc_min_wait_secs),
+            pending_grace: Duration::from_secs(self.pending_grace_secs),
+            gc_interval,
+            ..RgwConfig::default()
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RgwArgs {
+    #[command(flatten)]
+    pub conf: ConfArgs,
+    /// TCP port to serve S3 on (0: any free port; see --data).
+    #[arg(long, default_value_t = 7480)]
+    pub port: u16,
+    /// Address to listen on (0.0.0.0 to serve other machines).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: IpAddr,
+    /// Directory where the gateway writes `addr` (the address it listens on) once it serves,
+    /// and its pid file.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Seconds between garbage-collection passes (0: this gateway never collects).
+    #[arg(long, default_value_t = 300)]
+    pub gc_interval_secs: u64,
+    #[command(flatten)]
+    pub pools: RgwPoolArgs,
+}
+
+pub fn run_gateway(a: RgwArgs) -> Result<ExitCode> {
+    common::init_logging("info");
+    let rt = common::runtime()?;
+    rt.block_on(async {
+        let rados = a.conf.connect().await?;
+        let rgw = Rgw::open(
+            rados,
+            a.pools.config(Duration::from_secs(a.gc_interval_secs)),
+        )
+        .await
+        .context("opening the gateway's pools")?;
+        let addr = SocketAddr::new(a.bind, a.port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        if let Some(dir) = &a.data {
+            std::fs::create_dir_all(dir)?;
+            common::write_pid_file(&dir.join("pid"))?;
+            let tmp = dir.join("addr.tmp");
+            std::fs::write(&tmp, format!("{local}\n"))?;
+            std::fs::rename(&tmp, dir.join("addr"))?;
+        }
+        eprintln!("kelp rgw: serving S3 on http://{local}");
+        kelp_rgw::server::serve(rgw, listener, common::shutdown_signal()).await;
+        eprintln!("kelp rgw: stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[derive(Subcommand, Debug)]
+pub enum S3Command {
+    /// Users: create (prints the keys), ls, info, rm.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Access keys: create (another key pair for a user), rm.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Buckets: ls, stats, rm (with --purge-objects, deletes everything in it at RADOS speed).
+    #[command(subcommand)]
+    Bucket(BucketCommand),
+    /// Garbage collection: `run` deletes now whatever is due.
+    #[command(subcommand)]
+    Gc(GcCommand),
+}
+
+#[derive(Args, Debug)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub conf: ConfArgs,
+    #[command(flatten)]
+    pub pools: RgwPoolArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Plain)]
+    pub format: OutputFormat,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserCommand {
+    /// Create a user with one key pair (generated unless given) and print it.
+    Create {
+        #[arg(long)]
+        uid: String,
+        #[arg(long, default_value = "")]
+        display_name: String,
+        /// Use this access key instead of a generated one (needs --secret-key).
+        #[arg(long, requires = "secret_key")]
+        access_key: Option<String>,
+        #[arg(long, requires = "access_key")]
+        secret_key: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// List user ids.
+    Ls {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Show a user and its keys.
+    Info {
+        #[arg(long)]
+        uid: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Remove a user that owns no buckets.
+    Rm {
+        #[arg(long)]
+        uid: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeyCommand {
+    /// Add a key pair to a user (generated unless given) and print it.
+    Create {
+        #[arg(long)]
+        uid: String,
+        #[arg(long, requires = "secret_key")]
+        access_key: Option<String>,
+        #[arg(long, requires = "access_key")]
+        secret_key: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Remove an access key.
+    Rm {
+        #[arg(long)]
+        access_key: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BucketCommand {
+    /// List buckets (all, or one user's).
+    Ls {
+        #[arg(long)]
+        uid: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// A bucket's owner, id, shards, object count and bytes.
+    Stats {
+        #[arg(long)]
+        bucket: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Delete a bucket; refused while it holds objects unless --purge-objects.
+    Rm {
+        #[arg(long)]
+        bucket: String,
+        /// Delete every object in the bucket first.
+        #[arg(long)]
+        purge_objects: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GcCommand {
+    /// Delete now the data whose garbage-collection time has come.
+    Run {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+async fn open(a: &AdminArgs) -> Result<Rgw> {
+    let rados = a.conf.connect().await?;
+    Ok(Rgw::open(rados, a.pools.config(Duration::ZERO)).await?)
+}
+
+fn key_of(access: Option<String>, secret: Option<String>) -> Option<AccessKey> {
+    match (access, secret) {
+        (Some(access_key), Some(secret_key)) => Some(AccessKey {
+            access_key,
+            secret_key,
+        }),
+        _ => None,
+    }
+}
+
+fn print_user(u: &kelp_rgw::UserRecord, format: OutputFormat) -> Result<()> {
+    match format {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(u)?),
+        OutputFormat::Plain => {
+            println!("uid:          {}", u.uid);
+            println!("display name: {}", u.display_name);
+            for k in &u.keys {
+                println!("access key:   {}", k.access_key);
+                println!("secret key:   {}", k.secret_key);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
+    common::init_logging("warn");
+    let rt = common::runtime()?;
+    rt.block_on(async move {
+        match cmd {
+            S3Command::User(UserCommand::Create {
+                uid,
+                display_name,
+                access_key,
+                secret_key,
+                admin,
+            }) => {
+                let rgw = open(&admin).await?;
+                let name = if display_name.is_empty() {
+                    uid.clone()
+                } else {
+                    display_name
+                };
+                let u = rgw
+                    .create_user(&uid, &name, key_of(access_key, secret_key))
+                    .await?;
+                print_user(&u, admin.format)?;
+            }
+            S3Command::User(UserCommand::Ls { admin }) => {
+                let users = open(&admin).await?.users().await?;
+                match admin.format {
+                    OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&users)?),
+                    OutputFormat::Plain => users.iter().for_each(|u| println!("{u}")),
+                }
+            }
+            S3Command::User(UserCommand::Info { uid, admin }) => {
+                let u = open(&admin).await?.user(&uid).await?;
+                print_user(&u, admin.format)?;
+            }
+            S3Command::User(UserCommand::Rm { uid, admin }) => {
+                open(&admin).await?.remove_user(&uid).await?;
+                eprintln!("user '{uid}' removed");
+            }
+            S3Command::Key(KeyCommand::Create {
+                uid,
+                access_key,
+                secret_key,
+                admin,
+            }) => {
+                let k = open(&admin)
+                    .await?
+                    .add_key(&uid, key_of(access_key, secret_key))
+                    .await?;
+                match admin.format {
+                    OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&k)?),
+                    OutputFormat::Plain => {
+                        println!("access key:   {}", k.access_key);
+                        println!("secret key:   {}", k.secret_key);
+                    }
+                }
+            }
+            S3Command::Key(KeyCommand::Rm { access_key, admin }) => {
+                open(&admin).await?.remove_key(&access_key).await?;
+                eprintln!("access key '{access_key}' removed");
+            }
+            S3Command::Bucket(BucketCommand::Ls { uid, admin }) => {
+                let rgw = open(&admin).await?;
+                let list: Vec<(String, String)> = match uid {
+                    Some(u) => rgw
+                        .user_buckets(&u)
+                        .await?
+                        .into_iter()
+                        .map(|(b, _)| (b, u.clone()))
+                        .collect(),
+                    None => rgw.all_buckets().await?,
+                };
+                match admin.format {
+                    OutputFormat::Json => {
+                        let v: Vec<_> = list
+                            .iter()
+                            .map(|(b, o)| serde_json::json!({"bucket": b, "owner": o}))
+                            .collect();
+                        println!("{}", serde_json::to_string_pretty(&v)?);
+                    }
+                    OutputFormat::Plain => list.iter().for_each(|(b, o)| println!("{b}\t{o}")),
+                }
+            }
+            S3Command::Bucket(BucketCommand::Stats { bucket, admin }) => {
+                let rgw = open(&admin).await?;
+                let b = rgw.bucket(&bucket).await?;
+                let (objects, bytes) = rgw.bucket_usage(&b).await?;
+                let v = serde_json::json!({
+                    "bucket": b.name, "id": b.id, "owner": b.owner, "num_shards": b.shards,
+                    "num_objects": objects, "size_bytes": bytes,
+                });
+                match admin.format {
+                    OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                    OutputFormat::Plain => {
+                        println!("bucket:   {}", b.name);
+                        println!("id:       {}", b.id);
+                        println!("owner:    {}", b.owner);
+                        println!("shards:   {}", b.shards);
+                        println!("objects:  {objects}");
+                        println!("bytes:    {bytes}");
+                    }
+                }
+            }
+            S3Command::Bucket(BucketCommand::Rm {
+                bucket,
+                purge_objects,
+                admin,
+            }) => {
+                let rgw = open(&admin).await?;
+                let b = rgw.bucket(&bucket).await?;
+                let n = rgw.delete_bucket(&b, purge_objects).await?;
+                eprintln!("bucket '{bucket}' removed ({n} object(s) deleted)");
+            }
+            S3Command::Gc(GcCommand::Run { admin }) => {
+                let s = open(&admin).await?.gc_once().await?;
+                eprintln!(
+                    "garbage collected: {} unreferenced instance(s), {} abandoned upload(s)",
+                    s.collected, s.abandoned
+                );
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the default S3 user of a `kelp up` cluster (if missing) and returns its key.
+pub async fn ensure_default_user(rados: kelp_client::Rados, uid: &str) -> Result<AccessKey> {
+    let rgw = Rgw::open(rados, RgwConfig::default()).await?;
+    match rgw.user(uid).await {
+        Ok(u) => u
+            .keys
+            .first()
+            .cloned()
+            .with_context(|| format!("user '{uid}' has no access key")),
+        Err(kelp_rgw::RgwError::NoSuchUser(_)) => {
+            let u = rgw.create_user(uid, "Kelp default user", None).await?;
+            Ok(u.keys[0].clone())
+        }
+        Err(e) => bail!(e),
+    }
+}
