@@ -79,9 +79,10 @@ pub struct BenchArgs {
     )]
     pub secret_key: Option<String>,
 
-    /// Region used in the signature (and as the bucket's location when it is created).
-    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
-    pub region: String,
+    /// Region used in the signature (and as the bucket's location when it is created)
+    /// [default: $AWS_DEFAULT_REGION, else us-east-1].
+    #[arg(long, env = "AWS_REGION")]
+    pub region: Option<String>,
 
     /// Bucket to work in; created if it does not exist (it is never deleted).
     #[arg(long, short = 'b', default_value = "kelp-s3bench")]

@@ -32,6 +32,8 @@ const MAX_SIZE: u64 = 5 << 30;
 /// Default data volume of the object set for get and mixed runs.
 const DEFAULT_SET_BYTES: u64 = 256 << 20;
 const DEFAULT_MAX_OBJECTS: usize = 1000;
+/// The region when neither --region, AWS_REGION nor AWS_DEFAULT_REGION names one.
+const DEFAULT_REGION: &str = "us-east-1";
 
 /// The arguments, checked and resolved (environment fallbacks applied, defaults computed).
 #[derive(Debug)]
@@ -80,7 +82,14 @@ impl Plan {
         )?;
         let invalid =
             |option: &'static str, reason: String| BenchError::InvalidOption { option, reason };
-        if args.region.trim().is_empty() {
+        // AWS_REGION (through clap) wins over AWS_DEFAULT_REGION, as in the AWS CLI.
+        let region = args
+            .region
+            .clone()
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .unwrap_or_else(|| DEFAULT_REGION.to_string());
+        let region = region.trim().to_string();
+        if region.is_empty() {
             return Err(invalid("region", "must not be empty".into()));
         }
         if args.bucket.is_empty() || args.bucket.contains('/') {
@@ -136,7 +145,7 @@ impl Plan {
             endpoint,
             access_key,
             secret_key,
-            region: args.region.trim().to_string(),
+            region,
             bucket: args.bucket.clone(),
             size,
             concurrency: args.concurrency,
@@ -499,6 +508,8 @@ async fn measure(
 
     let mut by_kind: BTreeMap<OpKind, Recorder> = BTreeMap::new();
     let mut interval = Interval::default();
+    // Successes counted so far (inside the window), for the progress lines.
+    let mut window_ops = 0u64;
     let mut window_bytes = 0u64;
     let mut successes = 0u64;
     let mut errors = 0u64;
@@ -530,6 +541,7 @@ async fn measure(
                         interval.latency_max = interval.latency_max.max(latency);
                         if c.finished >= window_start && c.finished <= window_end {
                             rec.success(bytes, latency);
+                            window_ops += 1;
                             window_bytes += bytes;
                         }
                     }
@@ -563,14 +575,18 @@ async fn measure(
                 writeln!(
                     out,
                     "{second:>5} {:>9} {:>10.1} {:>9.2} {:>10.2} {:>11.2} {:>11.2} {:>7}{}",
-                    interval.ops,
+                    window_ops,
                     interval.ops as f64,
                     interval.bytes as f64 / (1u64 << 20) as f64,
                     avg_mib,
                     lat_avg,
                     interval.latency_max.as_secs_f64() * 1e3,
                     errors,
-                    if now <= window_start { "  (warm-up)" } else { "" },
+                    if t0 + Duration::from_secs(second) <= window_start {
+                        "  (warm-up)"
+                    } else {
+                        ""
+                    },
                 )?;
                 out.flush()?;
                 interval = Interval::default();
@@ -706,7 +722,8 @@ mod tests {
         assert_eq!(p.objects, 64);
         let p = Plan::new(&args(&["--objects", "7", "get"])).unwrap();
         assert_eq!(p.objects, 7);
-        let p = Plan::new(&args(&["put"])).unwrap();
+        let p = Plan::new(&args(&["--region", "eu-west-1", "put"])).unwrap();
+        assert_eq!(p.region, "eu-west-1");
         assert_eq!(p.objects, 0);
         assert!(p.key_prefix.starts_with("s3bench/") && p.key_prefix.ends_with('/'));
     }

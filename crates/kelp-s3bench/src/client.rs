@@ -225,8 +225,10 @@ impl S3Client {
         let message = xml_field(&text, "Message").unwrap_or_else(|| {
             if text.trim().is_empty() {
                 "(no error document)".to_string()
+            } else if text.contains("<Code>") {
+                "(no message)".to_string()
             } else {
-                text.chars().take(200).collect()
+                plain_text(&text, 160)
             }
         });
         BenchError::S3 {
@@ -274,7 +276,30 @@ impl S3Client {
         }
         match self.s3_error(OP, bucket, resp).await {
             BenchError::S3 { code, .. } if code == "BucketAlreadyOwnedByYou" => Ok(()),
+            // Some services (s3s, older RGW set-ups) say BucketAlreadyExists to the owner too;
+            // the bucket is usable if we may read it.
+            e @ BenchError::S3 { .. } if e.s3_code() == Some("BucketAlreadyExists") => {
+                match self.head_bucket(bucket).await {
+                    Ok(()) => Ok(()),
+                    Err(_) => Err(e),
+                }
+            }
             e => Err(e),
+        }
+    }
+
+    /// Succeeds if `bucket` exists and these credentials may use it.
+    pub async fn head_bucket(&self, bucket: &str) -> Result<(), BenchError> {
+        const OP: &str = "HeadBucket";
+        let path = format!("/{}", sigv4::uri_encode(bucket, true));
+        let resp = self
+            .send(OP, bucket, Method::HEAD, &path, Bytes::new(), EMPTY_SHA256)
+            .await?;
+        if resp.status().is_success() {
+            drain(resp).await;
+            Ok(())
+        } else {
+            Err(self.s3_error(OP, bucket, resp).await)
         }
     }
 
@@ -394,6 +419,31 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
+/// A non-S3 error body (an HTML page from a proxy, a stack trace) as one short line: tags
+/// dropped, whitespace collapsed, at most `max` characters.
+fn plain_text(body: &str, max: usize) -> String {
+    let mut text = String::with_capacity(body.len().min(4 * max));
+    let mut in_tag = false;
+    for c in body.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' if in_tag => {
+                in_tag = false;
+                text.push(' ');
+            }
+            _ if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if words.chars().count() > max {
+        let cut: String = words.chars().take(max).collect();
+        format!("{cut}…")
+    } else {
+        words
+    }
+}
+
 /// The text of the first `<tag>…</tag>` in an S3 error document, entities decoded.
 fn xml_field(doc: &str, tag: &str) -> Option<String> {
     let open = format!("<{tag}>");
@@ -448,6 +498,17 @@ mod tests {
             Some("The key \"a&b\" does not exist")
         );
         assert_eq!(xml_field(doc, "RequestId"), None);
+    }
+
+    #[test]
+    fn other_error_bodies_become_one_short_line() {
+        let page = "<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n\
+                    <h1>Internal Server Error</h1>\n<p>The server encountered an error.</p>";
+        assert_eq!(
+            plain_text(page, 200),
+            "500 Internal Server Error Internal Server Error The server encountered an error."
+        );
+        assert_eq!(plain_text("abcdef", 3), "abc…");
     }
 
     #[test]

@@ -170,11 +170,15 @@ impl Report {
             self.endpoint,
             self.bucket
         )?;
+        writeln!(
+            w,
+            "  {:<6} {:>9} {:>10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            "op", "ops", "ops/s", "MiB/s", "MB/s", "avg ms", "p50 ms", "p99 ms", "max ms", "errors"
+        )?;
         let mut line = |name: &str, r: &OpReport| {
             writeln!(
                 w,
-                "  {name:<6} {:>9} ops {:>10.1} ops/s {:>9.2} MiB/s {:>9.2} MB/s   \
-                 lat ms avg {:.2} p50 {:.2} p99 {:.2} max {:.2}   errors {}",
+                "  {name:<6} {:>9} {:>10.1} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7}",
                 r.ops,
                 r.ops_per_s,
                 r.mib_per_s,
