@@ -165,16 +165,18 @@ impl S3Client {
             amz_date: &amz_date,
         });
         let mut builder = Request::builder()
-            .method(method)
+            .method(method.clone())
             .uri(format!("{}{}", self.endpoint.base, path))
             .header("host", &self.endpoint.host)
             .header("x-amz-content-sha256", payload_hash)
             .header("x-amz-date", &amz_date)
             .header("authorization", authorization);
+        // S3 answers 411 MissingContentLength to a PUT without one, even an empty PUT.
+        if method == Method::PUT || !body.is_empty() {
+            builder = builder.header("content-length", body.len());
+        }
         if !body.is_empty() {
-            builder = builder
-                .header("content-length", body.len())
-                .header("content-type", "application/octet-stream");
+            builder = builder.header("content-type", "application/octet-stream");
         }
         let req = builder
             .body(Full::new(body))
