@@ -57,6 +57,7 @@ impl Cluster {
             "16",
             "--timeout-secs",
             "90",
+            "--no-rgw",
         ];
         args.extend_from_slice(extra);
         let out = kelp(&args);

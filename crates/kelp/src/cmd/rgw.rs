@@ -117,6 +117,9 @@ pub enum S3Command {
     /// Garbage collection: `run` deletes now whatever is due.
     #[command(subcommand)]
     Gc(GcCommand),
+    /// Load generator for any S3 service (like warp/COSBench): put, get or mixed objects of
+    /// one size from N concurrent clients; per-second progress, then ops/s, MiB/s, latency.
+    Bench(kelp_s3bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -259,6 +262,10 @@ fn print_user(u: &kelp_rgw::UserRecord, format: OutputFormat) -> Result<()> {
 pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
     common::init_logging("warn");
     let rt = common::runtime()?;
+    if let S3Command::Bench(args) = cmd {
+        rt.block_on(kelp_s3bench::run(&args, std::io::stdout()))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     rt.block_on(async move {
         match cmd {
             S3Command::User(UserCommand::Create {
@@ -368,6 +375,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 let n = rgw.delete_bucket(&b, purge_objects).await?;
                 eprintln!("bucket '{bucket}' removed ({n} object(s) deleted)");
             }
+            S3Command::Bench(_) => unreachable!("handled above"),
             S3Command::Gc(GcCommand::Run { admin }) => {
                 let s = open(&admin).await?.gc_once().await?;
                 eprintln!(

@@ -1,0 +1,251 @@
+//! The S3 gateway on a real cluster: `kelp up --detach` (which starts `kelp rgw` and writes
+//! DIR/s3.env), a second gateway on the same cluster, then real clients: the boto3 suite in
+//! tests/s3/boto3_suite.py (every operation and error code the gateway implements, across both
+//! gateways), the `aws` CLI syncing a directory tree up and down byte for byte, `kelp s3 bench`,
+//! and the `kelp s3` admin commands. Needs python3 with boto3 and the aws CLI (`.ci/run`
+//! installs them); bounded to a few minutes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn kelp(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args(args)
+        .output()
+        .expect("run kelp")
+}
+
+fn ok(out: &std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The cluster (and a second gateway), stopped and removed whatever happens.
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    second: Option<Child>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.second.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = kelp(&["down", "--dir", &self.dir.display().to_string()]);
+    }
+}
+
+fn env_of(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(dir.join("s3.env"))
+        .expect("kelp up writes s3.env")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn wait_addr(file: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(a) = std::fs::read_to_string(file)
+            && std::net::TcpStream::connect(a.trim()).is_ok()
+        {
+            return a.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "gateway did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn have(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn s3_gateway_with_real_clients() {
+    assert!(
+        have("python3", &["-c", "import boto3"]) && have("aws", &["--version"]),
+        "the S3 tests need python3 and the aws CLI (pip install boto3 awscli; .ci/run does it)"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kelp-data");
+    let d = dir.display().to_string();
+    let mut c = Cluster {
+        _tmp: tmp,
+        dir: dir.clone(),
+        second: None,
+    };
+    ok(
+        &kelp(&[
+            "up",
+            "--detach",
+            "--dir",
+            &d,
+            "--osd-size",
+            "1GiB",
+            "--pg-num",
+            "8",
+            "--timeout-secs",
+            "90",
+            "--rgw-port",
+            "0",
+        ]),
+        "kelp up",
+    );
+    let env = env_of(&dir);
+    let conf = dir.join("kelp.conf").display().to_string();
+
+    // a second gateway on the same cluster
+    let gw2 = c._tmp.path().join("gw2");
+    c.second = Some(
+        Command::new(env!("CARGO_BIN_EXE_kelp"))
+            .args([
+                "rgw",
+                "-c",
+                &conf,
+                "--port",
+                "0",
+                "--data",
+                &gw2.display().to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let other = format!("http://{}", wait_addr(&gw2.join("addr")));
+
+    // boto3: every operation, error codes, both gateways
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/boto3_suite.py");
+    let out = Command::new("python3")
+        .arg(&suite)
+        .envs(&env)
+        .env("OTHER_ENDPOINT_URL", &other)
+        .output()
+        .unwrap();
+    ok(&out, "boto3 suite");
+
+    // the aws CLI: a tree up and down, byte for byte (large files go multipart)
+    let src = c._tmp.path().join("tree");
+    let mut files = BTreeMap::new();
+    for (i, size) in [0usize, 1, 4096, 100_000, 9_000_000, 20_000_000]
+        .iter()
+        .enumerate()
+    {
+        let rel = format!("d{}/sub/file-{i}.bin", i % 2);
+        let p = src.join(&rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let data: Vec<u8> = (0..*size).map(|j| (j * 31 + i * 7) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        files.insert(rel, data);
+    }
+    let aws = |args: &[&str]| {
+        let out = Command::new("aws").args(args).envs(&env).output().unwrap();
+        ok(&out, &format!("aws {args:?}"))
+    };
+    aws(&["s3", "mb", "s3://synced"]);
+    aws(&[
+        "s3",
+        "sync",
+        "--only-show-errors",
+        &src.display().to_string(),
+        "s3://synced/tree",
+    ]);
+    let back = c._tmp.path().join("back");
+    aws(&[
+        "s3",
+        "sync",
+        "--only-show-errors",
+        "s3://synced/tree",
+        &back.display().to_string(),
+    ]);
+    for (rel, data) in &files {
+        let got = std::fs::read(back.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        assert!(got == *data, "{rel} differs after the round trip");
+    }
+    let listing = aws(&["s3", "ls", "--recursive", "s3://synced/"]);
+    assert_eq!(listing.lines().count(), files.len(), "{listing}");
+
+    // kelp s3 bench against the gateway
+    let out = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args([
+            "s3",
+            "bench",
+            "put",
+            "--bucket",
+            "bench",
+            "--size",
+            "64KiB",
+            "--concurrency",
+            "4",
+            "--duration",
+            "2s",
+            "--format",
+            "json",
+        ])
+        .envs(&env)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(&out, "kelp s3 bench")).unwrap();
+    assert!(report["ops"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["errors"].as_u64(), Some(0), "{report}");
+
+    // admin: users, keys, buckets
+    let admin = |args: &[&str]| {
+        let mut all = vec!["s3"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-c", &conf]);
+        kelp(&all)
+    };
+    let users = ok(&admin(&["user", "ls"]), "user ls");
+    assert!(users.lines().any(|l| l == "kelp"), "{users}");
+    ok(
+        &admin(&[
+            "user",
+            "create",
+            "--uid",
+            "alice",
+            "--display-name",
+            "Alice",
+        ]),
+        "user create",
+    );
+    let dup = admin(&["user", "create", "--uid", "alice"]);
+    assert!(!dup.status.success());
+    assert!(String::from_utf8_lossy(&dup.stderr).contains("already exists"));
+    let stats: serde_json::Value = serde_json::from_str(&ok(
+        &admin(&["bucket", "stats", "--bucket", "synced", "--format", "json"]),
+        "bucket stats",
+    ))
+    .unwrap();
+    assert_eq!(
+        stats["num_objects"].as_u64(),
+        Some(files.len() as u64),
+        "{stats}"
+    );
+    let refused = admin(&["bucket", "rm", "--bucket", "synced"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not empty"));
+    ok(
+        &admin(&["bucket", "rm", "--bucket", "synced", "--purge-objects"]),
+        "bucket rm",
+    );
+    let buckets = ok(&admin(&["bucket", "ls"]), "bucket ls");
+    assert!(!buckets.contains("synced"), "{buckets}");
+    ok(&admin(&["gc", "run"]), "gc run");
+    let _ = &mut c;
+}
