@@ -35,8 +35,8 @@ impl Rgw {
                 Err(RgwError::NoSuchBucket(_)) => continue,
                 Err(e) => return Err(e),
             };
-            for shard in 0..b.shards {
-                let s = self.gc_shard(&b, shard, false).await?;
+            for obj in index_objects(&b, false) {
+                let s = self.gc_shard(&b, &obj, false).await?;
                 stats.collected += s.collected;
                 stats.abandoned += s.abandoned;
             }
@@ -46,15 +46,14 @@ impl Rgw {
 
     /// Collects one shard's garbage. With `everything`, due times and the grace period are
     /// ignored (a bucket being deleted).
-    async fn gc_shard(&self, b: &BucketRecord, shard: u32, everything: bool) -> Result<GcStats> {
+    async fn gc_shard(&self, b: &BucketRecord, obj: &str, everything: bool) -> Result<GcStats> {
         let io = &self.inner.index;
-        let obj = shard_obj(&b.id, shard);
         let mut stats = GcStats::default();
         let now = now_ns();
         // due garbage: keys sort by due time
         let due_bound = format!("{GC_PREFIX}{now:016x}");
         loop {
-            let (entries, _) = match io.omap_get_vals(&obj, "", GC_PREFIX, 256).await {
+            let (entries, _) = match io.omap_get_vals(obj, "", GC_PREFIX, 256).await {
                 Ok(p) => p,
                 Err(ClientError::NotFound { .. }) => return Ok(stats),
                 Err(e) => return Err(e.into()),
@@ -67,16 +66,16 @@ impl Rgw {
                 break;
             }
             for (k, raw) in &due {
-                let g: GcEntry = decode(&obj, raw)?;
+                let g: GcEntry = decode(obj, raw)?;
                 self.delete_instance(&g.inst, Some(g.size)).await?;
-                io.omap_rm_keys(&obj, &[k]).await?;
+                io.omap_rm_keys(obj, &[k]).await?;
                 stats.collected += 1;
             }
         }
         // abandoned uploads
         let grace = self.inner.cfg.pending_grace.as_nanos() as u64;
-        for (k, raw) in omap_all(io, &obj, PENDING_PREFIX).await? {
-            let p: Pending = decode(&obj, &raw)?;
+        for (k, raw) in omap_all(io, obj, PENDING_PREFIX).await? {
+            let p: Pending = decode(obj, &raw)?;
             if !everything && p.since_ns.saturating_add(grace) > now {
                 continue;
             }
@@ -84,7 +83,7 @@ impl Rgw {
             match io
                 .operate(
                     WriteOp::new().cmp_omap(&k, Some(&raw)).omap_rm_keys(&[&k]),
-                    &obj,
+                    obj,
                 )
                 .await
             {
@@ -105,14 +104,19 @@ impl Rgw {
     pub async fn delete_bucket(&self, b: &BucketRecord, purge: bool) -> Result<u64> {
         let io = &self.inner.index;
         let mut deleted = 0u64;
+        if b.reshard.is_some() {
+            return Err(RgwError::Busy(format!(
+                "bucket '{}' is being resharded; delete it once that is done",
+                b.name
+            )));
+        }
         if !purge {
             let l = self.list_objects(b, "", "", None, 1).await?;
             if !l.objects.is_empty() {
                 return Err(RgwError::BucketNotEmpty(b.name.clone()));
             }
         }
-        for shard in 0..b.shards {
-            let obj = shard_obj(&b.id, shard);
+        for obj in index_objects(b, false) {
             if purge {
                 loop {
                     let (entries, _) = match io.omap_get_vals(&obj, "", OBJ_PREFIX, 512).await {
@@ -150,7 +154,7 @@ impl Rgw {
             for (k, _) in omap_all(io, &obj, UPLOAD_PREFIX).await? {
                 io.omap_rm_keys(&obj, &[&k]).await?;
             }
-            self.gc_shard(b, shard, true).await?;
+            self.gc_shard(b, &obj, true).await?;
         }
         // a writer racing with the deletion may have added an entry since the check
         if !purge {
@@ -160,8 +164,8 @@ impl Rgw {
             }
         }
         self.remove_bucket_record(b).await?;
-        for shard in 0..b.shards {
-            match io.remove(&shard_obj(&b.id, shard)).await {
+        for obj in index_objects(b, true) {
+            match io.remove(&obj).await {
                 Ok(()) | Err(ClientError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -169,7 +173,8 @@ impl Rgw {
         Ok(deleted)
     }
 
-    /// Runs [`Rgw::gc_once`] every `gc_interval` until the task is dropped.
+    /// The maintenance loop: every `gc_interval`, reshards buckets that outgrew their index
+    /// ([`Rgw::auto_reshard`]) and collects garbage ([`Rgw::gc_once`]), until dropped.
     pub async fn run_gc(self) {
         let every = self.inner.cfg.gc_interval;
         if every.is_zero() {
@@ -177,6 +182,12 @@ impl Rgw {
         }
         loop {
             tokio::time::sleep(every).await;
+            if let Err(e) = self
+                .auto_reshard(self.inner.cfg.reshard_max_objects_per_shard)
+                .await
+            {
+                warn!("automatic resharding failed: {e}");
+            }
             match self.gc_once().await {
                 Ok(s) if s != GcStats::default() => {
                     info!(
@@ -193,4 +204,21 @@ impl Rgw {
             }
         }
     }
+}
+
+/// The index objects of a bucket: its generation's shards, those of a reshard in progress,
+/// and (with `retired`) the marker-only shards of earlier generations.
+pub(crate) fn index_objects(b: &BucketRecord, retired: bool) -> Vec<String> {
+    let mut out: Vec<String> = (0..b.shards)
+        .map(|s| shard_obj(&b.id, b.generation, s))
+        .collect();
+    if let Some(t) = &b.reshard {
+        out.extend((0..t.shards).map(|s| shard_obj(&b.id, t.generation, s)));
+    }
+    if retired {
+        for (g, n) in &b.retired {
+            out.extend((0..*n).map(|s| shard_obj(&b.id, *g, s)));
+        }
+    }
+    out
 }

@@ -6,16 +6,17 @@
 //!
 //! [`layout`]: crate::layout
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use kelp_client::{ClientError, ReadOp, ReadResult, WriteOp};
 
 use crate::error::{Result, RgwError, found};
 use crate::layout::{
-    BucketRecord, GcEntry, IndexEntry, OBJ_PREFIX, ObjectMeta, PartEntry, Pending, UPLOAD_PREFIX,
-    UploadEntry, decode, encode, gc_key, now_ns, obj_key, part_key, parts_prefix, pending_key,
-    random_hex, shard_obj, shard_of, upload_key,
+    BucketRecord, GcEntry, IndexEntry, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED, OBJ_PREFIX,
+    ObjectMeta, PartEntry, Pending, UPLOAD_PREFIX, UploadEntry, decode, encode, gc_key, now_ns,
+    obj_key, part_key, parts_prefix, pending_key, random_hex, shard_obj, shard_of, upload_key,
 };
 use crate::rgw::Rgw;
 
@@ -49,41 +50,230 @@ pub struct UploadInfo {
     pub initiated_ns: u64,
 }
 
-impl Rgw {
-    fn shard_name(&self, b: &BucketRecord, key: &str) -> String {
-        shard_obj(&b.id, shard_of(key, b.shards))
+/// Where a key's index entries are right now, and how a change to them must be guarded.
+pub(crate) struct KeyShard {
+    pub obj: String,
+    /// The shard's reshard marker as read (the change is guarded on it being unchanged).
+    marker: Option<Bytes>,
+    /// The shard is being resharded: changes are logged for the resharder.
+    log: bool,
+}
+
+/// What a key's index read returned.
+pub(crate) struct KeyRead {
+    pub shard: KeyShard,
+    pub vals: BTreeMap<String, Bytes>,
+    /// Entries under the requested prefix, in order.
+    pub listed: Vec<(String, Bytes)>,
+}
+
+/// One atomic change to a key's shard: guards, then sets and removals.
+#[derive(Default)]
+pub(crate) struct Txn {
+    guards: Vec<(String, Option<Vec<u8>>)>,
+    present: Vec<String>,
+    sets: Vec<(String, Vec<u8>)>,
+    rms: Vec<String>,
+}
+
+impl Txn {
+    /// The change applies only if `k` holds `v` (or, with `None`, is absent).
+    pub fn expect(&mut self, k: &str, v: Option<&[u8]>) -> &mut Self {
+        self.guards.push((k.to_string(), v.map(<[u8]>::to_vec)));
+        self
+    }
+    pub fn expect_present(&mut self, k: &str) -> &mut Self {
+        self.present.push(k.to_string());
+        self
+    }
+    pub fn set(&mut self, k: impl Into<String>, v: Vec<u8>) -> &mut Self {
+        self.sets.push((k.into(), v));
+        self
+    }
+    pub fn rm(&mut self, k: impl Into<String>) -> &mut Self {
+        self.rms.push(k.into());
+        self
     }
 
+    fn build(mut self, shard: &KeyShard, key: &str) -> WriteOp {
+        let mut op = WriteOp::new().cmp_omap(MARKER, shard.marker.as_deref());
+        for (k, v) in &self.guards {
+            op = op.cmp_omap(k, v.as_deref());
+        }
+        for k in &self.present {
+            op = op.omap_key_present(k);
+        }
+        if shard.log {
+            let mut touched: Vec<String> = self.sets.iter().map(|(k, _)| k.clone()).collect();
+            touched.extend(self.rms.iter().cloned());
+            let entry = LogEntry {
+                key: key.to_string(),
+                omap: touched,
+            };
+            self.sets.push((
+                format!("{LOG_PREFIX}{:016x}.{}", now_ns(), random_hex(4)),
+                encode(&entry),
+            ));
+        }
+        if !self.sets.is_empty() {
+            op = op.omap_set(&self.sets);
+        }
+        if !self.rms.is_empty() {
+            op = op.omap_rm_keys(&self.rms);
+        }
+        op
+    }
+}
+
+/// What a planned change decided.
+pub(crate) enum Step<T> {
+    /// Nothing to write.
+    Done(T),
+    Write(Txn, T),
+}
+
+impl Rgw {
     /// A fresh instance name in bucket `b`.
     pub fn new_instance(&self, b: &BucketRecord) -> String {
         format!("{}.{}", b.id, random_hex(12))
     }
 
-    /// The index entry of `key` (raw, for compare-and-swap, and decoded).
-    async fn lookup_raw(&self, b: &BucketRecord, key: &str) -> Result<Option<(Bytes, IndexEntry)>> {
-        let shard = self.shard_name(b, key);
-        let k = obj_key(key);
-        let res = found(
-            self.inner
-                .index
-                .operate_read(ReadOp::new().omap_get_vals_by_keys(&[&k]), &shard)
-                .await,
-        )?;
-        let Some(mut res) = res else { return Ok(None) };
-        match res.pop() {
-            Some(ReadResult::Pairs { entries, .. }) => match entries.into_iter().next() {
-                Some((_, raw)) => {
-                    let e = decode(&shard, &raw)?;
-                    Ok(Some((raw, e)))
-                }
-                None => Ok(None),
-            },
-            _ => Ok(None),
+    /// Re-reads a bucket's record (after a reshard started or finished).
+    async fn refresh(&self, b: &mut BucketRecord) -> Result<()> {
+        let fresh = self.bucket(&b.name).await?;
+        if fresh.id != b.id {
+            return Err(RgwError::NoSuchBucket(b.name.clone()));
         }
+        *b = fresh;
+        Ok(())
     }
 
+    /// Reads omap `keys` (and everything under `prefix`) of the shard holding `key`, following
+    /// a reshard in progress or just finished.
+    pub(crate) async fn key_read(
+        &self,
+        b: &mut BucketRecord,
+        key: &str,
+        keys: &[String],
+        prefix: Option<&str>,
+    ) -> Result<KeyRead> {
+        for _ in 0..CAS_TRIES {
+            let old = shard_obj(&b.id, b.generation, shard_of(key, b.shards));
+            let (marker, vals, listed) = self.read_shard(&old, keys, prefix).await?;
+            match (&marker, &b.reshard) {
+                (Some(m), Some(t)) if m.as_ref() == MARKER_MOVED => {
+                    let new = shard_obj(&b.id, t.generation, shard_of(key, t.shards));
+                    let (marker, vals, listed) = self.read_shard(&new, keys, prefix).await?;
+                    return Ok(KeyRead {
+                        shard: KeyShard {
+                            obj: new,
+                            marker,
+                            log: false,
+                        },
+                        vals,
+                        listed,
+                    });
+                }
+                // the record is older than the reshard that marked this shard
+                (Some(_), None) => self.refresh(b).await?,
+                (_, reshard) => {
+                    let log = reshard.is_some();
+                    return Ok(KeyRead {
+                        shard: KeyShard {
+                            obj: old,
+                            marker,
+                            log,
+                        },
+                        vals,
+                        listed,
+                    });
+                }
+            }
+        }
+        Err(RgwError::Busy(format!("{}/{key}", b.name)))
+    }
+
+    async fn read_shard(
+        &self,
+        obj: &str,
+        keys: &[String],
+        prefix: Option<&str>,
+    ) -> Result<(Option<Bytes>, BTreeMap<String, Bytes>, Vec<(String, Bytes)>)> {
+        let mut all: Vec<&str> = keys.iter().map(String::as_str).collect();
+        all.push(MARKER);
+        let mut op = ReadOp::new().omap_get_vals_by_keys(&all);
+        if let Some(p) = prefix {
+            op = op.omap_get_vals("", p, 1000);
+        }
+        let Some(res) = found(self.inner.index.operate_read(op, obj).await)? else {
+            return Ok((None, BTreeMap::new(), Vec::new()));
+        };
+        let mut it = res.into_iter();
+        let mut vals: BTreeMap<String, Bytes> = match it.next() {
+            Some(ReadResult::Pairs { entries, .. }) => entries.into_iter().collect(),
+            _ => BTreeMap::new(),
+        };
+        let marker = vals.remove(MARKER);
+        let mut listed = Vec::new();
+        if let Some(p) = prefix
+            && let Some(ReadResult::Pairs { entries, more }) = it.next()
+        {
+            listed = entries;
+            let mut more = more;
+            while more {
+                let after = listed.last().map(|(k, _)| k.clone()).unwrap_or_default();
+                let (page, m) = self.inner.index.omap_get_vals(obj, &after, p, 1000).await?;
+                more = m && !page.is_empty();
+                listed.extend(page);
+            }
+        }
+        Ok((marker, vals, listed))
+    }
+
+    /// Reads, decides and writes one atomic change to `key`'s index entries, retrying when
+    /// another writer (or a reshard) got there first.
+    pub(crate) async fn key_update<T>(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        keys: &[String],
+        prefix: Option<&str>,
+        mut plan: impl FnMut(&KeyRead) -> Result<Step<T>>,
+    ) -> Result<T> {
+        let mut b = b.clone();
+        for _ in 0..CAS_TRIES {
+            let read = self.key_read(&mut b, key, keys, prefix).await?;
+            let (txn, out) = match plan(&read)? {
+                Step::Done(t) => return Ok(t),
+                Step::Write(txn, t) => (txn, t),
+            };
+            match self
+                .inner
+                .index
+                .operate(txn.build(&read.shard, key), &read.shard.obj)
+                .await
+            {
+                Ok(_) => return Ok(out),
+                Err(ClientError::Canceled { .. }) => {
+                    self.refresh(&mut b).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(RgwError::Busy(format!("{}/{key}", b.name)))
+    }
+
+    /// The index entry of `key`.
     pub async fn lookup(&self, b: &BucketRecord, key: &str) -> Result<Option<IndexEntry>> {
-        Ok(self.lookup_raw(b, key).await?.map(|(_, e)| e))
+        let k = obj_key(key);
+        let mut b = b.clone();
+        let read = self
+            .key_read(&mut b, key, std::slice::from_ref(&k), None)
+            .await?;
+        read.vals
+            .get(&k)
+            .map(|raw| decode(&read.shard.obj, raw))
+            .transpose()
     }
 
     /// Records that `inst` is being written for `key` (before any of its data).
@@ -92,15 +282,25 @@ impl Rgw {
             key: key.to_string(),
             since_ns: now_ns(),
         }));
-        self.inner
-            .index
-            .omap_set(&self.shard_name(b, key), &[(pending_key(inst), &p)])
-            .await?;
+        let pk = pending_key(inst);
+        self.key_update(b, key, &[], None, |_| {
+            let mut t = Txn::default();
+            t.set(pk.clone(), p.to_vec());
+            Ok(Step::Write(t, ()))
+        })
+        .await?;
         Ok(p)
     }
 
     fn gc_due(&self) -> u64 {
         now_ns() + self.inner.cfg.gc_min_wait.as_nanos() as u64
+    }
+
+    fn grace_error(&self, what: &str) -> RgwError {
+        RgwError::Body(format!(
+            "{what} took longer than the {}s grace period for uploads",
+            self.inner.cfg.pending_grace.as_secs()
+        ))
     }
 
     /// Makes `entry` (a written instance) the object `key`, if `cond` holds; the instance it
@@ -113,50 +313,30 @@ impl Rgw {
         pending: &Bytes,
         cond: &WriteCondition,
     ) -> Result<Option<IndexEntry>> {
-        let shard = self.shard_name(b, key);
         let k = obj_key(key);
         let pk = pending_key(&entry.inst);
         let raw_entry = encode(entry);
-        for _ in 0..CAS_TRIES {
-            let old = self.lookup_raw(b, key).await?;
-            check_condition(key, old.as_ref().map(|(_, e)| e), cond)?;
-            let mut op = WriteOp::new()
-                .cmp_omap(&k, old.as_ref().map(|(raw, _)| raw.as_ref()))
-                .cmp_omap(&pk, Some(pending));
-            let mut sets: Vec<(String, Vec<u8>)> = vec![(k.clone(), raw_entry.clone())];
-            if let Some((_, e)) = &old {
-                sets.push(gc_entry(self.gc_due(), &e.inst, e.size));
+        let due = self.gc_due();
+        self.key_update(b, key, &[k.clone(), pk.clone()], None, |r| {
+            if r.vals.get(&pk) != Some(pending) {
+                return Err(self.grace_error(&format!("the upload of '{key}'")));
             }
-            op = op.omap_set(&sets).omap_rm_keys(&[&pk]);
-            match self.inner.index.operate(op, &shard).await {
-                Ok(_) => return Ok(old.map(|(_, e)| e)),
-                Err(ClientError::Canceled { .. }) => {
-                    // lost a race with another writer of this key, or our pending entry is
-                    // gone (we took longer than the grace period and the data was collected)
-                    if !self.pending_present(&shard, &pk, pending).await? {
-                        return Err(RgwError::Body(format!(
-                            "upload of '{key}' took longer than the {}s grace period",
-                            self.inner.cfg.pending_grace.as_secs()
-                        )));
-                    }
-                }
-                Err(e) => return Err(e.into()),
+            let old_raw = r.vals.get(&k);
+            let old: Option<IndexEntry> =
+                old_raw.map(|raw| decode(&r.shard.obj, raw)).transpose()?;
+            check_condition(key, old.as_ref(), cond)?;
+            let mut t = Txn::default();
+            t.expect(&k, old_raw.map(|v| v.as_ref()))
+                .expect(&pk, Some(pending))
+                .set(k.clone(), raw_entry.clone())
+                .rm(pk.clone());
+            if let Some(e) = &old {
+                let (gk, gv) = gc_entry(due, &e.inst, e.size);
+                t.set(gk, gv);
             }
-        }
-        Err(RgwError::Busy(format!("{}/{key}", b.name)))
-    }
-
-    async fn pending_present(&self, shard: &str, pk: &str, pending: &Bytes) -> Result<bool> {
-        let res = found(
-            self.inner
-                .index
-                .operate_read(ReadOp::new().omap_get_vals_by_keys(&[pk]), shard)
-                .await,
-        )?;
-        Ok(matches!(
-            res.and_then(|mut r| r.pop()),
-            Some(ReadResult::Pairs { entries, .. }) if entries.first().is_some_and(|(_, v)| v == pending)
-        ))
+            Ok(Step::Write(t, old))
+        })
+        .await
     }
 
     /// Drops an instance that will never be committed: claims its pending entry (unless the
@@ -169,42 +349,37 @@ impl Rgw {
         pending: &Bytes,
     ) -> Result<()> {
         let pk = pending_key(inst);
-        match self
-            .inner
-            .index
-            .operate(
-                WriteOp::new()
-                    .cmp_omap(&pk, Some(pending))
-                    .omap_rm_keys(&[&pk]),
-                &self.shard_name(b, key),
-            )
-            .await
-        {
-            Ok(_) => self.delete_instance(inst, None).await,
-            Err(ClientError::Canceled { .. } | ClientError::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        let claimed = self
+            .key_update(b, key, std::slice::from_ref(&pk), None, |r| {
+                if r.vals.get(&pk) != Some(pending) {
+                    return Ok(Step::Done(false));
+                }
+                let mut t = Txn::default();
+                t.expect(&pk, Some(pending)).rm(pk.clone());
+                Ok(Step::Write(t, true))
+            })
+            .await?;
+        if claimed {
+            self.delete_instance(inst, None).await?;
         }
+        Ok(())
     }
 
     /// Removes `key`; its data goes to the garbage collector. Returns the removed entry.
     pub async fn delete_object(&self, b: &BucketRecord, key: &str) -> Result<Option<IndexEntry>> {
-        let shard = self.shard_name(b, key);
         let k = obj_key(key);
-        for _ in 0..CAS_TRIES {
-            let Some((raw, e)) = self.lookup_raw(b, key).await? else {
-                return Ok(None);
+        let due = self.gc_due();
+        self.key_update(b, key, std::slice::from_ref(&k), None, |r| {
+            let Some(raw) = r.vals.get(&k) else {
+                return Ok(Step::Done(None));
             };
-            let op = WriteOp::new()
-                .cmp_omap(&k, Some(&raw))
-                .omap_rm_keys(&[&k])
-                .omap_set(&[gc_entry(self.gc_due(), &e.inst, e.size)]);
-            match self.inner.index.operate(op, &shard).await {
-                Ok(_) => return Ok(Some(e)),
-                Err(ClientError::Canceled { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(RgwError::Busy(format!("{}/{key}", b.name)))
+            let e: IndexEntry = decode(&r.shard.obj, raw)?;
+            let mut t = Txn::default();
+            let (gk, gv) = gc_entry(due, &e.inst, e.size);
+            t.expect(&k, Some(raw)).rm(k.clone()).set(gk, gv);
+            Ok(Step::Write(t, Some(e)))
+        })
+        .await
     }
 
     /// Lists objects in key order: those after `start_after` starting with `prefix`, keys
@@ -229,7 +404,7 @@ impl Rgw {
                 start.push(char::MAX);
             }
         }
-        let mut cursor = MergedCursor::new(self, b, OBJ_PREFIX, prefix, &start, max);
+        let mut cursor = MergedCursor::new(self, b, OBJ_PREFIX, prefix, &start, max).await?;
         let mut out = Listing::default();
         let mut count = 0usize;
         while count < max {
@@ -257,7 +432,7 @@ impl Rgw {
 
     /// Counts a bucket's objects and bytes (walks the whole index).
     pub async fn bucket_usage(&self, b: &BucketRecord) -> Result<(u64, u64)> {
-        let mut cursor = MergedCursor::new(self, b, OBJ_PREFIX, "", "", 1000);
+        let mut cursor = MergedCursor::new(self, b, OBJ_PREFIX, "", "", 1000).await?;
         let (mut n, mut bytes) = (0u64, 0u64);
         while let Some((_, raw)) = cursor.next().await? {
             let e: IndexEntry = decode(&b.name, &raw)?;
@@ -274,20 +449,21 @@ impl Rgw {
         &self,
         b: &BucketRecord,
         key: &str,
-        meta: ObjectMeta,
+        mut meta: ObjectMeta,
     ) -> Result<String> {
         let upload_id = random_hex(16);
-        let entry = UploadEntry {
+        meta.key = key.to_string();
+        let entry = encode(&UploadEntry {
             initiated_ns: now_ns(),
             meta,
-        };
-        self.inner
-            .index
-            .omap_set(
-                &self.shard_name(b, key),
-                &[(upload_key(key, &upload_id), encode(&entry))],
-            )
-            .await?;
+        });
+        let uk = upload_key(key, &upload_id);
+        self.key_update(b, key, &[], None, |_| {
+            let mut t = Txn::default();
+            t.set(uk.clone(), entry.clone());
+            Ok(Step::Write(t, ()))
+        })
+        .await?;
         Ok(upload_id)
     }
 
@@ -298,19 +474,14 @@ impl Rgw {
         key: &str,
         upload_id: &str,
     ) -> Result<UploadEntry> {
-        let shard = self.shard_name(b, key);
         let uk = upload_key(key, upload_id);
-        let res = found(
-            self.inner
-                .index
-                .operate_read(ReadOp::new().omap_get_vals_by_keys(&[&uk]), &shard)
-                .await,
-        )?;
-        match res.and_then(|mut r| r.pop()) {
-            Some(ReadResult::Pairs { entries, .. }) if !entries.is_empty() => {
-                decode(&shard, &entries[0].1)
-            }
-            _ => Err(RgwError::NoSuchUpload(upload_id.to_string())),
+        let mut b = b.clone();
+        let r = self
+            .key_read(&mut b, key, std::slice::from_ref(&uk), None)
+            .await?;
+        match r.vals.get(&uk) {
+            Some(raw) => decode(&r.shard.obj, raw),
+            None => Err(RgwError::NoSuchUpload(upload_id.to_string())),
         }
     }
 
@@ -325,52 +496,33 @@ impl Rgw {
         entry: &PartEntry,
         pending: &Bytes,
     ) -> Result<()> {
-        let shard = self.shard_name(b, key);
         let uk = upload_key(key, upload_id);
         let mk = part_key(upload_id, part);
         let pk = pending_key(&entry.inst);
-        for _ in 0..CAS_TRIES {
-            let res = found(
-                self.inner
-                    .index
-                    .operate_read(ReadOp::new().omap_get_vals_by_keys(&[&uk, &mk]), &shard)
-                    .await,
-            )?;
-            let entries = match res.and_then(|mut r| r.pop()) {
-                Some(ReadResult::Pairs { entries, .. }) => entries,
-                _ => Vec::new(),
-            };
-            if !entries.iter().any(|(k, _)| *k == uk) {
+        let raw_part = encode(entry);
+        let due = self.gc_due();
+        self.key_update(b, key, &[uk.clone(), mk.clone(), pk.clone()], None, |r| {
+            if !r.vals.contains_key(&uk) {
                 return Err(RgwError::NoSuchUpload(upload_id.to_string()));
             }
-            let old = entries
-                .iter()
-                .find(|(k, _)| *k == mk)
-                .map(|(_, v)| v.clone());
-            let mut sets = vec![(mk.clone(), encode(entry))];
-            if let Some(raw) = &old {
-                let o: PartEntry = decode(&shard, raw)?;
-                sets.push(gc_entry(self.gc_due(), &o.inst, o.size));
+            if r.vals.get(&pk) != Some(pending) {
+                return Err(self.grace_error(&format!("part {part} of '{key}'")));
             }
-            let op = WriteOp::new()
-                .omap_key_present(&uk)
-                .cmp_omap(&mk, old.as_deref())
-                .cmp_omap(&pk, Some(pending))
-                .omap_set(&sets)
-                .omap_rm_keys(&[&pk]);
-            match self.inner.index.operate(op, &shard).await {
-                Ok(_) => return Ok(()),
-                Err(ClientError::Canceled { .. }) => {
-                    if !self.pending_present(&shard, &pk, pending).await? {
-                        return Err(RgwError::Body(format!(
-                            "part {part} of '{key}' took longer than the grace period"
-                        )));
-                    }
-                }
-                Err(e) => return Err(e.into()),
+            let old = r.vals.get(&mk);
+            let mut t = Txn::default();
+            t.expect_present(&uk)
+                .expect(&mk, old.map(|v| v.as_ref()))
+                .expect(&pk, Some(pending))
+                .set(mk.clone(), raw_part.clone())
+                .rm(pk.clone());
+            if let Some(raw) = old {
+                let o: PartEntry = decode(&r.shard.obj, raw)?;
+                let (gk, gv) = gc_entry(due, &o.inst, o.size);
+                t.set(gk, gv);
             }
-        }
-        Err(RgwError::Busy(format!("{}/{key}", b.name)))
+            Ok(Step::Write(t, ()))
+        })
+        .await
     }
 
     /// An upload's parts after `after` (part number), up to `max`, and whether more follow.
@@ -382,32 +534,10 @@ impl Rgw {
         after: i32,
         max: u32,
     ) -> Result<(Vec<(i32, PartEntry)>, bool)> {
-        let shard = self.shard_name(b, key);
-        let prefix = parts_prefix(upload_id);
-        let start = if after > 0 {
-            part_key(upload_id, after)
-        } else {
-            String::new()
-        };
-        let (entries, more) = match self
-            .inner
-            .index
-            .omap_get_vals(&shard, &start, &prefix, max.clamp(1, 1000))
-            .await
-        {
-            Ok(p) => p,
-            Err(ClientError::NotFound { .. }) => (Vec::new(), false),
-            Err(e) => return Err(e.into()),
-        };
-        let mut out = Vec::with_capacity(entries.len());
-        for (k, v) in entries {
-            let n: i32 = k[prefix.len()..].parse().map_err(|_| RgwError::Corrupt {
-                object: shard.clone(),
-                message: format!("bad part key {k:?}"),
-            })?;
-            out.push((n, decode(&shard, &v)?));
-        }
-        Ok((out, more))
+        let all = self.all_parts(b, key, upload_id).await?;
+        let rest: Vec<(i32, PartEntry)> = all.into_iter().filter(|(n, _)| *n > after).collect();
+        let more = rest.len() > max as usize;
+        Ok((rest.into_iter().take(max as usize).collect(), more))
     }
 
     /// Every part of an upload, in order.
@@ -417,19 +547,10 @@ impl Rgw {
         key: &str,
         upload_id: &str,
     ) -> Result<Vec<(i32, PartEntry)>> {
-        let mut all = Vec::new();
-        let mut after = 0;
-        loop {
-            let (page, more) = self.parts(b, key, upload_id, after, 1000).await?;
-            if let Some((n, _)) = page.last() {
-                after = *n;
-            }
-            let empty = page.is_empty();
-            all.extend(page);
-            if !more || empty {
-                return Ok(all);
-            }
-        }
+        let mut b = b.clone();
+        let prefix = parts_prefix(upload_id);
+        let r = self.key_read(&mut b, key, &[], Some(&prefix)).await?;
+        decode_parts(&r.shard.obj, &prefix, &r.listed)
     }
 
     /// Completes an upload: `head` (a written instance whose meta lists `used` parts) becomes
@@ -445,81 +566,77 @@ impl Rgw {
         used: &[(i32, PartEntry)],
         unused: &[(i32, PartEntry)],
     ) -> Result<Option<IndexEntry>> {
-        let shard = self.shard_name(b, key);
         let k = obj_key(key);
         let uk = upload_key(key, upload_id);
         let pk = pending_key(&entry.inst);
-        for _ in 0..CAS_TRIES {
-            let old = self.lookup_raw(b, key).await?;
-            let mut op = WriteOp::new()
-                .omap_key_present(&uk)
-                .cmp_omap(&k, old.as_ref().map(|(raw, _)| raw.as_ref()))
-                .cmp_omap(&pk, Some(pending));
-            for (n, p) in used.iter().chain(unused) {
-                let raw = encode(p);
-                op = op.cmp_omap(&part_key(upload_id, *n), Some(&raw));
-            }
-            let mut sets: Vec<(String, Vec<u8>)> = vec![(k.clone(), encode(entry))];
-            if let Some((_, e)) = &old {
-                sets.push(gc_entry(self.gc_due(), &e.inst, e.size));
-            }
-            for (_, p) in unused {
-                sets.push(gc_entry(self.gc_due(), &p.inst, p.size));
-            }
-            let mut rms: Vec<String> = vec![uk.clone(), pk.clone()];
-            rms.extend(
-                used.iter()
-                    .chain(unused)
-                    .map(|(n, _)| part_key(upload_id, *n)),
-            );
-            op = op.omap_set(&sets).omap_rm_keys(&rms);
-            match self.inner.index.operate(op, &shard).await {
-                Ok(_) => return Ok(old.map(|(_, e)| e)),
-                Err(ClientError::Canceled { .. }) => {
-                    // the upload may have been completed or aborted meanwhile
-                    self.upload(b, key, upload_id).await?;
-                    let now: Vec<(i32, PartEntry)> = self.all_parts(b, key, upload_id).await?;
-                    let expected: Vec<(i32, PartEntry)> =
-                        used.iter().chain(unused).cloned().collect();
-                    let mut sorted = expected.clone();
-                    sorted.sort_by_key(|(n, _)| *n);
-                    if now != sorted {
-                        return Err(RgwError::InvalidPart(
-                            "the upload's parts changed while it was being completed".into(),
-                        ));
-                    }
+        let prefix = parts_prefix(upload_id);
+        let raw_entry = encode(entry);
+        let due = self.gc_due();
+        let mut expected: Vec<(i32, PartEntry)> = used.iter().chain(unused).cloned().collect();
+        expected.sort_by_key(|(n, _)| *n);
+        self.key_update(
+            b,
+            key,
+            &[k.clone(), uk.clone(), pk.clone()],
+            Some(&prefix),
+            |r| {
+                if !r.vals.contains_key(&uk) {
+                    return Err(RgwError::NoSuchUpload(upload_id.to_string()));
                 }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(RgwError::Busy(format!("{}/{key}", b.name)))
+                if r.vals.get(&pk) != Some(pending) {
+                    return Err(self.grace_error(&format!("completing '{key}'")));
+                }
+                if decode_parts(&r.shard.obj, &prefix, &r.listed)? != expected {
+                    return Err(RgwError::InvalidPart(
+                        "the upload's parts changed while it was being completed".into(),
+                    ));
+                }
+                let old_raw = r.vals.get(&k);
+                let old: Option<IndexEntry> =
+                    old_raw.map(|raw| decode(&r.shard.obj, raw)).transpose()?;
+                let mut t = Txn::default();
+                t.expect_present(&uk)
+                    .expect(&k, old_raw.map(|v| v.as_ref()))
+                    .expect(&pk, Some(pending))
+                    .set(k.clone(), raw_entry.clone())
+                    .rm(uk.clone())
+                    .rm(pk.clone());
+                for (mk, raw) in &r.listed {
+                    t.expect(mk, Some(raw)).rm(mk.clone());
+                }
+                if let Some(e) = &old {
+                    let (gk, gv) = gc_entry(due, &e.inst, e.size);
+                    t.set(gk, gv);
+                }
+                for (_, p) in unused {
+                    let (gk, gv) = gc_entry(due, &p.inst, p.size);
+                    t.set(gk, gv);
+                }
+                Ok(Step::Write(t, old))
+            },
+        )
+        .await
     }
 
     /// Aborts an upload: its parts go to the garbage collector.
     pub async fn abort_upload(&self, b: &BucketRecord, key: &str, upload_id: &str) -> Result<()> {
-        let shard = self.shard_name(b, key);
         let uk = upload_key(key, upload_id);
-        for _ in 0..CAS_TRIES {
-            self.upload(b, key, upload_id).await?;
-            let parts = self.all_parts(b, key, upload_id).await?;
-            let mut op = WriteOp::new().omap_key_present(&uk);
-            let mut sets = Vec::new();
-            let mut rms = vec![uk.clone()];
-            for (n, p) in &parts {
-                let mk = part_key(upload_id, *n);
-                let raw = encode(p);
-                op = op.cmp_omap(&mk, Some(&raw));
-                sets.push(gc_entry(self.gc_due(), &p.inst, p.size));
-                rms.push(mk);
+        let prefix = parts_prefix(upload_id);
+        let due = self.gc_due();
+        self.key_update(b, key, std::slice::from_ref(&uk), Some(&prefix), |r| {
+            if !r.vals.contains_key(&uk) {
+                return Err(RgwError::NoSuchUpload(upload_id.to_string()));
             }
-            op = op.omap_set(&sets).omap_rm_keys(&rms);
-            match self.inner.index.operate(op, &shard).await {
-                Ok(_) => return Ok(()),
-                Err(ClientError::Canceled { .. }) => continue,
-                Err(e) => return Err(e.into()),
+            let mut t = Txn::default();
+            t.expect_present(&uk).rm(uk.clone());
+            for (mk, raw) in &r.listed {
+                let p: PartEntry = decode(&r.shard.obj, raw)?;
+                let (gk, gv) = gc_entry(due, &p.inst, p.size);
+                t.expect(mk, Some(raw)).rm(mk.clone()).set(gk, gv);
             }
-        }
-        Err(RgwError::Busy(format!("{}/{key}", b.name)))
+            Ok(Step::Write(t, ()))
+        })
+        .await
     }
 
     /// Multipart uploads in progress, ordered by key then upload id, after
@@ -540,7 +657,7 @@ impl Rgw {
         } else {
             format!("{key_marker}\u{0}{upload_id_marker}")
         };
-        let mut cursor = MergedCursor::new(self, b, UPLOAD_PREFIX, prefix, &start, max);
+        let mut cursor = MergedCursor::new(self, b, UPLOAD_PREFIX, prefix, &start, max).await?;
         let mut out = Vec::new();
         while out.len() < max {
             let Some((ukey, raw)) = cursor.next().await? else {
@@ -592,82 +709,173 @@ fn check_condition(key: &str, old: Option<&IndexEntry>, cond: &WriteCondition) -
     Ok(())
 }
 
+fn decode_parts(
+    obj: &str,
+    prefix: &str,
+    listed: &[(String, Bytes)],
+) -> Result<Vec<(i32, PartEntry)>> {
+    let mut out = Vec::with_capacity(listed.len());
+    for (k, v) in listed {
+        let n: i32 = k[prefix.len()..].parse().map_err(|_| RgwError::Corrupt {
+            object: obj.to_string(),
+            message: format!("bad part key {k:?}"),
+        })?;
+        out.push((n, decode(obj, v)?));
+    }
+    Ok(out)
+}
+
+/// The S3 key an index omap key is about (`o<key>`, `u<key>\0<id>`).
+fn user_key_of(space: &str, omap_key: &str) -> String {
+    let rest = &omap_key[space.len()..];
+    match rest.rsplit_once('\u{0}') {
+        Some((k, _)) if space == UPLOAD_PREFIX => k.to_string(),
+        _ => rest.to_string(),
+    }
+}
+
+/// A shard to read in a listing; during a reshard, the new generation's shards carry only
+/// the keys of old shards that have moved.
+struct Source {
+    obj: String,
+    keep: Option<(u32, Arc<HashSet<u32>>)>,
+}
+
+impl Rgw {
+    /// The shards a listing reads (see [`Source`]).
+    async fn sources(&self, b: &BucketRecord) -> Result<Vec<Source>> {
+        let Some(t) = &b.reshard else {
+            return Ok((0..b.shards)
+                .map(|s| Source {
+                    obj: shard_obj(&b.id, b.generation, s),
+                    keep: None,
+                })
+                .collect());
+        };
+        let markers = futures::future::join_all((0..b.shards).map(|s| {
+            let obj = shard_obj(&b.id, b.generation, s);
+            async move { (s, obj.clone(), self.read_shard(&obj, &[], None).await) }
+        }))
+        .await;
+        let mut out = Vec::new();
+        let mut moved = HashSet::new();
+        for (s, obj, r) in markers {
+            let (marker, _, _) = r?;
+            if marker.as_deref() == Some(MARKER_MOVED) {
+                moved.insert(s);
+            } else {
+                out.push(Source { obj, keep: None });
+            }
+        }
+        if !moved.is_empty() {
+            let moved = Arc::new(moved);
+            out.extend((0..t.shards).map(|s| Source {
+                obj: shard_obj(&b.id, t.generation, s),
+                keep: Some((b.shards, moved.clone())),
+            }));
+        }
+        Ok(out)
+    }
+}
+
 /// Walks the omap entries under one prefix of every shard of a bucket in global key order
 /// (a k-way merge of the shards' sorted pages).
 struct MergedCursor<'a> {
     rgw: &'a Rgw,
     shards: Vec<ShardCursor>,
-    /// omap-level prefix ("o" + user prefix)
+    space: String,
+    /// omap-level prefix (space + user prefix)
     prefix: String,
     page: u32,
 }
 
 struct ShardCursor {
     obj: String,
+    keep: Option<(u32, Arc<HashSet<u32>>)>,
     buf: VecDeque<(String, Bytes)>,
     after: String,
     more: bool,
 }
 
 impl<'a> MergedCursor<'a> {
-    fn new(
+    async fn new(
         rgw: &'a Rgw,
         b: &BucketRecord,
         space: &str,
         prefix: &str,
         start_after: &str,
         want: usize,
-    ) -> Self {
+    ) -> Result<MergedCursor<'a>> {
         let full_prefix = format!("{space}{prefix}");
         let after = if start_after.is_empty() {
             String::new()
         } else {
             format!("{space}{start_after}")
         };
-        let per_shard = (want.saturating_mul(2) / b.shards.max(1) as usize).clamp(32, 1000) as u32;
-        MergedCursor {
+        let sources = rgw.sources(b).await?;
+        let per_shard = (want.saturating_mul(2) / sources.len().max(1)).clamp(32, 1000) as u32;
+        Ok(MergedCursor {
             rgw,
-            shards: (0..b.shards)
+            shards: sources
+                .into_iter()
                 .map(|s| ShardCursor {
-                    obj: shard_obj(&b.id, s),
+                    obj: s.obj,
+                    keep: s.keep,
                     buf: VecDeque::new(),
                     after: after.clone(),
                     more: true,
                 })
                 .collect(),
+            space: space.to_string(),
             prefix: full_prefix,
             page: per_shard,
-        }
+        })
     }
 
     async fn fill(&mut self) -> Result<()> {
-        let io = &self.rgw.inner.index;
-        let mut fetches = Vec::new();
-        for (i, s) in self.shards.iter().enumerate() {
-            if s.buf.is_empty() && s.more {
-                fetches.push((
-                    i,
-                    io.omap_get_vals(&s.obj, &s.after, &self.prefix, self.page),
-                ));
-            }
-        }
-        let idx: Vec<usize> = fetches.iter().map(|(i, _)| *i).collect();
-        let results = futures::future::join_all(fetches.into_iter().map(|(_, f)| f)).await;
-        for (i, r) in idx.into_iter().zip(results) {
-            let s = &mut self.shards[i];
-            match r {
-                Ok((entries, more)) => {
-                    if let Some((k, _)) = entries.last() {
-                        s.after = k.clone();
-                    }
-                    s.more = more && !entries.is_empty();
-                    s.buf.extend(entries);
+        loop {
+            let io = &self.rgw.inner.index;
+            let mut fetches = Vec::new();
+            for (i, s) in self.shards.iter().enumerate() {
+                if s.buf.is_empty() && s.more {
+                    fetches.push((
+                        i,
+                        io.omap_get_vals(&s.obj, &s.after, &self.prefix, self.page),
+                    ));
                 }
-                Err(ClientError::NotFound { .. }) => s.more = false,
-                Err(e) => return Err(e.into()),
+            }
+            if fetches.is_empty() {
+                return Ok(());
+            }
+            let idx: Vec<usize> = fetches.iter().map(|(i, _)| *i).collect();
+            let results = futures::future::join_all(fetches.into_iter().map(|(_, f)| f)).await;
+            for (i, r) in idx.into_iter().zip(results) {
+                let space = self.space.clone();
+                let s = &mut self.shards[i];
+                match r {
+                    Ok((entries, more)) => {
+                        if let Some((k, _)) = entries.last() {
+                            s.after = k.clone();
+                        }
+                        s.more = more && !entries.is_empty();
+                        match &s.keep {
+                            None => s.buf.extend(entries),
+                            Some((old_shards, moved)) => {
+                                s.buf.extend(entries.into_iter().filter(|(k, _)| {
+                                    moved.contains(&shard_of(&user_key_of(&space, k), *old_shards))
+                                }))
+                            }
+                        }
+                    }
+                    Err(ClientError::NotFound { .. }) => s.more = false,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // filtered shards may come back empty with more to read
+            if !self.shards.iter().any(|s| s.buf.is_empty() && s.more) {
+                return Ok(());
             }
         }
-        Ok(())
     }
 
     /// The next entry in global order.

@@ -47,8 +47,13 @@ pub fn bucket_obj(name: &str) -> String {
 pub fn user_buckets_obj(uid: &str) -> String {
     format!("ubuckets.{uid}")
 }
-pub fn shard_obj(bucket_id: &str, shard: u32) -> String {
-    format!("{bucket_id}.{shard}")
+/// Index shard `shard` of generation `gen` (generation 0 keeps the original short names).
+pub fn shard_obj(bucket_id: &str, generation: u32, shard: u32) -> String {
+    if generation == 0 {
+        format!("{bucket_id}.{shard}")
+    } else {
+        format!("{bucket_id}.g{generation}.{shard}")
+    }
 }
 /// The RADOS object holding stripe `n` of an instance.
 pub fn stripe_obj(inst: &str, n: u64) -> String {
@@ -68,6 +73,13 @@ pub const PENDING_PREFIX: &str = "p";
 pub const GC_PREFIX: &str = "g";
 pub const UPLOAD_PREFIX: &str = "u";
 pub const PART_PREFIX: &str = "m";
+/// Omap key of an index shard being resharded: value [`MARKER_RESHARDING`] while its entries
+/// are copied to the new generation, [`MARKER_MOVED`] once the new generation is authoritative.
+pub const MARKER: &str = "\u{1}r";
+pub const MARKER_RESHARDING: &[u8] = b"r";
+pub const MARKER_MOVED: &[u8] = b"m";
+/// Omap keys logging changes made to a shard while it is being resharded.
+pub const LOG_PREFIX: &str = "\u{2}";
 
 pub fn obj_key(key: &str) -> String {
     format!("{OBJ_PREFIX}{key}")
@@ -141,6 +153,30 @@ pub struct BucketRecord {
     pub shards: u32,
     #[serde(default)]
     pub location: String,
+    /// Index generation (its shards are `shard_obj(id, gen, n)`).
+    #[serde(default)]
+    pub generation: u32,
+    /// A reshard in progress: the generation being filled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard: Option<ReshardTarget>,
+    /// Earlier generations (generation, shards) whose objects still hold their moved markers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired: Vec<(u32, u32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReshardTarget {
+    pub generation: u32,
+    pub shards: u32,
+    pub started_ns: u64,
+}
+
+/// What a change to a shard under reshard touched (the resharder re-copies those keys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// The S3 key the change was about (routes `o`, `u`, `m` and `p` entries).
+    pub key: String,
+    pub omap: Vec<String>,
 }
 
 /// One object in the bucket listing.

@@ -10,6 +10,7 @@ pub mod gc;
 pub mod index;
 pub mod layout;
 pub mod meta;
+pub mod reshard;
 pub mod rgw;
 
 pub use error::{Result, RgwError};

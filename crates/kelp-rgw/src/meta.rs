@@ -226,6 +226,9 @@ impl Rgw {
             created_ns: now_ns(),
             shards,
             location: location.to_string(),
+            generation: 0,
+            reshard: None,
+            retired: Vec::new(),
         };
         let meta = &self.inner.meta;
         match meta

@@ -28,6 +28,9 @@ pub struct RgwConfig {
     pub gc_interval: Duration,
     /// PGs of the pools the gateway creates: meta, index, data.
     pub pg_nums: (u32, u32, u32),
+    /// A bucket is resharded (to 2n+1 shards) once a shard holds this many objects
+    /// (0: never automatically).
+    pub reshard_max_objects_per_shard: u64,
 }
 
 impl Default for RgwConfig {
@@ -41,6 +44,7 @@ impl Default for RgwConfig {
             pending_grace: Duration::from_secs(3600),
             gc_interval: Duration::from_secs(300),
             pg_nums: (8, 16, 32),
+            reshard_max_objects_per_shard: 100_000,
         }
     }
 }

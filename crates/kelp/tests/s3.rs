@@ -247,5 +247,65 @@ fn s3_gateway_with_real_clients() {
     let buckets = ok(&admin(&["bucket", "ls"]), "bucket ls");
     assert!(!buckets.contains("synced"), "{buckets}");
     ok(&admin(&["gc", "run"]), "gc run");
+
+    // resharding while clients write and list (nothing lost, nothing listed twice)
+    ok(
+        &admin(&[
+            "bucket",
+            "create",
+            "--bucket",
+            "growing",
+            "--uid",
+            "kelp",
+            "--num-shards",
+            "2",
+        ]),
+        "bucket create",
+    );
+    let load = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/reshard_load.py"))
+        .envs(&env)
+        .env("BUCKET", "growing")
+        .env("DURATION", "25")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let first = admin(&[
+        "bucket",
+        "reshard",
+        "--bucket",
+        "growing",
+        "--num-shards",
+        "7",
+    ]);
+    ok(&first, "bucket reshard");
+    let said = String::from_utf8_lossy(&first.stderr).to_string();
+    eprintln!("{}", said.trim());
+    assert!(said.contains("to 7 shards"), "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    ok(
+        &admin(&[
+            "bucket",
+            "reshard",
+            "--bucket",
+            "growing",
+            "--num-shards",
+            "3",
+        ]),
+        "second reshard",
+    );
+    let out = load.wait_with_output().unwrap();
+    let report = ok(&out, "clients during resharding");
+    assert!(report.contains("writes="), "{report}");
+    let stats: serde_json::Value = serde_json::from_str(&ok(
+        &admin(&["bucket", "stats", "--bucket", "growing", "--format", "json"]),
+        "bucket stats",
+    ))
+    .unwrap();
+    assert_eq!(stats["num_shards"].as_u64(), Some(3), "{stats}");
+    assert_eq!(stats["generation"].as_u64(), Some(2), "{stats}");
+    eprintln!("resharding under load: {}", report.trim());
     let _ = &mut c;
 }

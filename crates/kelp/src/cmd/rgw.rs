@@ -35,6 +35,10 @@ pub struct RgwPoolArgs {
     /// Seconds an upload may take before its unfinished data counts as abandoned.
     #[arg(long, default_value_t = 3600)]
     pub pending_grace_secs: u64,
+    /// Reshard a bucket (to 2n+1 shards, while it keeps serving) once one of its index shards
+    /// holds this many objects; 0 turns automatic resharding off.
+    #[arg(long, default_value_t = 100_000)]
+    pub reshard_max_objects_per_shard: u64,
 }
 
 impl RgwPoolArgs {
@@ -47,6 +51,7 @@ impl RgwPoolArgs {
             gc_min_wait: Duration::from_secs(self.gc_min_wait_secs),
             pending_grace: Duration::from_secs(self.pending_grace_secs),
             gc_interval,
+            reshard_max_objects_per_shard: self.reshard_max_objects_per_shard,
             ..RgwConfig::default()
         }
     }
@@ -111,7 +116,8 @@ pub enum S3Command {
     /// Access keys: create (another key pair for a user), rm.
     #[command(subcommand)]
     Key(KeyCommand),
-    /// Buckets: ls, stats, rm (with --purge-objects, deletes everything in it at RADOS speed).
+    /// Buckets: ls, stats, create (pre-sized), reshard (online), rm (with --purge-objects,
+    /// deletes everything in it at RADOS speed).
     #[command(subcommand)]
     Bucket(BucketCommand),
     /// Garbage collection: `run` deletes now whatever is due.
@@ -205,6 +211,27 @@ pub enum BucketCommand {
     Stats {
         #[arg(long)]
         bucket: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Create a bucket for a user, optionally with a given number of index shards (pre-sized
+    /// for a large bucket).
+    Create {
+        #[arg(long)]
+        bucket: String,
+        #[arg(long)]
+        uid: String,
+        #[arg(long)]
+        num_shards: Option<u32>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Reshard a bucket's index to N shards while it keeps serving reads and writes.
+    Reshard {
+        #[arg(long)]
+        bucket: String,
+        #[arg(long)]
+        num_shards: u32,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -352,6 +379,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 let v = serde_json::json!({
                     "bucket": b.name, "id": b.id, "owner": b.owner, "num_shards": b.shards,
                     "num_objects": objects, "size_bytes": bytes,
+                    "generation": b.generation, "resharding_to": b.reshard.as_ref().map(|t| t.shards),
                 });
                 match admin.format {
                     OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&v)?),
@@ -364,6 +392,29 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                         println!("bytes:    {bytes}");
                     }
                 }
+            }
+            S3Command::Bucket(BucketCommand::Create {
+                bucket,
+                uid,
+                num_shards,
+                admin,
+            }) => {
+                let rgw = open(&admin).await?;
+                rgw.user(&uid).await?;
+                let b = rgw.create_bucket(&uid, &bucket, num_shards, "").await?;
+                eprintln!("bucket '{}' created ({} index shards)", b.name, b.shards);
+            }
+            S3Command::Bucket(BucketCommand::Reshard {
+                bucket,
+                num_shards,
+                admin,
+            }) => {
+                let s = open(&admin).await?.reshard(&bucket, num_shards).await?;
+                eprintln!(
+                    "bucket '{bucket}' resharded from {} to {} shards ({} entries copied, {} \
+                     changes replayed while it served)",
+                    s.from_shards, s.to_shards, s.copied, s.replayed
+                );
             }
             S3Command::Bucket(BucketCommand::Rm {
                 bucket,

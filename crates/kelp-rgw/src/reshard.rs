@@ -1,0 +1,443 @@
+//! Resharding a bucket's index while it keeps serving (Ceph blocks writes for the duration).
+//!
+//! A reshard fills a new *generation* of shards. The bucket record names the target; then each
+//! old shard in turn is marked "resharding" (every change to it from then on also writes a log
+//! entry naming the omap keys it touched, in the same atomic update), copied in full, brought
+//! up to date from its log, and finally marked "moved" with a compare-and-swap on the shard's
+//! version, so no change can slip in between the last log pass and the switch. From that moment
+//! writers and readers of that shard's keys go to the new generation (their updates are guarded
+//! on the marker they saw, so a writer that raced the switch retries there); listings read the
+//! old shards not yet moved plus, from the new generation, only the keys of moved shards.
+//! When every old shard has moved the record switches generations. Nothing waits on a lock:
+//! the only retry a client request can see is one compare-and-swap round trip.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kelp_client::{ClientError, ReadOp, ReadResult, WriteOp};
+use tracing::{info, warn};
+
+use crate::error::{Result, RgwError, found};
+use crate::layout::{
+    BucketRecord, GC_PREFIX, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED, MARKER_RESHARDING,
+    OBJ_PREFIX, PART_PREFIX, PENDING_PREFIX, Pending, ReshardTarget, UPLOAD_PREFIX, bucket_obj,
+    decode, encode, now_ns, shard_obj, shard_of,
+};
+use crate::meta::{MAX_SHARDS, omap_all, read_versioned};
+use crate::rgw::Rgw;
+
+/// How long old shards keep their entries after the switch (for requests that read the
+/// bucket record just before it).
+const CLEANUP_DELAY: Duration = Duration::from_secs(5);
+/// A reshard whose driver has not finished after this long is resumed by another gateway.
+const RESUME_AFTER: Duration = Duration::from_secs(600);
+
+/// What a reshard did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReshardStats {
+    pub from_shards: u32,
+    pub to_shards: u32,
+    /// Entries copied in the full passes.
+    pub copied: u64,
+    /// Changes made meanwhile and replayed from the shards' logs.
+    pub replayed: u64,
+}
+
+impl Rgw {
+    /// Reshards bucket `name` to `shards` index shards while it keeps serving; resumes a
+    /// reshard in progress to the same size.
+    pub async fn reshard(&self, name: &str, shards: u32) -> Result<ReshardStats> {
+        if shards == 0 || shards > MAX_SHARDS {
+            return Err(RgwError::Invalid(format!(
+                "a bucket has 1 to {MAX_SHARDS} index shards, not {shards}"
+            )));
+        }
+        let (b, target) = self.start_reshard(name, shards).await?;
+        let Some(t) = target else {
+            return Ok(ReshardStats {
+                from_shards: b.shards,
+                to_shards: b.shards,
+                ..Default::default()
+            });
+        };
+        let mut stats = ReshardStats {
+            from_shards: b.shards,
+            to_shards: t.shards,
+            ..Default::default()
+        };
+        for s in 0..b.shards {
+            let (copied, replayed) = self.migrate_shard(&b, &t, s).await?;
+            stats.copied += copied;
+            stats.replayed += replayed;
+        }
+        self.finish_reshard(&b, &t).await?;
+        info!(bucket = %b.name, from = b.shards, to = t.shards, "resharded");
+        tokio::time::sleep(CLEANUP_DELAY).await;
+        for s in 0..b.shards {
+            self.clear_old_shard(&shard_obj(&b.id, b.generation, s))
+                .await?;
+        }
+        Ok(stats)
+    }
+
+    /// Records the target in the bucket record (or finds the one in progress).
+    async fn start_reshard(
+        &self,
+        name: &str,
+        shards: u32,
+    ) -> Result<(BucketRecord, Option<ReshardTarget>)> {
+        let meta = &self.inner.meta;
+        for _ in 0..16 {
+            let (mut b, version) = read_versioned::<BucketRecord>(meta, &bucket_obj(name))
+                .await?
+                .ok_or_else(|| RgwError::NoSuchBucket(name.to_string()))?;
+            if let Some(t) = &b.reshard {
+                if t.shards != shards {
+                    return Err(RgwError::Invalid(format!(
+                        "a reshard of '{name}' to {} shards is in progress; resume it with that \
+                         number",
+                        t.shards
+                    )));
+                }
+                let t = t.clone();
+                return Ok((b, Some(t)));
+            }
+            if b.shards == shards {
+                return Ok((b, None));
+            }
+            let generation = b
+                .retired
+                .iter()
+                .map(|(g, _)| *g)
+                .chain([b.generation])
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let t = ReshardTarget {
+                generation,
+                shards,
+                started_ns: now_ns(),
+            };
+            b.reshard = Some(t.clone());
+            match meta
+                .operate(
+                    WriteOp::new()
+                        .assert_version(version)
+                        .write_full(encode(&b)),
+                    &bucket_obj(name),
+                )
+                .await
+            {
+                Ok(_) => return Ok((b, Some(t))),
+                Err(ClientError::Canceled { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(RgwError::Busy(bucket_obj(name)))
+    }
+
+    /// Copies one old shard to the new generation and switches it. Returns (copied, replayed).
+    async fn migrate_shard(
+        &self,
+        b: &BucketRecord,
+        t: &ReshardTarget,
+        s: u32,
+    ) -> Result<(u64, u64)> {
+        let io = &self.inner.index;
+        let old = shard_obj(&b.id, b.generation, s);
+        let marker = read_marker(self, &old).await?;
+        if marker.as_deref() == Some(MARKER_MOVED) {
+            return Ok((0, 0));
+        }
+        io.omap_set(&old, &[(MARKER, MARKER_RESHARDING)]).await?;
+        // full pass: every entry, routed by the key it belongs to
+        let uploads: HashMap<String, String> = omap_all(io, &old, UPLOAD_PREFIX)
+            .await?
+            .into_iter()
+            .filter_map(|(k, _)| {
+                let rest = &k[UPLOAD_PREFIX.len()..];
+                rest.rsplit_once('\u{0}')
+                    .map(|(key, id)| (id.to_string(), key.to_string()))
+            })
+            .collect();
+        let mut copied = 0u64;
+        let mut after = String::new();
+        loop {
+            let (page, more) = match io.omap_get_vals(&old, &after, "", 1000).await {
+                Ok(p) => p,
+                Err(ClientError::NotFound { .. }) => (Vec::new(), false),
+                Err(e) => return Err(e.into()),
+            };
+            if let Some((k, _)) = page.last() {
+                after = k.clone();
+            }
+            let mut batches: BTreeMap<u32, Vec<(String, Bytes)>> = BTreeMap::new();
+            for (k, v) in &page {
+                let route = match route_full(&old, k, v, &uploads)? {
+                    Some(key) => shard_of(&key, t.shards),
+                    None => continue,
+                };
+                batches
+                    .entry(route)
+                    .or_default()
+                    .push((k.clone(), v.clone()));
+            }
+            for (shard, entries) in batches {
+                copied += entries.len() as u64;
+                io.omap_set(&shard_obj(&b.id, t.generation, shard), &entries)
+                    .await?;
+            }
+            if !more || page.is_empty() {
+                break;
+            }
+        }
+        // catch up from the log until a quiet moment, then switch
+        let mut replayed = 0u64;
+        for attempt in 0.. {
+            let res = io
+                .operate_read(
+                    ReadOp::new().stat().omap_get_vals("", LOG_PREFIX, 1000),
+                    &old,
+                )
+                .await?;
+            let (version, logs) = match (res.first(), res.get(1)) {
+                (
+                    Some(ReadResult::Stat { version, .. }),
+                    Some(ReadResult::Pairs { entries, .. }),
+                ) => (*version, entries.clone()),
+                _ => {
+                    return Err(RgwError::Corrupt {
+                        object: old,
+                        message: "unexpected read result".into(),
+                    });
+                }
+            };
+            if logs.is_empty() {
+                match io
+                    .operate(
+                        WriteOp::new()
+                            .assert_version(version)
+                            .omap_set(&[(MARKER, MARKER_MOVED)]),
+                        &old,
+                    )
+                    .await
+                {
+                    Ok(_) => return Ok((copied, replayed)),
+                    Err(ClientError::Canceled { .. }) => {
+                        if attempt > 1000 {
+                            return Err(RgwError::Busy(old));
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            replayed += self.replay(b, t, &old, &logs).await?;
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Re-copies the omap keys named by `logs` (their current value, or their absence), then
+    /// drops those log entries.
+    async fn replay(
+        &self,
+        b: &BucketRecord,
+        t: &ReshardTarget,
+        old: &str,
+        logs: &[(String, Bytes)],
+    ) -> Result<u64> {
+        let io = &self.inner.index;
+        let mut touched: BTreeMap<String, String> = BTreeMap::new(); // omap key → S3 key
+        for (_, raw) in logs {
+            let l: LogEntry = decode(old, raw)?;
+            for k in l.omap {
+                touched.insert(k, l.key.clone());
+            }
+        }
+        let keys: Vec<&String> = touched.keys().collect();
+        let current: BTreeMap<String, Bytes> = match found(
+            io.operate_read(ReadOp::new().omap_get_vals_by_keys(&keys), old)
+                .await,
+        )?
+        .and_then(|mut r| r.pop())
+        {
+            Some(ReadResult::Pairs { entries, .. }) => entries.into_iter().collect(),
+            _ => BTreeMap::new(),
+        };
+        let mut sets: BTreeMap<u32, Vec<(String, Bytes)>> = BTreeMap::new();
+        let mut rms: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        for (k, key) in &touched {
+            let route_key = if k.starts_with(GC_PREFIX) {
+                gc_inst(k)
+            } else {
+                key.clone()
+            };
+            let shard = shard_of(&route_key, t.shards);
+            match current.get(k) {
+                Some(v) => sets.entry(shard).or_default().push((k.clone(), v.clone())),
+                None => rms.entry(shard).or_default().push(k.clone()),
+            }
+        }
+        for (shard, entries) in sets {
+            io.omap_set(&shard_obj(&b.id, t.generation, shard), &entries)
+                .await?;
+        }
+        for (shard, keys) in rms {
+            match io
+                .omap_rm_keys(&shard_obj(&b.id, t.generation, shard), &keys)
+                .await
+            {
+                Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let done: Vec<&String> = logs.iter().map(|(k, _)| k).collect();
+        io.omap_rm_keys(old, &done).await?;
+        Ok(logs.len() as u64)
+    }
+
+    /// Switches the bucket record to the new generation.
+    async fn finish_reshard(&self, b: &BucketRecord, t: &ReshardTarget) -> Result<()> {
+        let meta = &self.inner.meta;
+        for _ in 0..16 {
+            let (mut cur, version) = read_versioned::<BucketRecord>(meta, &bucket_obj(&b.name))
+                .await?
+                .ok_or_else(|| RgwError::NoSuchBucket(b.name.clone()))?;
+            if cur.id != b.id || cur.reshard.as_ref() != Some(t) {
+                return Ok(()); // someone else finished it
+            }
+            cur.retired.push((cur.generation, cur.shards));
+            cur.generation = t.generation;
+            cur.shards = t.shards;
+            cur.reshard = None;
+            match meta
+                .operate(
+                    WriteOp::new()
+                        .assert_version(version)
+                        .write_full(encode(&cur)),
+                    &bucket_obj(&b.name),
+                )
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(ClientError::Canceled { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(RgwError::Busy(bucket_obj(&b.name)))
+    }
+
+    /// Drops every entry of a moved shard but its marker.
+    async fn clear_old_shard(&self, obj: &str) -> Result<()> {
+        let io = &self.inner.index;
+        loop {
+            let (page, _) = match io.omap_get_vals(obj, MARKER, "", 1000).await {
+                Ok(p) => p,
+                Err(ClientError::NotFound { .. }) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            if page.is_empty() {
+                return Ok(());
+            }
+            let keys: Vec<&String> = page.iter().map(|(k, _)| k).collect();
+            io.omap_rm_keys(obj, &keys).await?;
+        }
+    }
+
+    /// Reshards buckets that have outgrown `max_per_shard` objects per shard (estimated from
+    /// one shard) and resumes reshards whose driver went away. Called by the maintenance loop.
+    pub async fn auto_reshard(&self, max_per_shard: u64) -> Result<()> {
+        if max_per_shard == 0 {
+            return Ok(());
+        }
+        for (name, _) in self.all_buckets().await? {
+            let b = match self.bucket(&name).await {
+                Ok(b) => b,
+                Err(RgwError::NoSuchBucket(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            if let Some(t) = &b.reshard {
+                let age = now_ns().saturating_sub(t.started_ns);
+                if age > RESUME_AFTER.as_nanos() as u64 {
+                    warn!(bucket = %name, "resuming an abandoned reshard");
+                    self.reshard(&name, t.shards).await?;
+                }
+                continue;
+            }
+            let obj = shard_obj(&b.id, b.generation, 0);
+            let (page, more) = match self
+                .inner
+                .index
+                .omap_get_vals(&obj, "", OBJ_PREFIX, max_per_shard.min(100_000) as u32)
+                .await
+            {
+                Ok(p) => p,
+                Err(ClientError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if (page.len() as u64) < max_per_shard && !more {
+                continue;
+            }
+            let target = (b.shards.saturating_mul(2) + 1).min(MAX_SHARDS);
+            if target > b.shards {
+                info!(bucket = %name, from = b.shards, to = target, "bucket outgrew its index shards");
+                self.reshard(&name, target).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn read_marker(rgw: &Rgw, obj: &str) -> Result<Option<Bytes>> {
+    let res = found(
+        rgw.inner
+            .index
+            .operate_read(ReadOp::new().omap_get_vals_by_keys(&[MARKER]), obj)
+            .await,
+    )?;
+    Ok(match res.and_then(|mut r| r.pop()) {
+        Some(ReadResult::Pairs { entries, .. }) => entries.into_iter().next().map(|(_, v)| v),
+        _ => None,
+    })
+}
+
+/// The instance a GC key names (`g<due>.<instance>`).
+fn gc_inst(k: &str) -> String {
+    k[GC_PREFIX.len()..]
+        .split_once('.')
+        .map(|(_, inst)| inst.to_string())
+        .unwrap_or_default()
+}
+
+/// The key routing an entry in the full pass (`None`: not copied).
+fn route_full(
+    obj: &str,
+    k: &str,
+    v: &[u8],
+    uploads: &HashMap<String, String>,
+) -> Result<Option<String>> {
+    if k == MARKER || k.starts_with(LOG_PREFIX) {
+        return Ok(None);
+    }
+    if let Some(key) = k.strip_prefix(OBJ_PREFIX) {
+        return Ok(Some(key.to_string()));
+    }
+    if let Some(rest) = k.strip_prefix(UPLOAD_PREFIX) {
+        return Ok(rest.rsplit_once('\u{0}').map(|(key, _)| key.to_string()));
+    }
+    if let Some(rest) = k.strip_prefix(PART_PREFIX) {
+        // the upload may have completed since the uploads were read: its log replays it
+        return Ok(rest
+            .split_once('\u{0}')
+            .and_then(|(id, _)| uploads.get(id).cloned()));
+    }
+    if k.starts_with(PENDING_PREFIX) {
+        let p: Pending = decode(obj, v)?;
+        return Ok(Some(p.key));
+    }
+    if k.starts_with(GC_PREFIX) {
+        return Ok(Some(gc_inst(k)));
+    }
+    Ok(None)
+}
