@@ -67,6 +67,21 @@ fn wait_addr(file: &Path) -> String {
     }
 }
 
+/// Creates a bucket with boto3 (the gateway in `env`).
+fn aws_like_mb(env: &BTreeMap<String, String>, bucket: &str) {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import boto3; boto3.client('s3', region_name='us-east-1').create_bucket(Bucket='{bucket}')"
+            ),
+        ])
+        .envs(env)
+        .output()
+        .unwrap();
+    ok(&out, "create bucket");
+}
+
 fn have(cmd: &str, args: &[&str]) -> bool {
     Command::new(cmd)
         .args(args)
@@ -139,6 +154,59 @@ fn s3_gateway_with_real_clients() {
         .output()
         .unwrap();
     ok(&out, "boto3 suite");
+
+    // a gateway killed (SIGKILL) mid-upload loses nothing it acknowledged
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/kill_load.py");
+    let acked = c._tmp.path().join("acked.json");
+    aws_like_mb(&env, "victim");
+    let load = Command::new("python3")
+        .arg(&script)
+        .arg("load")
+        .envs(&env)
+        .env("ENDPOINT", &other)
+        .env("BUCKET", "victim")
+        .env("ACKED", &acked)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    if let Some(mut gw) = c.second.take() {
+        gw.kill().unwrap(); // SIGKILL
+        gw.wait().unwrap();
+    }
+    ok(
+        &load.wait_with_output().unwrap(),
+        "uploads until the gateway died",
+    );
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg("verify")
+        .envs(&env)
+        .env("ENDPOINT", &env["AWS_ENDPOINT_URL"])
+        .env("BUCKET", "victim")
+        .env("ACKED", &acked)
+        .output()
+        .unwrap();
+    ok(&out, "verifying through the surviving gateway");
+    // what the dead gateway left half-written is found and collected
+    let gc = kelp(&[
+        "s3",
+        "gc",
+        "run",
+        "-c",
+        &conf,
+        "--pending-grace-secs",
+        "0",
+        "--gc-min-wait-secs",
+        "0",
+    ]);
+    let said = String::from_utf8_lossy(&gc.stderr).to_string();
+    ok(&gc, "gc run");
+    assert!(
+        !said.contains(" 0 abandoned"),
+        "no abandoned upload was collected: {said}"
+    );
 
     // the aws CLI: a tree up and down, byte for byte (large files go multipart)
     let src = c._tmp.path().join("tree");

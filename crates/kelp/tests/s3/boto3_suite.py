@@ -213,6 +213,17 @@ anon = boto3.client("s3", endpoint_url=EP, region_name="us-east-1",
                     config=Config(signature_version=botocore.UNSIGNED, s3={"addressing_style": "path"}))
 expect_error("AccessDenied", anon.list_objects_v2, Bucket="alpha")
 
+step("malformed XML is refused")
+mpu = s3.create_multipart_upload(Bucket="alpha", Key="xml-test")["UploadId"]
+def break_body(request, **kwargs):
+    request.data = b"<CompleteMultipartUpload><Part><PartNumber>1</Part"
+    request.headers["Content-Length"] = str(len(request.data))
+s3.meta.events.register("before-sign.s3.CompleteMultipartUpload", break_body)
+expect_error("MalformedXML", s3.complete_multipart_upload, Bucket="alpha", Key="xml-test", UploadId=mpu,
+             MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"x"'}]})
+s3.meta.events.unregister("before-sign.s3.CompleteMultipartUpload", break_body)
+s3.abort_multipart_upload(Bucket="alpha", Key="xml-test", UploadId=mpu)
+
 step("not implemented is said, not faked")
 expect_error("NotImplemented", s3.put_bucket_tagging, Bucket="alpha", Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})
 
