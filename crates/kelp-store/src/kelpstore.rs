@@ -1535,7 +1535,8 @@ impl KelpStore {
         lock(&self.inner.alloc).free_units() * self.inner.geo.unit
     }
 
-    /// On-disk size of the metadata database, bytes.
+    /// On-disk size of the metadata database (allocated bytes; the write-ahead log is not
+    /// included: it is a fixed 64 MiB).
     pub fn metadata_bytes(&self) -> u64 {
         dir_size(&self.inner.dir.join(META_DIR))
     }
@@ -1570,13 +1571,16 @@ impl KelpStore {
     }
 }
 
+/// Bytes allocated on disk under `p` (not apparent sizes: fjall's journals are 32 MiB sparse
+/// files, mostly holes).
 pub(crate) fn dir_size(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let mut total = 0;
     if let Ok(rd) = std::fs::read_dir(p) {
         for e in rd.flatten() {
             match e.metadata() {
                 Ok(m) if m.is_dir() => total += dir_size(&e.path()),
-                Ok(m) => total += m.len(),
+                Ok(m) => total += m.blocks() * 512,
                 Err(_) => {}
             }
         }
