@@ -1541,12 +1541,15 @@ impl KelpStore {
         dir_size(&self.inner.dir.join(META_DIR))
     }
 
-    /// Flush the metadata write buffers to tables (used before measuring metadata size).
+    /// Flush the write buffers of both partitions to tables, so that fjall can drop the
+    /// journals holding them (used before measuring metadata size: otherwise the journals,
+    /// which also hold every deferred write's data until rotated, are counted).
     pub fn compact_metadata(&self) -> Result<()> {
-        self.inner
-            .meta
-            .rotate_memtable_and_wait()
-            .map_err(|e| StoreError::kv("flushing the metadata write buffer", e))
+        for p in [&self.inner.meta, &self.inner.deferred_part] {
+            p.rotate_memtable_and_wait()
+                .map_err(|e| StoreError::kv("flushing the metadata write buffer", e))?;
+        }
+        Ok(())
     }
 
     /// Drop the data file's pages from the OS page cache (benchmarks: cold reads).
