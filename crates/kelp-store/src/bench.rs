@@ -59,6 +59,9 @@ pub struct BenchResult {
     pub mib_per_s: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Peak resident set size of the process during this test (the peak is reset before
+    /// each test), MiB.
+    pub peak_rss_mib: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,6 +79,7 @@ pub struct IngestReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub results: Vec<BenchResult>,
+    /// The largest of the tests' peaks.
     pub peak_rss_mib: f64,
     pub cache_budget_mib: f64,
     /// Metadata database growth per object in the ingest test (None if it did not run).
@@ -83,6 +87,12 @@ pub struct BenchReport {
     pub ingest: Option<IngestReport>,
     pub config: StoreConfig,
     pub mkfs: MkfsOptions,
+}
+
+/// Reset this process's peak resident set size to its current size (Linux `clear_refs` 5), so
+/// that each test reports its own peak.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// Peak resident set size of this process, MiB (Linux `VmHWM`).
@@ -95,6 +105,14 @@ pub fn peak_rss_mib() -> f64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The largest per-test peak (and the current peak, for work outside the timed tests).
+fn overall_peak(results: &[BenchResult]) -> f64 {
+    results
+        .iter()
+        .map(|r| r.peak_rss_mib)
+        .fold(peak_rss_mib(), f64::max)
 }
 
 struct Outcome {
@@ -111,6 +129,7 @@ fn drive(
     limit: u64,
     op: impl Fn(usize, u64) -> Result<u64> + Sync,
 ) -> Result<Outcome> {
+    reset_peak_rss();
     let stop = AtomicBool::new(false);
     let issued = AtomicU64::new(0);
     let start = Instant::now();
@@ -180,6 +199,7 @@ fn summarize(name: &str, qd: usize, mut o: Outcome) -> BenchResult {
         mib_per_s: o.bytes as f64 / o.elapsed / (1 << 20) as f64,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
+        peak_rss_mib: peak_rss_mib(),
     }
 }
 
@@ -213,8 +233,8 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     let block4k: Vec<u8> = Rng::new(1).bytes(4096);
     let report = |r: BenchResult, results: &mut Vec<BenchResult>| {
         progress(&format!(
-            "{:<24} qd {:>2}: {:>9.0} ops/s {:>8.1} MiB/s  p50 {:>7.3} ms  p99 {:>7.3} ms",
-            r.name, r.queue_depth, r.ops_per_s, r.mib_per_s, r.p50_ms, r.p99_ms
+            "{:<24} qd {:>2}: {:>9.0} ops/s {:>8.1} MiB/s  p50 {:>7.3} ms  p99 {:>7.3} ms  peak RSS {:>6.1} MiB",
+            r.name, r.queue_depth, r.ops_per_s, r.mib_per_s, r.p50_ms, r.p99_ms, r.peak_rss_mib
         ));
         results.push(r);
     };
@@ -288,8 +308,8 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     store.close()?;
     if !want("create_1m_4k_qd16") {
         return Ok(BenchReport {
+            peak_rss_mib: overall_peak(&results),
             results,
-            peak_rss_mib: peak_rss_mib(),
             cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
             metadata_bytes_per_object: None,
             ingest: None,
@@ -352,8 +372,8 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     let metadata_bytes_per_object = meta_after.saturating_sub(meta_before) as f64 / n as f64;
     store.close()?;
     Ok(BenchReport {
+        peak_rss_mib: overall_peak(&results),
         results,
-        peak_rss_mib: peak_rss_mib(),
         cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
         metadata_bytes_per_object: Some(metadata_bytes_per_object),
         ingest: Some(ingest),

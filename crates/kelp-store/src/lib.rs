@@ -28,6 +28,7 @@ mod memstore;
 mod store;
 mod superblock;
 mod types;
+mod wal;
 pub mod workload;
 
 pub use config::{MkfsOptions, StoreConfig};
@@ -40,3 +41,4 @@ pub use superblock::{FORMAT_VERSION, Superblock};
 pub use types::{
     CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Op, SNAP_HEAD, Transaction,
 };
+pub use wal::tail_new_extents as wal_tail_new_extents;

@@ -17,7 +17,9 @@ use crate::error::{Result, StoreError};
 
 pub const MAGIC: &[u8; 8] = b"KELPSTOR";
 /// Version of the whole on-disk format (superblock, key schema, records).
-pub const FORMAT_VERSION: u32 = 1;
+/// 1: metadata committed by fjall's journal. 2: adds the write-ahead log (`wal`); a version-1
+/// store is upgraded at mount (the log is created, then the superblock rewritten).
+pub const FORMAT_VERSION: u32 = 2;
 pub const FILE_NAME: &str = "superblock";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +32,12 @@ pub struct Superblock {
     pub min_alloc_size: u64,
     pub csum_block_size: u64,
     pub created_unix: u64,
+    /// mkfs wrote the whole data file (no holes or unwritten extents), so a data write needs
+    /// no filesystem metadata and one device flush after it makes it durable: commits skip the
+    /// separate data-file flush (docs/STORE.md, "Crash consistency"). Absent (false) in
+    /// version-1 superblocks.
+    #[serde(default)]
+    pub data_prewritten: bool,
 }
 
 impl Superblock {
@@ -139,6 +147,7 @@ mod tests {
             min_alloc_size: 4096,
             csum_block_size: 4096,
             created_unix: 0,
+            data_prewritten: true,
         };
         let b = sb.encode();
         let p = Path::new("sb");

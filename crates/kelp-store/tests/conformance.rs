@@ -462,23 +462,29 @@ struct Durable {
 }
 
 impl Durable {
+    /// Data file only reserved (fallocate): commits flush the data file, then the log.
     fn new() -> Self {
-        Self::with_config(StoreConfig::default())
+        Self::with_config(StoreConfig::default(), false)
     }
 
     /// Every whole-unit write goes to new extents written before the commit (no deferral of
-    /// small whole-unit writes), so the copy-on-write path is covered by the same suite.
+    /// small whole-unit writes), so the copy-on-write path is covered by the same suite; on a
+    /// prewritten data file, so with one flush per commit.
     fn cow() -> Self {
-        Self::with_config(StoreConfig {
-            prefer_deferred_size: kelp_types::ByteSize(0),
-            ..StoreConfig::default()
-        })
+        Self::with_config(
+            StoreConfig {
+                prefer_deferred_size: kelp_types::ByteSize(0),
+                ..StoreConfig::default()
+            },
+            true,
+        )
     }
 
-    fn with_config(cfg: StoreConfig) -> Self {
+    fn with_config(cfg: StoreConfig, prewrite: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let opts = MkfsOptions {
             size: kelp_types::ByteSize(256 << 20),
+            prewrite,
             ..MkfsOptions::default()
         };
         kelp_store::mkfs(dir.path(), &opts).unwrap();

@@ -11,7 +11,47 @@ use std::sync::mpsc;
 use kelp_store::workload::{crash_applied_id, crash_txn};
 use kelp_store::{KelpStore, ObjectStore, StoreConfig};
 
+/// `kelp-store-crash-child torn DIR`: three transactions, each acknowledged before the next
+/// (create collection 1.0; write `a` = 16 KiB of 1s; overwrite `a` with 16 KiB of 2s and write
+/// `b` = 8 KiB of 3s), all as new extents; prints `DONE` and waits to be killed. The test then
+/// plays the device losing the last batch's data (tests/crash.rs, `torn_log_tail_is_dropped`).
+fn torn(dir: &str) {
+    use kelp_store::{CollectionId, ObjectId, Transaction};
+    let cfg = StoreConfig {
+        prefer_deferred_size: kelp_types::ByteSize(0),
+        ..StoreConfig::default()
+    };
+    let store = KelpStore::mount(&PathBuf::from(dir), cfg).unwrap_or_else(|e| {
+        eprintln!("mount failed: {e}");
+        std::process::exit(3)
+    });
+    let c = CollectionId::new(1, 0);
+    let obj = |n: &str| ObjectId::new(1, "", n, 7);
+    let mut t0 = Transaction::new();
+    t0.create_collection(c);
+    let mut t1 = Transaction::new();
+    t1.write(c, &obj("a"), 0, vec![1u8; 16384]);
+    let mut t2 = Transaction::new();
+    t2.write(c, &obj("a"), 0, vec![2u8; 16384]);
+    t2.write(c, &obj("b"), 0, vec![3u8; 8192]);
+    for t in [t0, t1, t2] {
+        if let Err(e) = store.submit(t).and_then(|c| c.wait()) {
+            eprintln!("commit failed: {e}");
+            std::process::exit(4);
+        }
+    }
+    println!("DONE");
+    let _ = std::io::stdout().flush();
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("torn") {
+        let dir = std::env::args().nth(2).unwrap_or_default();
+        return torn(&dir);
+    }
     let mut args = std::env::args().skip(1);
     let (Some(dir), Some(seed)) = (args.next(), args.next()) else {
         eprintln!("usage: kelp-store-crash-child DIR SEED [PREFER_DEFERRED]");

@@ -40,6 +40,10 @@ pub struct MkfsArgs {
     /// Checksum granularity: one crc32c per block of this size, verified on every read.
     #[arg(long, default_value = "4KiB")]
     pub csum_block_size: ByteSize,
+    /// Write the whole data file with zeros now instead of only reserving it: slower mkfs (one
+    /// sequential write of --size), then one device flush per commit instead of two.
+    #[arg(long)]
+    pub prewrite: bool,
 }
 
 #[derive(Args, Debug)]
@@ -65,8 +69,8 @@ pub struct BenchArgs {
     /// Number of 4 KiB objects created by the metadata-heavy test.
     #[arg(long, default_value_t = 1_000_000)]
     pub objects: u64,
-    /// Size of the data file of each of the two benchmark stores (space is reserved with
-    /// fallocate, so this much must be free, twice).
+    /// Size of the data file of each of the two benchmark stores (written with zeros at mkfs
+    /// unless --no-prewrite, so this much must be free, twice).
     #[arg(long, default_value = "8GiB")]
     pub size: ByteSize,
     /// Memory budget for the store's caches and in-flight transactions.
@@ -76,6 +80,11 @@ pub struct BenchArgs {
     /// flushed to new extents before it (0: never).
     #[arg(long, default_value = "64KiB")]
     pub prefer_deferred_size: ByteSize,
+    /// Only reserve the benchmark stores' data files (fallocate) instead of writing them with
+    /// zeros at mkfs: every commit that wrote new extents then flushes the data file and the
+    /// log separately (the layout `kelp store mkfs` makes without --prewrite).
+    #[arg(long)]
+    pub no_prewrite: bool,
     /// Output format; json prints {results: [{name, ops_per_s, mib_per_s, p50_ms, p99_ms, ...}],
     /// peak_rss_mib, metadata_bytes_per_object, ingest, ...}.
     #[arg(long, value_enum, default_value_t)]
@@ -97,6 +106,7 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                 size: a.size,
                 min_alloc_size: a.min_alloc_size,
                 csum_block_size: a.csum_block_size,
+                prewrite: a.prewrite,
             };
             let sb = kelp_store::mkfs(&a.dir, &opts)
                 .with_context(|| format!("mkfs {}", a.dir.display()))?;
@@ -174,6 +184,7 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                 objects: a.objects,
                 mkfs: MkfsOptions {
                     size: a.size,
+                    prewrite: !a.no_prewrite,
                     ..MkfsOptions::default()
                 },
                 config: StoreConfig {
@@ -196,11 +207,13 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                     "ingest/meta",
                     "ingest/superblock",
                     "ingest/lock",
+                    "ingest/wal",
                     "ingest",
                     "block",
                     "meta",
                     "superblock",
                     "lock",
+                    "wal",
                 ] {
                     let p = a.dir.join(f);
                     let _ = if p.is_dir() {
