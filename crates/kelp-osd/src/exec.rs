@@ -377,7 +377,12 @@ pub fn execute(
                 out.outs.push(OpResult::Data {
                     len: bytes.len() as u64,
                 });
-                out.out_data.extend_from_slice(&bytes);
+                if out.out_data.is_empty() {
+                    // The common single read: hand the store's buffer on instead of copying it.
+                    out.out_data = bytes;
+                } else {
+                    out.out_data.extend_from_slice(&bytes);
+                }
             }
             OpKind::Stat => {
                 if !exists {

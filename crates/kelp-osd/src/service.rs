@@ -42,6 +42,9 @@ use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard, watch};
 use crate::exec::{ExecError, Executed, Limits, Stamp, execute};
 use crate::pglog::{LogAppend, LogEntry, PgMeta};
 
+/// Plain reads of objects up to this size run on the async worker (see `small_read`).
+const INLINE_READ_MAX: u64 = 64 << 10;
+
 /// OSD settings (Ceph's names where the concept is Ceph's).
 #[derive(Debug, Clone)]
 pub struct OsdConfig {
@@ -416,21 +419,21 @@ impl OsdService {
             let store = self.store.clone();
             let limits = self.cfg.limits;
             let coll = state.meta.coll;
-            let result = tokio::task::spawn_blocking(move || {
-                execute(
-                    &*store,
-                    coll,
-                    &op.object,
-                    &op.ops,
-                    &data,
-                    Stamp {
-                        version: 0,
-                        mtime_ns: 0,
-                    },
-                    &limits,
-                )
-            })
-            .await;
+            let stamp = Stamp {
+                version: 0,
+                mtime_ns: 0,
+            };
+            let result = if small_read(&*store, coll, &op) {
+                // A few KiB from a cached or fast device: cheaper than two thread hand-offs.
+                Ok(execute(
+                    &*store, coll, &op.object, &op.ops, &data, stamp, &limits,
+                ))
+            } else {
+                tokio::task::spawn_blocking(move || {
+                    execute(&*store, coll, &op.object, &op.ops, &data, stamp, &limits)
+                })
+                .await
+            };
             drop(state);
             return match result {
                 Ok(Ok(done)) => ok_reply(done, epoch),
@@ -834,6 +837,22 @@ enum Applied {
     },
     /// The op turned out to change nothing (no log entry, nothing to replicate).
     NotAWrite(Executed),
+}
+
+/// Whether a read op moves so little data that it runs on the async worker: every op is a
+/// plain data read (or stat) and the object is at most `INLINE_READ_MAX` bytes (a metadata
+/// lookup, nearly always cached). Anything else goes to a blocking thread.
+fn small_read(store: &dyn ObjectStore, coll: CollectionId, op: &OsdOp) -> bool {
+    let plain = op.ops.iter().all(|o| {
+        matches!(
+            o,
+            kelp_proto::OpKind::Read { .. } | kelp_proto::OpKind::Stat
+        )
+    });
+    plain
+        && store
+            .stat(coll, &crate::exec::object_id(&op.object))
+            .is_ok_and(|st| st.size <= INLINE_READ_MAX)
 }
 
 fn ok_reply(done: Executed, epoch: u32) -> (OsdOpReply, Bytes) {
