@@ -496,12 +496,15 @@ impl OsdService {
             .apply_locally(state.meta.coll, &op.ops, &data, stamp, plan, entry)
             .await
         {
-            Ok(Applied::Write {
-                done,
-                entry,
-                plan,
-                commit,
-            }) => (done, entry, plan, commit),
+            Ok(Applied::Write(w)) => {
+                let AppliedWrite {
+                    done,
+                    entry,
+                    plan,
+                    commit,
+                } = *w;
+                (done, entry, plan, commit)
+            }
             Ok(Applied::NotAWrite(done)) => return ok_reply(done, epoch),
             Err(e) => return reply_err(e.code, e.message, epoch),
         };
@@ -616,12 +619,12 @@ impl OsdService {
             entry.deleted = !done.exists_after;
             plan.stage(&mut done.txn, &entry);
             let commit = store.submit(std::mem::take(&mut done.txn))?;
-            Ok(Applied::Write {
+            Ok(Applied::Write(Box::new(AppliedWrite {
                 done,
                 entry,
                 plan,
                 commit,
-            })
+            })))
         })
         .await
         .map_err(|e| ExecError {
@@ -700,12 +703,13 @@ impl OsdService {
             .apply_locally(state.meta.coll, &op.ops, &data, stamp, plan, entry)
             .await
         {
-            Ok(Applied::Write {
-                entry,
-                plan,
-                commit,
-                ..
-            }) => {
+            Ok(Applied::Write(w)) => {
+                let AppliedWrite {
+                    entry,
+                    plan,
+                    commit,
+                    ..
+                } = *w;
                 state.meta.commit_append(plan, entry);
                 commit
             }
@@ -857,15 +861,18 @@ impl Drop for InFlight {
     }
 }
 
+/// A write `apply_locally` submitted.
+struct AppliedWrite {
+    done: Executed,
+    entry: LogEntry,
+    plan: LogAppend,
+    commit: kelp_store::Commit,
+}
+
 /// What `apply_locally` did.
 enum Applied {
     /// A write, readable in the store; durable once `commit` resolves.
-    Write {
-        done: Executed,
-        entry: LogEntry,
-        plan: LogAppend,
-        commit: kelp_store::Commit,
-    },
+    Write(Box<AppliedWrite>),
     /// The op turned out to change nothing (no log entry, nothing to replicate).
     NotAWrite(Executed),
 }
