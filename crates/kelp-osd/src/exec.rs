@@ -153,21 +153,47 @@ pub fn execute(
         );
     }
     let oid = object_id(loc);
-    let (mut exists, mut size) = match store.stat(coll, &oid) {
-        Ok(st) => (true, st.size),
-        Err(StoreError::ObjectNotFound { .. }) => (false, 0),
-        Err(StoreError::CollectionNotFound { .. }) => {
-            return err(
+    // Every store call here is a metadata lookup, the bulk of a small op's cost. Reads learn
+    // existence and version from one lookup (the attributes) and fetch the size only when an
+    // op needs it; writes need existence and size, and the old version only for a guard (the
+    // reply carries the new version).
+    let read_only = writes == 0;
+    let missing = |e: StoreError| -> Result<(), ExecError> {
+        match e {
+            StoreError::ObjectNotFound { .. } => Ok(()),
+            StoreError::CollectionNotFound { .. } => err(
                 ErrorCode::Misdirected,
                 format!("this OSD does not hold PG {}", coll.0),
-            );
+            ),
+            e => Err(e.into()),
         }
-        Err(e) => return Err(e.into()),
     };
-    let version = if exists {
-        read_u64_attr(store, coll, &oid, VERSION_ATTR)?
+    let mut attrs = None;
+    let (mut exists, mut size, mut size_known) = (false, 0, true);
+    if read_only {
+        match store.xattrs(coll, &oid) {
+            Ok(a) => {
+                (exists, size_known) = (true, false);
+                attrs = Some(a);
+            }
+            Err(e) => missing(e)?,
+        }
     } else {
-        0
+        match store.stat(coll, &oid) {
+            Ok(st) => (exists, size) = (true, st.size),
+            Err(e) => missing(e)?,
+        }
+    }
+    let version = match &attrs {
+        Some(a) => u64_attr(a.get(VERSION_ATTR), VERSION_ATTR)?,
+        None if exists
+            && ops
+                .iter()
+                .any(|o| matches!(o, OpKind::AssertVersion { .. })) =>
+        {
+            read_u64_attr(store, coll, &oid, VERSION_ATTR)?
+        }
+        None => 0,
     };
 
     let mut out = Executed {
@@ -385,28 +411,48 @@ pub fn execute(
                 if !exists {
                     not_found()?;
                 }
-                let want = if *len == 0 {
-                    size.saturating_sub(*offset)
-                } else {
-                    *len
+                let want = match (*len, size_known) {
+                    (0, true) => size.saturating_sub(*offset),
+                    // The store clips reads at the object's end: one byte more than allowed
+                    // tells a too-large object without asking for its size first.
+                    (0, false) => limits.max_write_size + 1,
+                    (len, _) => len,
                 };
-                if want > limits.max_write_size {
+                if want > limits.max_write_size && (*len != 0 || size_known) {
                     return err(
                         ErrorCode::TooBig,
                         format!("read of {want} bytes is too large"),
                     );
                 }
                 let bytes = store.read(coll, &oid, *offset, want)?;
+                if bytes.len() as u64 > limits.max_write_size {
+                    return err(
+                        ErrorCode::TooBig,
+                        format!("read of more than {} bytes", limits.max_write_size),
+                    );
+                }
                 out.outs.push(OpResult::Data {
                     len: bytes.len() as u64,
                 });
-                out.out_data.extend_from_slice(&bytes);
+                if out.out_data.is_empty() {
+                    // The common single read: hand the store's buffer on instead of copying it.
+                    out.out_data = bytes;
+                } else {
+                    out.out_data.extend_from_slice(&bytes);
+                }
             }
             OpKind::Stat => {
                 if !exists {
                     not_found()?;
                 }
-                let mtime_ns = read_u64_attr(store, coll, &oid, MTIME_ATTR)?;
+                let mtime_ns = match &attrs {
+                    Some(a) => u64_attr(a.get(MTIME_ATTR), MTIME_ATTR)?,
+                    None => read_u64_attr(store, coll, &oid, MTIME_ATTR)?,
+                };
+                if !size_known {
+                    size = store.stat(coll, &oid)?.size;
+                    size_known = true;
+                }
                 out.outs.push(OpResult::Stat {
                     size,
                     mtime_ns,
@@ -555,7 +601,11 @@ fn read_u64_attr(
     oid: &ObjectId,
     name: &str,
 ) -> Result<u64, ExecError> {
-    match store.xattr(coll, oid, name)? {
+    u64_attr(store.xattr(coll, oid, name)?.as_ref(), name)
+}
+
+fn u64_attr(value: Option<&Vec<u8>>, name: &str) -> Result<u64, ExecError> {
+    match value {
         None => Ok(0),
         Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
             Ok(b) => Ok(u64::from_le_bytes(b)),

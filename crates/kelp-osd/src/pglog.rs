@@ -42,6 +42,35 @@ pub struct PgInfo {
     pub log_tail: u64,
 }
 
+/// One planned log append (see [`PgMeta::plan_append`]).
+#[derive(Debug, Clone)]
+pub struct LogAppend {
+    coll: CollectionId,
+    info: PgInfo,
+    trimmed: Vec<u64>,
+}
+
+impl LogAppend {
+    /// Adds the entry, the trimming and the new info to `txn`.
+    pub fn stage(&self, txn: &mut Transaction, entry: &LogEntry) {
+        let oid = PgMeta::meta_oid(self.coll);
+        let mut add = std::collections::BTreeMap::new();
+        add.insert(entry.version.to_be_bytes().to_vec(), encode(entry));
+        txn.omap_set(self.coll, &oid, add);
+        if !self.trimmed.is_empty() {
+            txn.omap_remove(
+                self.coll,
+                &oid,
+                self.trimmed
+                    .iter()
+                    .map(|v| v.to_be_bytes().to_vec())
+                    .collect(),
+            );
+        }
+        txn.omap_set_header(self.coll, &oid, encode(&self.info));
+    }
+}
+
 /// In-memory view of a PG's log, kept in step with the store.
 #[derive(Debug, Clone)]
 pub struct PgMeta {
@@ -165,26 +194,45 @@ impl PgMeta {
     /// Adds `entry` to the log inside `txn` (the transaction that carries the write), updates
     /// the info, and trims the oldest entries beyond `max_entries`.
     pub fn append(&mut self, txn: &mut Transaction, entry: LogEntry) {
-        debug_assert_eq!(entry.version, self.next_version());
-        let oid = Self::meta_oid(self.coll);
-        self.info.last_update = (entry.epoch, entry.version);
-        let mut add = std::collections::BTreeMap::new();
-        add.insert(entry.version.to_be_bytes().to_vec(), encode(&entry));
-        txn.omap_set(self.coll, &oid, add);
+        let plan = self.plan_append(entry.epoch, entry.version);
+        plan.stage(txn, &entry);
+        self.commit_append(plan, entry);
+    }
+
+    /// What appending the next entry, `(epoch, version)`, will change: computed before the write
+    /// executes, so the store transaction can be built without cloning the in-memory log (the
+    /// write path's hot spot: a 3000-entry log copied per write). The PG must not change between
+    /// this and `commit_append` (the caller holds the PG's write lock).
+    pub fn plan_append(&self, epoch: u32, version: u64) -> LogAppend {
+        debug_assert_eq!(version, self.next_version());
+        let excess = (self.log.len() + 1).saturating_sub(self.max_entries);
+        let mut trimmed: Vec<u64> = self.log.iter().take(excess).map(|e| e.version).collect();
+        if excess > self.log.len() {
+            // max_entries is 0: even the new entry is trimmed at once.
+            trimmed.push(version);
+        }
+        let log_tail = trimmed.last().copied().unwrap_or(self.info.log_tail);
+        LogAppend {
+            coll: self.coll,
+            info: PgInfo {
+                last_update: (epoch, version),
+                log_tail,
+            },
+            trimmed,
+        }
+    }
+
+    /// Makes the in-memory log match a staged `plan` once its transaction was submitted.
+    pub fn commit_append(&mut self, plan: LogAppend, entry: LogEntry) {
+        debug_assert_eq!(plan.info.last_update, (entry.epoch, entry.version));
         self.dups.insert(entry.reqid.clone(), entry.version);
         self.log.push_back(entry);
-        let mut trimmed = Vec::new();
         while self.log.len() > self.max_entries {
             if let Some(old) = self.log.pop_front() {
                 self.dups.remove(&old.reqid);
-                self.info.log_tail = old.version;
-                trimmed.push(old.version.to_be_bytes().to_vec());
             }
         }
-        if !trimmed.is_empty() {
-            txn.omap_remove(self.coll, &oid, trimmed);
-        }
-        txn.omap_set_header(self.coll, &oid, encode(&self.info));
+        self.info = plan.info;
     }
 
     /// Entries newer than `version`, or `None` if the log no longer reaches back that far

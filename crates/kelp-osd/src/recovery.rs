@@ -162,7 +162,7 @@ impl OsdService {
                 format!("osd.{} does not hold PG {}", self.id(), q.pg),
             );
         };
-        let state = pg.read().await;
+        let state = OsdService::settled_read(&pg).await;
         let objects = if q.want_objects {
             let store = self.store();
             let coll = state.meta.coll;
@@ -204,7 +204,7 @@ impl OsdService {
                 format!("osd.{} does not hold PG {}", self.id(), p.pg),
             );
         };
-        let state = pg.read().await;
+        let state = OsdService::settled_read(&pg).await;
         let store = self.store();
         let coll = state.meta.coll;
         let oid = oid_for(p.pg, &p.namespace, &p.name);
@@ -237,7 +237,7 @@ impl OsdService {
             .get(&s.source)
             .and_then(|o| o.addr)
             .ok_or_else(|| format!("osd.{} has no address", s.source))?;
-        let mut state = handle.write().await;
+        let mut state = OsdService::settled_write(&handle).await;
         let coll = state.meta.coll;
         let store = self.store();
         let wanted: BTreeSet<(String, String)> = s.objects.iter().cloned().collect();
@@ -338,7 +338,7 @@ impl OsdService {
         let handle = self.pg_handle(pg).ok_or("PG not open")?;
         let me = self.id();
         let mine = {
-            let st = handle.read().await;
+            let st = OsdService::settled_read(&handle).await;
             MemberReport {
                 osd: me,
                 last_update: st.meta.info.last_update,

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -19,6 +20,10 @@ use kelp_store::{CollectionId, MemStore};
 struct LocalPeers {
     osds: OnceLock<HashMap<i32, Arc<OsdService>>>,
     dead: Mutex<HashSet<i32>>,
+    /// When set, replica writes with odd versions are delivered late (after their successor).
+    reorder: AtomicBool,
+    /// When set, every replica write waits for a permit of this semaphore first.
+    hold: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
 }
 
 impl LocalPeers {
@@ -42,7 +47,15 @@ impl Peers for LocalPeers {
         op: RepOp,
         data: Bytes,
     ) -> Result<RepOpReply, String> {
-        Ok(self.get(osd)?.repop(op, data).await)
+        let target = self.get(osd)?;
+        let hold = self.hold.lock().unwrap().clone();
+        if let Some(hold) = hold {
+            let _permit = hold.acquire().await.map_err(|e| e.to_string())?;
+        }
+        if self.reorder.load(Ordering::Relaxed) && op.log_version % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+        Ok(target.repop(op, data).await)
     }
     async fn query(&self, osd: i32, _addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String> {
         Ok(self.get(osd)?.pg_query(q).await)
@@ -386,4 +399,67 @@ async fn concurrent_writes_to_one_object_apply_in_one_order_everywhere() {
         (0..100).collect::<Vec<_>>(),
         "every append exactly once"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_writes_survive_replica_writes_arriving_out_of_order() {
+    let mut c = Cluster::new().await;
+    c.peers.reorder.store(true, Ordering::Relaxed);
+    let ops: Vec<OsdOp> = (0..40)
+        .map(|_| c.op("log", vec![OpKind::Append { len: 4 }]))
+        .collect();
+    let c = Arc::new(c);
+    let mut tasks = Vec::new();
+    for (i, op) in ops.into_iter().enumerate() {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let (reply, _) = c.send(op, &(i as u32).to_le_bytes()).await;
+            assert_eq!(reply.error, None);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let on0 = c.stored(0, "log").unwrap();
+    assert_eq!(on0.len(), 160);
+    assert_eq!(c.stored(1, "log").unwrap(), on0);
+    assert_eq!(c.stored(2, "log").unwrap(), on0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_waits_for_a_write_that_is_not_yet_on_every_replica() {
+    let mut c = Cluster::new().await;
+    let op = c.op("obj", vec![OpKind::WriteFull { len: 3 }]);
+    assert_eq!(c.send(op, b"old").await.0.error, None);
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    *c.peers.hold.lock().unwrap() = Some(gate.clone());
+    let write = c.op("obj", vec![OpKind::WriteFull { len: 3 }]);
+    let read = c.op("obj", vec![OpKind::Read { offset: 0, len: 0 }]);
+    let c = Arc::new(c);
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move { c.send(write, b"new").await })
+    };
+    // The primary has applied the write locally; its replicas are held back.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let reader = {
+        let c = c.clone();
+        tokio::spawn(async move { c.send(read, &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !writer.is_finished(),
+        "acked before the replicas applied it"
+    );
+    assert!(
+        !reader.is_finished(),
+        "a read returned data that is only on the primary"
+    );
+    gate.add_permits(2);
+    let (reply, _) = writer.await.unwrap();
+    assert_eq!(reply.error, None);
+    let (reply, data) = reader.await.unwrap();
+    assert_eq!(reply.error, None);
+    assert_eq!(&data[..], b"new");
 }

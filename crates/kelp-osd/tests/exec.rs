@@ -591,3 +591,42 @@ fn omap_compare_guards_updates() {
     .unwrap();
     assert_eq!(data, b"four");
 }
+
+#[test]
+fn whole_object_reads_respect_osd_max_write_size() {
+    let (s, c) = setup();
+    assert_eq!(
+        write(
+            &s,
+            c,
+            "big",
+            &[OpKind::WriteFull { len: 10 }],
+            &[7u8; 10],
+            1
+        ),
+        Ok(1)
+    );
+    let read_with = |max_write_size: u64, len: u64| {
+        execute(
+            &s,
+            c,
+            &loc("big"),
+            &[OpKind::Read { offset: 0, len }],
+            &[],
+            Stamp {
+                version: 0,
+                mtime_ns: 0,
+            },
+            &Limits {
+                max_write_size,
+                ..Limits::default()
+            },
+        )
+        .map(|d| (d.out_data, d.version))
+        .map_err(|e| e.code)
+    };
+    assert_eq!(read_with(10, 0), Ok((vec![7u8; 10], 1)));
+    assert_eq!(read_with(9, 0), Err(ErrorCode::TooBig));
+    assert_eq!(read_with(9, 9), Ok((vec![7u8; 9], 1)));
+    assert_eq!(read_with(9, 10), Err(ErrorCode::TooBig));
+}
