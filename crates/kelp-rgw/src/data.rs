@@ -198,15 +198,19 @@ impl Rgw {
         decode(inst, &raw)
     }
 
-    /// Reads an object's meta and, in the same round trip, the first `len` bytes of the head.
-    pub async fn read_head(&self, inst: &str, len: u64) -> Result<(ObjectMeta, Bytes)> {
+    /// Reads an object's meta and, in the same round trip, `len` (at least 1) bytes of the
+    /// head stripe at `offset` (fewer if the head holds fewer: a multipart head holds none).
+    pub async fn read_head(
+        &self,
+        inst: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(ObjectMeta, Bytes)> {
+        let len = len.max(1);
         let res = self
             .inner
             .data
-            .operate_read(
-                ReadOp::new().get_xattr(META_XATTR).read(0, len.max(1)),
-                inst,
-            )
+            .operate_read(ReadOp::new().get_xattr(META_XATTR).read(offset, len), inst)
             .await?;
         match (res.first(), res.get(1)) {
             (Some(ReadResult::Data(m)), Some(ReadResult::Data(d))) => {

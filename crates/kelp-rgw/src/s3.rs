@@ -17,7 +17,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use crate::data::InstanceWriter;
 use crate::error::RgwError;
 use crate::index::WriteCondition;
-use crate::layout::{BucketRecord, IndexEntry, ObjectMeta, PartEntry, PartRef, now_ns};
+use crate::layout::{BucketRecord, IndexEntry, ObjectMeta, PartEntry, PartRef, STRIPE, now_ns};
 use crate::rgw::Rgw;
 
 /// Largest single PUT (AWS's limit).
@@ -841,14 +841,33 @@ impl S3 for KelpS3 {
             &input.if_modified_since,
             &input.if_unmodified_since,
         )?;
-        // the wanted range, once the layout (simple or multipart) is known
-        let meta_only = self.rgw.read_meta(&e.inst).await;
-        let meta = match meta_only {
+        // a range within the head stripe is read with the meta in one round trip
+        let head_range = match (&input.part_number, &input.range) {
+            (None, None) => Some((0, e.size)),
+            (None, Some(r)) => r.check(e.size).ok().map(|r| (r.start, r.end)),
+            _ => None,
+        };
+        let (meta_res, first) = match head_range {
+            Some((s, t)) if t > s && t <= STRIPE => {
+                match self.rgw.read_head(&e.inst, s, t - s).await {
+                    Ok((m, d)) => (Ok(m), d),
+                    Err(err) => (Err(err), Bytes::new()),
+                }
+            }
+            _ => (self.rgw.read_meta(&e.inst).await, Bytes::new()),
+        };
+        let meta = match meta_res {
             Ok(m) => m,
             Err(RgwError::Rados(kelp_client::ClientError::NotFound { .. })) => {
                 return Err(s3_error!(NoSuchKey, "'{}' was deleted", input.key));
             }
             Err(err) => return Err(s3_err(err)),
+        };
+        // a multipart head holds no data
+        let first = if meta.parts.is_empty() {
+            first
+        } else {
+            Bytes::new()
         };
         let (start, end, partial, parts_count) = match (&input.part_number, &input.range) {
             (Some(_), Some(_)) => {
@@ -890,7 +909,7 @@ impl S3 for KelpS3 {
             }
             (None, None) => (0, e.size, false, None),
         };
-        let body = self.rgw.read_body(&e.inst, &meta, start, end, Bytes::new());
+        let body = self.rgw.read_body(&e.inst, &meta, start, end, first);
         let content_range = partial.then(|| {
             if end > start {
                 format!("bytes {start}-{}/{}", end - 1, e.size)
