@@ -198,6 +198,35 @@ impl Rgw {
         decode(inst, &raw)
     }
 
+    /// Applies `change` to an instance's meta with compare-and-swap on the stored value.
+    pub async fn update_meta(
+        &self,
+        inst: &str,
+        mut change: impl FnMut(&mut ObjectMeta),
+    ) -> Result<ObjectMeta> {
+        for _ in 0..16 {
+            let raw = self.inner.data.get_xattr(inst, META_XATTR).await?;
+            let mut meta: ObjectMeta = decode(inst, &raw)?;
+            change(&mut meta);
+            match self
+                .inner
+                .data
+                .operate(
+                    WriteOp::new()
+                        .cmp_xattr(META_XATTR, &raw)
+                        .set_xattr(META_XATTR, encode(&meta)),
+                    inst,
+                )
+                .await
+            {
+                Ok(_) => return Ok(meta),
+                Err(ClientError::Canceled { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(RgwError::Busy(inst.to_string()))
+    }
+
     /// Reads an object's meta and, in the same round trip, `len` (at least 1) bytes of the
     /// head stripe at `offset` (fewer if the head holds fewer: a multipart head holds none).
     pub async fn read_head(

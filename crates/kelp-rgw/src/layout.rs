@@ -162,6 +162,9 @@ pub struct BucketRecord {
     /// Earlier generations (generation, shards) whose objects still hold their moved markers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired: Vec<(u32, u32)>,
+    /// Bucket tags (PutBucketTagging).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -237,6 +240,9 @@ pub struct ObjectMeta {
     pub expires: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub user: BTreeMap<String, String>,
+    /// Object tags (x-amz-tagging, PutObjectTagging).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
     /// Multipart objects: the parts in order (the head holds no data then).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<PartRef>,
@@ -309,6 +315,27 @@ pub fn check_uid(uid: &str) -> Result<(), &'static str> {
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'@'))
     {
         return Err("only letters, digits, '_', '-', '.' and '@' are allowed");
+    }
+    Ok(())
+}
+
+/// Checks a tag set against S3's limits (`max` tags, keys 1–128 and values ≤ 256 characters).
+pub fn check_tags(tags: &BTreeMap<String, String>, max: usize) -> Result<(), String> {
+    if tags.len() > max {
+        return Err(format!("at most {max} tags are allowed"));
+    }
+    for (k, v) in tags {
+        if k.is_empty() || k.chars().count() > 128 {
+            return Err(format!("tag key '{k}' must be 1 to 128 characters"));
+        }
+        if v.chars().count() > 256 {
+            return Err(format!(
+                "the value of tag '{k}' is longer than 256 characters"
+            ));
+        }
+        if k.starts_with("aws:") {
+            return Err(format!("tag key '{k}' uses the reserved prefix aws:"));
+        }
     }
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! Users, access keys and bucket records (the metadata pool).
 
+use std::collections::BTreeMap;
+
 use kelp_client::{ClientError, ReadOp, ReadResult, WriteOp};
 
 use crate::error::{Result, RgwError, found};
@@ -229,6 +231,7 @@ impl Rgw {
             generation: 0,
             reshard: None,
             retired: Vec::new(),
+            tags: BTreeMap::new(),
         };
         let meta = &self.inner.meta;
         match meta
@@ -255,6 +258,40 @@ impl Rgw {
         meta.omap_set(BUCKETS_OBJ, &[(name, owner.as_bytes())])
             .await?;
         Ok(record)
+    }
+
+    /// Applies `change` to a bucket's record with compare-and-swap (this incarnation only).
+    pub async fn update_bucket(
+        &self,
+        b: &BucketRecord,
+        mut change: impl FnMut(&mut BucketRecord),
+    ) -> Result<BucketRecord> {
+        let obj = bucket_obj(&b.name);
+        for _ in 0..16 {
+            let (mut cur, version) = read_versioned::<BucketRecord>(&self.inner.meta, &obj)
+                .await?
+                .ok_or_else(|| RgwError::NoSuchBucket(b.name.clone()))?;
+            if cur.id != b.id {
+                return Err(RgwError::NoSuchBucket(b.name.clone()));
+            }
+            change(&mut cur);
+            match self
+                .inner
+                .meta
+                .operate(
+                    WriteOp::new()
+                        .assert_version(version)
+                        .write_full(encode(&cur)),
+                    &obj,
+                )
+                .await
+            {
+                Ok(_) => return Ok(cur),
+                Err(ClientError::Canceled { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(RgwError::Busy(obj))
     }
 
     pub async fn bucket(&self, name: &str) -> Result<BucketRecord> {

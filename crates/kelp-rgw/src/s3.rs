@@ -17,7 +17,9 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use crate::data::InstanceWriter;
 use crate::error::RgwError;
 use crate::index::WriteCondition;
-use crate::layout::{BucketRecord, IndexEntry, ObjectMeta, PartEntry, PartRef, STRIPE, now_ns};
+use crate::layout::{
+    BucketRecord, IndexEntry, ObjectMeta, PartEntry, PartRef, STRIPE, check_tags, now_ns,
+};
 use crate::rgw::Rgw;
 
 /// Largest single PUT (AWS's limit).
@@ -296,6 +298,26 @@ impl KelpS3 {
             .map_err(s3_err)?
             .ok_or_else(|| s3_error!(NoSuchKey, "no such key '{key}' in '{bucket}'"))?;
         Ok((b, key.to_string(), e))
+    }
+
+    /// The current index entry of `key` (`NoSuchKey`; only the `null` version exists).
+    async fn current(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        version: &Option<String>,
+    ) -> S3Result<IndexEntry> {
+        if version.as_deref().is_some_and(|v| v != "null") {
+            return Err(s3_error!(
+                NoSuchVersion,
+                "versioning is not enabled on this bucket"
+            ));
+        }
+        self.rgw
+            .lookup(b, key)
+            .await
+            .map_err(s3_err)?
+            .ok_or_else(|| s3_error!(NoSuchKey, "no such key '{key}'"))
     }
 
     /// Streams bytes `[start, end)` of an existing instance into `checks`/a new body.
@@ -602,6 +624,56 @@ fn user_meta(m: &ObjectMeta) -> Option<Metadata> {
     }
 }
 
+/// Tags from an `x-amz-tagging` header (`k1=v1&k2=v2`, URL-encoded).
+fn tags_from_header(h: Option<&str>) -> S3Result<BTreeMap<String, String>> {
+    let mut tags = BTreeMap::new();
+    let Some(h) = h.filter(|h| !h.is_empty()) else {
+        return Ok(tags);
+    };
+    let dec = |s: &str| {
+        percent_encoding::percent_decode_str(&s.replace('+', " "))
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| s3_error!(InvalidTag, "x-amz-tagging is not valid UTF-8"))
+    };
+    for pair in h.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if tags.insert(dec(k)?, dec(v)?).is_some() {
+            return Err(s3_error!(InvalidTag, "a tag key appears twice"));
+        }
+    }
+    check_tags(&tags, 10).map_err(|m| s3_error!(InvalidTag, "{m}"))?;
+    Ok(tags)
+}
+
+fn tags_from_set(set: Vec<Tag>, max: usize) -> S3Result<BTreeMap<String, String>> {
+    let mut tags = BTreeMap::new();
+    for t in set {
+        let k = t.key.unwrap_or_default();
+        if tags
+            .insert(k.clone(), t.value.unwrap_or_default())
+            .is_some()
+        {
+            return Err(s3_error!(InvalidTag, "tag key '{k}' appears twice"));
+        }
+    }
+    check_tags(&tags, max).map_err(|m| s3_error!(InvalidTag, "{m}"))?;
+    Ok(tags)
+}
+
+fn tag_set(tags: &BTreeMap<String, String>) -> Vec<Tag> {
+    tags.iter()
+        .map(|(k, v)| Tag {
+            key: Some(k.clone()),
+            value: Some(v.clone()),
+        })
+        .collect()
+}
+
+fn tag_count(m: &ObjectMeta) -> Option<i32> {
+    (!m.tags.is_empty()).then_some(m.tags.len() as i32)
+}
+
 fn refuse_acl(acl: Option<&str>) -> S3Result<()> {
     match acl {
         None | Some("private") => Ok(()),
@@ -786,6 +858,10 @@ impl S3 for KelpS3 {
             input.expires.clone(),
             input.metadata.clone(),
         )?;
+        let meta = ObjectMeta {
+            tags: tags_from_header(input.tagging.as_deref())?,
+            ..meta
+        };
         let (entry, pending, _) = self
             .write_body(
                 &b,
@@ -932,6 +1008,7 @@ impl S3 for KelpS3 {
             cache_control: meta.cache_control.clone(),
             expires: expires_ts(&meta),
             parts_count,
+            tag_count: tag_count(&meta),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             ..Default::default()
         };
@@ -1119,7 +1196,7 @@ impl S3 for KelpS3 {
                 "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes."
             ));
         }
-        let meta = if replace {
+        let mut meta = if replace {
             meta_from_headers(
                 input.content_type.clone(),
                 input.content_encoding.clone(),
@@ -1134,6 +1211,15 @@ impl S3 for KelpS3 {
                 parts: Vec::new(),
                 ..src_meta.clone()
             }
+        };
+        meta.tags = if input
+            .tagging_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == TaggingDirective::REPLACE)
+        {
+            tags_from_header(input.tagging.as_deref())?
+        } else {
+            src_meta.tags.clone()
         };
         let body = self.stream_instance(&src, &src_meta, 0, src.size);
         let mut checks = BodyChecks::none();
@@ -1384,6 +1470,10 @@ impl S3 for KelpS3 {
             input.expires,
             input.metadata,
         )?;
+        let meta = ObjectMeta {
+            tags: tags_from_header(input.tagging.as_deref())?,
+            ..meta
+        };
         let id = self
             .rgw
             .create_upload(&b, &input.key, meta)
@@ -1778,6 +1868,91 @@ impl S3 for KelpS3 {
             location: Some(format!("/{}/{}", b.name, input.key)),
             ..Default::default()
         }))
+    }
+
+    async fn put_bucket_tagging(
+        &self,
+        req: S3Request<PutBucketTaggingInput>,
+    ) -> S3Result<S3Response<PutBucketTaggingOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let tags = tags_from_set(req.input.tagging.tag_set, 50)?;
+        self.rgw
+            .update_bucket(&b, |r| r.tags = tags.clone())
+            .await
+            .map_err(s3_err)?;
+        Ok(S3Response::new(PutBucketTaggingOutput::default()))
+    }
+
+    async fn get_bucket_tagging(
+        &self,
+        req: S3Request<GetBucketTaggingInput>,
+    ) -> S3Result<S3Response<GetBucketTaggingOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        if b.tags.is_empty() {
+            return Err(s3_error!(NoSuchTagSet, "bucket '{}' has no tags", b.name));
+        }
+        Ok(S3Response::new(GetBucketTaggingOutput {
+            tag_set: tag_set(&b.tags),
+        }))
+    }
+
+    async fn delete_bucket_tagging(
+        &self,
+        req: S3Request<DeleteBucketTaggingInput>,
+    ) -> S3Result<S3Response<DeleteBucketTaggingOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        self.rgw
+            .update_bucket(&b, |r| r.tags.clear())
+            .await
+            .map_err(s3_err)?;
+        let mut resp = S3Response::new(DeleteBucketTaggingOutput::default());
+        resp.status = Some(hyper::StatusCode::NO_CONTENT);
+        Ok(resp)
+    }
+
+    async fn put_object_tagging(
+        &self,
+        req: S3Request<PutObjectTaggingInput>,
+    ) -> S3Result<S3Response<PutObjectTaggingOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let input = req.input;
+        let tags = tags_from_set(input.tagging.tag_set, 10)?;
+        let e = self.current(&b, &input.key, &input.version_id).await?;
+        self.rgw
+            .update_meta(&e.inst, |m| m.tags = tags.clone())
+            .await
+            .map_err(s3_err)?;
+        Ok(S3Response::new(PutObjectTaggingOutput::default()))
+    }
+
+    async fn get_object_tagging(
+        &self,
+        req: S3Request<GetObjectTaggingInput>,
+    ) -> S3Result<S3Response<GetObjectTaggingOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let input = req.input;
+        let e = self.current(&b, &input.key, &input.version_id).await?;
+        let meta = self.rgw.read_meta(&e.inst).await.map_err(s3_err)?;
+        Ok(S3Response::new(GetObjectTaggingOutput {
+            tag_set: tag_set(&meta.tags),
+            version_id: None,
+        }))
+    }
+
+    async fn delete_object_tagging(
+        &self,
+        req: S3Request<DeleteObjectTaggingInput>,
+    ) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let input = req.input;
+        let e = self.current(&b, &input.key, &input.version_id).await?;
+        self.rgw
+            .update_meta(&e.inst, |m| m.tags.clear())
+            .await
+            .map_err(s3_err)?;
+        let mut resp = S3Response::new(DeleteObjectTaggingOutput::default());
+        resp.status = Some(hyper::StatusCode::NO_CONTENT);
+        Ok(resp)
     }
 
     async fn abort_multipart_upload(

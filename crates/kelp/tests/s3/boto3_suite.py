@@ -224,8 +224,34 @@ expect_error("MalformedXML", s3.complete_multipart_upload, Bucket="alpha", Key="
 s3.meta.events.unregister("before-sign.s3.CompleteMultipartUpload", break_body)
 s3.abort_multipart_upload(Bucket="alpha", Key="xml-test", UploadId=mpu)
 
+step("tagging")
+s3.put_object(Bucket="alpha", Key="tagged", Body=b"t", Tagging="a=1&b=x%20y")
+tags = {t["Key"]: t["Value"] for t in s3.get_object_tagging(Bucket="alpha", Key="tagged")["TagSet"]}
+assert tags == {"a": "1", "b": "x y"}, tags
+assert s3.get_object(Bucket="alpha", Key="tagged")["TagCount"] == 2
+s3.put_object_tagging(Bucket="alpha", Key="tagged", Tagging={"TagSet": [{"Key": "c", "Value": "3"}]})
+assert s3.get_object_tagging(Bucket="alpha", Key="tagged")["TagSet"] == [{"Key": "c", "Value": "3"}]
+s3.copy_object(Bucket="alpha", Key="tagged-copy", CopySource={"Bucket": "alpha", "Key": "tagged"})
+assert s3.get_object_tagging(Bucket="alpha", Key="tagged-copy")["TagSet"] == [{"Key": "c", "Value": "3"}]
+s3.copy_object(Bucket="alpha", Key="tagged-copy", CopySource={"Bucket": "alpha", "Key": "tagged"},
+               TaggingDirective="REPLACE", Tagging="d=4")
+assert s3.get_object_tagging(Bucket="alpha", Key="tagged-copy")["TagSet"] == [{"Key": "d", "Value": "4"}]
+s3.delete_object_tagging(Bucket="alpha", Key="tagged")
+assert s3.get_object_tagging(Bucket="alpha", Key="tagged")["TagSet"] == []
+expect_error("InvalidTag", s3.put_object_tagging, Bucket="alpha", Key="tagged",
+             Tagging={"TagSet": [{"Key": f"k{i}", "Value": "v"} for i in range(11)]})
+expect_error("NoSuchKey", s3.get_object_tagging, Bucket="alpha", Key="no-such")
+expect_error("NoSuchTagSet", s3.get_bucket_tagging, Bucket="alpha")
+s3.put_bucket_tagging(Bucket="alpha", Tagging={"TagSet": [{"Key": "team", "Value": "storage"}]})
+assert s3.get_bucket_tagging(Bucket="alpha")["TagSet"] == [{"Key": "team", "Value": "storage"}]
+s3.delete_bucket_tagging(Bucket="alpha")
+expect_error("NoSuchTagSet", s3.get_bucket_tagging, Bucket="alpha")
+
 step("not implemented is said, not faked")
-expect_error("NotImplemented", s3.put_bucket_tagging, Bucket="alpha", Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})
+expect_error("NotImplemented", s3.put_bucket_versioning, Bucket="alpha",
+             VersioningConfiguration={"Status": "Enabled"})
+expect_error("NotImplemented", s3.put_bucket_cors, Bucket="alpha", CORSConfiguration={
+    "CORSRules": [{"AllowedMethods": ["GET"], "AllowedOrigins": ["*"]}]})
 
 step("bucket delete")
 expect_error("BucketNotEmpty", s3.delete_bucket, Bucket="alpha")
