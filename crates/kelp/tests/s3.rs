@@ -2,8 +2,8 @@
 //! DIR/s3.env), a second gateway on the same cluster, then real clients: the boto3 suite in
 //! tests/s3/boto3_suite.py (every operation and error code the gateway implements, across both
 //! gateways), the `aws` CLI syncing a directory tree up and down byte for byte, `kelp s3 bench`,
-//! and the `kelp s3` admin commands. Needs python3 with boto3 and the aws CLI (`.ci/run`
-//! installs them); bounded to a few minutes.
+//! and the `kelp s3` admin commands. Needs python3 with boto3 and awscli (`.ci/run` installs
+//! them); bounded to a few minutes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -94,7 +94,7 @@ fn have(cmd: &str, args: &[&str]) -> bool {
 #[test]
 fn s3_gateway_with_real_clients() {
     assert!(
-        have("python3", &["-c", "import boto3"]) && have("aws", &["--version"]),
+        have("python3", &["-c", "import boto3"]) && have("python3", &["-m", "awscli", "--version"]),
         "the S3 tests need python3 and the aws CLI (pip install boto3 awscli; .ci/run does it)"
     );
     let tmp = tempfile::tempdir().unwrap();
@@ -223,7 +223,14 @@ fn s3_gateway_with_real_clients() {
         files.insert(rel, data);
     }
     let aws = |args: &[&str]| {
-        let out = Command::new("aws").args(args).envs(&env).output().unwrap();
+        // `python3 -m awscli`: the `aws` script may not be on PATH (pyenv shims) right after
+        // `pip install awscli`
+        let out = Command::new("python3")
+            .args(["-m", "awscli"])
+            .args(args)
+            .envs(&env)
+            .output()
+            .unwrap();
         ok(&out, &format!("aws {args:?}"))
     };
     aws(&["s3", "mb", "s3://synced"]);
