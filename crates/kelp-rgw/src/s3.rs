@@ -898,18 +898,7 @@ impl S3 for KelpS3 {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let b = self.owned(&req.credentials, &req.input.bucket).await?;
         let input = req.input;
-        if input.version_id.as_deref().is_some_and(|v| v != "null") {
-            return Err(s3_error!(
-                NoSuchVersion,
-                "versioning is not enabled on this bucket"
-            ));
-        }
-        let e = self
-            .rgw
-            .lookup(&b, &input.key)
-            .await
-            .map_err(s3_err)?
-            .ok_or_else(|| s3_error!(NoSuchKey, "no such key '{}'", input.key))?;
+        let e = self.current(&b, &input.key, &input.version_id).await?;
         check_read_conditions(
             &e,
             &input.if_match,
@@ -1025,18 +1014,7 @@ impl S3 for KelpS3 {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let b = self.owned(&req.credentials, &req.input.bucket).await?;
         let input = req.input;
-        if input.version_id.as_deref().is_some_and(|v| v != "null") {
-            return Err(s3_error!(
-                NoSuchVersion,
-                "versioning is not enabled on this bucket"
-            ));
-        }
-        let e = self
-            .rgw
-            .lookup(&b, &input.key)
-            .await
-            .map_err(s3_err)?
-            .ok_or_else(|| s3_error!(NoSuchKey, "no such key '{}'", input.key))?;
+        let e = self.current(&b, &input.key, &input.version_id).await?;
         check_read_conditions(
             &e,
             &input.if_match,
