@@ -269,7 +269,6 @@ impl Rgw {
         let data = self.inner.data.clone();
         let mut segs = segments(inst, meta, start, end);
         let mut skip = first.len() as u64;
-        let expect_total = end.saturating_sub(start);
         tokio::spawn(async move {
             if !first.is_empty() && tx.send(Ok(first)).await.is_err() {
                 return;
@@ -285,7 +284,6 @@ impl Rgw {
                 skip -= cut;
                 s.len > 0
             });
-            let _ = expect_total;
             let mut reads = futures::stream::iter(segs.into_iter().map(|s| {
                 let data = data.clone();
                 async move {

@@ -849,8 +849,8 @@ impl<'a> MergedCursor<'a> {
             }
             let idx: Vec<usize> = fetches.iter().map(|(i, _)| *i).collect();
             let results = futures::future::join_all(fetches.into_iter().map(|(_, f)| f)).await;
+            let space = &self.space;
             for (i, r) in idx.into_iter().zip(results) {
-                let space = self.space.clone();
                 let s = &mut self.shards[i];
                 match r {
                     Ok((entries, more)) => {
@@ -862,7 +862,7 @@ impl<'a> MergedCursor<'a> {
                             None => s.buf.extend(entries),
                             Some((old_shards, moved)) => {
                                 s.buf.extend(entries.into_iter().filter(|(k, _)| {
-                                    moved.contains(&shard_of(&user_key_of(&space, k), *old_shards))
+                                    moved.contains(&shard_of(&user_key_of(space, k), *old_shards))
                                 }))
                             }
                         }

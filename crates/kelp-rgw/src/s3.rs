@@ -174,7 +174,7 @@ impl KelpS3 {
         expect_len: Option<i64>,
         checks: &mut BodyChecks,
         meta: Option<ObjectMeta>,
-    ) -> S3Result<(IndexEntry, Bytes, [u8; 16])> {
+    ) -> S3Result<(IndexEntry, Bytes)> {
         if let Some(len) = expect_len
             && len as u64 > MAX_PUT_SIZE
         {
@@ -209,10 +209,8 @@ impl KelpS3 {
                 ));
             }
             let mtime = now_ns();
-            let mut md5_out = [0u8; 16];
             let written = w
                 .finish(|wr| {
-                    md5_out = wr.md5;
                     meta.map(|mut m| {
                         m.size = wr.size;
                         m.etag = hex::encode(wr.md5);
@@ -233,21 +231,66 @@ impl KelpS3 {
         }
         .await;
         match result {
-            Ok(e) => {
-                let md5 = {
-                    let mut m = [0u8; 16];
-                    if let Ok(v) = hex::decode(&e.etag) {
-                        m.copy_from_slice(&v);
-                    }
-                    m
-                };
-                Ok((e, pending, md5))
-            }
+            Ok(e) => Ok((e, pending)),
             Err(err) => {
                 self.abandon(b, key, &inst, &pending);
                 Err(err)
             }
         }
+    }
+
+    /// Writes `body` and makes it the object `key` (if `cond` holds).
+    #[allow(clippy::too_many_arguments)]
+    async fn store_object(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        body: Option<StreamingBlob>,
+        expect_len: Option<i64>,
+        checks: &mut BodyChecks,
+        meta: ObjectMeta,
+        cond: &WriteCondition,
+    ) -> S3Result<IndexEntry> {
+        let (entry, pending) = self
+            .write_body(b, key, body, expect_len, checks, Some(meta))
+            .await?;
+        if let Err(e) = self.rgw.commit_object(b, key, &entry, &pending, cond).await {
+            self.abandon(b, key, &entry.inst, &pending);
+            return Err(s3_err(e));
+        }
+        Ok(entry)
+    }
+
+    /// Writes `body` as part `part` of a multipart upload.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_part(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        upload_id: &str,
+        part: i32,
+        body: Option<StreamingBlob>,
+        expect_len: Option<i64>,
+        checks: &mut BodyChecks,
+    ) -> S3Result<PartEntry> {
+        let (entry, pending) = self
+            .write_body(b, key, body, expect_len, checks, None)
+            .await?;
+        let p = PartEntry {
+            inst: entry.inst.clone(),
+            size: entry.size,
+            etag: entry.etag.clone(),
+            mtime_ns: entry.mtime_ns,
+        };
+        if let Err(e) = self
+            .rgw
+            .commit_part(b, key, upload_id, part, &p, &pending)
+            .await
+        {
+            self.abandon(b, key, &entry.inst, &pending);
+            return Err(s3_err(e));
+        }
+        Ok(p)
     }
 
     /// Drops an instance that will not be committed (in the background; the pending entry
@@ -862,24 +905,17 @@ impl S3 for KelpS3 {
             tags: tags_from_header(input.tagging.as_deref())?,
             ..meta
         };
-        let (entry, pending, _) = self
-            .write_body(
+        let entry = self
+            .store_object(
                 &b,
                 &input.key,
                 input.body,
                 input.content_length,
                 &mut checks,
-                Some(meta),
+                meta,
+                &cond,
             )
             .await?;
-        if let Err(e) = self
-            .rgw
-            .commit_object(&b, &input.key, &entry, &pending, &cond)
-            .await
-        {
-            self.abandon(&b, &input.key, &entry.inst, &pending);
-            return Err(s3_err(e));
-        }
         let sums = checks.computed.unwrap_or_default();
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&entry.etag)),
@@ -1201,30 +1237,17 @@ impl S3 for KelpS3 {
         };
         let body = self.stream_instance(&src, &src_meta, 0, src.size);
         let mut checks = BodyChecks::none();
-        let (entry, pending, _) = self
-            .write_body(
+        let entry = self
+            .store_object(
                 &dst,
                 &input.key,
                 Some(body),
                 Some(src.size as i64),
                 &mut checks,
-                Some(meta),
-            )
-            .await?;
-        if let Err(e) = self
-            .rgw
-            .commit_object(
-                &dst,
-                &input.key,
-                &entry,
-                &pending,
+                meta,
                 &WriteCondition::default(),
             )
-            .await
-        {
-            self.abandon(&dst, &input.key, &entry.inst, &pending);
-            return Err(s3_err(e));
-        }
+            .await?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(etag(&entry.etag)),
@@ -1488,37 +1511,17 @@ impl S3 for KelpS3 {
             input.checksum_crc64nvme.clone(),
             req.trailing_headers,
         )?;
-        let (entry, pending, _) = self
-            .write_body(
-                &b,
-                &input.key,
-                input.body,
-                input.content_length,
-                &mut checks,
-                None,
-            )
-            .await?;
-        let part = PartEntry {
-            inst: entry.inst.clone(),
-            size: entry.size,
-            etag: entry.etag.clone(),
-            mtime_ns: entry.mtime_ns,
-        };
-        if let Err(e) = self
-            .rgw
-            .commit_part(
+        let part = self
+            .store_part(
                 &b,
                 &input.key,
                 &input.upload_id,
                 input.part_number,
-                &part,
-                &pending,
+                input.body,
+                input.content_length,
+                &mut checks,
             )
-            .await
-        {
-            self.abandon(&b, &input.key, &entry.inst, &pending);
-            return Err(s3_err(e));
-        }
+            .await?;
         let sums = checks.computed.unwrap_or_default();
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(etag(&part.etag)),
@@ -1561,37 +1564,17 @@ impl S3 for KelpS3 {
         };
         let body = self.stream_instance(&src, &src_meta, start, end);
         let mut checks = BodyChecks::none();
-        let (entry, pending, _) = self
-            .write_body(
-                &b,
-                &input.key,
-                Some(body),
-                Some((end - start) as i64),
-                &mut checks,
-                None,
-            )
-            .await?;
-        let part = PartEntry {
-            inst: entry.inst.clone(),
-            size: entry.size,
-            etag: entry.etag.clone(),
-            mtime_ns: entry.mtime_ns,
-        };
-        if let Err(e) = self
-            .rgw
-            .commit_part(
+        let part = self
+            .store_part(
                 &b,
                 &input.key,
                 &input.upload_id,
                 input.part_number,
-                &part,
-                &pending,
+                Some(body),
+                Some((end - start) as i64),
+                &mut checks,
             )
-            .await
-        {
-            self.abandon(&b, &input.key, &entry.inst, &pending);
-            return Err(s3_err(e));
-        }
+            .await?;
         Ok(S3Response::new(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
                 e_tag: Some(etag(&part.etag)),
