@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use crate::error::{Result, RgwError};
 use crate::layout::{
     BucketRecord, GC_PREFIX, GcEntry, OBJ_PREFIX, PART_PREFIX, PENDING_PREFIX, PartEntry, Pending,
-    UPLOAD_PREFIX, decode, now_ns, shard_obj,
+    UPLOAD_PREFIX, VERSION_PREFIX, decode, now_ns, shard_obj,
 };
 use crate::meta::omap_all;
 use crate::rgw::Rgw;
@@ -111,13 +111,43 @@ impl Rgw {
             )));
         }
         if !purge {
-            let l = self.list_objects(b, "", "", None, 1).await?;
-            if !l.objects.is_empty() {
-                return Err(RgwError::BucketNotEmpty(b.name.clone()));
-            }
+            self.check_empty(b).await?;
         }
         for obj in index_objects(b, false) {
             if purge {
+                // versions (their instances include the current objects' ones)
+                loop {
+                    let (entries, _) = match io.omap_get_vals(&obj, "", VERSION_PREFIX, 512).await {
+                        Ok(p) => p,
+                        Err(ClientError::NotFound { .. }) => break,
+                        Err(e) => return Err(e.into()),
+                    };
+                    if entries.is_empty() {
+                        break;
+                    }
+                    let obj_ref: &str = &obj;
+                    let raws: Vec<bytes::Bytes> =
+                        entries.iter().map(|(_, raw)| raw.clone()).collect();
+                    let mut dels =
+                        futures::stream::iter(raws.into_iter().map(move |raw| async move {
+                            let e: crate::layout::IndexEntry = decode(obj_ref, &raw)?;
+                            if e.dm {
+                                return Ok(());
+                            }
+                            match self.delete_instance(&e.inst, Some(e.size)).await {
+                                Ok(()) => Ok(()),
+                                Err(RgwError::Rados(ClientError::NotFound { .. })) => Ok(()),
+                                Err(err) => Err(err),
+                            }
+                        }))
+                        .buffer_unordered(32);
+                    use futures::StreamExt;
+                    while let Some(r) = dels.next().await {
+                        r?;
+                    }
+                    let keys: Vec<&String> = entries.iter().map(|(k, _)| k).collect();
+                    io.omap_rm_keys(&obj, &keys).await?;
+                }
                 loop {
                     let (entries, _) = match io.omap_get_vals(&obj, "", OBJ_PREFIX, 512).await {
                         Ok(p) => p,
@@ -133,7 +163,12 @@ impl Rgw {
                     let mut dels =
                         futures::stream::iter(raws.into_iter().map(move |raw| async move {
                             let e: crate::layout::IndexEntry = decode(obj_ref, &raw)?;
-                            self.delete_instance(&e.inst, Some(e.size)).await
+                            // a versioned object's instance went with its version above
+                            match self.delete_instance(&e.inst, Some(e.size)).await {
+                                Ok(()) => Ok(()),
+                                Err(RgwError::Rados(ClientError::NotFound { .. })) => Ok(()),
+                                Err(err) => Err(err),
+                            }
                         }))
                         .buffer_unordered(32);
                     use futures::StreamExt;
@@ -158,10 +193,7 @@ impl Rgw {
         }
         // a writer racing with the deletion may have added an entry since the check
         if !purge {
-            let l = self.list_objects(b, "", "", None, 1).await?;
-            if !l.objects.is_empty() {
-                return Err(RgwError::BucketNotEmpty(b.name.clone()));
-            }
+            self.check_empty(b).await?;
         }
         self.remove_bucket_record(b).await?;
         for obj in index_objects(b, true) {
@@ -173,6 +205,23 @@ impl Rgw {
         Ok(deleted)
     }
 
+    /// `BucketNotEmpty` unless the bucket has no object, version or delete marker.
+    async fn check_empty(&self, b: &BucketRecord) -> Result<()> {
+        let l = self.list_objects(b, "", "", None, 1).await?;
+        let v = if b.versioning.is_some() {
+            self.list_versions(b, "", "", "", None, 1)
+                .await?
+                .versions
+                .len()
+        } else {
+            0
+        };
+        if !l.objects.is_empty() || v > 0 {
+            return Err(RgwError::BucketNotEmpty(b.name.clone()));
+        }
+        Ok(())
+    }
+
     /// The maintenance loop: every `gc_interval`, reshards buckets that outgrew their index
     /// ([`Rgw::auto_reshard`]) and collects garbage ([`Rgw::gc_once`]), until dropped.
     pub async fn run_gc(self) {
@@ -180,8 +229,32 @@ impl Rgw {
         if every.is_zero() {
             return;
         }
+        let mut next_lc = tokio::time::Instant::now() + self.inner.cfg.lc_interval;
         loop {
             tokio::time::sleep(every).await;
+            let lc_every = self.inner.cfg.lc_interval;
+            if !lc_every.is_zero() && tokio::time::Instant::now() >= next_lc {
+                next_lc = tokio::time::Instant::now() + lc_every;
+                match self.lc_once(self.inner.cfg.lc_day).await {
+                    Ok(s)
+                        if s.expired
+                            + s.noncurrent_removed
+                            + s.delete_markers_removed
+                            + s.uploads_aborted
+                            > 0 =>
+                    {
+                        info!(
+                            expired = s.expired,
+                            noncurrent = s.noncurrent_removed,
+                            delete_markers = s.delete_markers_removed,
+                            uploads_aborted = s.uploads_aborted,
+                            "lifecycle pass"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!("lifecycle pass failed: {e}"),
+                }
+            }
             if let Err(e) = self
                 .auto_reshard(self.inner.cfg.reshard_max_objects_per_shard)
                 .await

@@ -14,9 +14,10 @@ use kelp_client::{ClientError, ReadOp, ReadResult, WriteOp};
 
 use crate::error::{Result, RgwError, found};
 use crate::layout::{
-    BucketRecord, GcEntry, IndexEntry, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED, OBJ_PREFIX,
-    ObjectMeta, PartEntry, Pending, UPLOAD_PREFIX, UploadEntry, decode, encode, gc_key, now_ns,
-    obj_key, part_key, parts_prefix, pending_key, random_hex, shard_obj, shard_of, upload_key,
+    BucketRecord, GcEntry, IndexEntry, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED, NULL_VERSION,
+    OBJ_PREFIX, ObjectMeta, PartEntry, Pending, UPLOAD_PREFIX, UploadEntry, VERSION_PREFIX,
+    Versioning, decode, encode, gc_key, now_ns, obj_key, part_key, parts_prefix, pending_key,
+    random_hex, shard_obj, shard_of, upload_key, version_key, version_sort, versions_prefix,
 };
 use crate::rgw::Rgw;
 
@@ -42,6 +43,43 @@ pub struct Listing {
     pub last: Option<String>,
 }
 
+/// One page of a version listing.
+#[derive(Debug, Default)]
+pub struct VersionListing {
+    /// (key, version or delete marker, is it the key's latest)
+    pub versions: Vec<(String, IndexEntry, bool)>,
+    pub prefixes: Vec<String>,
+    pub truncated: bool,
+    /// The last (key, version id) or common prefix (with an empty version id) returned.
+    pub last: Option<(String, String)>,
+}
+
+impl VersionListing {
+    fn count(&self) -> usize {
+        self.versions.len() + self.prefixes.len()
+    }
+}
+
+/// The next `v` entry of a version walk: (key, version).
+async fn next_version(c: &mut MergedCursor<'_>, obj: &str) -> Result<Option<(String, IndexEntry)>> {
+    let Some((vk, raw)) = c.next().await? else {
+        return Ok(None);
+    };
+    let key = user_key_of(VERSION_PREFIX, &vk);
+    Ok(Some((key, decode(obj, &raw)?)))
+}
+
+/// The next `o` entry of a walk: (key, entry).
+async fn next_object(c: &mut MergedCursor<'_>, obj: &str) -> Result<Option<(String, IndexEntry)>> {
+    let Some((ok, raw)) = c.next().await? else {
+        return Ok(None);
+    };
+    Ok(Some((
+        ok[OBJ_PREFIX.len()..].to_string(),
+        decode(obj, &raw)?,
+    )))
+}
+
 /// One multipart upload in a listing.
 #[derive(Debug, Clone)]
 pub struct UploadInfo {
@@ -63,8 +101,17 @@ pub(crate) struct KeyShard {
 pub(crate) struct KeyRead {
     pub shard: KeyShard,
     pub vals: BTreeMap<String, Bytes>,
-    /// Entries under the requested prefix, in order.
+    /// Entries under the requested prefixes, in order within each prefix.
     pub listed: Vec<(String, Bytes)>,
+}
+
+impl KeyRead {
+    /// The listed entries under `prefix` (one of the prefixes read), in order.
+    pub fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a (String, Bytes)> {
+        self.listed
+            .iter()
+            .filter(move |(k, _)| k.starts_with(prefix))
+    }
 }
 
 /// One atomic change to a key's shard: guards, then sets and removals.
@@ -148,22 +195,22 @@ impl Rgw {
         Ok(())
     }
 
-    /// Reads omap `keys` (and everything under `prefix`) of the shard holding `key`, following
-    /// a reshard in progress or just finished.
+    /// Reads omap `keys` (and everything under `prefixes`) of the shard holding `key`,
+    /// following a reshard in progress or just finished.
     pub(crate) async fn key_read(
         &self,
         b: &mut BucketRecord,
         key: &str,
         keys: &[String],
-        prefix: Option<&str>,
+        prefixes: &[&str],
     ) -> Result<KeyRead> {
         for _ in 0..CAS_TRIES {
             let old = shard_obj(&b.id, b.generation, shard_of(key, b.shards));
-            let (marker, vals, listed) = self.read_shard(&old, keys, prefix).await?;
+            let (marker, vals, listed) = self.read_shard(&old, keys, prefixes).await?;
             match (&marker, &b.reshard) {
                 (Some(m), Some(t)) if m.as_ref() == MARKER_MOVED => {
                     let new = shard_obj(&b.id, t.generation, shard_of(key, t.shards));
-                    let (marker, vals, listed) = self.read_shard(&new, keys, prefix).await?;
+                    let (marker, vals, listed) = self.read_shard(&new, keys, prefixes).await?;
                     return Ok(KeyRead {
                         shard: KeyShard {
                             obj: new,
@@ -197,12 +244,12 @@ impl Rgw {
         &self,
         obj: &str,
         keys: &[String],
-        prefix: Option<&str>,
+        prefixes: &[&str],
     ) -> Result<(Option<Bytes>, BTreeMap<String, Bytes>, Vec<(String, Bytes)>)> {
         let mut all: Vec<&str> = keys.iter().map(String::as_str).collect();
         all.push(MARKER);
         let mut op = ReadOp::new().omap_get_vals_by_keys(&all);
-        if let Some(p) = prefix {
+        for p in prefixes {
             op = op.omap_get_vals("", p, 1000);
         }
         let Some(res) = found(self.inner.index.operate_read(op, obj).await)? else {
@@ -215,15 +262,19 @@ impl Rgw {
         };
         let marker = vals.remove(MARKER);
         let mut listed = Vec::new();
-        if let Some(p) = prefix
-            && let Some(ReadResult::Pairs { entries, more }) = it.next()
-        {
-            listed = entries;
-            let mut more = more;
+        for p in prefixes {
+            let Some(ReadResult::Pairs { entries, more }) = it.next() else {
+                break;
+            };
+            let mut more = more && !entries.is_empty();
+            let mut after = entries.last().map(|(k, _)| k.clone()).unwrap_or_default();
+            listed.extend(entries);
             while more {
-                let after = listed.last().map(|(k, _)| k.clone()).unwrap_or_default();
                 let (page, m) = self.inner.index.omap_get_vals(obj, &after, p, 1000).await?;
                 more = m && !page.is_empty();
+                if let Some((k, _)) = page.last() {
+                    after = k.clone();
+                }
                 listed.extend(page);
             }
         }
@@ -237,12 +288,12 @@ impl Rgw {
         b: &BucketRecord,
         key: &str,
         keys: &[String],
-        prefix: Option<&str>,
+        prefixes: &[&str],
         mut plan: impl FnMut(&KeyRead) -> Result<Step<T>>,
     ) -> Result<T> {
         let mut b = b.clone();
         for _ in 0..CAS_TRIES {
-            let read = self.key_read(&mut b, key, keys, prefix).await?;
+            let read = self.key_read(&mut b, key, keys, prefixes).await?;
             let (txn, out) = match plan(&read)? {
                 Step::Done(t) => return Ok(t),
                 Step::Write(txn, t) => (txn, t),
@@ -268,7 +319,7 @@ impl Rgw {
         let k = obj_key(key);
         let mut b = b.clone();
         let read = self
-            .key_read(&mut b, key, std::slice::from_ref(&k), None)
+            .key_read(&mut b, key, std::slice::from_ref(&k), &[])
             .await?;
         read.vals
             .get(&k)
@@ -283,7 +334,7 @@ impl Rgw {
             since_ns: now_ns(),
         }));
         let pk = pending_key(inst);
-        self.key_update(b, key, &[], None, |_| {
+        self.key_update(b, key, &[], &[], |_| {
             let mut t = Txn::default();
             t.set(pk.clone(), p.to_vec());
             Ok(Step::Write(t, ()))
@@ -303,8 +354,9 @@ impl Rgw {
         ))
     }
 
-    /// Makes `entry` (a written instance) the object `key`, if `cond` holds; the instance it
-    /// replaces goes to the garbage collector. Returns the replaced entry.
+    /// Makes `entry` (a written instance) the object `key`, if `cond` holds: in a bucket
+    /// without versioning the instance it replaces goes to the garbage collector; with
+    /// versioning the entry becomes the newest version. Returns what it replaced.
     pub async fn commit_object(
         &self,
         b: &BucketRecord,
@@ -312,30 +364,33 @@ impl Rgw {
         entry: &IndexEntry,
         pending: &Bytes,
         cond: &WriteCondition,
-    ) -> Result<Option<IndexEntry>> {
+    ) -> Result<Made> {
         let k = obj_key(key);
         let pk = pending_key(&entry.inst);
-        let raw_entry = encode(entry);
+        let vp = versions_prefix(key);
         let due = self.gc_due();
-        self.key_update(b, key, &[k.clone(), pk.clone()], None, |r| {
-            if r.vals.get(&pk) != Some(pending) {
-                return Err(self.grace_error(&format!("the upload of '{key}'")));
-            }
-            let old_raw = r.vals.get(&k);
-            let old: Option<IndexEntry> =
-                old_raw.map(|raw| decode(&r.shard.obj, raw)).transpose()?;
-            check_condition(key, old.as_ref(), cond)?;
-            let mut t = Txn::default();
-            t.expect(&k, old_raw.map(|v| v.as_ref()))
-                .expect(&pk, Some(pending))
-                .set(k.clone(), raw_entry.clone())
-                .rm(pk.clone());
-            if let Some(e) = &old {
-                let (gk, gv) = gc_entry(due, &e.inst, e.size);
-                t.set(gk, gv);
-            }
-            Ok(Step::Write(t, old))
-        })
+        let mode = b.versioning;
+        self.key_update(
+            b,
+            key,
+            &[k.clone(), pk.clone()],
+            &prefixes(mode, &vp),
+            |r| {
+                if r.vals.get(&pk) != Some(pending) {
+                    return Err(self.grace_error(&format!("the upload of '{key}'")));
+                }
+                let old: Option<IndexEntry> = r
+                    .vals
+                    .get(&k)
+                    .map(|raw| decode(&r.shard.obj, raw))
+                    .transpose()?;
+                check_condition(key, old.as_ref(), cond)?;
+                let mut t = Txn::default();
+                t.expect(&pk, Some(pending)).rm(pk.clone());
+                let made = make_current(&mut t, r, key, mode, Some(entry.clone()), due)?;
+                Ok(Step::Write(t, made))
+            },
+        )
         .await
     }
 
@@ -350,7 +405,7 @@ impl Rgw {
     ) -> Result<()> {
         let pk = pending_key(inst);
         let claimed = self
-            .key_update(b, key, std::slice::from_ref(&pk), None, |r| {
+            .key_update(b, key, std::slice::from_ref(&pk), &[], |r| {
                 if r.vals.get(&pk) != Some(pending) {
                     return Ok(Step::Done(false));
                 }
@@ -365,19 +420,160 @@ impl Rgw {
         Ok(())
     }
 
-    /// Removes `key`; its data goes to the garbage collector. Returns the removed entry.
-    pub async fn delete_object(&self, b: &BucketRecord, key: &str) -> Result<Option<IndexEntry>> {
+    /// Deletes `key` as S3 does without a version id: in a bucket without versioning the
+    /// entry goes and its data goes to the garbage collector; with versioning a delete marker
+    /// becomes the newest version (even when the key has no current object). `if_match`: only
+    /// if the current object has this ETag.
+    pub async fn delete_object(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        if_match: Option<&str>,
+    ) -> Result<Made> {
         let k = obj_key(key);
+        let vp = versions_prefix(key);
         let due = self.gc_due();
-        self.key_update(b, key, std::slice::from_ref(&k), None, |r| {
-            let Some(raw) = r.vals.get(&k) else {
+        let mode = b.versioning;
+        self.key_update(
+            b,
+            key,
+            std::slice::from_ref(&k),
+            &prefixes(mode, &vp),
+            |r| {
+                let old: Option<IndexEntry> = r
+                    .vals
+                    .get(&k)
+                    .map(|raw| decode(&r.shard.obj, raw))
+                    .transpose()?;
+                if let Some(want) = if_match {
+                    match &old {
+                        Some(e) if e.etag == want || want == "*" => {}
+                        Some(_) => {
+                            return Err(RgwError::PreconditionFailed(format!(
+                                "'{key}' has another ETag"
+                            )));
+                        }
+                        None => return Err(RgwError::NoSuchKey(key.to_string())),
+                    }
+                }
+                if mode.is_none() && old.is_none() {
+                    return Ok(Step::Done(Made::default()));
+                }
+                let mut t = Txn::default();
+                let made = make_current(&mut t, r, key, mode, None, due)?;
+                Ok(Step::Write(t, made))
+            },
+        )
+        .await
+    }
+
+    /// Removes `key` only if its current entry is still `expected` (the lifecycle worker's
+    /// expiration: two workers, or a writer racing with one, never expire a newer object).
+    pub async fn expire_current(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        expected: &IndexEntry,
+    ) -> Result<bool> {
+        let k = obj_key(key);
+        let vp = versions_prefix(key);
+        let due = self.gc_due();
+        let mode = b.versioning;
+        self.key_update(
+            b,
+            key,
+            std::slice::from_ref(&k),
+            &prefixes(mode, &vp),
+            |r| {
+                let old: Option<IndexEntry> = r
+                    .vals
+                    .get(&k)
+                    .map(|raw| decode(&r.shard.obj, raw))
+                    .transpose()?;
+                if old.as_ref() != Some(expected) {
+                    return Ok(Step::Done(false));
+                }
+                let mut t = Txn::default();
+                make_current(&mut t, r, key, mode, None, due)?;
+                Ok(Step::Write(t, true))
+            },
+        )
+        .await
+    }
+
+    /// Every version of `key`, newest first (an object written before versioning was enabled
+    /// shows as its `null` version).
+    pub async fn versions(&self, b: &BucketRecord, key: &str) -> Result<Vec<IndexEntry>> {
+        let k = obj_key(key);
+        let vp = versions_prefix(key);
+        let mut b = b.clone();
+        let r = self
+            .key_read(&mut b, key, std::slice::from_ref(&k), &[&vp])
+            .await?;
+        key_versions(&r, &k, &vp).map(|v| v.into_iter().map(|(_, e, _)| e).collect())
+    }
+
+    /// The version `id` of `key` (`None` if there is no such version).
+    pub async fn lookup_version(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        id: &str,
+    ) -> Result<Option<IndexEntry>> {
+        Ok(self
+            .versions(b, key)
+            .await?
+            .into_iter()
+            .find(|e| e.version_id() == id))
+    }
+
+    /// Permanently deletes version `id` of `key` (its data goes to the garbage collector); if
+    /// it was the newest, the next one becomes current (or none, if that is a delete marker).
+    /// Returns the removed version, `None` if there was none with that id.
+    pub async fn delete_version(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        id: &str,
+    ) -> Result<Option<IndexEntry>> {
+        let k = obj_key(key);
+        let vp = versions_prefix(key);
+        let due = self.gc_due();
+        self.key_update(b, key, std::slice::from_ref(&k), &[&vp], |r| {
+            let versions = key_versions(r, &k, &vp)?;
+            let Some(pos) = versions.iter().position(|(_, e, _)| e.version_id() == id) else {
                 return Ok(Step::Done(None));
             };
-            let e: IndexEntry = decode(&r.shard.obj, raw)?;
+            let (vk, victim, raw) = &versions[pos];
             let mut t = Txn::default();
-            let (gk, gv) = gc_entry(due, &e.inst, e.size);
-            t.expect(&k, Some(raw)).rm(k.clone()).set(gk, gv);
-            Ok(Step::Write(t, Some(e)))
+            let cur = r.vals.get(&k);
+            t.expect(&k, cur.map(|v| v.as_ref()));
+            match vk {
+                // a version kept only as the current entry (written before versioning)
+                None => {
+                    t.rm(k.clone());
+                }
+                Some(vk) => {
+                    t.expect(vk, Some(raw)).rm(vk.clone());
+                    if pos == 0 {
+                        match versions.get(1) {
+                            Some((_, next, _)) if !next.dm => {
+                                t.set(k.clone(), encode(next));
+                            }
+                            _ => {
+                                if cur.is_some() {
+                                    t.rm(k.clone());
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if !victim.dm {
+                let (gk, gv) = gc_entry(due, &victim.inst, victim.size);
+                t.set(gk, gv);
+            }
+            Ok(Step::Write(t, Some(victim.clone())))
         })
         .await
     }
@@ -430,6 +626,116 @@ impl Rgw {
         Ok(out)
     }
 
+    /// Lists versions (and delete markers) in key order, newest first within a key, after
+    /// (`key_marker`, `version_marker`), with keys starting with `prefix` and rolled up at
+    /// `delimiter`; at most `max` entries (versions plus prefixes).
+    pub async fn list_versions(
+        &self,
+        b: &BucketRecord,
+        prefix: &str,
+        key_marker: &str,
+        version_marker: &str,
+        delimiter: Option<&str>,
+        max: usize,
+    ) -> Result<VersionListing> {
+        let delimiter = delimiter.filter(|d| !d.is_empty());
+        // where each stream starts, and versions of the marker key still to skip
+        let mut skip_in_marker: Option<&str> = None;
+        let mut v_start = String::new();
+        let mut o_start = key_marker.to_string();
+        if !key_marker.is_empty() {
+            let is_prefix = delimiter.is_some_and(|d| {
+                key_marker
+                    .strip_prefix(prefix)
+                    .and_then(|rest| rest.find(d).map(|pos| pos + d.len() == rest.len()))
+                    .unwrap_or(false)
+            });
+            if is_prefix {
+                v_start = format!("{key_marker}{}", char::MAX);
+                o_start = v_start.clone();
+            } else if version_marker.is_empty() {
+                v_start = format!("{key_marker}\u{0}{}", char::MAX);
+            } else if version_marker == NULL_VERSION {
+                v_start = key_marker.to_string();
+                skip_in_marker = Some(NULL_VERSION);
+            } else {
+                v_start = format!("{key_marker}\u{0}{version_marker}");
+            }
+        }
+        let mut vc = MergedCursor::new(self, b, VERSION_PREFIX, prefix, &v_start, max).await?;
+        let mut oc = MergedCursor::new(self, b, OBJ_PREFIX, prefix, &o_start, max).await?;
+        let mut out = VersionListing::default();
+        // the key of the last version returned (later ones of the same key are not latest)
+        let mut prev_key: Option<String> =
+            (!version_marker.is_empty() && !key_marker.is_empty()).then(|| key_marker.to_string());
+        let mut nv = next_version(&mut vc, &b.name).await?;
+        let mut no = next_object(&mut oc, &b.name).await?;
+        if let Some(skip) = skip_in_marker {
+            // resume after the null version of the marker key
+            while let Some((k, e)) = &nv {
+                if k != key_marker {
+                    break;
+                }
+                let done = e.version_id() == skip;
+                nv = next_version(&mut vc, &b.name).await?;
+                if done {
+                    break;
+                }
+            }
+        }
+        loop {
+            // an object with versions is listed from its versions only
+            while let (Some((kv, _)), Some((ko, _))) = (&nv, &no) {
+                if kv == ko {
+                    no = next_object(&mut oc, &b.name).await?;
+                } else {
+                    break;
+                }
+            }
+            let from_v = match (&nv, &no) {
+                (None, None) => return Ok(out),
+                (Some((kv, _)), Some((ko, _))) => kv < ko,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+            };
+            if out.count() >= max {
+                out.truncated = true;
+                return Ok(out);
+            }
+            let key = if from_v { &nv } else { &no }
+                .as_ref()
+                .map(|(k, _)| k.clone())
+                .unwrap_or_default();
+            if let Some(d) = delimiter
+                && let Some(pos) = key[prefix.len()..].find(d)
+            {
+                let cp = key[..prefix.len() + pos + d.len()].to_string();
+                let bound = format!("{cp}{}", char::MAX);
+                vc.skip_past(&format!("{VERSION_PREFIX}{bound}"));
+                oc.skip_past(&format!("{OBJ_PREFIX}{bound}"));
+                while nv.as_ref().is_some_and(|(k, _)| k.starts_with(&cp)) {
+                    nv = next_version(&mut vc, &b.name).await?;
+                }
+                while no.as_ref().is_some_and(|(k, _)| k.starts_with(&cp)) {
+                    no = next_object(&mut oc, &b.name).await?;
+                }
+                out.last = Some((cp.clone(), String::new()));
+                out.prefixes.push(cp);
+                continue;
+            }
+            let (k, e) = if from_v {
+                std::mem::replace(&mut nv, next_version(&mut vc, &b.name).await?)
+            } else {
+                std::mem::replace(&mut no, next_object(&mut oc, &b.name).await?)
+            }
+            .expect("chosen stream has an entry");
+            let latest = prev_key.as_deref() != Some(k.as_str());
+            prev_key = Some(k.clone());
+            out.last = Some((k.clone(), e.version_id().to_string()));
+            out.versions.push((k, e, latest));
+        }
+    }
+
     /// Counts a bucket's objects and bytes (walks the whole index).
     pub async fn bucket_usage(&self, b: &BucketRecord) -> Result<(u64, u64)> {
         let mut cursor = MergedCursor::new(self, b, OBJ_PREFIX, "", "", 1000).await?;
@@ -458,7 +764,7 @@ impl Rgw {
             meta,
         });
         let uk = upload_key(key, &upload_id);
-        self.key_update(b, key, &[], None, |_| {
+        self.key_update(b, key, &[], &[], |_| {
             let mut t = Txn::default();
             t.set(uk.clone(), entry.clone());
             Ok(Step::Write(t, ()))
@@ -477,7 +783,7 @@ impl Rgw {
         let uk = upload_key(key, upload_id);
         let mut b = b.clone();
         let r = self
-            .key_read(&mut b, key, std::slice::from_ref(&uk), None)
+            .key_read(&mut b, key, std::slice::from_ref(&uk), &[])
             .await?;
         match r.vals.get(&uk) {
             Some(raw) => decode(&r.shard.obj, raw),
@@ -501,7 +807,7 @@ impl Rgw {
         let pk = pending_key(&entry.inst);
         let raw_part = encode(entry);
         let due = self.gc_due();
-        self.key_update(b, key, &[uk.clone(), mk.clone(), pk.clone()], None, |r| {
+        self.key_update(b, key, &[uk.clone(), mk.clone(), pk.clone()], &[], |r| {
             if !r.vals.contains_key(&uk) {
                 return Err(RgwError::NoSuchUpload(upload_id.to_string()));
             }
@@ -549,7 +855,7 @@ impl Rgw {
     ) -> Result<Vec<(i32, PartEntry)>> {
         let mut b = b.clone();
         let prefix = parts_prefix(upload_id);
-        let r = self.key_read(&mut b, key, &[], Some(&prefix)).await?;
+        let r = self.key_read(&mut b, key, &[], &[&prefix]).await?;
         decode_parts(&r.shard.obj, &prefix, &r.listed)
     }
 
@@ -565,12 +871,14 @@ impl Rgw {
         pending: &Bytes,
         used: &[(i32, PartEntry)],
         unused: &[(i32, PartEntry)],
-    ) -> Result<Option<IndexEntry>> {
+    ) -> Result<Made> {
         let k = obj_key(key);
         let uk = upload_key(key, upload_id);
         let pk = pending_key(&entry.inst);
         let prefix = parts_prefix(upload_id);
-        let raw_entry = encode(entry);
+        let vp = versions_prefix(key);
+        let mut read_prefixes = vec![prefix.as_str()];
+        read_prefixes.extend(prefixes(b.versioning, &vp));
         let due = self.gc_due();
         let mut expected: Vec<(i32, PartEntry)> = used.iter().chain(unused).cloned().collect();
         expected.sort_by_key(|(n, _)| *n);
@@ -578,7 +886,7 @@ impl Rgw {
             b,
             key,
             &[k.clone(), uk.clone(), pk.clone()],
-            Some(&prefix),
+            &read_prefixes,
             |r| {
                 if !r.vals.contains_key(&uk) {
                     return Err(RgwError::NoSuchUpload(upload_id.to_string()));
@@ -586,33 +894,26 @@ impl Rgw {
                 if r.vals.get(&pk) != Some(pending) {
                     return Err(self.grace_error(&format!("completing '{key}'")));
                 }
-                if decode_parts(&r.shard.obj, &prefix, &r.listed)? != expected {
+                let listed: Vec<(String, Bytes)> = r.under(&prefix).cloned().collect();
+                if decode_parts(&r.shard.obj, &prefix, &listed)? != expected {
                     return Err(RgwError::InvalidPart(
                         "the upload's parts changed while it was being completed".into(),
                     ));
                 }
-                let old_raw = r.vals.get(&k);
-                let old: Option<IndexEntry> =
-                    old_raw.map(|raw| decode(&r.shard.obj, raw)).transpose()?;
                 let mut t = Txn::default();
                 t.expect_present(&uk)
-                    .expect(&k, old_raw.map(|v| v.as_ref()))
                     .expect(&pk, Some(pending))
-                    .set(k.clone(), raw_entry.clone())
                     .rm(uk.clone())
                     .rm(pk.clone());
-                for (mk, raw) in &r.listed {
+                for (mk, raw) in &listed {
                     t.expect(mk, Some(raw)).rm(mk.clone());
-                }
-                if let Some(e) = &old {
-                    let (gk, gv) = gc_entry(due, &e.inst, e.size);
-                    t.set(gk, gv);
                 }
                 for (_, p) in unused {
                     let (gk, gv) = gc_entry(due, &p.inst, p.size);
                     t.set(gk, gv);
                 }
-                Ok(Step::Write(t, old))
+                let made = make_current(&mut t, r, key, b.versioning, Some(entry.clone()), due)?;
+                Ok(Step::Write(t, made))
             },
         )
         .await
@@ -623,13 +924,13 @@ impl Rgw {
         let uk = upload_key(key, upload_id);
         let prefix = parts_prefix(upload_id);
         let due = self.gc_due();
-        self.key_update(b, key, std::slice::from_ref(&uk), Some(&prefix), |r| {
+        self.key_update(b, key, std::slice::from_ref(&uk), &[&prefix], |r| {
             if !r.vals.contains_key(&uk) {
                 return Err(RgwError::NoSuchUpload(upload_id.to_string()));
             }
             let mut t = Txn::default();
             t.expect_present(&uk).rm(uk.clone());
-            for (mk, raw) in &r.listed {
+            for (mk, raw) in r.under(&prefix) {
                 let p: PartEntry = decode(&r.shard.obj, raw)?;
                 let (gk, gv) = gc_entry(due, &p.inst, p.size);
                 t.expect(mk, Some(raw)).rm(mk.clone()).set(gk, gv);
@@ -679,6 +980,136 @@ impl Rgw {
     }
 }
 
+/// What making a new version current did.
+#[derive(Debug, Default)]
+pub struct Made {
+    /// The key's current entry before.
+    pub old: Option<IndexEntry>,
+    /// The id of the version made (`None` in a bucket that never had versioning).
+    pub version_id: Option<String>,
+}
+
+/// The prefixes a change to a key must read in a bucket with versioning mode `mode`.
+fn prefixes(mode: Option<Versioning>, versions: &str) -> Vec<&str> {
+    if mode.is_some() {
+        vec![versions]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A key's versions from an index read of `o<key>` and the `v<key>` prefix, newest first:
+/// (omap key of the `v` entry, entry, raw value). An object from before versioning has no
+/// `v` entry: it is its own `null` version (omap key `None`).
+fn key_versions(
+    r: &KeyRead,
+    k: &str,
+    vp: &str,
+) -> Result<Vec<(Option<String>, IndexEntry, Bytes)>> {
+    let mut out = Vec::new();
+    for (vk, raw) in r.under(vp) {
+        out.push((Some(vk.clone()), decode(&r.shard.obj, raw)?, raw.clone()));
+    }
+    if out.is_empty()
+        && let Some(raw) = r.vals.get(k)
+    {
+        out.push((None, decode(&r.shard.obj, raw)?, raw.clone()));
+    }
+    Ok(out)
+}
+
+/// Adds to `t` what makes `new` (an object; `None`: a deletion) the current version of `key`,
+/// from what `r` read (`o<key>`, and the key's versions when `mode` is set). Without
+/// versioning the replaced instance goes to the garbage collector; with versioning `new` (or
+/// a delete marker) becomes the newest version, replacing the `null` version when suspended.
+fn make_current(
+    t: &mut Txn,
+    r: &KeyRead,
+    key: &str,
+    mode: Option<Versioning>,
+    new: Option<IndexEntry>,
+    due: u64,
+) -> Result<Made> {
+    let k = obj_key(key);
+    let old_raw = r.vals.get(&k);
+    let old: Option<IndexEntry> = old_raw.map(|raw| decode(&r.shard.obj, raw)).transpose()?;
+    t.expect(&k, old_raw.map(|v| v.as_ref()));
+    let Some(mode) = mode else {
+        if let Some(e) = &old {
+            let (gk, gv) = gc_entry(due, &e.inst, e.size);
+            t.set(gk, gv);
+        }
+        match new {
+            Some(e) => {
+                t.set(k, encode(&e));
+            }
+            None if old.is_some() => {
+                t.rm(k);
+            }
+            None => {}
+        }
+        return Ok(Made {
+            old,
+            version_id: None,
+        });
+    };
+    let now = now_ns();
+    let vp = versions_prefix(key);
+    let mut has_versions = false;
+    for (vk, raw) in r.under(&vp) {
+        has_versions = true;
+        if mode == Versioning::Suspended {
+            let v: IndexEntry = decode(&r.shard.obj, raw)?;
+            if v.ver.is_none() {
+                t.expect(vk, Some(raw)).rm(vk.clone());
+                if !v.dm {
+                    let (gk, gv) = gc_entry(due, &v.inst, v.size);
+                    t.set(gk, gv);
+                }
+            }
+        }
+    }
+    if !has_versions && let Some(e) = &old {
+        // written before versioning was enabled: it is the null version
+        if mode == Versioning::Enabled {
+            t.set(
+                version_key(key, &version_sort(e.mtime_ns.min(now.saturating_sub(1)))),
+                encode(e),
+            );
+        } else {
+            let (gk, gv) = gc_entry(due, &e.inst, e.size);
+            t.set(gk, gv);
+        }
+    }
+    let sort = version_sort(now);
+    let ver = (mode == Versioning::Enabled).then(|| sort.clone());
+    let entry = match new {
+        Some(e) => IndexEntry {
+            ver,
+            dm: false,
+            ..e
+        },
+        None => IndexEntry {
+            ver,
+            dm: true,
+            mtime_ns: now,
+            ..IndexEntry::default()
+        },
+    };
+    t.set(version_key(key, &sort), encode(&entry));
+    if entry.dm {
+        if old_raw.is_some() {
+            t.rm(k);
+        }
+    } else {
+        t.set(k, encode(&entry));
+    }
+    Ok(Made {
+        old,
+        version_id: Some(entry.version_id().to_string()),
+    })
+}
+
 fn gc_entry(due_ns: u64, inst: &str, size: u64) -> (String, Vec<u8>) {
     (
         gc_key(due_ns, inst),
@@ -725,11 +1156,11 @@ fn decode_parts(
     Ok(out)
 }
 
-/// The S3 key an index omap key is about (`o<key>`, `u<key>\0<id>`).
+/// The S3 key an index omap key is about (`o<key>`, `u<key>\0<id>`, `v<key>\0<version>`).
 fn user_key_of(space: &str, omap_key: &str) -> String {
     let rest = &omap_key[space.len()..];
     match rest.rsplit_once('\u{0}') {
-        Some((k, _)) if space == UPLOAD_PREFIX => k.to_string(),
+        Some((k, _)) if space == UPLOAD_PREFIX || space == VERSION_PREFIX => k.to_string(),
         _ => rest.to_string(),
     }
 }
@@ -754,7 +1185,7 @@ impl Rgw {
         };
         let markers = futures::future::join_all((0..b.shards).map(|s| {
             let obj = shard_obj(&b.id, b.generation, s);
-            async move { (s, obj.clone(), self.read_shard(&obj, &[], None).await) }
+            async move { (s, obj.clone(), self.read_shard(&obj, &[], &[]).await) }
         }))
         .await;
         let mut out = Vec::new();

@@ -81,6 +81,27 @@ pub const MARKER_MOVED: &[u8] = b"m";
 /// Omap keys logging changes made to a shard while it is being resharded.
 pub const LOG_PREFIX: &str = "\u{2}";
 
+/// Versions of a key sort newest first: `v<key>\0<sort>` where `sort` is the inverted write
+/// time (16 hex digits) and 8 random hex digits; a version's id is its `sort`, except the
+/// `null` version's, which is `null`.
+pub const VERSION_PREFIX: &str = "v";
+pub const NULL_VERSION: &str = "null";
+
+pub fn versions_prefix(key: &str) -> String {
+    format!("{VERSION_PREFIX}{key}\u{0}")
+}
+pub fn version_key(key: &str, sort: &str) -> String {
+    format!("{VERSION_PREFIX}{key}\u{0}{sort}")
+}
+/// A sort position for a version written at `ns` (newer sorts first).
+pub fn version_sort(ns: u64) -> String {
+    format!("{:016x}{}", u64::MAX - ns, random_hex(4))
+}
+/// Whether `id` could be a version id this gateway made.
+pub fn valid_version_id(id: &str) -> bool {
+    id == NULL_VERSION || (id.len() == 24 && id.bytes().all(|c| c.is_ascii_hexdigit()))
+}
+
 pub fn obj_key(key: &str) -> String {
     format!("{OBJ_PREFIX}{key}")
 }
@@ -162,6 +183,12 @@ pub struct BucketRecord {
     /// Earlier generations (generation, shards) whose objects still hold their moved markers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired: Vec<(u32, u32)>,
+    /// Versioning (`None`: never enabled; it can be suspended but not switched off again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versioning: Option<Versioning>,
+    /// Lifecycle rules (PutBucketLifecycleConfiguration), run by the gateways' worker.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lifecycle: Vec<crate::lifecycle::Rule>,
     /// Bucket tags (PutBucketTagging).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
@@ -182,9 +209,10 @@ pub struct LogEntry {
     pub omap: Vec<String>,
 }
 
-/// One object in the bucket listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One object in the bucket listing (`o` entries), or one version of a key (`v` entries).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexEntry {
+    /// The instance holding the body (empty for a delete marker).
     #[serde(rename = "i")]
     pub inst: String,
     #[serde(rename = "s")]
@@ -193,6 +221,30 @@ pub struct IndexEntry {
     pub etag: String,
     #[serde(rename = "m")]
     pub mtime_ns: u64,
+    /// The version id (`None`: the `null` version).
+    #[serde(rename = "v", default, skip_serializing_if = "Option::is_none")]
+    pub ver: Option<String>,
+    /// A delete marker (only in `v` entries).
+    #[serde(rename = "d", default, skip_serializing_if = "is_false")]
+    pub dm: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl IndexEntry {
+    /// The version id as S3 shows it.
+    pub fn version_id(&self) -> &str {
+        self.ver.as_deref().unwrap_or(NULL_VERSION)
+    }
+}
+
+/// A bucket's versioning state (`None` in the record: never enabled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Versioning {
+    Enabled,
+    Suspended,
 }
 
 /// An instance being written. Committing it removes this entry in the same atomic update;
@@ -400,8 +452,22 @@ mod tests {
             size: 5,
             etag: "abc".into(),
             mtime_ns: 7,
+            ..Default::default()
         };
         assert_eq!(decode::<IndexEntry>("x", &encode(&e)).unwrap(), e);
+        // a version or a delete marker round-trips; an old entry reads as the null version
+        let v = IndexEntry {
+            ver: Some(version_sort(7)),
+            dm: true,
+            ..e.clone()
+        };
+        assert_eq!(decode::<IndexEntry>("x", &encode(&v)).unwrap(), v);
+        assert_eq!(e.version_id(), NULL_VERSION);
+        assert!(valid_version_id(v.version_id()));
+        assert!(!valid_version_id("zz"));
+        // newer versions sort first within a key, and a key's versions stay together
+        assert!(version_key("k", &version_sort(200)) < version_key("k", &version_sort(100)));
+        assert!(version_key("k", &version_sort(1)) < version_key("k!", &version_sort(2)));
         assert!(decode::<IndexEntry>("x", b"{").is_err());
     }
 }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod gc;
 pub mod index;
 pub mod layout;
+pub mod lifecycle;
 pub mod meta;
 pub mod reshard;
 pub mod rgw;

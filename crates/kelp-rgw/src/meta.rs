@@ -231,6 +231,8 @@ impl Rgw {
             generation: 0,
             reshard: None,
             retired: Vec::new(),
+            versioning: None,
+            lifecycle: Vec::new(),
             tags: BTreeMap::new(),
         };
         let meta = &self.inner.meta;

@@ -21,8 +21,8 @@ use tracing::{info, warn};
 use crate::error::{Result, RgwError, found};
 use crate::layout::{
     BucketRecord, GC_PREFIX, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED, MARKER_RESHARDING,
-    OBJ_PREFIX, PART_PREFIX, PENDING_PREFIX, Pending, ReshardTarget, UPLOAD_PREFIX, bucket_obj,
-    decode, encode, now_ns, shard_obj, shard_of,
+    OBJ_PREFIX, PART_PREFIX, PENDING_PREFIX, Pending, ReshardTarget, UPLOAD_PREFIX, VERSION_PREFIX,
+    bucket_obj, decode, encode, now_ns, shard_obj, shard_of,
 };
 use crate::meta::{MAX_SHARDS, omap_all, read_versioned};
 use crate::rgw::Rgw;
@@ -423,7 +423,10 @@ fn route_full(
     if let Some(key) = k.strip_prefix(OBJ_PREFIX) {
         return Ok(Some(key.to_string()));
     }
-    if let Some(rest) = k.strip_prefix(UPLOAD_PREFIX) {
+    if let Some(rest) = k
+        .strip_prefix(UPLOAD_PREFIX)
+        .or_else(|| k.strip_prefix(VERSION_PREFIX))
+    {
         return Ok(rest.rsplit_once('\u{0}').map(|(key, _)| key.to_string()));
     }
     if let Some(rest) = k.strip_prefix(PART_PREFIX) {

@@ -31,6 +31,11 @@ pub struct RgwConfig {
     /// A bucket is resharded (to 2n+1 shards) once a shard holds this many objects
     /// (0: never automatically).
     pub reshard_max_objects_per_shard: u64,
+    /// How often the maintenance loop applies lifecycle rules (0: never, in this gateway).
+    pub lc_interval: Duration,
+    /// The length of a lifecycle "day" (shorter only for tests, like Ceph's
+    /// `rgw_lc_debug_interval`).
+    pub lc_day: Duration,
 }
 
 impl Default for RgwConfig {
@@ -45,6 +50,8 @@ impl Default for RgwConfig {
             gc_interval: Duration::from_secs(300),
             pg_nums: (8, 16, 32),
             reshard_max_objects_per_shard: 100_000,
+            lc_interval: Duration::from_secs(3600),
+            lc_day: Duration::from_secs(86_400),
         }
     }
 }

@@ -18,8 +18,10 @@ use crate::data::InstanceWriter;
 use crate::error::RgwError;
 use crate::index::WriteCondition;
 use crate::layout::{
-    BucketRecord, IndexEntry, ObjectMeta, PartEntry, PartRef, STRIPE, check_tags, now_ns,
+    BucketRecord, IndexEntry, NULL_VERSION, ObjectMeta, PartEntry, PartRef, STRIPE, Versioning,
+    check_tags, now_ns, valid_version_id,
 };
+use crate::lifecycle;
 use crate::rgw::Rgw;
 
 /// Largest single PUT (AWS's limit).
@@ -227,6 +229,7 @@ impl KelpS3 {
                 size: written.size,
                 etag: hex::encode(written.md5),
                 mtime_ns: mtime,
+                ..Default::default()
             })
         }
         .await;
@@ -250,15 +253,17 @@ impl KelpS3 {
         checks: &mut BodyChecks,
         meta: ObjectMeta,
         cond: &WriteCondition,
-    ) -> S3Result<IndexEntry> {
+    ) -> S3Result<(IndexEntry, Option<String>)> {
         let (entry, pending) = self
             .write_body(b, key, body, expect_len, checks, Some(meta))
             .await?;
-        if let Err(e) = self.rgw.commit_object(b, key, &entry, &pending, cond).await {
-            self.abandon(b, key, &entry.inst, &pending);
-            return Err(s3_err(e));
+        match self.rgw.commit_object(b, key, &entry, &pending, cond).await {
+            Ok(made) => Ok((entry, made.version_id)),
+            Err(e) => {
+                self.abandon(b, key, &entry.inst, &pending);
+                Err(s3_err(e))
+            }
         }
-        Ok(entry)
     }
 
     /// Writes `body` as part `part` of a multipart upload.
@@ -327,40 +332,39 @@ impl KelpS3 {
                 ));
             }
         };
-        if version.as_deref().is_some_and(|v| v != "null") {
-            return Err(s3_error!(
-                NoSuchVersion,
-                "versioning is not enabled on '{bucket}'"
-            ));
-        }
         let b = self.owned(creds, bucket).await?;
-        let e = self
-            .rgw
-            .lookup(&b, key)
-            .await
-            .map_err(s3_err)?
-            .ok_or_else(|| s3_error!(NoSuchKey, "no such key '{key}' in '{bucket}'"))?;
+        let version = version.as_deref().map(str::to_string);
+        let e = self.current(&b, key, &version).await?;
         Ok((b, key.to_string(), e))
     }
 
-    /// The current index entry of `key` (`NoSuchKey`; only the `null` version exists).
+    /// The index entry of `key`: its current object, or the given version (`NoSuchKey`,
+    /// `NoSuchVersion`, and `MethodNotAllowed` for a delete marker, as S3 answers).
     async fn current(
         &self,
         b: &BucketRecord,
         key: &str,
         version: &Option<String>,
     ) -> S3Result<IndexEntry> {
-        if version.as_deref().is_some_and(|v| v != "null") {
-            return Err(s3_error!(
-                NoSuchVersion,
-                "versioning is not enabled on this bucket"
-            ));
+        let Some(v) = version.as_deref() else {
+            return self
+                .rgw
+                .lookup(b, key)
+                .await
+                .map_err(s3_err)?
+                .ok_or_else(|| s3_error!(NoSuchKey, "no such key '{key}'"));
+        };
+        if !valid_version_id(v) {
+            return Err(s3_error!(InvalidArgument, "invalid version id '{v}'"));
         }
-        self.rgw
-            .lookup(b, key)
-            .await
-            .map_err(s3_err)?
-            .ok_or_else(|| s3_error!(NoSuchKey, "no such key '{key}'"))
+        match self.rgw.lookup_version(b, key, v).await.map_err(s3_err)? {
+            Some(e) if e.dm => Err(s3_error!(
+                MethodNotAllowed,
+                "version '{v}' of '{key}' is a delete marker"
+            )),
+            Some(e) => Ok(e),
+            None => Err(s3_error!(NoSuchVersion, "'{key}' has no version '{v}'")),
+        }
     }
 
     /// Streams bytes `[start, end)` of an existing instance into `checks`/a new body.
@@ -373,6 +377,168 @@ impl KelpS3 {
     ) -> StreamingBlob {
         let body = self.rgw.read_body(&e.inst, meta, start, end, Bytes::new());
         StreamingBlob::wrap(body)
+    }
+}
+
+/// The version id S3 shows for `e` in bucket `b` (none where versioning was never enabled).
+fn shown_version(b: &BucketRecord, e: &IndexEntry) -> Option<String> {
+    (b.versioning.is_some() || e.ver.is_some()).then(|| e.version_id().to_string())
+}
+
+/// Deletes `key` (or one version of it) as DeleteObject does; returns the version id to show
+/// and whether a delete marker was made or removed.
+async fn delete_one(
+    rgw: &Rgw,
+    b: &BucketRecord,
+    key: &str,
+    version: Option<&str>,
+    if_match: Option<&str>,
+) -> S3Result<(Option<String>, bool)> {
+    match version {
+        Some(v) => {
+            if !valid_version_id(v) {
+                return Err(s3_error!(InvalidArgument, "invalid version id '{v}'"));
+            }
+            if v != NULL_VERSION && b.versioning.is_none() {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "invalid version id '{v}': versioning was never enabled on '{}'",
+                    b.name
+                ));
+            }
+            // deleting a version that does not exist succeeds, as on S3
+            let gone = rgw.delete_version(b, key, v).await.map_err(s3_err)?;
+            Ok((Some(v.to_string()), gone.is_some_and(|e| e.dm)))
+        }
+        None => {
+            let made = rgw.delete_object(b, key, if_match).await.map_err(s3_err)?;
+            let dm = b.versioning.is_some();
+            Ok((made.version_id, dm))
+        }
+    }
+}
+
+/// A lifecycle rule from its S3 form (transitions: NotImplemented, there are no other
+/// storage classes).
+fn rule_from_dto(r: LifecycleRule) -> S3Result<lifecycle::Rule> {
+    if r.transitions.as_ref().is_some_and(|t| !t.is_empty())
+        || r.noncurrent_version_transitions
+            .as_ref()
+            .is_some_and(|t| !t.is_empty())
+    {
+        return Err(s3_error!(
+            NotImplemented,
+            "lifecycle transitions are not supported (Kelp has one storage class)"
+        ));
+    }
+    let days = |d: Option<i32>, what: &str| -> S3Result<Option<u32>> {
+        match d {
+            None => Ok(None),
+            Some(n) if n > 0 => Ok(Some(n as u32)),
+            Some(_) => Err(s3_error!(
+                InvalidArgument,
+                "'{what}' must be a positive integer"
+            )),
+        }
+    };
+    let size = |v: Option<i64>| v.map(|n| n.max(0) as u64);
+    let mut out = lifecycle::Rule {
+        id: r.id.unwrap_or_default(),
+        enabled: r.status.as_str() == ExpirationStatus::ENABLED,
+        prefix: r.prefix.unwrap_or_default(),
+        ..Default::default()
+    };
+    if let Some(f) = r.filter {
+        if let Some(p) = f.prefix {
+            out.prefix = p;
+        }
+        if let Some(t) = f.tag {
+            out.tags
+                .insert(t.key.unwrap_or_default(), t.value.unwrap_or_default());
+        }
+        out.size_greater_than = size(f.object_size_greater_than);
+        out.size_less_than = size(f.object_size_less_than);
+        if let Some(a) = f.and {
+            if let Some(p) = a.prefix {
+                out.prefix = p;
+            }
+            for t in a.tags.unwrap_or_default() {
+                out.tags
+                    .insert(t.key.unwrap_or_default(), t.value.unwrap_or_default());
+            }
+            out.size_greater_than = size(a.object_size_greater_than).or(out.size_greater_than);
+            out.size_less_than = size(a.object_size_less_than).or(out.size_less_than);
+        }
+    }
+    if let Some(e) = r.expiration {
+        out.expiration_days = days(e.days, "Days")?;
+        out.expiration_date_ns = e.date.map(|d| {
+            let t: time::OffsetDateTime = d.into();
+            (t.unix_timestamp_nanos().max(0)) as u64
+        });
+        out.expired_object_delete_marker = e.expired_object_delete_marker.unwrap_or(false);
+    }
+    if let Some(n) = r.noncurrent_version_expiration {
+        out.noncurrent_days = days(n.noncurrent_days, "NoncurrentDays")?;
+        out.newer_noncurrent_versions = n.newer_noncurrent_versions.map(|v| v.max(0) as u32);
+    }
+    if let Some(a) = r.abort_incomplete_multipart_upload {
+        out.abort_multipart_days = days(a.days_after_initiation, "DaysAfterInitiation")?;
+    }
+    Ok(out)
+}
+
+fn rule_to_dto(r: &lifecycle::Rule) -> LifecycleRule {
+    let tags: Vec<Tag> = tag_set(&r.tags);
+    let sized = r.size_greater_than.is_some() || r.size_less_than.is_some();
+    let filter = if tags.len() > 1 || (!tags.is_empty() && (sized || !r.prefix.is_empty())) {
+        LifecycleRuleFilter {
+            and: Some(LifecycleRuleAndOperator {
+                prefix: Some(r.prefix.clone()),
+                tags: Some(tags),
+                object_size_greater_than: r.size_greater_than.map(|v| v as i64),
+                object_size_less_than: r.size_less_than.map(|v| v as i64),
+            }),
+            ..Default::default()
+        }
+    } else {
+        LifecycleRuleFilter {
+            prefix: Some(r.prefix.clone()),
+            tag: tags.into_iter().next(),
+            object_size_greater_than: r.size_greater_than.map(|v| v as i64),
+            object_size_less_than: r.size_less_than.map(|v| v as i64),
+            ..Default::default()
+        }
+    };
+    let expiration = (r.expiration_days.is_some()
+        || r.expiration_date_ns.is_some()
+        || r.expired_object_delete_marker)
+        .then(|| LifecycleExpiration {
+            days: r.expiration_days.map(|d| d as i32),
+            date: r.expiration_date_ns.map(ts),
+            expired_object_delete_marker: r.expired_object_delete_marker.then_some(true),
+        });
+    LifecycleRule {
+        id: (!r.id.is_empty()).then(|| r.id.clone()),
+        status: ExpirationStatus::from_static(if r.enabled {
+            ExpirationStatus::ENABLED
+        } else {
+            ExpirationStatus::DISABLED
+        }),
+        filter: Some(filter),
+        expiration,
+        noncurrent_version_expiration: r.noncurrent_days.map(|d| NoncurrentVersionExpiration {
+            noncurrent_days: Some(d as i32),
+            newer_noncurrent_versions: r.newer_noncurrent_versions.map(|n| n as i32),
+        }),
+        abort_incomplete_multipart_upload: r.abort_multipart_days.map(|d| {
+            AbortIncompleteMultipartUpload {
+                days_after_initiation: Some(d as i32),
+            }
+        }),
+        noncurrent_version_transitions: None,
+        prefix: None,
+        transitions: None,
     }
 }
 
@@ -862,9 +1028,47 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<GetBucketVersioningInput>,
     ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
-        self.owned(&req.credentials, &req.input.bucket).await?;
-        // versioning has never been enabled on any bucket: no Status element, as AWS answers
-        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        // never enabled: no Status element, as AWS answers
+        Ok(S3Response::new(GetBucketVersioningOutput {
+            status: b.versioning.map(|v| {
+                BucketVersioningStatus::from_static(match v {
+                    Versioning::Enabled => BucketVersioningStatus::ENABLED,
+                    Versioning::Suspended => BucketVersioningStatus::SUSPENDED,
+                })
+            }),
+            mfa_delete: None,
+        }))
+    }
+
+    async fn put_bucket_versioning(
+        &self,
+        req: S3Request<PutBucketVersioningInput>,
+    ) -> S3Result<S3Response<PutBucketVersioningOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let conf = req.input.versioning_configuration;
+        if conf
+            .mfa_delete
+            .as_ref()
+            .is_some_and(|m| m.as_str() == MFADelete::ENABLED)
+        {
+            return Err(s3_error!(NotImplemented, "MFA delete is not supported"));
+        }
+        let want = match conf.status.as_ref().map(|s| s.as_str()) {
+            Some(BucketVersioningStatus::ENABLED) => Versioning::Enabled,
+            Some(BucketVersioningStatus::SUSPENDED) => Versioning::Suspended,
+            _ => {
+                return Err(s3_error!(
+                    MalformedXML,
+                    "Status must be Enabled or Suspended"
+                ));
+            }
+        };
+        self.rgw
+            .update_bucket(&b, |r| r.versioning = Some(want))
+            .await
+            .map_err(s3_err)?;
+        Ok(S3Response::new(PutBucketVersioningOutput::default()))
     }
 
     async fn put_object(
@@ -905,7 +1109,7 @@ impl S3 for KelpS3 {
             tags: tags_from_header(input.tagging.as_deref())?,
             ..meta
         };
-        let entry = self
+        let (entry, version_id) = self
             .store_object(
                 &b,
                 &input.key,
@@ -919,6 +1123,7 @@ impl S3 for KelpS3 {
         let sums = checks.computed.unwrap_or_default();
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&entry.etag)),
+            version_id,
             checksum_crc32: sums.checksum_crc32,
             checksum_crc32c: sums.checksum_crc32c,
             checksum_sha1: sums.checksum_sha1,
@@ -1035,6 +1240,7 @@ impl S3 for KelpS3 {
             parts_count,
             tag_count: tag_count(&meta),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            version_id: shown_version(&b, &e),
             ..Default::default()
         };
         let mut resp = S3Response::new(out);
@@ -1100,6 +1306,7 @@ impl S3 for KelpS3 {
             expires: expires_ts(&meta),
             parts_count,
             storage_class: None,
+            version_id: shown_version(&b, &e),
             ..Default::default()
         }))
     }
@@ -1110,24 +1317,23 @@ impl S3 for KelpS3 {
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         let b = self.owned(&req.credentials, &req.input.bucket).await?;
         let input = req.input;
-        if input.version_id.as_deref().is_some_and(|v| v != "null") {
-            return Err(s3_error!(
-                InvalidArgument,
-                "invalid version id: versioning is not enabled"
-            ));
-        }
-        if let Some(c) = &input.if_match {
-            match self.rgw.lookup(&b, &input.key).await.map_err(s3_err)? {
-                Some(e) if etag_matches(c, &e.etag) => {}
-                Some(_) => return Err(s3_error!(PreconditionFailed, "If-Match does not hold")),
-                None => return Err(s3_error!(NoSuchKey, "no such key '{}'", input.key)),
-            }
-        }
-        self.rgw
-            .delete_object(&b, &input.key)
-            .await
-            .map_err(s3_err)?;
-        let mut resp = S3Response::new(DeleteObjectOutput::default());
+        let if_match = input.if_match.as_ref().map(|c| match c {
+            ETagCondition::Any => "*".to_string(),
+            ETagCondition::ETag(t) => t.value().to_string(),
+        });
+        let (version_id, delete_marker) = delete_one(
+            &self.rgw,
+            &b,
+            &input.key,
+            input.version_id.as_deref(),
+            if_match.as_deref(),
+        )
+        .await?;
+        let mut resp = S3Response::new(DeleteObjectOutput {
+            version_id,
+            delete_marker: delete_marker.then_some(true),
+            ..Default::default()
+        });
         resp.status = Some(hyper::StatusCode::NO_CONTENT);
         Ok(resp)
     }
@@ -1144,13 +1350,10 @@ impl S3 for KelpS3 {
         let quiet = del.quiet.unwrap_or(false);
         let rgw = &self.rgw;
         let b = &b;
-        let results: Vec<(ObjectIdentifier, Result<(), S3Error>)> =
+        type Deleted = (Option<String>, bool);
+        let results: Vec<(ObjectIdentifier, Result<Deleted, S3Error>)> =
             futures::stream::iter(del.objects.into_iter().map(|o| async move {
-                let r = if o.version_id.as_deref().is_some_and(|v| v != "null") {
-                    Err(s3_error!(NoSuchVersion, "versioning is not enabled"))
-                } else {
-                    rgw.delete_object(b, &o.key).await.map(drop).map_err(s3_err)
-                };
+                let r = delete_one(rgw, b, &o.key, o.version_id.as_deref(), None).await;
                 (o, r)
             }))
             .buffer_unordered(16)
@@ -1160,12 +1363,16 @@ impl S3 for KelpS3 {
         let mut errors = Vec::new();
         for (o, r) in results {
             match r {
-                Ok(()) if !quiet => deleted.push(DeletedObject {
+                Ok((vid, dm)) if !quiet => deleted.push(DeletedObject {
                     key: Some(o.key),
+                    // a delete marker made by this request is named by its version id
+                    delete_marker_version_id: (dm && o.version_id.is_none())
+                        .then(|| vid.clone())
+                        .flatten(),
+                    delete_marker: dm.then_some(true),
                     version_id: o.version_id,
-                    ..Default::default()
                 }),
-                Ok(()) => {}
+                Ok(_) => {}
                 Err(e) => errors.push(Error {
                     code: Some(e.code().as_str().to_string()),
                     key: Some(o.key),
@@ -1237,7 +1444,7 @@ impl S3 for KelpS3 {
         };
         let body = self.stream_instance(&src, &src_meta, 0, src.size);
         let mut checks = BodyChecks::none();
-        let entry = self
+        let (entry, version_id) = self
             .store_object(
                 &dst,
                 &input.key,
@@ -1249,6 +1456,8 @@ impl S3 for KelpS3 {
             )
             .await?;
         Ok(S3Response::new(CopyObjectOutput {
+            version_id,
+            copy_source_version_id: shown_version(&src_b, &src),
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(etag(&entry.etag)),
                 last_modified: Some(ts(entry.mtime_ns)),
@@ -1391,39 +1600,66 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<ListObjectVersionsInput>,
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
-        // versioning is never enabled yet: every object is its only ("null") version
         let b = self.owned(&req.credentials, &req.input.bucket).await?;
         let input = req.input;
         let enc = Enc::new(&input.encoding_type);
         let max = max_keys(input.max_keys)?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let marker = input.key_marker.clone().unwrap_or_default();
+        let vmarker = input.version_id_marker.clone().unwrap_or_default();
+        if !vmarker.is_empty() && (marker.is_empty() || !valid_version_id(&vmarker)) {
+            return Err(s3_error!(
+                InvalidArgument,
+                "version-id-marker needs a key-marker and a valid version id"
+            ));
+        }
         let listing = if max == 0 {
             Default::default()
         } else {
             self.rgw
-                .list_objects(&b, &prefix, &marker, input.delimiter.as_deref(), max)
+                .list_versions(
+                    &b,
+                    &prefix,
+                    &marker,
+                    &vmarker,
+                    input.delimiter.as_deref(),
+                    max,
+                )
                 .await
                 .map_err(s3_err)?
         };
         let owner = self.owner(&b.owner).await;
-        let versions = listing
-            .objects
-            .iter()
-            .map(|(k, e)| ObjectVersion {
-                key: Some(enc.s(k)),
-                version_id: Some("null".into()),
-                is_latest: Some(true),
-                size: Some(e.size as i64),
-                e_tag: Some(etag(&e.etag)),
-                last_modified: Some(ts(e.mtime_ns)),
-                storage_class: Some(ObjectVersionStorageClass::from_static(
-                    ObjectVersionStorageClass::STANDARD,
-                )),
-                owner: Some(owner.clone()),
-                ..Default::default()
-            })
-            .collect();
+        let mut versions = Vec::new();
+        let mut markers = Vec::new();
+        for (k, e, latest) in &listing.versions {
+            if e.dm {
+                markers.push(DeleteMarkerEntry {
+                    key: Some(enc.s(k)),
+                    version_id: Some(e.version_id().to_string()),
+                    is_latest: Some(*latest),
+                    last_modified: Some(ts(e.mtime_ns)),
+                    owner: Some(owner.clone()),
+                });
+            } else {
+                versions.push(ObjectVersion {
+                    key: Some(enc.s(k)),
+                    version_id: Some(e.version_id().to_string()),
+                    is_latest: Some(*latest),
+                    size: Some(e.size as i64),
+                    e_tag: Some(etag(&e.etag)),
+                    last_modified: Some(ts(e.mtime_ns)),
+                    storage_class: Some(ObjectVersionStorageClass::from_static(
+                        ObjectVersionStorageClass::STANDARD,
+                    )),
+                    owner: Some(owner.clone()),
+                    ..Default::default()
+                });
+            }
+        }
+        let (next_key, next_version) = match (&listing.last, listing.truncated) {
+            (Some((k, v)), true) => (Some(enc.s(k)), (!v.is_empty()).then(|| v.clone())),
+            _ => (None, None),
+        };
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(b.name.clone()),
             prefix: Some(enc.s(&prefix)),
@@ -1431,13 +1667,10 @@ impl S3 for KelpS3 {
             version_id_marker: input.version_id_marker.clone(),
             max_keys: Some(max as i32),
             is_truncated: Some(listing.truncated),
-            next_key_marker: if listing.truncated {
-                enc.o(&listing.last)
-            } else {
-                None
-            },
-            next_version_id_marker: listing.truncated.then(|| "null".to_string()),
+            next_key_marker: next_key,
+            next_version_id_marker: next_version,
             versions: Some(versions),
+            delete_markers: (!markers.is_empty()).then_some(markers),
             common_prefixes: Some(
                 listing
                     .prefixes
@@ -1450,7 +1683,6 @@ impl S3 for KelpS3 {
             delimiter: enc.o(&input.delimiter),
             encoding_type: input.encoding_type,
             request_charged: None,
-            delete_markers: None,
         }))
     }
 
@@ -1805,8 +2037,9 @@ impl S3 for KelpS3 {
             size,
             etag: etag_s.clone(),
             mtime_ns: mtime,
+            ..Default::default()
         };
-        if let Err(e) = self
+        let made = match self
             .rgw
             .complete_upload(
                 &b,
@@ -1819,16 +2052,76 @@ impl S3 for KelpS3 {
             )
             .await
         {
-            self.abandon(&b, &input.key, &inst, &pending);
-            return Err(s3_err(e));
-        }
+            Ok(made) => made,
+            Err(e) => {
+                self.abandon(&b, &input.key, &inst, &pending);
+                return Err(s3_err(e));
+            }
+        };
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(b.name.clone()),
             key: Some(input.key.clone()),
             e_tag: Some(etag(&etag_s)),
             location: Some(format!("/{}/{}", b.name, input.key)),
+            version_id: made.version_id,
             ..Default::default()
         }))
+    }
+
+    async fn put_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<PutBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<PutBucketLifecycleConfigurationOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let conf = req
+            .input
+            .lifecycle_configuration
+            .ok_or_else(|| s3_error!(MalformedXML, "no LifecycleConfiguration"))?;
+        let rules = conf
+            .rules
+            .into_iter()
+            .map(rule_from_dto)
+            .collect::<S3Result<Vec<_>>>()?;
+        lifecycle::validate(&rules).map_err(|m| s3_error!(InvalidArgument, "{m}"))?;
+        self.rgw
+            .update_bucket(&b, |r| r.lifecycle = rules.clone())
+            .await
+            .map_err(s3_err)?;
+        Ok(S3Response::new(
+            PutBucketLifecycleConfigurationOutput::default(),
+        ))
+    }
+
+    async fn get_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<GetBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<GetBucketLifecycleConfigurationOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        if b.lifecycle.is_empty() {
+            return Err(s3_error!(
+                NoSuchLifecycleConfiguration,
+                "bucket '{}' has no lifecycle configuration",
+                b.name
+            ));
+        }
+        Ok(S3Response::new(GetBucketLifecycleConfigurationOutput {
+            rules: Some(b.lifecycle.iter().map(rule_to_dto).collect()),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_bucket_lifecycle(
+        &self,
+        req: S3Request<DeleteBucketLifecycleInput>,
+    ) -> S3Result<S3Response<DeleteBucketLifecycleOutput>> {
+        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        self.rgw
+            .update_bucket(&b, |r| r.lifecycle.clear())
+            .await
+            .map_err(s3_err)?;
+        let mut resp = S3Response::new(DeleteBucketLifecycleOutput::default());
+        resp.status = Some(hyper::StatusCode::NO_CONTENT);
+        Ok(resp)
     }
 
     async fn put_bucket_tagging(

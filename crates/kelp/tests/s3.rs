@@ -155,6 +155,17 @@ fn s3_gateway_with_real_clients() {
         .unwrap();
     ok(&out, "boto3 suite");
 
+    // versioning and lifecycle (the worker run by hand with a one-second lifecycle day)
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/versioning_suite.py");
+    let out = Command::new("python3")
+        .arg(&suite)
+        .envs(&env)
+        .env("KELP_BIN", env!("CARGO_BIN_EXE_kelp"))
+        .env("KELP_CONF", &conf)
+        .output()
+        .unwrap();
+    ok(&out, "versioning suite");
+
     // a gateway killed (SIGKILL) mid-upload loses nothing it acknowledged
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/kill_load.py");
     let acked = c._tmp.path().join("acked.json");

@@ -39,6 +39,10 @@ pub struct RgwPoolArgs {
     /// holds this many objects; 0 turns automatic resharding off.
     #[arg(long, default_value_t = 100_000)]
     pub reshard_max_objects_per_shard: u64,
+    /// Seconds in a lifecycle "day": rules' Days count in these units (shorten only to test
+    /// lifecycle rules, like Ceph's rgw_lc_debug_interval).
+    #[arg(long, default_value_t = 86_400)]
+    pub lc_day_secs: u64,
 }
 
 impl RgwPoolArgs {
@@ -52,6 +56,7 @@ impl RgwPoolArgs {
             pending_grace: Duration::from_secs(self.pending_grace_secs),
             gc_interval,
             reshard_max_objects_per_shard: self.reshard_max_objects_per_shard,
+            lc_day: Duration::from_secs(self.lc_day_secs.max(1)),
             ..RgwConfig::default()
         }
     }
@@ -74,6 +79,10 @@ pub struct RgwArgs {
     /// Seconds between garbage-collection passes (0: this gateway never collects).
     #[arg(long, default_value_t = 300)]
     pub gc_interval_secs: u64,
+    /// Seconds between lifecycle passes (checked at each garbage-collection pass, so at most
+    /// that often; 0: this gateway never applies lifecycle rules).
+    #[arg(long, default_value_t = 3600)]
+    pub lc_interval_secs: u64,
     #[command(flatten)]
     pub pools: RgwPoolArgs,
 }
@@ -83,12 +92,13 @@ pub fn run_gateway(a: RgwArgs) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async {
         let rados = a.conf.connect().await?;
-        let rgw = Rgw::open(
-            rados,
-            a.pools.config(Duration::from_secs(a.gc_interval_secs)),
-        )
-        .await
-        .context("opening the gateway's pools")?;
+        let cfg = RgwConfig {
+            lc_interval: Duration::from_secs(a.lc_interval_secs),
+            ..a.pools.config(Duration::from_secs(a.gc_interval_secs))
+        };
+        let rgw = Rgw::open(rados, cfg)
+            .await
+            .context("opening the gateway's pools")?;
         let addr = SocketAddr::new(a.bind, a.port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -123,6 +133,10 @@ pub enum S3Command {
     /// Garbage collection: `run` deletes now whatever is due.
     #[command(subcommand)]
     Gc(GcCommand),
+    /// Lifecycle: `run` applies every bucket's lifecycle rules now (expiration, noncurrent
+    /// versions, lone delete markers, incomplete multipart uploads).
+    #[command(subcommand)]
+    Lc(LcCommand),
     /// Load generator for any S3 service (like warp/COSBench): put, get or mixed objects of
     /// one size from N concurrent clients; per-second progress, then ops/s, MiB/s, latency.
     Bench(kelp_s3bench::BenchArgs),
@@ -250,6 +264,15 @@ pub enum BucketCommand {
 #[derive(Subcommand, Debug)]
 pub enum GcCommand {
     /// Delete now the data whose garbage-collection time has come.
+    Run {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LcCommand {
+    /// Apply every bucket's lifecycle rules now (ages in units of --lc-day-secs).
     Run {
         #[command(flatten)]
         admin: AdminArgs,
@@ -427,6 +450,22 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 eprintln!("bucket '{bucket}' removed ({n} object(s) deleted)");
             }
             S3Command::Bench(_) => unreachable!("handled above"),
+            S3Command::Lc(LcCommand::Run { admin }) => {
+                let day = Duration::from_secs(admin.pools.lc_day_secs.max(1));
+                let s = open(&admin).await?.lc_once(day).await?;
+                if matches!(admin.format, OutputFormat::Json) {
+                    println!("{}", serde_json::to_string_pretty(&s)?);
+                } else {
+                    eprintln!(
+                        "lifecycle: {} bucket(s) with rules; {} object(s) expired, {} noncurrent version(s) and {} delete marker(s) removed, {} upload(s) aborted",
+                        s.buckets,
+                        s.expired,
+                        s.noncurrent_removed,
+                        s.delete_markers_removed,
+                        s.uploads_aborted
+                    );
+                }
+            }
             S3Command::Gc(GcCommand::Run { admin }) => {
                 let s = open(&admin).await?.gc_once().await?;
                 eprintln!(
