@@ -237,9 +237,77 @@ impl KeyLookup for Keyring {
     }
 }
 
+/// A keyring file that is read again (at most once a second) when an entity it does not know
+/// connects, so that an entity added to the file later (a new OSD, a new client key) is
+/// accepted without restarting the daemon; a key removed from the file stays known to a
+/// running daemon until it restarts.
+pub struct ReloadingKeyring {
+    path: std::path::PathBuf,
+    state: std::sync::Mutex<(Keyring, std::time::Instant)>,
+}
+
+/// Shortest time between two reloads of a [`ReloadingKeyring`].
+const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl ReloadingKeyring {
+    /// Watches `path`, starting from `loaded` (its current contents).
+    pub fn new(path: impl Into<std::path::PathBuf>, loaded: Keyring) -> Self {
+        ReloadingKeyring {
+            path: path.into(),
+            state: std::sync::Mutex::new((loaded, std::time::Instant::now())),
+        }
+    }
+}
+
+impl KeyLookup for ReloadingKeyring {
+    fn secret_for(&self, entity: &str) -> Option<Secret> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = st.0.secret_for(entity) {
+            return Some(s);
+        }
+        if st.1.elapsed() < RELOAD_EVERY {
+            return None;
+        }
+        st.1 = std::time::Instant::now();
+        // an unreadable or half-written file keeps the keys already known
+        if let Ok(fresh) = Keyring::load(&self.path) {
+            for (e, s) in fresh.keys {
+                st.0.keys.entry(e).or_insert(s);
+            }
+        }
+        st.0.secret_for(entity)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reloading_keyring_learns_new_entities() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keyring");
+        let mut kr = Keyring::new();
+        kr.insert("osd.0", generate_secret()).unwrap();
+        kr.save(&path).unwrap();
+        let lookup = ReloadingKeyring::new(&path, Keyring::load(&path).unwrap());
+        assert!(lookup.secret_for("osd.0").is_some());
+        let new = generate_secret();
+        kr.insert("osd.7", new.clone()).unwrap();
+        kr.save(&path).unwrap();
+        // right after a load, a miss does not re-read the file (at most once a second)
+        {
+            let mut st = lookup.state.lock().unwrap();
+            st.1 = std::time::Instant::now() - RELOAD_EVERY;
+        }
+        assert_eq!(lookup.secret_for("osd.7"), Some(new));
+        assert!(lookup.secret_for("osd.8").is_none());
+        // garbage in the file keeps what is known
+        std::fs::write(&path, "not a keyring line\n").unwrap();
+        lookup.state.lock().unwrap().1 = std::time::Instant::now() - RELOAD_EVERY;
+        assert!(lookup.secret_for("osd.9").is_none());
+        assert!(lookup.secret_for("osd.7").is_some());
+    }
 
     #[test]
     fn parse_comments_and_errors() {

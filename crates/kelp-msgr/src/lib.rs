@@ -61,7 +61,7 @@ mod messenger;
 mod policy;
 mod session;
 
-pub use auth::{KeyLookup, Keyring, Secret, generate_secret, validate_entity};
+pub use auth::{KeyLookup, Keyring, ReloadingKeyring, Secret, generate_secret, validate_entity};
 pub use config::MsgrConfig;
 pub use error::{AuthFailure, FrameError, MsgrError, RemoteError, Result};
 pub use messenger::{ChannelDispatcher, Connection, Messenger, MessengerBuilder, MsgrStats};

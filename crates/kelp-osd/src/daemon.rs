@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use kelp_maps::OsdMap;
 use kelp_monc::MonClient;
-use kelp_msgr::{KeyLookup, Keyring, Messenger};
+use kelp_msgr::{KeyLookup, Keyring, Messenger, ReloadingKeyring};
 use kelp_proto::{MonCommand, MonReply, OsdBoot};
 use kelp_store::{KelpStore, StoreConfig};
 use tracing::{info, warn};
@@ -45,6 +45,9 @@ pub struct DaemonOptions {
     pub mons: Vec<SocketAddr>,
     /// Keys of every entity that may connect (this OSD's own included).
     pub keyring: Keyring,
+    /// The file `keyring` came from: read again when an unknown entity connects (a new OSD
+    /// or client added since this OSD started).
+    pub keyring_path: Option<PathBuf>,
     /// Address to serve on (`127.0.0.1:0` picks a free port).
     pub bind: SocketAddr,
     /// CRUSH host bucket to sit under.
@@ -116,7 +119,10 @@ pub async fn run(
         .await
         .ok_or_else(|| DaemonError::Setup("the map subscription ended".into()))?;
 
-    let keys: Arc<dyn KeyLookup> = Arc::new(opts.keyring);
+    let keys: Arc<dyn KeyLookup> = match opts.keyring_path {
+        Some(p) => Arc::new(ReloadingKeyring::new(p, opts.keyring)),
+        None => Arc::new(opts.keyring),
+    };
     // The serving messenger: clients, primaries (replica writes) and our own replica writes.
     let (service_slot, dispatcher) = LateService::new();
     let msgr = Messenger::builder(entity.clone())

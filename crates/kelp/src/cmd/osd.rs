@@ -30,6 +30,11 @@ pub enum OsdCommand {
     In(IdsArgs),
     /// Mark OSDs down (a running OSD reports itself up again).
     Down(IdsArgs),
+    /// Remove an OSD from the cluster for good: its map entry, CRUSH item and key (like
+    /// `ceph osd purge`). Refused unless the OSD is down and out and no PG maps to it any more
+    /// (drain it first with `kelp osd out N` and wait for the PGs to settle); `--force`
+    /// removes it anyway, losing whatever only it held.
+    Purge(PurgeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -68,6 +73,17 @@ pub struct ShowArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct PurgeArgs {
+    /// OSD id (`3` or `osd.3`).
+    pub id: kelp_types::OsdId,
+    /// Skip the safety checks.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub conf: ConfArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct IdsArgs {
     /// OSD ids (`3` or `osd.3`).
     #[arg(required = true)]
@@ -84,6 +100,62 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
         OsdCommand::Out(a) => mark(a, |id| MonCommand::OsdOut { id }),
         OsdCommand::In(a) => mark(a, |id| MonCommand::OsdIn { id }),
         OsdCommand::Down(a) => mark(a, |id| MonCommand::OsdDown { id }),
+        OsdCommand::Purge(a) => {
+            let rt = common::runtime()?;
+            rt.block_on(async {
+                let rados = a.conf.connect().await?;
+                purge(&rados, a.id.0, a.force).await?;
+                eprintln!("osd.{}: purged", a.id.0);
+                Ok(ExitCode::SUCCESS)
+            })
+        }
+    }
+}
+
+/// Why `osd` cannot be purged safely yet (`None`: it can).
+pub fn purge_blocker(map: &OsdMap, osd: i32) -> Result<Option<String>> {
+    let Some(o) = map.osds.get(&osd) else {
+        bail!("osd.{osd} does not exist");
+    };
+    if o.up {
+        return Ok(Some(format!("osd.{osd} is up: stop it first")));
+    }
+    if o.is_in() {
+        return Ok(Some(format!(
+            "osd.{osd} is in: mark it out (kelp osd out {osd}) and let its data move first"
+        )));
+    }
+    for pool in map.pools.values() {
+        for pg in map.pool_pgs(pool.id)? {
+            let m = map.pg_mapping(pg)?;
+            if m.up.contains(&osd) || m.acting.contains(&osd) {
+                return Ok(Some(format!("pg {pg} still maps to osd.{osd}")));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Removes `osd` from the map and its key from the monitors (after [`purge_blocker`], unless
+/// `force`).
+pub async fn purge(rados: &kelp_client::Rados, osd: i32, force: bool) -> Result<()> {
+    if !force && let Some(why) = purge_blocker(&rados.osd_map(), osd)? {
+        bail!("refusing to purge osd.{osd}: {why} (--force to remove it anyway)");
+    }
+    match rados.mon_command(MonCommand::OsdRemove { id: osd }).await? {
+        MonReply::Done { .. } => {}
+        MonReply::Error { message } => bail!("removing osd.{osd}: {message}"),
+        other => bail!("removing osd.{osd}: unexpected reply {other:?}"),
+    }
+    match rados
+        .mon_command(MonCommand::AuthRm {
+            entity: format!("osd.{osd}"),
+        })
+        .await?
+    {
+        MonReply::Done { .. } => Ok(()),
+        MonReply::Error { message } => bail!("removing the key of osd.{osd}: {message}"),
+        other => bail!("removing the key of osd.{osd}: unexpected reply {other:?}"),
     }
 }
 
@@ -111,6 +183,7 @@ fn run_daemon(a: RunArgs) -> Result<ExitCode> {
         data: a.data,
         mons: conf.global.mon_host,
         keyring,
+        keyring_path: Some(conf.global.keyring.clone()),
         bind: a.addr,
         host,
         crush_weight: weight,

@@ -99,6 +99,36 @@ pub enum DaemonCommand {
     Stop(DaemonArgs),
     /// Stop, then start one daemon.
     Restart(DaemonArgs),
+    /// Add an OSD to the cluster in DIR: a key (from the monitors, appended to DIR/keyring),
+    /// a store of --osd-size, and the daemon, started in the background. CRUSH then moves a
+    /// share of the data onto it.
+    AddOsd(AddOsdArgs),
+    /// Remove an OSD from the cluster in DIR for good: stop it, purge it from the map and the
+    /// monitors' keys, delete its store. Refused unless it was marked out
+    /// (`kelp osd out N`) and no PG maps to it any more; --force skips the checks.
+    RemoveOsd(RemoveOsdArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AddOsdArgs {
+    /// Cluster directory.
+    #[arg(long, default_value = "kelp-data")]
+    pub dir: PathBuf,
+    /// Size of the new OSD's data file (reserved on disk now).
+    #[arg(long, default_value = "8GiB")]
+    pub osd_size: kelp_types::ByteSize,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoveOsdArgs {
+    /// OSD id (`3` or `osd.3`).
+    pub id: kelp_types::OsdId,
+    /// Cluster directory.
+    #[arg(long, default_value = "kelp-data")]
+    pub dir: PathBuf,
+    /// Remove it even if it is in or PGs still map to it (whatever only it holds is lost).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -719,6 +749,8 @@ pub fn run_daemon(cmd: DaemonCommand) -> Result<ExitCode> {
         DaemonCommand::Start(a) => (a, "start"),
         DaemonCommand::Stop(a) => (a, "stop"),
         DaemonCommand::Restart(a) => (a, "restart"),
+        DaemonCommand::AddOsd(a) => return add_osd(a),
+        DaemonCommand::RemoveOsd(a) => return remove_osd(a),
     };
     let dir = a
         .dir
@@ -745,6 +777,119 @@ pub fn run_daemon(cmd: DaemonCommand) -> Result<ExitCode> {
         let child = start(&dir, d)?;
         eprintln!("started {} (pid {})", d.name, child.id());
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn add_osd(a: AddOsdArgs) -> Result<ExitCode> {
+    let dir = a
+        .dir
+        .canonicalize()
+        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+    let rt = common::runtime()?;
+    let id = rt.block_on(async {
+        let rados = admin_conf(&dir).connect().await?;
+        // the next id neither the map nor the directory has used
+        let mut next = rados.osd_map().osds.keys().max().map_or(0, |m| m + 1);
+        for entry in std::fs::read_dir(&dir)? {
+            let name = entry?.file_name().to_string_lossy().to_string();
+            if let Some(n) = name
+                .strip_prefix("osd.")
+                .and_then(|n| n.parse::<i32>().ok())
+            {
+                next = next.max(n + 1);
+            }
+        }
+        let entity = format!("osd.{next}");
+        let secret = match rados
+            .mon_command(kelp_proto::MonCommand::AuthGetOrCreate {
+                entity: entity.clone(),
+            })
+            .await?
+        {
+            kelp_proto::MonReply::Key { secret, .. } => secret,
+            other => bail!("creating a key for {entity}: {other:?}"),
+        };
+        let secret = kelp_msgr::Secret::from_base64(&secret)
+            .with_context(|| format!("the monitors returned a bad key for {entity}"))?;
+        let path = dir.join("keyring");
+        let mut keyring =
+            Keyring::load(&path).with_context(|| format!("reading {}", path.display()))?;
+        keyring.insert(&entity, secret)?;
+        keyring.save(&path)?;
+        Ok::<_, anyhow::Error>(next)
+    })?;
+    let name = format!("osd.{id}");
+    run_quiet(&[
+        "store".into(),
+        "mkfs".into(),
+        dir.join(&name).display().to_string(),
+        "--size".into(),
+        a.osd_size.0.to_string(),
+    ])?;
+    let d = daemons(&dir)?
+        .into_iter()
+        .find(|d| d.name == name)
+        .context("the new OSD's directory is missing")?;
+    let child = start(&dir, &d)?;
+    eprintln!("started {name} (pid {})", child.id());
+    rt.block_on(async {
+        let rados = admin_conf(&dir).connect().await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if rados.osd_map().osds.get(&id).is_some_and(|o| o.up) {
+                eprintln!("{name} is up and in; CRUSH now places data on it");
+                return Ok(ExitCode::SUCCESS);
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "{name} did not come up within 60 s (see {}/logs)",
+                    dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+fn remove_osd(a: RemoveOsdArgs) -> Result<ExitCode> {
+    let dir = a
+        .dir
+        .canonicalize()
+        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+    let id = a.id.0;
+    let name = format!("osd.{id}");
+    let rt = common::runtime()?;
+    let rados = rt.block_on(admin_conf(&dir).connect())?;
+    if !a.force {
+        // everything but "it is up": that is what stopping it is for
+        let mut map = (*rados.osd_map()).clone();
+        if let Some(o) = map.osds.get_mut(&id) {
+            o.up = false;
+        }
+        if let Some(why) = crate::cmd::osd::purge_blocker(&map, id)? {
+            bail!("refusing to remove {name}: {why} (--force to remove it anyway)");
+        }
+    }
+    if stop(&dir, &name, Duration::from_secs(20)) {
+        eprintln!("stopped {name}");
+    }
+    rt.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while rados.osd_map().osds.get(&id).is_some_and(|o| o.up) {
+            if std::time::Instant::now() > deadline {
+                rados
+                    .mon_command(kelp_proto::MonCommand::OsdDown { id })
+                    .await?;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        crate::cmd::osd::purge(&rados, id, a.force).await
+    })?;
+    let store = dir.join(&name);
+    if store.exists() {
+        std::fs::remove_dir_all(&store).with_context(|| format!("deleting {}", store.display()))?;
+    }
+    eprintln!("{name} removed");
     Ok(ExitCode::SUCCESS)
 }
 
