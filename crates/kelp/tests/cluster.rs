@@ -448,7 +448,6 @@ async fn an_osd_is_added_then_another_drained_and_removed_without_losing_a_byte(
     let on_new = map
         .pool_pgs(map.pool_by_name("data").unwrap().id)
         .unwrap()
-        .into_iter()
         .filter(|pg| map.pg_mapping(*pg).unwrap().acting.contains(&3))
         .count();
     assert!(on_new > 0, "no PG moved to the new OSD");
