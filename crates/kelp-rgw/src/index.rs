@@ -143,7 +143,10 @@ impl Txn {
     }
 
     fn build(mut self, shard: &KeyShard, key: &str) -> WriteOp {
-        let mut op = WriteOp::new().cmp_omap(MARKER, shard.marker.as_deref());
+        // a bucket's shards exist while it does: never recreate one of a deleted bucket
+        let mut op = WriteOp::new()
+            .assert_exists()
+            .cmp_omap(MARKER, shard.marker.as_deref());
         for (k, v) in &self.guards {
             op = op.cmp_omap(k, v.as_deref());
         }
@@ -185,7 +188,8 @@ impl Rgw {
         format!("{}.{}", b.id, random_hex(12))
     }
 
-    /// Re-reads a bucket's record (after a reshard started or finished).
+    /// Re-reads a bucket's record (after a reshard started or finished, or a shard was
+    /// missing); `NoSuchBucket` once it is gone or is another incarnation.
     async fn refresh(&self, b: &mut BucketRecord) -> Result<()> {
         let fresh = self.bucket(&b.name).await?;
         if fresh.id != b.id {
@@ -307,6 +311,20 @@ impl Rgw {
                 Ok(_) => return Ok(out),
                 Err(ClientError::Canceled { .. }) => {
                     self.refresh(&mut b).await?;
+                }
+                Err(ClientError::NotFound { .. }) => {
+                    // deleted (refresh says so), or a shard never written yet: an index made
+                    // before shards were created with the bucket, or a reshard's new shard
+                    self.refresh(&mut b).await?;
+                    match self
+                        .inner
+                        .index
+                        .operate(WriteOp::new().create(false), &read.shard.obj)
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(e) => return Err(e.into()),
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }

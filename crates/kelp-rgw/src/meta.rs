@@ -254,11 +254,24 @@ impl Rgw {
             }
             Err(e) => return Err(e.into()),
         }
+        // the index shards exist from the start: index updates require them, so that nothing
+        // is ever written into the index of a bucket deleted meanwhile
+        let index = &self.inner.index;
+        let id = &record.id;
+        let made = futures::future::join_all((0..shards).map(|s| async move {
+            let obj = crate::layout::shard_obj(id, 0, s);
+            index.operate(WriteOp::new().create(false), &obj).await
+        }))
+        .await;
+        for r in made {
+            r?;
+        }
         let created = record.created_ns.to_string();
         meta.omap_set(&user_buckets_obj(owner), &[(name, created.as_bytes())])
             .await?;
         meta.omap_set(BUCKETS_OBJ, &[(name, owner.as_bytes())])
             .await?;
+        self.remember_bucket(&record);
         Ok(record)
     }
 
@@ -288,7 +301,10 @@ impl Rgw {
                 )
                 .await
             {
-                Ok(_) => return Ok(cur),
+                Ok(_) => {
+                    self.remember_bucket(&cur);
+                    return Ok(cur);
+                }
                 Err(ClientError::Canceled { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -296,11 +312,49 @@ impl Rgw {
         Err(RgwError::Busy(obj))
     }
 
+    /// A bucket's record, read now.
     pub async fn bucket(&self, name: &str) -> Result<BucketRecord> {
         let obj = bucket_obj(name);
-        let raw = found(self.inner.meta.read(&obj, 0, 0).await)?
-            .ok_or_else(|| RgwError::NoSuchBucket(name.to_string()))?;
-        decode(&obj, &raw)
+        let found = found(self.inner.meta.read(&obj, 0, 0).await)?;
+        let Some(raw) = found else {
+            self.forget_bucket(name);
+            return Err(RgwError::NoSuchBucket(name.to_string()));
+        };
+        let b: BucketRecord = decode(&obj, &raw)?;
+        self.remember_bucket(&b);
+        Ok(b)
+    }
+
+    /// A bucket's record, as read at most `bucket_cache_ttl` ago (S3 requests use this: it
+    /// saves a round trip per request). Index updates still check that the bucket's shards
+    /// exist, so a deleted bucket is never written to.
+    pub async fn bucket_cached(&self, name: &str) -> Result<BucketRecord> {
+        let ttl = self.inner.cfg.bucket_cache_ttl;
+        if !ttl.is_zero() {
+            let cache = self.inner.buckets.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((b, at)) = cache.get(name)
+                && at.elapsed() < ttl
+            {
+                return Ok(b.clone());
+            }
+        }
+        self.bucket(name).await
+    }
+
+    pub(crate) fn remember_bucket(&self, b: &BucketRecord) {
+        if self.inner.cfg.bucket_cache_ttl.is_zero() {
+            return;
+        }
+        let mut cache = self.inner.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() > 10_000 {
+            cache.clear();
+        }
+        cache.insert(b.name.clone(), (b.clone(), std::time::Instant::now()));
+    }
+
+    pub(crate) fn forget_bucket(&self, name: &str) {
+        let mut cache = self.inner.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        cache.remove(name);
     }
 
     /// A user's buckets and their creation times (ns), in name order.
@@ -323,6 +377,7 @@ impl Rgw {
 
     /// Forgets a bucket's record (its index and data must be gone already).
     pub(crate) async fn remove_bucket_record(&self, b: &BucketRecord) -> Result<()> {
+        self.forget_bucket(&b.name);
         let meta = &self.inner.meta;
         // only this incarnation: a bucket re-created meanwhile keeps its record
         if let Some((current, version)) =

@@ -7,6 +7,8 @@ use std::time::Duration;
 use kelp_client::{ClientError, IoCtx, PoolSpec, Rados};
 
 use crate::error::Result;
+use crate::layout::BucketRecord;
+use std::time::Instant;
 
 /// Gateway settings. Every field has a `kelp rgw` flag (see `--help`) of the same name.
 #[derive(Debug, Clone)]
@@ -36,6 +38,10 @@ pub struct RgwConfig {
     /// The length of a lifecycle "day" (shorter only for tests, like Ceph's
     /// `rgw_lc_debug_interval`).
     pub lc_day: Duration,
+    /// How long S3 requests may use a bucket record read before (0: read it every time).
+    /// Changes made through this gateway apply at once; those made through another gateway
+    /// (versioning, lifecycle, tags, deletion) within this time.
+    pub bucket_cache_ttl: Duration,
 }
 
 impl Default for RgwConfig {
@@ -52,6 +58,7 @@ impl Default for RgwConfig {
             reshard_max_objects_per_shard: 100_000,
             lc_interval: Duration::from_secs(3600),
             lc_day: Duration::from_secs(86_400),
+            bucket_cache_ttl: Duration::from_secs(2),
         }
     }
 }
@@ -68,6 +75,8 @@ pub(crate) struct Inner {
     pub index: IoCtx,
     pub data: IoCtx,
     pub cfg: RgwConfig,
+    /// Bucket records recently read, by name, with when they were read.
+    pub buckets: std::sync::Mutex<std::collections::HashMap<String, (BucketRecord, Instant)>>,
 }
 
 impl Rgw {
@@ -83,6 +92,7 @@ impl Rgw {
                 index,
                 data,
                 cfg,
+                buckets: Default::default(),
             }),
         })
     }

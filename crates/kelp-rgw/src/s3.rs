@@ -144,7 +144,7 @@ impl KelpS3 {
     /// The bucket, if the caller owns it.
     async fn owned(&self, creds: &Option<Credentials>, bucket: &str) -> S3Result<BucketRecord> {
         let uid = self.caller(creds).await?;
-        let b = self.rgw.bucket(bucket).await.map_err(s3_err)?;
+        let b = self.rgw.bucket_cached(bucket).await.map_err(s3_err)?;
         if b.owner != uid {
             return Err(s3_error!(
                 AccessDenied,
