@@ -79,6 +79,14 @@ fn xml_escape(s: &str) -> String {
         .replace('\'', "&apos;")
 }
 
+fn xml_unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
+}
+
 /// An S3 error document.
 fn error_response(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     let xml = format!(
@@ -275,8 +283,7 @@ async fn post_answer(resp: Response<Body>, form: &FormFields) -> Response<Body> 
         }
         return Response::from_parts(parts, body);
     }
-    let rewrite =
-        (status == StatusCode::CREATED && key != raw_key) || status == StatusCode::BAD_REQUEST;
+    let rewrite = status == StatusCode::CREATED || status == StatusCode::BAD_REQUEST;
     if !rewrite {
         return resp;
     }
@@ -293,12 +300,23 @@ async fn post_answer(resp: Response<Body>, form: &FormFields) -> Response<Body> 
             return error_response(
                 StatusCode::FORBIDDEN,
                 "AccessDenied",
-                &format!("Invalid according to Policy: {msg}"),
+                &format!("Invalid according to Policy: {}", xml_unescape(msg)),
             );
         }
         return Response::from_parts(parts, Body::from(bytes));
     }
-    let fixed = Bytes::from(text.replace(&xml_escape(&raw_key), &xml_escape(&key)));
+    // the stored key, and the ETag quoted as S3 writes it
+    let mut fixed = text.replace(&xml_escape(&raw_key), &xml_escape(&key));
+    if let Some(etag) = xml_element(&fixed, "ETag")
+        && !etag.starts_with('"')
+        && !etag.starts_with("&quot;")
+    {
+        fixed = fixed.replace(
+            &format!("<ETag>{etag}</ETag>"),
+            &format!("<ETag>&quot;{etag}&quot;</ETag>"),
+        );
+    }
+    let fixed = Bytes::from(fixed);
     parts.headers.remove(hyper::header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(fixed))
 }
@@ -321,6 +339,8 @@ mod tests {
             form_urlencode("up/${filename} x"),
             "up%2F%24%7Bfilename%7D+x"
         );
+        let s = "a<b>&'\"c";
+        assert_eq!(xml_unescape(&xml_escape(s)), s);
         assert_eq!(
             xml_element(
                 "<Error><Code>X</Code><Message>m</Message></Error>",

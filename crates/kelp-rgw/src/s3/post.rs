@@ -93,9 +93,13 @@ impl KelpS3 {
             .await?;
         // (s3s writes the answer, 201 / 303 with the key as the form gave it; the front end in
         // server.rs puts in the key that `${filename}` became)
-        Ok(S3Response::new(PostObjectOutput {
+        let mut resp = S3Response::new(PostObjectOutput {
             e_tag: Some(super::etag(&entry.etag)),
             ..Default::default()
-        }))
+        });
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&format!("\"{}\"", entry.etag)) {
+            resp.headers.insert(hyper::header::ETAG, v);
+        }
+        Ok(resp)
     }
 }

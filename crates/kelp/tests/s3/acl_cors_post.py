@@ -28,6 +28,12 @@ s3 = boto3.client("s3", endpoint_url=EP, region_name="us-east-1", config=cfg)
 bob = boto3.client("s3", endpoint_url=EP, region_name="us-east-1", config=cfg,
                    aws_access_key_id=os.environ["OTHER_ACCESS_KEY_ID"],
                    aws_secret_access_key=os.environ["OTHER_SECRET_ACCESS_KEY"])
+# browser forms signed with SigV4 (boto3 signs them with SigV2 unless told)
+v4 = Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 1})
+s3_v4 = boto3.client("s3", endpoint_url=EP, region_name="us-east-1", config=v4)
+bob_v4 = boto3.client("s3", endpoint_url=EP, region_name="us-east-1", config=v4,
+                      aws_access_key_id=os.environ["OTHER_ACCESS_KEY_ID"],
+                      aws_secret_access_key=os.environ["OTHER_SECRET_ACCESS_KEY"])
 anon = boto3.client("s3", endpoint_url=EP, region_name="us-east-1",
                     config=Config(signature_version=botocore.UNSIGNED, s3={"addressing_style": "path"},
                                   retries={"max_attempts": 1}))
@@ -238,7 +244,7 @@ assert status == 403, status
 
 step("browser POST uploads")
 data = os.urandom(300_000)
-post = s3.generate_presigned_post(
+post = s3_v4.generate_presigned_post(
     Bucket="acl-private", Key="uploads/${filename}",
     Fields={"acl": "public-read", "Content-Type": "image/png", "x-amz-meta-owner": "alice",
             "success_action_status": "201"},
@@ -251,18 +257,27 @@ doc = ET.fromstring(body)
 ns = {"s3": doc.tag.split("}")[0].strip("{")} if doc.tag.startswith("{") else {}
 key_el = doc.find("s3:Key", ns) if ns else doc.find("Key")
 assert key_el is not None and key_el.text == "uploads/photo.png", body
+etag_el = doc.find("s3:ETag", ns) if ns else doc.find("ETag")
+assert etag_el.text == '"%s"' % hashlib.md5(data).hexdigest() == hs["etag"], (body, hs)
 g = s3.get_object(Bucket="acl-private", Key="uploads/photo.png")
 assert g["Body"].read() == data, "the POSTed object does not read back byte for byte"
 assert g["ContentType"] == "image/png" and g["Metadata"] == {"owner": "alice"}, g
 assert g["ETag"] == '"%s"' % hashlib.md5(data).hexdigest()
 assert anon.get_object(Bucket="acl-private", Key="uploads/photo.png")["Body"].read() == data  # acl field applied
 # default answer 204; a redirect is 303 to the given URL with bucket, key and ETag
-plain = s3.generate_presigned_post(Bucket="acl-private", Key="posted/plain.bin", ExpiresIn=300)
+plain = s3_v4.generate_presigned_post(Bucket="acl-private", Key="posted/plain.bin", ExpiresIn=300)
+assert plain["fields"]["x-amz-algorithm"] == "AWS4-HMAC-SHA256", plain
 status, _, _ = post_form(plain["url"], plain["fields"], "plain.bin", b"plain bytes")
 assert status == 204, status
+# boto3's default, SigV2-signed forms work too
+v2 = s3.generate_presigned_post(Bucket="acl-private", Key="posted/v2.bin")
+assert "signature" in v2["fields"], v2
+status, _, body = post_form(v2["url"], v2["fields"], "v2.bin", b"v2 form")
+assert status == 204, (status, body)
+assert s3.get_object(Bucket="acl-private", Key="posted/v2.bin")["Body"].read() == b"v2 form"
 assert s3.get_object(Bucket="acl-private", Key="posted/plain.bin")["Body"].read() == b"plain bytes"
 expect_error("AccessDenied", anon.get_object, Bucket="acl-private", Key="posted/plain.bin")
-redir = s3.generate_presigned_post(Bucket="acl-private", Key="posted/${filename}",
+redir = s3_v4.generate_presigned_post(Bucket="acl-private", Key="posted/${filename}",
                                    Fields={"success_action_redirect": "http://app.example.com/done"},
                                    Conditions=[{"success_action_redirect": "http://app.example.com/done"}])
 status, hs, _ = post_form(redir["url"], redir["fields"], "r.txt", b"r")
@@ -271,14 +286,15 @@ loc = urllib.parse.urlsplit(hs["location"])
 q = urllib.parse.parse_qs(loc.query)
 assert loc.netloc == "app.example.com" and q["key"] == ["posted/r.txt"] and q["bucket"] == ["acl-private"], hs
 # policy violations, refused with AWS's codes
-small = s3.generate_presigned_post(Bucket="acl-private", Key="posted/small.bin",
+small = s3_v4.generate_presigned_post(Bucket="acl-private", Key="posted/small.bin",
                                    Conditions=[["content-length-range", 1, 1000]])
 status, _, body = post_form(small["url"], small["fields"], "big.bin", b"x" * 5000)
 assert status == 400 and error_code(body) == "EntityTooLarge", (status, body)
 wrong_key = dict(small["fields"], key="elsewhere/small.bin")
 status, _, body = post_form(small["url"], wrong_key, "s.bin", b"x")
 assert status == 403 and error_code(body) == "AccessDenied", (status, body)
-prefix = s3.generate_presigned_post(Bucket="acl-private", Key="uploads/${filename}")
+assert ET.fromstring(body).findtext("Message").startswith("Invalid according to Policy: Policy condition 'eq'"), body
+prefix = s3_v4.generate_presigned_post(Bucket="acl-private", Key="uploads/${filename}")
 status, _, body = post_form(prefix["url"], dict(prefix["fields"], key="other/${filename}"), "s.bin", b"x")
 assert status == 403 and error_code(body) == "AccessDenied", (status, body)
 extra = dict(small["fields"], **{"x-amz-meta-sneaky": "1"})
@@ -288,7 +304,7 @@ bad_sig = dict(small["fields"], **{"x-amz-signature": "0" * 64})
 status, _, body = post_form(small["url"], bad_sig, "s.bin", b"x")
 assert status == 403 and error_code(body) == "SignatureDoesNotMatch", (status, body)
 # another user's signed form cannot write into a private bucket; anyone may into a public-write one
-theirs = bob.generate_presigned_post(Bucket="acl-private", Key="posted/bob.bin")
+theirs = bob_v4.generate_presigned_post(Bucket="acl-private", Key="posted/bob.bin")
 status, _, body = post_form(theirs["url"], theirs["fields"], "b.bin", b"b")
 assert status == 403 and error_code(body) == "AccessDenied", (status, body)
 s3.put_bucket_acl(Bucket="acl-open", ACL="public-read-write")
@@ -297,7 +313,7 @@ assert status == 204, (status, body)
 assert s3.get_object(Bucket="acl-open", Key="anon/hello.txt")["Body"].read() == b"anonymous form"
 status, _, body = post_form(f"{EP}/acl-private", {"key": "anon.txt"}, "a.txt", b"a")
 assert status == 403 and error_code(body) == "AccessDenied", (status, body)
-expired = s3.generate_presigned_post(Bucket="acl-private", Key="posted/late.bin", ExpiresIn=1)
+expired = s3_v4.generate_presigned_post(Bucket="acl-private", Key="posted/late.bin", ExpiresIn=1)
 time.sleep(2.2)
 status, _, body = post_form(expired["url"], expired["fields"], "late.bin", b"late")
 assert status == 403 and error_code(body) == "AccessDenied", (status, body)
