@@ -1,8 +1,9 @@
 //! Who may do what through S3: the canned ACLs of buckets and objects (see [`crate::acl`]),
 //! enforced here, and the ACL operations (Get/PutBucketAcl, Get/PutObjectAcl).
 //!
-//! Anonymous requests reach only the operations an ACL can open ([`ANONYMOUS_OPS`]); `s3s`
-//! refuses the rest before parsing them ([`KelpAccess`]). Requests by other users of the
+//! Anonymous requests reach only the operations an ACL can open ([`ANONYMOUS_OPS`]), and
+//! only on buckets whose ACL opens them; [`KelpAccess`] refuses the rest before `s3s` reads
+//! their body. Requests by other users of the
 //! cluster reach every operation and are refused in the handler unless the owner granted them
 //! what they ask: owner-only operations (bucket deletion, configuration, tagging, ACLs) go
 //! through `KelpS3::owned`, the rest through [`KelpS3::bucket_for`] and [`KelpS3::may_read`].
@@ -18,39 +19,61 @@ use crate::acl::{
     Permission as AclPermission, Requester,
 };
 use crate::layout::{BucketRecord, IndexEntry};
+use crate::rgw::Rgw;
 
-/// Operations an anonymous request may reach; each checks the ACLs itself.
-pub const ANONYMOUS_OPS: &[&str] = &[
-    "HeadBucket",
-    "ListObjects",
-    "ListObjectsV2",
-    "ListMultipartUploads",
-    "GetObject",
-    "HeadObject",
-    "PutObject",
-    "PostObject",
-    "CopyObject",
-    "DeleteObject",
-    "DeleteObjects",
-    "CreateMultipartUpload",
-    "UploadPart",
-    "UploadPartCopy",
-    "ListParts",
-    "CompleteMultipartUpload",
-    "AbortMultipartUpload",
+/// Operations an anonymous request may reach, and what the bucket's ACL must grant everyone
+/// for them (`None`: the object's own ACL decides). Each handler checks the ACLs again.
+pub const ANONYMOUS_OPS: &[(&str, Option<Access>)] = &[
+    ("HeadBucket", Some(Access::Read)),
+    ("ListObjects", Some(Access::Read)),
+    ("ListObjectsV2", Some(Access::Read)),
+    ("ListMultipartUploads", Some(Access::Read)),
+    ("GetObject", None),
+    ("HeadObject", None),
+    ("PutObject", Some(Access::Write)),
+    ("PostObject", Some(Access::Write)),
+    ("CopyObject", Some(Access::Write)),
+    ("DeleteObject", Some(Access::Write)),
+    ("DeleteObjects", Some(Access::Write)),
+    ("CreateMultipartUpload", Some(Access::Write)),
+    ("UploadPart", Some(Access::Write)),
+    ("UploadPartCopy", Some(Access::Write)),
+    ("ListParts", Some(Access::Write)),
+    ("CompleteMultipartUpload", Some(Access::Write)),
+    ("AbortMultipartUpload", Some(Access::Write)),
 ];
 
-/// The `s3s` access hook: signed requests go on to their handler; anonymous ones only to
-/// the operations an ACL can open to everyone.
-pub struct KelpAccess;
+/// The `s3s` access hook, run before a request's body is read: signed requests go on to
+/// their handler; anonymous ones only to the operations an ACL can open to everyone, and
+/// (but for object reads) only when the bucket's ACL does, so that nobody can make the
+/// gateway read a body for a request that will be refused.
+pub struct KelpAccess {
+    rgw: Rgw,
+}
+
+impl KelpAccess {
+    pub fn new(rgw: Rgw) -> KelpAccess {
+        KelpAccess { rgw }
+    }
+}
 
 #[async_trait::async_trait]
 impl S3Access for KelpAccess {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        if cx.credentials().is_some() || ANONYMOUS_OPS.contains(&cx.s3_op().name()) {
-            Ok(())
-        } else {
-            Err(s3_error!(AccessDenied, "anonymous access is not allowed"))
+        if cx.credentials().is_some() {
+            return Ok(());
+        }
+        let op = cx.s3_op().name();
+        let Some((_, need)) = ANONYMOUS_OPS.iter().find(|(name, _)| *name == op) else {
+            return Err(s3_error!(AccessDenied, "anonymous access is not allowed"));
+        };
+        let (Some(need), Some(bucket)) = (need, cx.s3_path().get_bucket_name()) else {
+            return Ok(());
+        };
+        match self.rgw.bucket(bucket).await {
+            Ok(b) if !b.acl.allows(&b.owner, &Requester::Anonymous, *need) => Err(denied()),
+            // allowed, or an error the handler reports (NoSuchBucket…)
+            _ => Ok(()),
         }
     }
 }
@@ -354,4 +377,75 @@ fn policy_to_canned(owner_uid: &str, p: AccessControlPolicy) -> S3Result<CannedA
         grants.push((who, perm));
     }
     CannedAcl::from_grants(&grants).ok_or_else(unsupported)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(type_: &str, id: Option<&str>, uri: Option<&str>, perm: &str) -> Grant {
+        Grant {
+            grantee: Some(Grantee {
+                display_name: None,
+                email_address: None,
+                id: id.map(str::to_string),
+                type_: Type::from(type_.to_string()),
+                uri: uri.map(str::to_string),
+            }),
+            permission: Some(Permission::from(perm.to_string())),
+        }
+    }
+
+    fn policy(grants: Vec<Grant>) -> AccessControlPolicy {
+        AccessControlPolicy {
+            grants: Some(grants),
+            owner: Some(Owner {
+                id: Some("alice".into()),
+                display_name: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn policies_equal_to_canned_acls() {
+        let owner = grant("CanonicalUser", Some("alice"), None, "FULL_CONTROL");
+        let read = grant("Group", None, Some(ALL_USERS_URI), "READ");
+        let write = grant("Group", None, Some(ALL_USERS_URI), "WRITE");
+        let authn = grant("Group", None, Some(AUTHENTICATED_USERS_URI), "READ");
+        let ok = |g: Vec<Grant>| policy_to_canned("alice", policy(g)).ok();
+        assert_eq!(ok(vec![owner.clone()]), Some(CannedAcl::Private));
+        assert_eq!(
+            ok(vec![owner.clone(), read.clone()]),
+            Some(CannedAcl::PublicRead)
+        );
+        assert_eq!(
+            ok(vec![write.clone(), owner.clone(), read.clone()]),
+            Some(CannedAcl::PublicReadWrite)
+        );
+        assert_eq!(
+            ok(vec![owner.clone(), authn]),
+            Some(CannedAcl::AuthenticatedRead)
+        );
+        // write without read, another user, READ_ACP, no owner grant: not canned
+        let not = |g: Vec<Grant>| {
+            *policy_to_canned("alice", policy(g)).unwrap_err().code() == S3ErrorCode::NotImplemented
+        };
+        assert!(not(vec![owner.clone(), write]));
+        assert!(not(vec![
+            owner.clone(),
+            grant("CanonicalUser", Some("bob"), None, "READ")
+        ]));
+        assert!(not(vec![
+            owner.clone(),
+            grant("Group", None, Some(ALL_USERS_URI), "READ_ACP")
+        ]));
+        assert!(not(vec![read]));
+        // a policy naming another owner
+        assert_eq!(
+            *policy_to_canned("bob", policy(vec![owner]))
+                .unwrap_err()
+                .code(),
+            S3ErrorCode::AccessDenied
+        );
+    }
 }
