@@ -27,6 +27,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::acl::CannedAcl;
+use crate::cors::CorsRule;
+
 /// Bytes per RADOS object of a stored body.
 pub const STRIPE: u64 = 4 << 20;
 /// xattr of a head object holding its [`ObjectMeta`].
@@ -192,6 +195,12 @@ pub struct BucketRecord {
     /// Bucket tags (PutBucketTagging).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// Canned ACL (x-amz-acl on CreateBucket, PutBucketAcl).
+    #[serde(default, skip_serializing_if = "CannedAcl::is_private")]
+    pub acl: CannedAcl,
+    /// CORS rules (PutBucketCors); empty: no CORS configuration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cors: Vec<CorsRule>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -298,6 +307,9 @@ pub struct ObjectMeta {
     /// Multipart objects: the parts in order (the head holds no data then).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<PartRef>,
+    /// Canned ACL (x-amz-acl, PutObjectAcl).
+    #[serde(default, skip_serializing_if = "CannedAcl::is_private")]
+    pub acl: CannedAcl,
 }
 
 /// A multipart upload in progress.

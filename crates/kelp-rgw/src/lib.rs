@@ -4,8 +4,12 @@
 //! object data all live in RADOS pools (see [`layout`]), so any number of gateways can serve
 //! the same buckets and any of them can answer any request.
 
+pub mod acl;
+pub mod cors;
 pub mod data;
 pub mod error;
+pub mod form;
+pub mod front;
 pub mod gc;
 pub mod index;
 pub mod layout;

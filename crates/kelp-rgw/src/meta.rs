@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use kelp_client::{ClientError, ReadOp, ReadResult, WriteOp};
 
+use crate::acl::CannedAcl;
 use crate::error::{Result, RgwError, found};
 use crate::layout::{
     AccessKey, BUCKETS_OBJ, BucketRecord, USERS_OBJ, UserRecord, bucket_obj, check_bucket_name,
@@ -203,13 +204,15 @@ impl Rgw {
         Ok((uid, key.secret_key.clone()))
     }
 
-    /// Creates a bucket owned by `owner` with `shards` index shards (default: the config's).
+    /// Creates a bucket owned by `owner` with `shards` index shards (default: the config's) and
+    /// the canned ACL `acl`.
     pub async fn create_bucket(
         &self,
         owner: &str,
         name: &str,
         shards: Option<u32>,
         location: &str,
+        acl: CannedAcl,
     ) -> Result<BucketRecord> {
         check_bucket_name(name).map_err(|why| RgwError::InvalidBucketName {
             name: name.to_string(),
@@ -234,6 +237,8 @@ impl Rgw {
             versioning: None,
             lifecycle: Vec::new(),
             tags: BTreeMap::new(),
+            acl,
+            cors: Vec::new(),
         };
         let meta = &self.inner.meta;
         match meta

@@ -14,6 +14,15 @@ use s3s::auth::{Credentials, S3Auth, SecretKey};
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
+mod access;
+mod cors_ops;
+mod post;
+
+pub use access::{ANONYMOUS_OPS, KelpAccess};
+pub use post::MAX_POST_SIZE;
+
+use self::access::{bucket_acl, no_grants, object_acl};
+use crate::acl::Access;
 use crate::data::InstanceWriter;
 use crate::error::RgwError;
 use crate::index::WriteCondition;
@@ -332,9 +341,10 @@ impl KelpS3 {
                 ));
             }
         };
-        let b = self.owned(creds, bucket).await?;
+        let (b, who) = self.requester_bucket(creds, bucket).await?;
         let version = version.as_deref().map(str::to_string);
-        let e = self.current(&b, key, &version).await?;
+        let e = self.current(&b, key, &version).await;
+        let e = self.may_read(&b, &who, e).await?;
         Ok((b, key.to_string(), e))
     }
 
@@ -883,16 +893,6 @@ fn tag_count(m: &ObjectMeta) -> Option<i32> {
     (!m.tags.is_empty()).then_some(m.tags.len() as i32)
 }
 
-fn refuse_acl(acl: Option<&str>) -> S3Result<()> {
-    match acl {
-        None | Some("private") => Ok(()),
-        Some(a) => Err(s3_error!(
-            NotImplemented,
-            "canned ACL '{a}' is not supported yet"
-        )),
-    }
-}
-
 fn max_keys(v: Option<i32>) -> S3Result<usize> {
     match v {
         None => Ok(1000),
@@ -970,7 +970,14 @@ impl S3 for KelpS3 {
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let uid = self.caller(&req.credentials).await?;
         let input = req.input;
-        refuse_acl(input.acl.as_ref().map(|a| a.as_str()))?;
+        let acl = bucket_acl(input.acl.as_ref())?;
+        no_grants(&[
+            &input.grant_full_control,
+            &input.grant_read,
+            &input.grant_read_acp,
+            &input.grant_write,
+            &input.grant_write_acp,
+        ])?;
         if input.object_lock_enabled_for_bucket == Some(true) {
             return Err(s3_error!(NotImplemented, "object lock is not supported"));
         }
@@ -981,7 +988,7 @@ impl S3 for KelpS3 {
             .unwrap_or_default();
         let b = self
             .rgw
-            .create_bucket(&uid, &input.bucket, None, &location)
+            .create_bucket(&uid, &input.bucket, None, &location, acl)
             .await
             .map_err(s3_err)?;
         Ok(S3Response::new(CreateBucketOutput {
@@ -993,7 +1000,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Read)
+            .await?;
         Ok(S3Response::new(HeadBucketOutput {
             bucket_region: Some(if b.location.is_empty() {
                 "us-east-1".into()
@@ -1075,10 +1084,18 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         check_key(&input.key)?;
-        refuse_acl(input.acl.as_ref().map(|a| a.as_str()))?;
+        let acl = object_acl(input.acl.as_ref().map(|a| a.as_str()))?;
+        no_grants(&[
+            &input.grant_full_control,
+            &input.grant_read,
+            &input.grant_read_acp,
+            &input.grant_write_acp,
+        ])?;
         let cond = WriteCondition {
             if_absent: input.if_none_match.as_ref().is_some_and(|c| c.is_any()),
             if_etag: input.if_match.as_ref().map(|c| match c {
@@ -1107,6 +1124,7 @@ impl S3 for KelpS3 {
         )?;
         let meta = ObjectMeta {
             tags: tags_from_header(input.tagging.as_deref())?,
+            acl,
             ..meta
         };
         let (entry, version_id) = self
@@ -1137,9 +1155,12 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let (b, who) = self
+            .requester_bucket(&req.credentials, &req.input.bucket)
+            .await?;
         let input = req.input;
-        let e = self.current(&b, &input.key, &input.version_id).await?;
+        let e = self.current(&b, &input.key, &input.version_id).await;
+        let e = self.may_read(&b, &who, e).await?;
         check_read_conditions(
             &e,
             &input.if_match,
@@ -1254,9 +1275,12 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let (b, who) = self
+            .requester_bucket(&req.credentials, &req.input.bucket)
+            .await?;
         let input = req.input;
-        let e = self.current(&b, &input.key, &input.version_id).await?;
+        let e = self.current(&b, &input.key, &input.version_id).await;
+        let e = self.may_read(&b, &who, e).await?;
         check_read_conditions(
             &e,
             &input.if_match,
@@ -1315,7 +1339,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         let if_match = input.if_match.as_ref().map(|c| match c {
             ETagCondition::Any => "*".to_string(),
@@ -1342,7 +1368,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let del = req.input.delete;
         if del.objects.len() > 1000 {
             return Err(s3_error!(MalformedXML, "at most 1000 keys per request"));
@@ -1392,10 +1420,18 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
-        let dst = self.owned(&req.credentials, &req.input.bucket).await?;
+        let dst = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         check_key(&input.key)?;
-        refuse_acl(input.acl.as_ref().map(|a| a.as_str()))?;
+        let acl = object_acl(input.acl.as_ref().map(|a| a.as_str()))?;
+        no_grants(&[
+            &input.grant_full_control,
+            &input.grant_read,
+            &input.grant_read_acp,
+            &input.grant_write_acp,
+        ])?;
         let (src_b, src_key, src) = self
             .copy_source(&req.credentials, &input.copy_source)
             .await?;
@@ -1433,6 +1469,8 @@ impl S3 for KelpS3 {
                 ..src_meta.clone()
             }
         };
+        // an object copy gets the ACL the request names, never the source's (as S3)
+        meta.acl = acl;
         meta.tags = if input
             .tagging_directive
             .as_ref()
@@ -1471,7 +1509,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Read)
+            .await?;
         let input = req.input;
         let enc = Enc::new(&input.encoding_type);
         let max = max_keys(input.max_keys)?;
@@ -1531,7 +1571,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Read)
+            .await?;
         let input = req.input;
         let enc = Enc::new(&input.encoding_type);
         let max = max_keys(input.max_keys)?;
@@ -1600,7 +1642,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<ListObjectVersionsInput>,
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Read)
+            .await?;
         let input = req.input;
         let enc = Enc::new(&input.encoding_type);
         let max = max_keys(input.max_keys)?;
@@ -1690,10 +1734,18 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         check_key(&input.key)?;
-        refuse_acl(input.acl.as_ref().map(|a| a.as_str()))?;
+        let acl = object_acl(input.acl.as_ref().map(|a| a.as_str()))?;
+        no_grants(&[
+            &input.grant_full_control,
+            &input.grant_read,
+            &input.grant_read_acp,
+            &input.grant_write_acp,
+        ])?;
         let meta = meta_from_headers(
             input.content_type,
             input.content_encoding,
@@ -1705,6 +1757,7 @@ impl S3 for KelpS3 {
         )?;
         let meta = ObjectMeta {
             tags: tags_from_header(input.tagging.as_deref())?,
+            acl,
             ..meta
         };
         let id = self
@@ -1724,7 +1777,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         if !(1..=10_000).contains(&input.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to 10000"));
@@ -1770,7 +1825,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         if !(1..=10_000).contains(&input.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to 10000"));
@@ -1821,7 +1878,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<ListPartsInput>,
     ) -> S3Result<S3Response<ListPartsOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         self.rgw
             .upload(&b, &input.key, &input.upload_id)
@@ -1873,7 +1932,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Read)
+            .await?;
         let input = req.input;
         if input.delimiter.as_deref().is_some_and(|d| !d.is_empty()) {
             return Err(s3_error!(
@@ -1943,7 +2004,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         let upload = self
             .rgw
@@ -2213,7 +2276,9 @@ impl S3 for KelpS3 {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        let b = self.owned(&req.credentials, &req.input.bucket).await?;
+        let b = self
+            .bucket_for(&req.credentials, &req.input.bucket, Access::Write)
+            .await?;
         let input = req.input;
         self.rgw
             .abort_upload(&b, &input.key, &input.upload_id)
@@ -2222,5 +2287,61 @@ impl S3 for KelpS3 {
         let mut resp = S3Response::new(AbortMultipartUploadOutput::default());
         resp.status = Some(hyper::StatusCode::NO_CONTENT);
         Ok(resp)
+    }
+
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        self.do_put_bucket_acl(req).await
+    }
+
+    async fn get_bucket_acl(
+        &self,
+        req: S3Request<GetBucketAclInput>,
+    ) -> S3Result<S3Response<GetBucketAclOutput>> {
+        self.do_get_bucket_acl(req).await
+    }
+
+    async fn put_object_acl(
+        &self,
+        req: S3Request<PutObjectAclInput>,
+    ) -> S3Result<S3Response<PutObjectAclOutput>> {
+        self.do_put_object_acl(req).await
+    }
+
+    async fn get_object_acl(
+        &self,
+        req: S3Request<GetObjectAclInput>,
+    ) -> S3Result<S3Response<GetObjectAclOutput>> {
+        self.do_get_object_acl(req).await
+    }
+
+    async fn put_bucket_cors(
+        &self,
+        req: S3Request<PutBucketCorsInput>,
+    ) -> S3Result<S3Response<PutBucketCorsOutput>> {
+        self.do_put_bucket_cors(req).await
+    }
+
+    async fn get_bucket_cors(
+        &self,
+        req: S3Request<GetBucketCorsInput>,
+    ) -> S3Result<S3Response<GetBucketCorsOutput>> {
+        self.do_get_bucket_cors(req).await
+    }
+
+    async fn delete_bucket_cors(
+        &self,
+        req: S3Request<DeleteBucketCorsInput>,
+    ) -> S3Result<S3Response<DeleteBucketCorsOutput>> {
+        self.do_delete_bucket_cors(req).await
+    }
+
+    async fn post_object(
+        &self,
+        req: S3Request<PostObjectInput>,
+    ) -> S3Result<S3Response<PostObjectOutput>> {
+        self.do_post_object(req).await
     }
 }

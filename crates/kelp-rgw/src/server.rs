@@ -1,4 +1,5 @@
-//! The HTTP server: accepts connections and hands each request to the `s3s` service.
+//! The HTTP server: accepts connections and hands each request to the front end
+//! ([`Front`]: CORS and browser-form handling) in front of the `s3s` service.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,8 +11,9 @@ use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+use crate::front::Front;
 use crate::rgw::Rgw;
-use crate::s3::{KelpAuth, KelpS3};
+use crate::s3::{KelpAccess, KelpAuth, KelpS3, MAX_POST_SIZE};
 
 /// Serves S3 on `listener` until `shutdown` resolves, then lets requests in progress finish
 /// (up to 30 s). The garbage collector runs alongside.
@@ -20,7 +22,14 @@ pub async fn serve(rgw: Rgw, listener: TcpListener, shutdown: impl Future<Output
     let service = {
         let mut b = S3ServiceBuilder::new(KelpS3::new(rgw.clone(), auth.clone()));
         b.set_auth(auth);
-        b.build()
+        b.set_access(KelpAccess::new(rgw.clone()));
+        let mut config = s3s::config::S3Config::default();
+        config.post_object_max_file_size = MAX_POST_SIZE;
+        config.form_max_fields_size = crate::form::MAX_FIELDS_BYTES;
+        b.set_config(std::sync::Arc::new(s3s::config::StaticConfigProvider::new(
+            std::sync::Arc::new(config),
+        )));
+        Front::new(b.build(), rgw.clone())
     };
     let gc = tokio::spawn(rgw.clone().run_gc());
     let http = ConnBuilder::new(TokioExecutor::new());

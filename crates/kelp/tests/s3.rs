@@ -1,8 +1,9 @@
 //! The S3 gateway on a real cluster: `kelp up --detach` (which starts `kelp rgw` and writes
 //! DIR/s3.env), a second gateway on the same cluster, then real clients: the boto3 suite in
 //! tests/s3/boto3_suite.py (every operation and error code the gateway implements, across both
-//! gateways), the `aws` CLI syncing a directory tree up and down byte for byte, `kelp s3 bench`,
-//! and the `kelp s3` admin commands. Needs python3 with boto3 and awscli (`.ci/run` installs
+//! gateways), tests/s3/acl_cors_post.py (canned ACLs as anonymous clients and another user see
+//! them, CORS preflights, browser POST uploads and their policy errors), the `aws` CLI syncing a
+//! directory tree up and down byte for byte, `kelp s3 bench`, and the `kelp s3` admin commands. Needs python3 with boto3 and awscli (`.ci/run` installs
 //! them); bounded to a few minutes.
 
 use std::collections::BTreeMap;
@@ -165,6 +166,29 @@ fn s3_gateway_with_real_clients() {
         .output()
         .unwrap();
     ok(&out, "versioning suite");
+
+    // canned ACLs (anonymous and another user of the cluster), CORS, browser POST uploads
+    let bob: serde_json::Value = serde_json::from_str(&ok(
+        &kelp(&[
+            "s3", "user", "create", "--uid", "bob", "--format", "json", "-c", &conf,
+        ]),
+        "user create bob",
+    ))
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/acl_cors_post.py"))
+        .envs(&env)
+        .env(
+            "OTHER_ACCESS_KEY_ID",
+            bob["keys"][0]["access_key"].as_str().unwrap(),
+        )
+        .env(
+            "OTHER_SECRET_ACCESS_KEY",
+            bob["keys"][0]["secret_key"].as_str().unwrap(),
+        )
+        .output()
+        .unwrap();
+    ok(&out, "ACL / CORS / POST suite");
 
     // a gateway killed (SIGKILL) mid-upload loses nothing it acknowledged
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/kill_load.py");

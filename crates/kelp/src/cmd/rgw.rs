@@ -424,7 +424,9 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
             }) => {
                 let rgw = open(&admin).await?;
                 rgw.user(&uid).await?;
-                let b = rgw.create_bucket(&uid, &bucket, num_shards, "").await?;
+                let b = rgw
+                    .create_bucket(&uid, &bucket, num_shards, "", kelp_rgw::acl::CannedAcl::Private)
+                    .await?;
                 eprintln!("bucket '{}' created ({} index shards)", b.name, b.shards);
             }
             S3Command::Bucket(BucketCommand::Reshard {

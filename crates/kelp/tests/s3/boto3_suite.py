@@ -248,8 +248,8 @@ s3.delete_bucket_tagging(Bucket="alpha")
 expect_error("NoSuchTagSet", s3.get_bucket_tagging, Bucket="alpha")
 
 step("not implemented is said, not faked")
-expect_error("NotImplemented", s3.put_bucket_cors, Bucket="alpha", CORSConfiguration={
-    "CORSRules": [{"AllowedMethods": ["GET"], "AllowedOrigins": ["*"]}]})
+expect_error("NotImplemented", s3.put_bucket_website, Bucket="alpha",
+             WebsiteConfiguration={"IndexDocument": {"Suffix": "index.html"}})
 
 step("bucket delete")
 expect_error("BucketNotEmpty", s3.delete_bucket, Bucket="alpha")

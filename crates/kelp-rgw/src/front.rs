@@ -1,0 +1,352 @@
+//! The HTTP front end in front of the `s3s` service: what S3 does at the HTTP level and `s3s`
+//! does not.
+//!
+//! * **CORS.** `s3s` does not route `OPTIONS`: a browser's preflight is answered here from the
+//!   bucket's CORS rules (200 with the Access-Control-Allow-* headers, 403 `AccessForbidden`
+//!   when no rule matches or the bucket has none). Any other request carrying an `Origin`
+//!   gets the headers of the first matching rule added to its answer (one read of the bucket
+//!   record; requests without `Origin` cost nothing).
+//! * **Browser POST uploads.** The body of a `multipart/form-data` POST to a bucket streams
+//!   through a [`FormSniffer`] (the form's `acl` field and file name, see [`crate::form`]).
+//!   On the way out, a policy condition that failed is reported as S3 does (403
+//!   `AccessDenied`, "Invalid according to Policy", where `s3s` says 400
+//!   `InvalidPolicyDocument`), and a `key` with `${filename}` is shown as stored in the 201
+//!   document and the 303 redirect (`s3s` writes the key as the form gave it).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use s3s::service::S3Service;
+use s3s::{Body, HttpError};
+
+use crate::RgwError;
+use crate::cors;
+use crate::form::{FormFields, FormSniffer, PostForm, form_boundary};
+use crate::rgw::Rgw;
+
+/// The gateway's HTTP service: the `s3s` service plus CORS and form handling.
+#[derive(Clone)]
+pub struct Front {
+    s3: S3Service,
+    rgw: Rgw,
+}
+
+impl Front {
+    pub fn new(s3: S3Service, rgw: Rgw) -> Front {
+        Front { s3, rgw }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for Front {
+    type Response = Response<Body>;
+    type Error = HttpError;
+    type Future = BoxFuture<Result<Response<Body>, HttpError>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.handle(req).await })
+    }
+}
+
+/// The bucket and key of a path-style request (`/bucket/key`).
+fn target(path: &str) -> (Option<String>, bool) {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    let (bucket, key) = path.split_once('/').unwrap_or((path, ""));
+    if bucket.is_empty() {
+        return (None, false);
+    }
+    let bucket = percent_encoding::percent_decode_str(bucket)
+        .decode_utf8_lossy()
+        .into_owned();
+    (Some(bucket), !key.is_empty())
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&apos;")
+}
+
+fn xml_unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
+}
+
+/// An S3 error document.
+fn error_response(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let xml = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{}</Code><Message>{}</Message></Error>",
+        xml_escape(code),
+        xml_escape(message)
+    );
+    let mut resp = Response::new(Body::from(xml));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/xml"),
+    );
+    resp
+}
+
+/// `application/x-www-form-urlencoded` as the `url` crate writes query pairs.
+fn form_urlencode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// The text of an element of a small XML document.
+fn xml_element<'a>(xml: &'a str, name: &str) -> Option<&'a str> {
+    let open = format!("<{name}>");
+    let start = xml.find(&open)? + open.len();
+    let end = xml[start..].find(&format!("</{name}>"))? + start;
+    Some(&xml[start..end])
+}
+
+impl Front {
+    async fn handle(self, req: Request<Incoming>) -> Result<Response<Body>, HttpError> {
+        let (mut parts, body) = req.into_parts();
+        let (bucket, has_key) = target(parts.uri.path());
+        if parts.method == Method::OPTIONS {
+            return Ok(self.preflight(bucket, has_key, &parts.headers).await);
+        }
+        let origin = header(&parts.headers, "origin").map(str::to_string);
+        let method = parts.method.clone();
+        let mut body = Body::from(body);
+        let mut form = None;
+        if method == Method::POST
+            && bucket.is_some()
+            && !has_key
+            && let Some(boundary) = header(&parts.headers, "content-type").and_then(form_boundary)
+        {
+            let pf = PostForm::default();
+            parts.extensions.insert(pf.clone());
+            body = Body::http_body(FormSniffer::new(body, &boundary, pf.clone()));
+            form = Some(pf);
+        }
+        let mut resp = self.s3.call(Request::from_parts(parts, body)).await?;
+        if let Some(pf) = form {
+            resp = post_answer(resp, &pf.snapshot()).await;
+        }
+        if let (Some(origin), Some(bucket)) = (origin, bucket) {
+            self.add_cors(&bucket, &origin, &method, resp.headers_mut())
+                .await;
+        }
+        Ok(resp)
+    }
+
+    /// Answers a CORS preflight (`OPTIONS`) from the bucket's rules.
+    async fn preflight(
+        &self,
+        bucket: Option<String>,
+        has_key: bool,
+        h: &HeaderMap,
+    ) -> Response<Body> {
+        let resource = if has_key { "OBJECT" } else { "BUCKET" };
+        let Some(bucket) = bucket else {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "InvalidRequest",
+                "a CORS preflight names a bucket",
+            );
+        };
+        let Some(origin) = header(h, "origin") else {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "Insufficient information. Origin request header needed.",
+            );
+        };
+        let Some(method) = header(h, "access-control-request-method") else {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "Invalid Access-Control-Request-Method: null",
+            );
+        };
+        let requested =
+            cors::parse_request_headers(header(h, "access-control-request-headers").unwrap_or(""));
+        let b = match self.rgw.bucket_cached(&bucket).await {
+            Ok(b) => b,
+            Err(RgwError::NoSuchBucket(_)) => {
+                return error_response(
+                    StatusCode::NOT_FOUND,
+                    "NoSuchBucket",
+                    "The specified bucket does not exist",
+                );
+            }
+            Err(e) => {
+                return error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    &e.to_string(),
+                );
+            }
+        };
+        if b.cors.is_empty() {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "AccessForbidden",
+                &format!("CORSResponse: CORS is not enabled for this bucket ({resource})."),
+            );
+        }
+        let Some(m) = cors::find(&b.cors, origin, method, &requested) else {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "AccessForbidden",
+                &format!(
+                    "CORSResponse: This CORS request is not allowed. This is usually because \
+                     the evaluation of Origin, request method / Access-Control-Request-Method \
+                     or Access-Control-Request-Headers are not whitelisted by the resource's \
+                     CORS spec ({resource})."
+                ),
+            );
+        };
+        let mut resp = Response::new(Body::empty());
+        let hs = resp.headers_mut();
+        for (name, value) in m.headers() {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                hs.insert(name, v);
+            }
+        }
+        if !requested.is_empty()
+            && let Ok(v) = HeaderValue::from_str(&requested.join(", "))
+        {
+            hs.insert("access-control-allow-headers", v);
+        }
+        hs.insert(
+            hyper::header::VARY,
+            HeaderValue::from_static(
+                "Origin, Access-Control-Request-Headers, Access-Control-Request-Method",
+            ),
+        );
+        resp
+    }
+
+    /// Adds the CORS headers of the rule matching an actual request, if one does.
+    async fn add_cors(&self, bucket: &str, origin: &str, method: &Method, hs: &mut HeaderMap) {
+        let Ok(b) = self.rgw.bucket_cached(bucket).await else {
+            return;
+        };
+        let Some(m) = cors::find(&b.cors, origin, method.as_str(), &[]) else {
+            return;
+        };
+        for (name, value) in m.headers() {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                hs.insert(HeaderName::from_static(name), v);
+            }
+        }
+        hs.append(hyper::header::VARY, HeaderValue::from_static("Origin"));
+    }
+}
+
+/// The answer to a browser POST, as S3 gives it (see the module docs).
+async fn post_answer(resp: Response<Body>, form: &FormFields) -> Response<Body> {
+    let status = resp.status();
+    let raw_key = form.field("key").unwrap_or_default().to_string();
+    let key = form.resolve_key(&raw_key);
+    if status == StatusCode::SEE_OTHER && key != raw_key {
+        let (mut parts, body) = resp.into_parts();
+        if let Some(loc) = parts.headers.get(hyper::header::LOCATION)
+            && let Ok(loc) = loc.to_str()
+        {
+            let fixed = loc.replace(
+                &format!("key={}", form_urlencode(&raw_key)),
+                &format!("key={}", form_urlencode(&key)),
+            );
+            if let Ok(v) = HeaderValue::from_str(&fixed) {
+                parts.headers.insert(hyper::header::LOCATION, v);
+            }
+        }
+        return Response::from_parts(parts, body);
+    }
+    let rewrite = status == StatusCode::CREATED || status == StatusCode::BAD_REQUEST;
+    if !rewrite {
+        return resp;
+    }
+    let (mut parts, mut body) = resp.into_parts();
+    let Ok(bytes) = body.store_all_limited(64 << 10).await else {
+        return Response::from_parts(parts, body);
+    };
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    if status == StatusCode::BAD_REQUEST {
+        if xml_element(&text, "Code") == Some("InvalidPolicyDocument")
+            && let Some(msg) = xml_element(&text, "Message")
+            && msg.starts_with("Policy condition")
+        {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "AccessDenied",
+                &format!("Invalid according to Policy: {}", xml_unescape(msg)),
+            );
+        }
+        return Response::from_parts(parts, Body::from(bytes));
+    }
+    // the stored key, and the ETag quoted as S3 writes it
+    let mut fixed = text.replace(&xml_escape(&raw_key), &xml_escape(&key));
+    if let Some(etag) = xml_element(&fixed, "ETag")
+        && !etag.starts_with('"')
+        && !etag.starts_with("&quot;")
+    {
+        fixed = fixed.replace(
+            &format!("<ETag>{etag}</ETag>"),
+            &format!("<ETag>&quot;{etag}&quot;</ETag>"),
+        );
+    }
+    let fixed = Bytes::from(fixed);
+    parts.headers.remove(hyper::header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(fixed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(target("/"), (None, false));
+        assert_eq!(target("/b"), (Some("b".into()), false));
+        assert_eq!(target("/b/"), (Some("b".into()), false));
+        assert_eq!(target("/b/k/x"), (Some("b".into()), true));
+    }
+
+    #[test]
+    fn encodings() {
+        assert_eq!(
+            form_urlencode("up/${filename} x"),
+            "up%2F%24%7Bfilename%7D+x"
+        );
+        let s = "a<b>&'\"c";
+        assert_eq!(xml_unescape(&xml_escape(s)), s);
+        assert_eq!(
+            xml_element(
+                "<Error><Code>X</Code><Message>m</Message></Error>",
+                "Message"
+            ),
+            Some("m")
+        );
+    }
+}
