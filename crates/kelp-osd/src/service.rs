@@ -643,7 +643,7 @@ impl OsdService {
             return reply_err(
                 ErrorCode::Full,
                 format!(
-                    "cluster full: the write was refused for lack of space ({})",
+                    "a replica has no space for the write ({})",
                     detail.join("; ")
                 ),
                 epoch,

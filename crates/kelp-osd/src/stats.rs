@@ -121,7 +121,7 @@ impl OsdStats {
         }
         if map_full {
             return Some(
-                "cluster full: an OSD is past mon_osd_full_ratio (the map's full flag is set); \
+                "an OSD is at or past mon_osd_full_ratio (the OSD map's full flag is set); \
                  writes resume once space is freed"
                     .to_string(),
             );
@@ -130,7 +130,7 @@ impl OsdStats {
         let used = self.usage_ppm(store)?;
         (used >= ratio).then(|| {
             format!(
-                "cluster full: osd.{osd} is {:.1}% used, at or past the full ratio {:.1}%",
+                "osd.{osd} is {:.1}% used, at or past the full ratio {:.1}%",
                 used as f64 / 10_000.0,
                 ratio as f64 / 10_000.0
             )
