@@ -28,6 +28,9 @@ pub const SPACE_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// The default full ratio until the monitors say otherwise (`mon_osd_full_ratio`), millionths.
 pub const DEFAULT_FULL_RATIO_PPM: u32 = 950_000;
 
+/// A PG's object and byte count, and the `last_update` it was counted at.
+type PgCount = ((u32, u64), u64, u64);
+
 /// Counters and caches behind the reports (one per OSD service).
 #[derive(Debug)]
 pub struct OsdStats {
@@ -38,8 +41,7 @@ pub struct OsdStats {
     full_ratio_ppm: AtomicU32,
     /// (when, used/total in millionths) of the last look at the store's usage.
     space_seen: Mutex<Option<(Instant, u32)>>,
-    /// PG -> (last_update counted at, objects, bytes).
-    counts: Mutex<HashMap<PgId, ((u32, u64), u64, u64)>>,
+    counts: Mutex<HashMap<PgId, PgCount>>,
 }
 
 impl Default for OsdStats {
@@ -367,7 +369,7 @@ mod tests {
         let oid = kelp_store::ObjectId::new(1, "", "x", 0);
         let mut t = kelp_store::Transaction::new();
         t.create_collection(coll).write(coll, &oid, 0, vec![0; 960]);
-        store.submit(t).unwrap();
+        store.submit(t).unwrap().wait().unwrap();
         std::thread::sleep(SPACE_CHECK_EVERY + Duration::from_millis(10));
         let why = s.refuse_full(3, false, &write, &store).expect("refused");
         assert!(why.contains("osd.3") && why.contains("96.0%"), "{why}");
