@@ -349,7 +349,10 @@ impl OsdService {
     ) -> (OsdOpReply, Bytes) {
         let is_write = op.ops.iter().any(|o| o.is_write());
         if is_write {
-            let map = self.map_at_least(op.epoch).await;
+            let mut map = self.map();
+            if map.epoch < op.epoch {
+                map = self.map_at_least(op.epoch).await;
+            }
             let full = map.has_flag(kelp_maps::ClusterFlag::Full);
             if let Some(why) = self
                 .stats

@@ -5,7 +5,8 @@
 //!   rates summed over OSDs count each client op once.
 //! - Per PG this OSD is the acting primary of: its state ([`pg_state_flags`], a pure function
 //!   of what the OSD knows), object and byte counts (recounted from the store only when the
-//!   PG's log has advanced since the last count), degraded and misplaced copies.
+//!   PG's log has advanced since the last count, and for a PG that keeps changing at most
+//!   every [`recount_after`]), degraded and misplaced copies.
 //! - Failsafe: a client write is refused with `Full` when this OSD's own store is at or past
 //!   the full ratio (which the leader sends back with every report), even before the map's
 //!   `full` flag arrives. The store's usage is looked at most every
@@ -28,8 +29,28 @@ pub const SPACE_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// The default full ratio until the monitors say otherwise (`mon_osd_full_ratio`), millionths.
 pub const DEFAULT_FULL_RATIO_PPM: u32 = 950_000;
 
-/// A PG's object and byte count, and the `last_update` it was counted at.
-type PgCount = ((u32, u64), u64, u64);
+/// A PG's object and byte count, the `last_update` and the time it was counted at.
+#[derive(Debug, Clone, Copy)]
+struct PgCount {
+    last_update: (u32, u64),
+    objects: u64,
+    bytes: u64,
+    at: Instant,
+}
+
+impl PgCount {
+    /// Whether the count can be reused: the PG has not changed since, or it was counted less
+    /// than [`recount_after`] ago (big PGs under a write load are not rescanned every report).
+    fn reusable(&self, last_update: (u32, u64)) -> bool {
+        self.last_update == last_update || self.at.elapsed() < recount_after(self.objects)
+    }
+}
+
+/// How long a count of a PG that keeps changing is reused: 2 s plus 1 s per 1000 objects (a
+/// recount lists and stats every object).
+pub fn recount_after(objects: u64) -> Duration {
+    Duration::from_secs(2) + Duration::from_millis(objects)
+}
 
 /// Counters and caches behind the reports (one per OSD service).
 #[derive(Debug)]
@@ -143,13 +164,21 @@ impl OsdStats {
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         counts
             .get(&pg)
-            .filter(|(at, _, _)| *at == last_update)
-            .map(|(_, o, b)| (*o, *b))
+            .filter(|c| c.reusable(last_update))
+            .map(|c| (c.objects, c.bytes))
     }
 
     fn store_count(&self, pg: PgId, last_update: (u32, u64), objects: u64, bytes: u64) {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        counts.insert(pg, (last_update, objects, bytes));
+        counts.insert(
+            pg,
+            PgCount {
+                last_update,
+                objects,
+                bytes,
+                at: Instant::now(),
+            },
+        );
     }
 }
 
