@@ -229,6 +229,18 @@ impl Rados {
         ops: Vec<OpKind>,
         data: Bytes,
     ) -> Result<(OsdOpReply, Bytes), ClientError> {
+        // A full cluster refuses writes at once (Ceph's clients wait; Kelp's fail clearly).
+        // Reads and removals go on: they are what frees space.
+        if self.osd_map().has_flag(kelp_maps::ClusterFlag::Full)
+            && !ops.iter().all(OpKind::allowed_when_full)
+        {
+            return Err(ClientError::Full(format!(
+                "writing '{}' refused: an OSD is at or past mon_osd_full_ratio (the OSD map's \
+                 full flag is set); delete data or add OSDs, writes resume once usage drops \
+                 below the ratio",
+                object.name
+            )));
+        }
         let reqid = self.inner.next_reqid();
         self.call_primary(
             &format!("operation on '{}'", object.name),

@@ -31,9 +31,13 @@ pub enum ClusterFlag {
     NoDeepScrub,
     /// Client reads and writes are paused.
     Pause,
+    /// Set and cleared by the monitors, not by operators: some OSD is at or past
+    /// `mon_osd_full_ratio`, so client writes are refused (deletes and reads still work).
+    Full,
 }
 
 impl ClusterFlag {
+    /// The flags operators set and unset (`full` is the monitors' own).
     pub const ALL: [ClusterFlag; 10] = [
         ClusterFlag::NoOut,
         ClusterFlag::NoUp,
@@ -59,6 +63,7 @@ impl ClusterFlag {
             ClusterFlag::NoScrub => "noscrub",
             ClusterFlag::NoDeepScrub => "nodeep-scrub",
             ClusterFlag::Pause => "pause",
+            ClusterFlag::Full => "full",
         }
     }
 

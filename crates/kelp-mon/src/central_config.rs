@@ -135,6 +135,12 @@ pub const KNOWN_KEYS: &[KeyDef] = &[
         help: "usage ratio at which writes are refused",
     },
     KeyDef {
+        name: "osd_stats_interval",
+        kind: ValueKind::Secs,
+        default: "2",
+        help: "how often each OSD sends its statistics (usage, client I/O, PG states) to the leader monitor",
+    },
+    KeyDef {
         name: "osd_fast_read",
         kind: ValueKind::Bool,
         default: "false",

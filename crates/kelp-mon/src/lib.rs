@@ -18,6 +18,7 @@ pub mod client;
 mod error;
 pub mod monitor;
 pub mod network;
+pub mod pgmap;
 pub mod state;
 pub mod store;
 

@@ -11,6 +11,9 @@
 //!   pushed as `MON_MAP_UPDATE` on the same connection, in order, by one pusher task.
 //! - `MON_OSD_BOOT`: only the leader accepts it (followers answer `NotLeader`), only from the
 //!   entity `osd.<id>`, because the leader watches the OSD's session on that connection.
+//! - `MON_OSD_STATS`: OSD statistics, kept by the leader in memory only ([`crate::pgmap`]);
+//!   followers answer `NotLeader`. `MonCommand::PgStats` is answered by the leader from them
+//!   (followers forward it); the leader's stats task sets and clears the map's `full` flag.
 //!
 //! Invariants: only the leader proposes `Init`, `MarkDown` and `MarkOut`, and each carries a
 //! guard (`up_from`, `down_at`) so a stale proposal is a no-op when applied.
@@ -27,7 +30,9 @@ use kelp_maps::{ClusterFlag, OsdMap};
 use kelp_msgr::{
     Dispatcher, KeyLookup, Keyring, Messenger, Peer, RemoteError, Request, Response, Secret,
 };
-use kelp_proto::{MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe, msg_type};
+use kelp_proto::{
+    MapUpdate, MonCommand, MonReply, OsdBoot, OsdStatsReport, StatsAck, Subscribe, msg_type,
+};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
@@ -36,6 +41,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::MonError;
 use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};
+use crate::pgmap::{FullRatios, PgMap, ratio_ppm};
 use crate::state::{InitSpec, MonEntry, MonInfo};
 use crate::store::{self, LogStore, Shared, StateMachine};
 use crate::{NodeId, TypeConfig};
@@ -257,6 +263,10 @@ struct Inner {
     shared: Arc<Shared>,
     subscribers: Mutex<Vec<Subscriber>>,
     config: MonConfig,
+    /// The OSDs' latest statistics (leader only; never replicated).
+    pgmap: Mutex<PgMap>,
+    /// Origin of the monotonic clock the statistics are timed with.
+    clock: Instant,
 }
 
 /// A running monitor.
@@ -366,6 +376,8 @@ impl Monitor {
             shared,
             subscribers: Mutex::new(Vec::new()),
             config,
+            pgmap: Mutex::new(PgMap::default()),
+            clock: Instant::now(),
         });
         let _ = dispatcher.inner.set(Arc::downgrade(&inner));
 
@@ -393,6 +405,7 @@ impl Monitor {
         let tasks = vec![
             tokio::spawn(pusher(inner.clone())),
             tokio::spawn(leader_loop(inner.clone())),
+            tokio::spawn(stats_loop(inner.clone())),
         ];
         Ok(Monitor {
             inner,
@@ -506,6 +519,13 @@ impl Inner {
                     self.forward(cmd, forwarded).await
                 }
             }
+            MonCommand::PgStats => {
+                if self.is_leader() {
+                    self.pg_stats()
+                } else {
+                    self.forward(cmd, forwarded).await
+                }
+            }
             MonCommand::AuthGetOrCreate { entity } => {
                 let entry = MonEntry::AuthGetOrCreate {
                     entity: entity.clone(),
@@ -605,6 +625,69 @@ impl Inner {
         }
     }
 
+    fn now(&self) -> f64 {
+        self.clock.elapsed().as_secs_f64()
+    }
+
+    /// The digest of the OSDs' latest statistics against the current map.
+    fn pg_stats(&self) -> MonReply {
+        let a = self.shared.read();
+        let Some(map) = a.state.osdmap() else {
+            return MonReply::Error {
+                message: "the cluster state is not initialised yet".into(),
+            };
+        };
+        let ratios = full_ratios(&a.state);
+        let stale_after = stale_after(&a.state);
+        let mut pm = self.pgmap.lock().unwrap_or_else(|p| p.into_inner());
+        pm.prune(map);
+        MonReply::PgStats(Box::new(pm.digest(map, &ratios, self.now(), stale_after)))
+    }
+
+    /// Takes an OSD's statistics (leader only) and answers with its settings.
+    fn osd_stats(&self, report: OsdStatsReport, from: &Peer) -> MonReply {
+        if from.entity() != format!("osd.{}", report.osd) {
+            return MonReply::Error {
+                message: format!(
+                    "the stats of osd.{} must come from entity osd.{} (not {})",
+                    report.osd,
+                    report.osd,
+                    from.entity()
+                ),
+            };
+        }
+        if !self.is_leader() {
+            return self.not_leader();
+        }
+        let a = self.shared.read();
+        let who = format!("osd.{}", report.osd);
+        let interval = a
+            .state
+            .config_value(&who, "osd_stats_interval")
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(2.0);
+        let ack = StatsAck {
+            interval_ms: (interval * 1000.0) as u64,
+            full_ratio_ppm: full_ratios(&a.state).full_ppm,
+        };
+        let up = a
+            .state
+            .osdmap()
+            .and_then(|m| m.osds.get(&report.osd))
+            .is_some_and(|o| o.up);
+        drop(a);
+        // A report from an OSD the map has down (it is re-booting) is not kept: its PGs are
+        // not its to report until it is up again.
+        if up {
+            let now = self.now();
+            self.pgmap
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .ingest(report, now);
+        }
+        MonReply::StatsAck(ack)
+    }
+
     fn subscribe(&self, peer: Peer, have: u32) -> MapUpdate {
         let a = self.shared.read();
         let update = a.state.catch_up(have);
@@ -675,6 +758,11 @@ impl Dispatcher for MonDispatcher {
                     Bytes::new(),
                 ))
             }
+            msg_type::MON_OSD_STATS => {
+                let report: OsdStatsReport =
+                    kelp_proto::decode(&req.meta, "OsdStatsReport").map_err(bad_request)?;
+                Ok(encode_reply(&inner.osd_stats(report, &req.peer)))
+            }
             msg_type::MON_OSD_BOOT => {
                 let boot: OsdBoot =
                     kelp_proto::decode(&req.meta, "OsdBoot").map_err(bad_request)?;
@@ -722,6 +810,73 @@ async fn pusher(inner: Arc<Inner>) {
             } else {
                 debug!(%peer, "dropping subscriber: push failed");
                 subs.retain(|s| !same_peer(&s.peer, &peer));
+            }
+        }
+    }
+}
+
+/// The `mon_osd_*_ratio`s from the central config.
+fn full_ratios(state: &crate::state::MonState) -> FullRatios {
+    let get = |key: &str, default: u32| {
+        state
+            .config_value("mon", key)
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(default, ratio_ppm)
+    };
+    let d = FullRatios::default();
+    FullRatios {
+        nearfull_ppm: get("mon_osd_nearfull_ratio", d.nearfull_ppm),
+        backfillfull_ppm: get("mon_osd_backfillfull_ratio", d.backfillfull_ppm),
+        full_ppm: get("mon_osd_full_ratio", d.full_ppm),
+    }
+}
+
+/// After how long without a report from its primary a PG is `stale`: three report intervals,
+/// at least 5 s.
+fn stale_after(state: &crate::state::MonState) -> f64 {
+    let interval = state
+        .config_value("osd", "osd_stats_interval")
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(2.0);
+    (3.0 * interval).max(5.0)
+}
+
+/// The leader's statistics housekeeping: forgets the reports of OSDs that went down, and sets
+/// or clears the map's `full` flag from the OSDs' usage (`PgMap::full_decision`). A monitor
+/// that is not the leader holds no statistics.
+async fn stats_loop(inner: Arc<Inner>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(inner.config.tick_ms.max(10)));
+    loop {
+        tick.tick().await;
+        if !inner.is_leader() {
+            inner
+                .pgmap
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+            continue;
+        }
+        let proposal = {
+            let a = inner.shared.read();
+            let Some(map) = a.state.osdmap() else {
+                continue;
+            };
+            let ratios = full_ratios(&a.state);
+            let mut pm = inner.pgmap.lock().unwrap_or_else(|p| p.into_inner());
+            pm.prune(map);
+            match pm.full_decision(map, &ratios) {
+                Some(on) if on != map.has_flag(ClusterFlag::Full) => Some(on),
+                _ => None,
+            }
+        };
+        if let Some(on) = proposal {
+            if on {
+                warn!("an OSD is at or past mon_osd_full_ratio: setting the full flag");
+            } else {
+                info!("every OSD is below mon_osd_full_ratio: clearing the full flag");
+            }
+            if let Err(e) = inner.raft.client_write(MonEntry::SetFull { on }).await {
+                warn!(error = %e, "proposing the full flag failed");
             }
         }
     }

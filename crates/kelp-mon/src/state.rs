@@ -65,6 +65,9 @@ pub enum MonEntry {
     /// The OSD has been down for `mon_osd_down_out_interval`. Applies only if it is still down
     /// since `down_at`, still in, and `noout` is not set.
     MarkOut { id: i32, down_at: u32 },
+    /// The leader's statistics say some up OSD is at or past `mon_osd_full_ratio` (`on`), or
+    /// that every up OSD has reported below it (`!on`): sets or clears the map's `full` flag.
+    SetFull { on: bool },
 }
 
 /// The replicated state of the monitors.
@@ -174,6 +177,10 @@ impl MonState {
                     Ok(MonReply::Done { epoch })
                 }
             }
+            MonEntry::SetFull { on } => {
+                let inc = map.propose_flag(ClusterFlag::Full, *on);
+                self.commit(Ok(inc))
+            }
         };
         result.unwrap_or_else(refuse)
     }
@@ -232,6 +239,9 @@ impl MonState {
             MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
                 Ok(self.read_only(cmd))
             }
+            MonCommand::PgStats => Err(MonError::InvalidSpec(
+                "PG statistics are answered by the leader from memory, not through the log".into(),
+            )),
             MonCommand::OsdCreate {
                 id: want,
                 uuid,
@@ -281,6 +291,13 @@ impl MonState {
             MonCommand::PoolSet { name, key, value } => {
                 let inc = map.propose_pool_set(name, key, value);
                 self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::SetFlag { flag, .. } if flag == ClusterFlag::Full.name() => {
+                Err(MonError::InvalidSpec(
+                    "the full flag is set and cleared by the monitors from the OSDs' usage \
+                     (mon_osd_full_ratio); free space or raise the ratio instead"
+                        .into(),
+                ))
             }
             MonCommand::SetFlag { flag, on } => {
                 let f = ClusterFlag::from_name(flag)

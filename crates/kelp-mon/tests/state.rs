@@ -236,3 +236,40 @@ fn incrementals_are_kept_up_to_the_limit_then_full_maps() {
     sub.epoch = 7;
     assert_eq!(&sub, s.osdmap().unwrap());
 }
+
+#[test]
+fn the_full_flag_is_the_monitors_own() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    let m = err(s.apply(&cmd(MonCommand::SetFlag {
+        flag: "full".into(),
+        on: true,
+    })));
+    assert!(m.contains("set and cleared by the monitors"), "{m}");
+    let e0 = s.epoch();
+    assert_eq!(
+        s.apply(&MonEntry::SetFull { on: true }),
+        MonReply::Done { epoch: e0 + 1 }
+    );
+    let map = s.osdmap().unwrap();
+    assert!(map.has_flag(kelp_maps::ClusterFlag::Full));
+    assert_eq!(
+        map.flags.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+        ["full"]
+    );
+    // Setting it again changes nothing; clearing it bumps the epoch.
+    assert_eq!(
+        s.apply(&MonEntry::SetFull { on: true }),
+        MonReply::Done { epoch: e0 + 1 }
+    );
+    assert_eq!(
+        s.apply(&MonEntry::SetFull { on: false }),
+        MonReply::Done { epoch: e0 + 2 }
+    );
+    assert!(!s.osdmap().unwrap().has_flag(kelp_maps::ClusterFlag::Full));
+    // The osd_stats_interval key exists with its default.
+    assert_eq!(
+        s.config_value("osd.1", "osd_stats_interval").as_deref(),
+        Some("2")
+    );
+}

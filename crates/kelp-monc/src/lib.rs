@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kelp_maps::{Incremental, MapError, OsdMap};
 use kelp_msgr::{ChannelDispatcher, Message, Messenger, MsgrError, Secret};
-use kelp_proto::{MapUpdate, MonCommand, MonReply, OsdBoot, ProtoError, Subscribe, msg_type};
+use kelp_proto::{
+    MapUpdate, MonCommand, MonReply, OsdBoot, OsdStatsReport, ProtoError, StatsAck, Subscribe,
+    msg_type,
+};
 use tokio::sync::mpsc;
 use tracing::debug;
 
@@ -216,6 +219,23 @@ impl MonClient {
             .await?
         {
             MonReply::Done { epoch } => Ok(epoch),
+            other => Err(MonClientError::Refused {
+                message: format!("unexpected reply {other:?}"),
+            }),
+        }
+    }
+
+    /// Sends this OSD's statistics to the leader (followers answer `NotLeader`, which is
+    /// followed). Returns the settings the leader answers with.
+    pub async fn osd_stats(&self, report: &OsdStatsReport) -> Result<StatsAck, MonClientError> {
+        match self
+            .call(
+                msg_type::MON_OSD_STATS,
+                Bytes::from(kelp_proto::encode(report)),
+            )
+            .await?
+        {
+            MonReply::StatsAck(ack) => Ok(ack),
             other => Err(MonClientError::Refused {
                 message: format!("unexpected reply {other:?}"),
             }),

@@ -20,7 +20,7 @@ use kelp_monc::MonClient;
 use kelp_msgr::{KeyLookup, Keyring, Messenger, ReloadingKeyring};
 use kelp_proto::{MonCommand, MonReply, OsdBoot};
 use kelp_store::{KelpStore, StoreConfig};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::net::{MsgrPeers, OsdDispatcher};
 use crate::service::{OsdConfig, OsdService};
@@ -150,6 +150,7 @@ pub async fn run(
     };
     let epoch = mon.osd_boot(&boot).await?;
     info!(%entity, epoch, "marked up");
+    let stats_task = tokio::spawn(report_stats(service.clone(), mon.clone()));
 
     tokio::pin!(shutdown);
     loop {
@@ -174,6 +175,7 @@ pub async fn run(
     }
 
     info!(%entity, "shutting down");
+    stats_task.abort();
     let down = MonCommand::OsdDown { id };
     match tokio::time::timeout(Duration::from_secs(3), mon.command(&down)).await {
         Ok(Ok(_)) => info!(%entity, "marked down"),
@@ -197,6 +199,26 @@ pub async fn run(
     }
     info!(%entity, "stopped");
     Ok(())
+}
+
+/// Sends the monitors this OSD's statistics every `osd_stats_interval` (the leader's answer
+/// carries the interval and the full ratio from the central config).
+async fn report_stats(service: Arc<OsdService>, mon: Arc<MonClient>) {
+    let mut interval = Duration::from_secs(2);
+    loop {
+        let report = service.stats_report().await;
+        let sent =
+            tokio::time::timeout(interval.max(Duration::from_secs(5)), mon.osd_stats(&report));
+        match sent.await {
+            Ok(Ok(ack)) => {
+                interval = Duration::from_millis(ack.interval_ms.clamp(100, 3_600_000));
+                service.stats().set_full_ratio_ppm(ack.full_ratio_ppm);
+            }
+            Ok(Err(e)) => debug!("stats report not taken: {e}"),
+            Err(_) => debug!("stats report not answered in time"),
+        }
+        tokio::time::sleep(interval).await;
+    }
 }
 
 fn needs_boot(map: &OsdMap, id: i32, addr: SocketAddr) -> bool {

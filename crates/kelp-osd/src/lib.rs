@@ -15,6 +15,7 @@ pub mod peering;
 pub mod pglog;
 pub mod recovery;
 pub mod service;
+pub mod stats;
 
 pub use exec::{ExecError, Executed, Limits, Stamp, execute, object_id};
 pub use pglog::{LogEntry, PgInfo, PgMeta};

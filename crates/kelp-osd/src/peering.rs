@@ -57,12 +57,29 @@ pub struct PeeringPlan {
 
 /// Plans recovery for the given reports (the primary's first). `None` if there are none.
 pub fn plan(reports: &[MemberReport]) -> Option<PeeringPlan> {
-    let auth = reports
-        .iter()
-        .fold(None::<&MemberReport>, |best, r| match best {
-            Some(b) if b.last_update >= r.last_update => Some(b),
-            _ => Some(r),
-        })?;
+    plan_with_authority(reports, None)
+}
+
+/// Like [`plan`], but with `authority` (when it reported) as the authoritative member even if
+/// others are ahead of it: their entries past its history are divergent and undone. Used to
+/// roll back writes that a member refused (`Full`): such a write was never acknowledged, and
+/// the member that refused it has every earlier write (replicas apply in version order).
+pub fn plan_with_authority(
+    reports: &[MemberReport],
+    authority: Option<i32>,
+) -> Option<PeeringPlan> {
+    let newest = || {
+        reports
+            .iter()
+            .fold(None::<&MemberReport>, |best, r| match best {
+                Some(b) if b.last_update >= r.last_update => Some(b),
+                _ => Some(r),
+            })
+    };
+    let auth = match authority.and_then(|a| reports.iter().find(|r| r.osd == a)) {
+        Some(r) => r,
+        None => newest()?,
+    };
     let auth_at: BTreeMap<u64, &LogEntry> = auth.entries.iter().map(|e| (e.version, e)).collect();
     let mut members = BTreeMap::new();
     for r in reports {
@@ -262,5 +279,35 @@ mod tests {
     #[test]
     fn no_reports_no_plan() {
         assert_eq!(plan(&[]), None);
+    }
+
+    #[test]
+    fn a_preferred_authority_rolls_back_the_others() {
+        let primary = MemberReport {
+            osd: 0,
+            last_update: (5, 3),
+            log_tail: 0,
+            entries: vec![entry(5, 1, "a"), entry(5, 2, "b"), entry(5, 3, "c")],
+        };
+        let refused = MemberReport {
+            osd: 1,
+            last_update: (5, 2),
+            log_tail: 0,
+            entries: vec![entry(5, 1, "a"), entry(5, 2, "b")],
+        };
+        let normal = plan(&[primary.clone(), refused.clone()]).unwrap();
+        assert_eq!(normal.authoritative, 0);
+        let p = plan_with_authority(&[primary, refused], Some(1)).unwrap();
+        assert_eq!(p.authoritative, 1);
+        assert_eq!(p.last_update, (5, 2));
+        assert_eq!(p.members[&1], MemberPlan::UpToDate);
+        assert_eq!(
+            p.members[&0],
+            MemberPlan::Recover {
+                common_version: 2,
+                objects: BTreeSet::from([obj("c")]),
+                entries: vec![],
+            }
+        );
     }
 }

@@ -21,7 +21,7 @@ use kelp_store::{CollectionId, ObjectId, ObjectStore, Op, StoreError, Transactio
 use kelp_types::PgId;
 use tracing::{debug, info, warn};
 
-use crate::peering::{MemberPlan, MemberReport, plan};
+use crate::peering::{MemberPlan, MemberReport, plan_with_authority};
 use crate::pglog::{INTERNAL_NAMESPACE, LogEntry};
 use crate::service::OsdService;
 
@@ -304,6 +304,17 @@ impl OsdService {
 
     /// Peers a PG as its primary at `epoch`, retrying until it succeeds or the map moves on.
     pub(crate) async fn peer(self: Arc<Self>, pg: PgId, epoch: u32) {
+        self.peer_with_authority(pg, epoch, None).await
+    }
+
+    /// Peers a PG taking `authority`'s history as authoritative (see
+    /// `peering::plan_with_authority`): rolls back writes that member refused.
+    pub(crate) async fn peer_with_authority(
+        self: Arc<Self>,
+        pg: PgId,
+        epoch: u32,
+        authority: Option<i32>,
+    ) {
         let mut attempt = 0u32;
         loop {
             let map = self.map();
@@ -314,7 +325,7 @@ impl OsdService {
             if m.acting_primary != self.id() {
                 return;
             }
-            match self.try_peer(pg, epoch, &m.acting).await {
+            match self.try_peer(pg, epoch, &m.acting, authority).await {
                 Ok(recovered) => {
                     if self.activate(pg, &m.acting).await && recovered > 0 {
                         info!(%pg, epoch, recovered, "peered and recovered");
@@ -333,7 +344,13 @@ impl OsdService {
     }
 
     /// One peering attempt; returns how many members were brought up to date.
-    async fn try_peer(&self, pg: PgId, epoch: u32, acting: &[i32]) -> Result<usize, String> {
+    async fn try_peer(
+        &self,
+        pg: PgId,
+        epoch: u32,
+        acting: &[i32],
+        authority: Option<i32>,
+    ) -> Result<usize, String> {
         let map = self.map();
         let handle = self.pg_handle(pg).ok_or("PG not open")?;
         let me = self.id();
@@ -375,7 +392,7 @@ impl OsdService {
                 entries: r.entries.into_iter().map(Into::into).collect(),
             });
         }
-        let Some(p) = plan(&reports) else {
+        let Some(p) = plan_with_authority(&reports, authority) else {
             return Ok(0);
         };
         let auth = reports

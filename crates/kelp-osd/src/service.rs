@@ -90,12 +90,12 @@ pub(crate) struct PgState {
     pub(crate) meta: PgMeta,
     /// The acting set this OSD has peered the PG for as its primary; client ops are served
     /// only while the current acting set is this one.
-    active: Option<Vec<i32>>,
+    pub(crate) active: Option<Vec<i32>>,
     /// Replicas that failed to commit a write this OSD applied as primary. While any of them is
     /// still in the acting set the PG refuses writes (an ack would claim a write is on every
     /// replica when it is not); a map that takes them out unblocks it, and recovery brings
     /// them back.
-    failed_replicas: Vec<i32>,
+    pub(crate) failed_replicas: Vec<i32>,
     /// Writes submitted to the store here (readable) whose outcome is not settled yet: not yet
     /// durable here or, on the primary, not yet answered by every replica. Version → object.
     in_flight: BTreeMap<u64, ObjectLocator>,
@@ -117,6 +117,8 @@ pub struct OsdService {
     peers: Arc<dyn Peers>,
     map_tx: watch::Sender<Arc<OsdMap>>,
     pgs: Mutex<HashMap<PgId, PgHandle>>,
+    /// Client I/O counters, the full-ratio failsafe and PG count caches (`crate::stats`).
+    pub(crate) stats: crate::stats::OsdStats,
 }
 
 fn reply_err(code: ErrorCode, message: impl Into<String>, epoch: u32) -> (OsdOpReply, Bytes) {
@@ -151,6 +153,7 @@ impl OsdService {
             peers,
             map_tx,
             pgs: Mutex::new(HashMap::new()),
+            stats: crate::stats::OsdStats::default(),
         })
     }
 
@@ -250,6 +253,17 @@ impl OsdService {
         self.pg(pg)
     }
 
+    /// Every PG this OSD holds.
+    pub(crate) fn pg_handles(&self) -> Vec<(PgId, PgHandle)> {
+        let pgs = self.pgs.lock().expect("pg table");
+        pgs.iter().map(|(pg, h)| (*pg, h.clone())).collect()
+    }
+
+    /// Counters and the full-ratio failsafe behind this OSD's stats reports.
+    pub fn stats(&self) -> &crate::stats::OsdStats {
+        &self.stats
+    }
+
     /// The PG's write lock, once no write of the PG is in flight (peering and recovery work on
     /// settled histories only).
     pub(crate) async fn settled_write(pg: &PgHandle) -> RwLockWriteGuard<'_, PgState> {
@@ -299,7 +313,10 @@ impl OsdService {
         let Some(handle) = self.pg(pg) else {
             return false;
         };
-        handle.write().await.active = Some(acting.to_vec());
+        let mut state = handle.write().await;
+        state.active = Some(acting.to_vec());
+        // Peering brought every member to one history: no replica is behind any more.
+        state.failed_replicas.clear();
         true
     }
 
@@ -321,8 +338,39 @@ impl OsdService {
         }
     }
 
-    /// Handles a client op; returns the reply and its data segment.
+    /// Handles a client op; returns the reply and its data segment. Writes are refused with
+    /// `Full` while the map's `full` flag is set or this OSD's store is past the full ratio
+    /// (removals pass); successful ops are counted for the stats reports.
     pub async fn client_op(
+        self: &Arc<Self>,
+        client: &str,
+        op: OsdOp,
+        data: Bytes,
+    ) -> (OsdOpReply, Bytes) {
+        let is_write = op.ops.iter().any(|o| o.is_write());
+        if is_write {
+            let mut map = self.map();
+            if map.epoch < op.epoch {
+                map = self.map_at_least(op.epoch).await;
+            }
+            let full = map.has_flag(kelp_maps::ClusterFlag::Full);
+            if let Some(why) = self
+                .stats
+                .refuse_full(self.cfg.id, full, &op.ops, &*self.store)
+            {
+                return reply_err(ErrorCode::Full, why, map.epoch);
+            }
+        }
+        let in_bytes = data.len() as u64;
+        let (reply, out) = self.serve_client_op(client, op, data).await;
+        if reply.error.is_none() {
+            let bytes = if is_write { in_bytes } else { out.len() as u64 };
+            self.stats.count_op(is_write, bytes);
+        }
+        (reply, out)
+    }
+
+    async fn serve_client_op(
         self: &Arc<Self>,
         client: &str,
         op: OsdOp,
@@ -559,36 +607,58 @@ impl OsdService {
             let e = ExecError::from(e);
             return reply_err(e.code, format!("osd.{}: {}", self.cfg.id, e.message), epoch);
         }
-        let mut failures = unreachable;
+        let mut failures: Vec<(i32, Option<ErrorCode>, String)> = unreachable
+            .into_iter()
+            .map(|(osd, why)| (osd, None, why))
+            .collect();
         for (osd, result) in remote {
             match result {
                 Ok(RepOpReply { error: None, .. }) => {}
                 Ok(RepOpReply {
                     error: Some((code, msg)),
                     ..
-                }) => failures.push((osd, format!("{code:?}: {msg}"))),
-                Err(e) => failures.push((osd, e)),
+                }) => failures.push((osd, Some(code), format!("{code:?}: {msg}"))),
+                Err(e) => failures.push((osd, None, e)),
             }
         }
         if failures.is_empty() {
             return ok_reply(done, epoch);
         }
-        for (osd, _) in &failures {
+        let detail: Vec<String> = failures
+            .iter()
+            .map(|(osd, _, why)| format!("osd.{osd}: {why}"))
+            .collect();
+        let full: Vec<i32> = failures
+            .iter()
+            .filter(|(_, code, _)| *code == Some(ErrorCode::Full))
+            .map(|(osd, _, _)| *osd)
+            .collect();
+        if full.len() == failures.len() {
+            // Replicas that are out of space refused the write (and applied nothing): it
+            // fails with `Full`, and the PG rolls it back on every member by peering with a
+            // refusing replica's history as the authoritative one, then serves again. (Treating
+            // them as failed replicas would block the PG until a map change.)
+            state.active = None;
+            tokio::spawn(
+                self.clone()
+                    .peer_with_authority(op.pg, epoch, Some(full[0])),
+            );
+            return reply_err(
+                ErrorCode::Full,
+                format!(
+                    "a replica has no space for the write ({})",
+                    detail.join("; ")
+                ),
+                epoch,
+            );
+        }
+        for (osd, _, _) in &failures {
             if !state.failed_replicas.contains(osd) {
                 state.failed_replicas.push(*osd);
             }
         }
-        let code = if failures.iter().any(|(_, why)| why.starts_with("Full")) {
-            ErrorCode::Full
-        } else {
-            ErrorCode::Io
-        };
-        let detail: Vec<String> = failures
-            .iter()
-            .map(|(osd, why)| format!("osd.{osd}: {why}"))
-            .collect();
         reply_err(
-            code,
+            ErrorCode::Io,
             format!(
                 "the write is not on every replica ({}); retry",
                 detail.join("; ")

@@ -84,6 +84,11 @@ struct Cluster {
 
 impl Cluster {
     async fn new() -> Cluster {
+        Cluster::with_capacity(|_| None).await
+    }
+
+    /// A cluster whose OSD `i` has a store of `capacity(i)` bytes of data (`None`: unbounded).
+    async fn with_capacity(capacity: impl Fn(i32) -> Option<u64>) -> Cluster {
         let mut map = OsdMap::new("fsid", "osd").unwrap();
         for i in 0..3 {
             let (id, inc) = map
@@ -107,7 +112,10 @@ impl Cluster {
         let mut osds = HashMap::new();
         let mut stores = HashMap::new();
         for id in 0..3 {
-            let store = Arc::new(MemStore::new());
+            let store = Arc::new(match capacity(id) {
+                Some(bytes) => MemStore::with_capacity(bytes),
+                None => MemStore::new(),
+            });
             let mut cfg = OsdConfig::new(id);
             cfg.map_wait = Duration::from_millis(200);
             let svc = OsdService::new(cfg, store.clone(), peers.clone(), map.clone());
@@ -462,4 +470,71 @@ async fn a_read_waits_for_a_write_that_is_not_yet_on_every_replica() {
     let (reply, data) = reader.await.unwrap();
     assert_eq!(reply.error, None);
     assert_eq!(&data[..], b"new");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_replica_fails_the_write_with_full_and_the_pg_keeps_serving() {
+    // osd.2 can hold 64 KiB of data; the others are unbounded.
+    let mut c = Cluster::with_capacity(|id| (id == 2).then_some(64 << 10)).await;
+    for svc in c.osds.values() {
+        // Only the replica's real lack of space is under test, not the failsafe ratio.
+        svc.stats().set_full_ratio_ppm(1_000_000);
+    }
+    let name = (0..100)
+        .map(|i| format!("obj{i}"))
+        .find(|n| {
+            let pg = c.map.object_pg(c.pool, n, None, "").unwrap();
+            c.map.pg_mapping(pg).unwrap().acting_primary != 2
+        })
+        .unwrap();
+    let keep = vec![7u8; 10 << 10];
+    let op = c.op(
+        &name,
+        vec![OpKind::WriteFull {
+            len: keep.len() as u64,
+        }],
+    );
+    assert_eq!(c.send(op, &keep).await.0.error, None);
+
+    let big = vec![9u8; 100 << 10];
+    let op = c.op(
+        &name,
+        vec![OpKind::Append {
+            len: big.len() as u64,
+        }],
+    );
+    let started = std::time::Instant::now();
+    let (reply, _) = c.send(op, &big).await;
+    let (code, msg) = reply.error.expect("refused");
+    assert_eq!(code, ErrorCode::Full, "{msg}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // The refused write is rolled back everywhere and the PG serves again.
+    c.wait_active().await;
+    for osd in 0..3 {
+        assert_eq!(
+            c.stored(osd, &name).as_deref(),
+            Some(&keep[..]),
+            "osd.{osd}"
+        );
+    }
+    let op = c.op(&name, vec![OpKind::Read { offset: 0, len: 0 }]);
+    let (reply, data) = c.send(op, &[]).await;
+    assert_eq!(reply.error, None);
+    assert_eq!(&data[..], &keep[..]);
+    let op = c.op(&name, vec![OpKind::Append { len: 3 }]);
+    assert_eq!(
+        c.send(op, b"abc").await.0.error,
+        None,
+        "small writes still fit"
+    );
+    let op = c.op(&name, vec![OpKind::Remove]);
+    assert_eq!(c.send(op, &[]).await.0.error, None);
+    for osd in 0..3 {
+        assert_eq!(c.stored(osd, &name), None, "osd.{osd}");
+    }
 }

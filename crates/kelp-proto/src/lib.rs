@@ -11,6 +11,7 @@
 mod codec;
 mod mon;
 mod osd;
+mod stats;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe};
@@ -18,6 +19,10 @@ pub use osd::{
     CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, PgList,
     PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
     RepOpReply, WireLogEntry,
+};
+pub use stats::{
+    Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdSummary, PG_STATE_ORDER,
+    PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgStateFlag, PgSummary, StatsAck, pg_state_name,
 };
 
 /// Message types carried in the messenger's frame header.
@@ -31,6 +36,8 @@ pub mod msg_type {
     pub const MON_MAP_UPDATE: u16 = 0x0102;
     /// OSD → monitor: `OsdBoot`; reply `MonReply`.
     pub const MON_OSD_BOOT: u16 = 0x0103;
+    /// OSD → leader monitor: `OsdStatsReport`; reply `MonReply::StatsAck` (or `NotLeader`).
+    pub const MON_OSD_STATS: u16 = 0x0104;
     /// Monitor ↔ monitor: Raft traffic (opaque to this crate; encoded by kelp-mon).
     pub const MON_RAFT: u16 = 0x0180;
     /// Client → primary OSD: `OsdOp` (+ data); reply `OsdOpReply` (+ data).

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 
 use kelp_maps::PoolSpec;
+
+use crate::stats::{PgMapDigest, StatsAck};
 use serde::{Deserialize, Serialize};
 
 /// A request to the monitors. Those that change cluster state go through the Raft log; the
@@ -66,6 +68,9 @@ pub enum MonCommand {
         entity: String,
     },
     AuthList,
+    /// The leader's statistics digest (PG states, usage, client I/O rates): answered from the
+    /// OSDs' latest reports, held in the leader's memory only.
+    PgStats,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,6 +127,10 @@ pub enum MonReply {
     Error {
         message: String,
     },
+    /// The statistics digest (`PgStats`).
+    PgStats(Box<PgMapDigest>),
+    /// A stats report was taken (`MON_OSD_STATS`).
+    StatsAck(StatsAck),
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be

@@ -130,6 +130,17 @@ impl OpKind {
         )
     }
 
+    /// Whether the op is allowed while the cluster (or the OSD) is full: reads, guards and the
+    /// mutations that only remove (objects, attributes, omap keys). Removals commit on a full
+    /// store because they need no data space (their metadata lives outside the data device).
+    pub fn allowed_when_full(&self) -> bool {
+        !self.is_write()
+            || matches!(
+                self,
+                OpKind::Remove | OpKind::RmXattr { .. } | OpKind::OmapRm { .. } | OpKind::OmapClear
+            )
+    }
+
     /// Bytes of the request's data segment this op consumes.
     pub fn data_len(&self) -> u64 {
         match self {

@@ -44,7 +44,7 @@ use crate::codec::{self, Extent, Onode};
 use crate::config::{MkfsOptions, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::keys;
-use crate::store::ObjectStore;
+use crate::store::{ObjectStore, StoreSpace};
 use crate::superblock::{self, FORMAT_VERSION, Superblock};
 use crate::types::{
     CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Op, Transaction,
@@ -2151,6 +2151,18 @@ impl ObjectStore for KelpStore {
             dd.finish(result);
         }
         Ok(commit)
+    }
+
+    fn space(&self) -> Result<StoreSpace> {
+        let geo = self.inner.geo;
+        let free = lock(&self.inner.alloc).free_units();
+        let total = geo.units * geo.unit;
+        let available = (free * geo.unit).min(total);
+        Ok(StoreSpace {
+            total,
+            used: total - available,
+            available,
+        })
     }
 
     fn flush(&self) -> Result<()> {

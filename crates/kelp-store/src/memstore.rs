@@ -8,7 +8,7 @@ use std::ops::Bound;
 use std::sync::Mutex;
 
 use crate::error::{Result, StoreError};
-use crate::store::ObjectStore;
+use crate::store::{ObjectStore, StoreSpace};
 use crate::types::{
     CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Op, Transaction,
 };
@@ -27,11 +27,35 @@ type Coll = BTreeMap<ObjectId, MemObject>;
 #[derive(Debug, Default)]
 pub struct MemStore {
     colls: Mutex<BTreeMap<CollectionId, Coll>>,
+    /// Bytes of object data it may hold (`None`: unbounded, reported as [`NOMINAL_CAPACITY`]).
+    capacity: Option<u64>,
+}
+
+/// The capacity an unbounded `MemStore` reports.
+pub const NOMINAL_CAPACITY: u64 = 1 << 40;
+
+/// Object data bytes held (what counts against the capacity; attributes and omap are
+/// metadata, as in `KelpStore`).
+fn data_bytes(colls: &BTreeMap<CollectionId, Coll>) -> u64 {
+    colls
+        .values()
+        .flat_map(|c| c.values())
+        .map(|o| o.data.len() as u64)
+        .sum()
 }
 
 impl MemStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A store that refuses (`NoSpace`) transactions that would leave more than `bytes` of
+    /// object data in it; transactions that do not grow the data still commit.
+    pub fn with_capacity(bytes: u64) -> Self {
+        MemStore {
+            colls: Mutex::default(),
+            capacity: Some(bytes),
+        }
     }
 
     fn with<T>(&self, f: impl FnOnce(&BTreeMap<CollectionId, Coll>) -> Result<T>) -> Result<T> {
@@ -256,6 +280,7 @@ impl ObjectStore for MemStore {
             colls: &mut colls,
             undo: Undo::default(),
         };
+        let before = self.capacity.map(|_| data_bytes(apply.colls));
         for op in &txn.ops {
             if let Err(e) = apply.apply(op) {
                 let undo = std::mem::take(&mut apply.undo);
@@ -263,7 +288,28 @@ impl ObjectStore for MemStore {
                 return Err(e);
             }
         }
+        if let (Some(cap), Some(before)) = (self.capacity, before) {
+            let after = data_bytes(apply.colls);
+            if after > cap && after > before {
+                let undo = std::mem::take(&mut apply.undo);
+                undo.rollback(apply.colls);
+                return Err(StoreError::NoSpace {
+                    needed: after - before,
+                    free: cap.saturating_sub(before),
+                });
+            }
+        }
         Ok(Commit::done())
+    }
+
+    fn space(&self) -> Result<StoreSpace> {
+        let total = self.capacity.unwrap_or(NOMINAL_CAPACITY);
+        let used = self.with(|c| Ok(data_bytes(c)))?.min(total);
+        Ok(StoreSpace {
+            total,
+            used,
+            available: total - used,
+        })
     }
 
     fn flush(&self) -> Result<()> {

@@ -18,9 +18,35 @@ use std::collections::BTreeMap;
 use crate::error::Result;
 use crate::types::{CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Transaction};
 
+/// A store's capacity and usage, bytes (what `statfs` is to a file system). `used` counts
+/// space holding data (allocated units on a device); metadata kept elsewhere (the KV
+/// database of `KelpStore`) is not counted, which is also why metadata-only transactions
+/// (deletes, attribute and omap removals) still commit when `available` is zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreSpace {
+    pub total: u64,
+    pub used: u64,
+    pub available: u64,
+}
+
+impl StoreSpace {
+    /// `used / total` (0 for an empty-capacity store).
+    pub fn ratio(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.used as f64 / self.total as f64
+        }
+    }
+}
+
 pub trait ObjectStore: Send + Sync {
     /// Apply `txn` atomically; the returned future resolves once it is durable.
     fn submit(&self, txn: Transaction) -> Result<Commit>;
+
+    /// Capacity and usage of the data device. Cheap (no I/O): called for every stats report
+    /// and for the OSD's full-ratio failsafe.
+    fn space(&self) -> Result<StoreSpace>;
 
     /// Wait until everything submitted so far is durable.
     fn flush(&self) -> Result<()>;

@@ -456,6 +456,90 @@ fn check_async_commit(s: &dyn ObjectStore) {
     assert_eq!(s.read(C, &oid("z"), 0, 100).unwrap(), want);
 }
 
+/// Usage follows the data written and removed (freed space returns once the removal is
+/// durable, so poll briefly).
+fn check_space(s: &dyn ObjectStore) {
+    with_coll(s, C);
+    let empty = s.space().unwrap();
+    assert!(empty.total > 0);
+    assert_eq!(empty.used + empty.available, empty.total);
+    run(
+        s,
+        Transaction::new().write(C, &oid("big"), 0, vec![7u8; 1 << 20]),
+    )
+    .unwrap();
+    let full = s.space().unwrap();
+    assert!(full.used >= empty.used + (1 << 20), "{empty:?} -> {full:?}");
+    assert_eq!(full.used + full.available, full.total);
+    run(s, Transaction::new().remove(C, &oid("big"))).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while s.space().unwrap().used > empty.used && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(s.space().unwrap().used, empty.used);
+}
+
+/// A store filled until it refuses data still commits deletes (metadata-only transactions)
+/// and then takes data again.
+fn check_full_then_delete(s: &dyn ObjectStore) {
+    with_coll(s, C);
+    let mut written = Vec::new();
+    let refused = loop {
+        let name = format!("fill{}", written.len());
+        match run(
+            s,
+            Transaction::new().write(C, &oid(&name), 0, vec![1u8; 1 << 20]),
+        ) {
+            Ok(()) => written.push(name),
+            Err(e) => break e,
+        }
+        assert!(written.len() < 1000, "the store never filled");
+    };
+    assert!(matches!(refused, StoreError::NoSpace { .. }), "{refused:?}");
+    assert!(s.space().unwrap().available < 1 << 20);
+    // Everything written reads back.
+    for n in &written {
+        assert_eq!(s.read(C, &oid(n), 0, 1 << 20).unwrap(), vec![1u8; 1 << 20]);
+    }
+    for n in written.iter().take(3) {
+        run(
+            s,
+            Transaction::new()
+                .remove(C, &oid(n))
+                .touch(C, &oid("log"))
+                .set_xattr(C, &oid("log"), "x", b"deleted".to_vec()),
+        )
+        .unwrap_or_else(|e| panic!("delete of {n} refused on a full store: {e}"));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while s.space().unwrap().available < 2 << 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    run(
+        s,
+        Transaction::new().write(C, &oid("again"), 0, vec![2u8; 1 << 20]),
+    )
+    .unwrap();
+}
+
+#[test]
+fn mem_full_then_delete() {
+    check_full_then_delete(&MemStore::with_capacity(16 << 20));
+}
+
+#[test]
+fn durable_full_then_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = MkfsOptions {
+        size: kelp_types::ByteSize(16 << 20),
+        ..MkfsOptions::default()
+    };
+    kelp_store::mkfs(dir.path(), &opts).unwrap();
+    let store = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    check_full_then_delete(&store);
+    store.close().unwrap();
+}
+
 struct Durable {
     _dir: tempfile::TempDir,
     store: Option<KelpStore>,
@@ -550,4 +634,5 @@ conformance!(
     check_split,
     check_against_model,
     check_async_commit,
+    check_space,
 );

@@ -384,7 +384,20 @@ async fn three_monitors_keep_serving_when_the_leader_is_killed() {
     verify(&rados, &acked).await;
     io.write_full("after", &b"2"[..]).await.unwrap();
     assert_eq!(&io.read("after", 0, 0).await.unwrap()[..], b"2");
-    let after = status(&conf);
+    // The new leader holds no PG statistics until the OSDs' next reports (every
+    // osd_stats_interval, 2 s): PGs are `unknown` until then.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let s = status(&conf);
+        if s["health"]["status"] == "HEALTH_OK" {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not healthy after the failover: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
     let new_leader = after["monmap"]["leader"].as_str().unwrap();
     assert_ne!(new_leader, leader, "a new leader was elected");
     eprintln!(

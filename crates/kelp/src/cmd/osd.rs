@@ -31,10 +31,14 @@ pub enum OsdCommand {
     /// Mark OSDs down (a running OSD reports itself up again).
     Down(IdsArgs),
     /// Remove an OSD from the cluster for good: its map entry, CRUSH item and key (like
-    /// `ceph osd purge`). Refused unless the OSD is down and out and no PG maps to it any more
-    /// (drain it first with `kelp osd out N` and wait for the PGs to settle); `--force`
-    /// removes it anyway, losing whatever only it held.
+    /// `ceph osd purge`). Refused unless the OSD is down and out, no PG maps to it any more
+    /// and every PG is active+clean (drain it first with `kelp osd out N` and wait for the
+    /// PGs to settle); `--force` removes it anyway, losing whatever only it held.
     Purge(PurgeArgs),
+    /// Per-OSD capacity and usage from the OSDs' latest statistics reports (like
+    /// `ceph osd df`): SIZE, USE, AVAIL, %USE, PGS (PGs whose acting set holds the OSD),
+    /// STATUS (up/down, plus nearfull/backfillfull/full against the mon_osd_*_ratios).
+    Df(ShowArgs),
 }
 
 #[derive(Args, Debug)]
@@ -100,6 +104,7 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
         OsdCommand::Out(a) => mark(a, |id| MonCommand::OsdOut { id }),
         OsdCommand::In(a) => mark(a, |id| MonCommand::OsdIn { id }),
         OsdCommand::Down(a) => mark(a, |id| MonCommand::OsdDown { id }),
+        OsdCommand::Df(a) => df(a),
         OsdCommand::Purge(a) => {
             let rt = common::runtime()?;
             rt.block_on(async {
@@ -136,11 +141,34 @@ pub fn purge_blocker(map: &OsdMap, osd: i32) -> Result<Option<String>> {
     Ok(None)
 }
 
-/// Removes `osd` from the map and its key from the monitors (after [`purge_blocker`], unless
-/// `force`).
+/// PGs not reported `active+clean` by their primaries (those still moving data, or unknown):
+/// until there are none, an OSD that left may still hold the only complete copy of something.
+pub async fn unclean_pgs(rados: &kelp_client::Rados) -> Result<Vec<String>> {
+    match rados.mon_command(MonCommand::PgStats).await? {
+        MonReply::PgStats(d) => Ok(d
+            .pgs
+            .iter()
+            .filter(|p| p.state_name != "active+clean")
+            .map(|p| format!("pg {} is {}", p.stat.pg, p.state_name))
+            .collect()),
+        other => bail!("asking the monitors for PG states: unexpected reply {other:?}"),
+    }
+}
+
+/// Removes `osd` from the map and its key from the monitors (after [`purge_blocker`] and
+/// with every PG `active+clean`, unless `force`; like `ceph osd safe-to-destroy` + `purge`).
 pub async fn purge(rados: &kelp_client::Rados, osd: i32, force: bool) -> Result<()> {
     if !force && let Some(why) = purge_blocker(&rados.osd_map(), osd)? {
         bail!("refusing to purge osd.{osd}: {why} (--force to remove it anyway)");
+    }
+    if !force {
+        let unclean = unclean_pgs(rados).await?;
+        if let Some(first) = unclean.first() {
+            bail!(
+                "refusing to purge osd.{osd}: {} PG(s) not active+clean yet ({first}); wait for the data to settle (--force to remove it anyway)",
+                unclean.len()
+            );
+        }
     }
     match rados.mon_command(MonCommand::OsdRemove { id: osd }).await? {
         MonReply::Done { .. } => {}
@@ -238,6 +266,95 @@ fn show(a: ShowArgs, tree: bool) -> Result<ExitCode> {
                     o.addr.map_or("-".to_string(), |a| a.to_string())
                 );
             }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn df(a: ShowArgs) -> Result<ExitCode> {
+    let rt = common::runtime()?;
+    let digest = rt.block_on(async {
+        let rados = a.conf.connect().await?;
+        match rados.mon_command(MonCommand::PgStats).await? {
+            MonReply::PgStats(d) => Ok(*d),
+            other => bail!("unexpected reply from the monitors: {other:?}"),
+        }
+    })?;
+    let status = |o: &kelp_proto::OsdSummary| {
+        let state = if o.up { "up" } else { "down" };
+        match o.fullness {
+            kelp_proto::Fullness::Ok => state.to_string(),
+            kelp_proto::Fullness::NearFull => format!("{state},nearfull"),
+            kelp_proto::Fullness::BackfillFull => format!("{state},backfillfull"),
+            kelp_proto::Fullness::Full => format!("{state},full"),
+        }
+    };
+    let util = |used: u64, total: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            used as f64 * 100.0 / total as f64
+        }
+    };
+    let t = &digest.totals;
+    match a.format {
+        OutputFormat::Json => {
+            let nodes: Vec<serde_json::Value> = digest
+                .osds
+                .iter()
+                .map(|o| {
+                    serde_json::json!({"id": o.id, "name": format!("osd.{}", o.id),
+                        "kb": o.space.total / 1024, "kb_used": o.space.used / 1024,
+                        "kb_avail": o.space.available / 1024,
+                        "utilization": util(o.space.used, o.space.total),
+                        "pgs": o.num_pgs, "status": status(o), "reported": o.reported})
+                })
+                .collect();
+            let v = serde_json::json!({"nodes": nodes, "summary": {
+                "total_kb": t.bytes_total / 1024, "total_kb_used": t.bytes_used / 1024,
+                "total_kb_avail": t.bytes_avail / 1024,
+                "average_utilization": util(t.bytes_used, t.bytes_total)}});
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        OutputFormat::Plain => {
+            use crate::cmd::status::human_bytes;
+            println!(
+                "{:>4}  {:>10}  {:>10}  {:>10}  {:>6}  {:>4}  STATUS",
+                "ID", "SIZE", "USE", "AVAIL", "%USE", "PGS"
+            );
+            for o in &digest.osds {
+                if !o.reported {
+                    println!(
+                        "{:>4}  {:>10}  {:>10}  {:>10}  {:>6}  {:>4}  {} (no report)",
+                        o.id,
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        o.num_pgs,
+                        status(o)
+                    );
+                    continue;
+                }
+                println!(
+                    "{:>4}  {:>10}  {:>10}  {:>10}  {:>6.2}  {:>4}  {}",
+                    o.id,
+                    human_bytes(o.space.total),
+                    human_bytes(o.space.used),
+                    human_bytes(o.space.available),
+                    util(o.space.used, o.space.total),
+                    o.num_pgs,
+                    status(o)
+                );
+            }
+            println!(
+                "{:>4}  {:>10}  {:>10}  {:>10}  {:>6.2}",
+                "TOTAL",
+                human_bytes(t.bytes_total),
+                human_bytes(t.bytes_used),
+                human_bytes(t.bytes_avail),
+                util(t.bytes_used, t.bytes_total)
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

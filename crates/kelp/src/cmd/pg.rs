@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use kelp_crush::Step;
+use kelp_proto::{MonCommand, MonReply};
 
 use crate::cmd::OutputFormat;
 use crate::cmd::common::{self, ConfArgs};
@@ -22,7 +23,8 @@ pub struct PgLsArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum PgCommand {
-    /// Every PG with its state (derived from the map) and up/acting sets.
+    /// Every PG with its state, objects and bytes as its primary last reported them (through
+    /// the leader monitor), and its up/acting sets.
     Ls(PgLsArgs),
 }
 
@@ -45,51 +47,82 @@ pub struct RuleArgs {
 pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
     let PgCommand::Ls(a) = cmd;
     let rt = common::runtime()?;
-    let map = rt.block_on(async { Ok::<_, anyhow::Error>(a.conf.connect().await?.osd_map()) })?;
-    let mut rows = Vec::new();
-    for pool in map.pools.values() {
-        if a.pool.as_deref().is_some_and(|p| p != pool.name) {
-            continue;
-        }
-        for pg in map.pool_pgs(pool.id)? {
-            let m = map.pg_mapping(pg)?;
-            let n = m.acting.len() as u32;
-            let state = if n >= pool.size {
-                "active+clean"
-            } else if n >= pool.min_size {
-                "active+undersized+degraded"
-            } else {
-                "undersized+degraded+peered"
-            };
-            rows.push((pg, state, m));
-        }
-    }
-    if let Some(p) = &a.pool
-        && map.pool_by_name(p).is_none()
-    {
-        bail!("pool '{p}' does not exist");
-    }
+    let (map, digest) = rt.block_on(async {
+        let rados = a.conf.connect().await?;
+        let digest = match rados.mon_command(MonCommand::PgStats).await? {
+            MonReply::PgStats(d) => *d,
+            other => bail!("unexpected reply from the monitors: {other:?}"),
+        };
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            rados.wait_for_epoch(digest.epoch),
+        )
+        .await;
+        Ok::<_, anyhow::Error>((rados.osd_map(), digest))
+    })?;
+    let pool_id = match &a.pool {
+        Some(p) => match map.pool_by_name(p) {
+            Some(pool) => Some(pool.id),
+            None => bail!("pool '{p}' does not exist"),
+        },
+        None => None,
+    };
+    let rows: Vec<_> = digest
+        .pgs
+        .iter()
+        .filter(|p| pool_id.is_none_or(|id| p.stat.pg.pool.0 == id))
+        .map(|p| {
+            let m = map.pg_mapping(p.stat.pg).ok();
+            (p, m)
+        })
+        .collect();
     match a.format {
         OutputFormat::Json => {
             let v: Vec<_> = rows
                 .iter()
-                .map(|(pg, state, m)| {
-                    serde_json::json!({"pgid": pg.to_string(), "state": state, "up": m.up,
-                        "up_primary": m.up_primary, "acting": m.acting, "acting_primary": m.acting_primary})
+                .map(|(p, m)| {
+                    let st = &p.stat;
+                    serde_json::json!({"pgid": st.pg.to_string(), "state": p.state_name,
+                        "num_objects": st.num_objects, "num_bytes": st.num_bytes,
+                        "num_objects_degraded": st.num_objects_degraded,
+                        "num_objects_misplaced": st.num_objects_misplaced,
+                        "num_objects_unfound": st.num_objects_unfound,
+                        "last_update": format!("{}'{}", st.last_update.0, st.last_update.1),
+                        "reported_epoch": st.reported_epoch,
+                        "scrub": st.scrub.as_ref().map(|s| serde_json::json!({
+                            "last_scrub_stamp_ns": s.last_scrub_stamp_ns,
+                            "last_deep_scrub_stamp_ns": s.last_deep_scrub_stamp_ns,
+                            "num_inconsistent": s.num_inconsistent})),
+                        "up": m.as_ref().map(|m| m.up.clone()), "up_primary": m.as_ref().map(|m| m.up_primary),
+                        "acting": m.as_ref().map(|m| m.acting.clone()), "acting_primary": m.as_ref().map(|m| m.acting_primary)})
                 })
                 .collect();
             println!("{}", serde_json::json!({"epoch": map.epoch, "pg_stats": v}));
         }
         OutputFormat::Plain => {
-            println!("{:<8} {:<28} {:<14} ACTING", "PG", "STATE", "UP");
-            for (pg, state, m) in rows {
+            println!(
+                "{:<8} {:>8} {:>8} {:>9} {:>10} {:<30} {:<14} ACTING",
+                "PG", "OBJECTS", "DEGRADED", "MISPLACED", "BYTES", "STATE", "UP"
+            );
+            for (p, m) in rows {
+                let st = &p.stat;
+                let (up, acting) = match &m {
+                    Some(m) => (
+                        format!("{:?}p{}", m.up, m.up_primary),
+                        format!("{:?}p{}", m.acting, m.acting_primary),
+                    ),
+                    None => ("-".into(), "-".into()),
+                };
                 println!(
-                    "{:<8} {:<28} {:<14} {:?}p{}",
-                    pg.to_string(),
-                    state,
-                    format!("{:?}p{}", m.up, m.up_primary),
-                    m.acting,
-                    m.acting_primary
+                    "{:<8} {:>8} {:>8} {:>9} {:>10} {:<30} {:<14} {}",
+                    st.pg.to_string(),
+                    st.num_objects,
+                    st.num_objects_degraded,
+                    st.num_objects_misplaced,
+                    st.num_bytes,
+                    p.state_name,
+                    up,
+                    acting
                 );
             }
         }

@@ -306,6 +306,13 @@ async fn bench(io: &IoCtx, b: BenchArgs) -> Result<()> {
                     .await
                 {
                     Ok(_) => record(&stats, t, payload.len() as u64),
+                    Err(e @ kelp_client::ClientError::Full(_)) => {
+                        // Retrying cannot help: stop the benchmark (once) with the reason.
+                        stats.errors.fetch_add(1, Ordering::Relaxed);
+                        if !stop.swap(true, Ordering::Relaxed) {
+                            eprintln!("write error: {e}; stopping the benchmark");
+                        }
+                    }
                     Err(e) => {
                         stats.errors.fetch_add(1, Ordering::Relaxed);
                         eprintln!("write error: {e}");
@@ -443,6 +450,9 @@ async fn progress(stats: &Stats, start: Instant, seconds: u64, json: bool, stop:
     for sec in 1..=seconds {
         let target = start + Duration::from_secs(sec);
         tokio::time::sleep_until(target.into()).await;
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         let bytes = stats.bytes.load(Ordering::Relaxed);
         let ops = stats.ops.load(Ordering::Relaxed);
         if !json {

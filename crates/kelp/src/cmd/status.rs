@@ -1,16 +1,18 @@
 //! `kelp status` and `kelp health`: the cluster at a glance, shaped like Ceph's.
 //!
-//! Health checks and PG states are derived from the OSD map (which OSDs are up and in, and so
-//! how many replicas each PG's acting set has). Until OSDs report PG statistics (recovery
-//! progress, object counts, usage, I/O rates), states such as `recovering` are not shown.
+//! PG states, object counts, usage and client I/O rates come from the leader monitor's digest
+//! of the OSDs' statistics reports (`MonCommand::PgStats`); OSD up/in and flags come from the
+//! OSD map. Health checks use Ceph's names: `OSD_DOWN`, `OSDMAP_FLAGS`, `OSD_FULL`,
+//! `OSD_BACKFILLFULL`, `OSD_NEARFULL`, `PG_AVAILABILITY`, `PG_DEGRADED`, `OBJECT_MISPLACED`,
+//! `OBJECT_UNFOUND`, `TOO_FEW_OSDS`.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use kelp_maps::OsdMap;
-use kelp_proto::{ClusterStatus, MonCommand, MonReply};
+use kelp_maps::{ClusterFlag, OsdMap};
+use kelp_proto::{ClusterStatus, Fullness, MonCommand, MonReply, PgMapDigest, PgMapTotals};
 
 use crate::cmd::OutputFormat;
 use crate::cmd::common::{self, ConfArgs};
@@ -46,6 +48,8 @@ pub struct Check {
 pub struct Report {
     pub map: std::sync::Arc<OsdMap>,
     pub mon: Option<ClusterStatus>,
+    /// The leader's statistics digest (`None` if the monitors could not give one).
+    pub digest: Option<PgMapDigest>,
     pub checks: Vec<Check>,
     pub pgs_by_state: BTreeMap<String, u32>,
     pub num_pgs: u32,
@@ -61,16 +65,39 @@ impl Report {
             "HEALTH_WARN"
         }
     }
+
+    pub fn totals(&self) -> PgMapTotals {
+        self.digest.as_ref().map(|d| d.totals).unwrap_or_default()
+    }
 }
 
-/// Gathers the map and monitor status and evaluates the health checks.
-pub async fn report(conf: &ConfArgs) -> Result<Report> {
-    let rados = conf.connect().await?;
-    let map = rados.osd_map();
-    let mon = match rados.mon_command(MonCommand::Status).await {
-        Ok(MonReply::Status(s)) => Some(s),
-        _ => None,
-    };
+/// `part / whole` as a percentage with three decimals, as Ceph prints ratios.
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// Bytes the way Ceph prints them (`4.5 MiB`, `300 GiB`).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 || v >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[unit])
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Evaluates the health checks from the map and the statistics digest (pure).
+pub fn health_checks(map: &OsdMap, digest: Option<&PgMapDigest>) -> Vec<Check> {
     let mut checks = Vec::new();
     let down: Vec<String> = map
         .osds
@@ -86,8 +113,13 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
             detail: down,
         });
     }
-    if !map.flags.is_empty() {
-        let flags: Vec<String> = map.flags.iter().map(|f| f.to_string()).collect();
+    let flags: Vec<String> = map
+        .flags
+        .iter()
+        .filter(|f| **f != ClusterFlag::Full)
+        .map(|f| f.to_string())
+        .collect();
+    if !flags.is_empty() {
         checks.push(Check {
             name: "OSDMAP_FLAGS",
             severity: "HEALTH_WARN",
@@ -95,50 +127,167 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
             detail: vec![],
         });
     }
-    let mut pgs_by_state: BTreeMap<String, u32> = BTreeMap::new();
-    let mut inactive = Vec::new();
-    let mut degraded = Vec::new();
-    let mut num_pgs = 0;
-    for pool in map.pools.values() {
-        for pg in map.pool_pgs(pool.id)? {
-            num_pgs += 1;
-            let m = map.pg_mapping(pg)?;
-            let have = m.acting.len() as u32;
-            let state = if have >= pool.size {
-                "active+clean"
-            } else if have >= pool.min_size {
-                degraded.push(format!(
-                    "pg {pg} is active+undersized+degraded, acting {:?}",
-                    m.acting
-                ));
-                "active+undersized+degraded"
-            } else {
-                inactive.push(format!(
-                    "pg {pg} is inactive: {have} of {} replicas, min_size {}",
-                    pool.size, pool.min_size
-                ));
-                "undersized+degraded+peered"
-            };
-            *pgs_by_state.entry(state.to_string()).or_default() += 1;
-        }
+    let by_fullness = |level: Fullness, what: &str| -> Vec<String> {
+        digest
+            .map(|d| {
+                d.osds
+                    .iter()
+                    .filter(|o| o.up && o.fullness == level)
+                    .map(|o| {
+                        format!(
+                            "osd.{} is {what} ({:.1}% used)",
+                            o.id,
+                            percent(o.space.used, o.space.total)
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let ratio = |ppm: Option<u32>| ppm.map_or(String::new(), |p| format!("{}", p as f64 / 1e6));
+    let full = by_fullness(Fullness::Full, "full");
+    if !full.is_empty() || map.has_flag(ClusterFlag::Full) {
+        let summary = if full.is_empty() {
+            "the full flag is set (waiting for the OSDs' next reports)".to_string()
+        } else {
+            format!(
+                "{} full osd(s) (full ratio {}): writes are refused",
+                full.len(),
+                ratio(digest.map(|d| d.full_ratio_ppm))
+            )
+        };
+        checks.push(Check {
+            name: "OSD_FULL",
+            severity: "HEALTH_ERR",
+            summary,
+            detail: full,
+        });
     }
-    if !inactive.is_empty() {
+    let backfillfull = by_fullness(Fullness::BackfillFull, "backfill full");
+    if !backfillfull.is_empty() {
+        checks.push(Check {
+            name: "OSD_BACKFILLFULL",
+            severity: "HEALTH_WARN",
+            summary: format!(
+                "{} backfillfull osd(s) (backfillfull ratio {})",
+                backfillfull.len(),
+                ratio(digest.map(|d| d.backfillfull_ratio_ppm))
+            ),
+            detail: backfillfull,
+        });
+    }
+    let nearfull = by_fullness(Fullness::NearFull, "near full");
+    if !nearfull.is_empty() {
+        checks.push(Check {
+            name: "OSD_NEARFULL",
+            severity: "HEALTH_WARN",
+            summary: format!(
+                "{} nearfull osd(s) (nearfull ratio {})",
+                nearfull.len(),
+                ratio(digest.map(|d| d.nearfull_ratio_ppm))
+            ),
+            detail: nearfull,
+        });
+    }
+    if let Some(d) = digest {
+        let mut inactive = Vec::new();
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut degraded = Vec::new();
+        let (mut n_degraded, mut n_undersized) = (0, 0);
+        for p in &d.pgs {
+            let states: Vec<&str> = p.state_name.split('+').collect();
+            let active = states.contains(&"active");
+            let stale = states.contains(&"stale");
+            if !active || stale {
+                inactive.push(format!(
+                    "pg {} is {}, acting {:?}",
+                    p.stat.pg, p.state_name, p.stat.acting
+                ));
+                for s in [
+                    "unknown",
+                    "peering",
+                    "stale",
+                    "down",
+                    "incomplete",
+                    "peered",
+                ] {
+                    if states.contains(&s) {
+                        *counts.entry(s).or_default() += 1;
+                    }
+                }
+            }
+            let is_degraded = states.contains(&"degraded");
+            let is_undersized = states.contains(&"undersized");
+            n_degraded += usize::from(is_degraded);
+            n_undersized += usize::from(is_undersized);
+            if is_degraded || is_undersized {
+                degraded.push(format!(
+                    "pg {} is {}, acting {:?}",
+                    p.stat.pg, p.state_name, p.stat.acting
+                ));
+            }
+        }
+        if !inactive.is_empty() {
+            let mut parts = vec![format!("{} pgs inactive", inactive.len())];
+            parts.extend(counts.iter().map(|(s, n)| format!("{n} pgs {s}")));
+            checks.push(Check {
+                name: "PG_AVAILABILITY",
+                severity: "HEALTH_ERR",
+                summary: format!("Reduced data availability: {}", parts.join(", ")),
+                detail: inactive,
+            });
+        }
+        let t = &d.totals;
+        if !degraded.is_empty() || t.degraded_objects > 0 {
+            let mut parts = Vec::new();
+            if t.degraded_objects > 0 {
+                parts.push(format!(
+                    "{}/{} objects degraded ({:.3}%)",
+                    t.degraded_objects,
+                    t.degraded_total,
+                    percent(t.degraded_objects, t.degraded_total)
+                ));
+            }
+            if n_degraded > 0 {
+                parts.push(format!("{n_degraded} pgs degraded"));
+            }
+            if n_undersized > 0 {
+                parts.push(format!("{n_undersized} pgs undersized"));
+            }
+            checks.push(Check {
+                name: "PG_DEGRADED",
+                severity: "HEALTH_WARN",
+                summary: format!("Degraded data redundancy: {}", parts.join(", ")),
+                detail: degraded,
+            });
+        }
+        if t.misplaced_objects > 0 {
+            checks.push(Check {
+                name: "OBJECT_MISPLACED",
+                severity: "HEALTH_WARN",
+                summary: format!(
+                    "{}/{} objects misplaced ({:.3}%)",
+                    t.misplaced_objects,
+                    t.degraded_total,
+                    percent(t.misplaced_objects, t.degraded_total)
+                ),
+                detail: vec![],
+            });
+        }
+        if t.unfound_objects > 0 {
+            checks.push(Check {
+                name: "OBJECT_UNFOUND",
+                severity: "HEALTH_WARN",
+                summary: format!("{} objects unfound", t.unfound_objects),
+                detail: vec![],
+            });
+        }
+    } else if map.pools.values().any(|p| p.pg_num > 0) {
         checks.push(Check {
             name: "PG_AVAILABILITY",
             severity: "HEALTH_ERR",
-            summary: format!("Reduced data availability: {} pgs inactive", inactive.len()),
-            detail: inactive,
-        });
-    }
-    if !degraded.is_empty() {
-        checks.push(Check {
-            name: "PG_DEGRADED",
-            severity: "HEALTH_WARN",
-            summary: format!(
-                "Degraded data redundancy: {} pgs undersized",
-                degraded.len()
-            ),
-            detail: degraded,
+            summary: "PG states unknown: the monitors gave no statistics".into(),
+            detail: vec![],
         });
     }
     if map.osds.is_empty() {
@@ -149,9 +298,51 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
             detail: vec![],
         });
     }
+    checks
+}
+
+/// Gathers the map, the monitor status and the statistics digest, and evaluates the health
+/// checks.
+pub async fn report(conf: &ConfArgs) -> Result<Report> {
+    let rados = conf.connect().await?;
+    let mon = match rados.mon_command(MonCommand::Status).await {
+        Ok(MonReply::Status(s)) => Some(s),
+        _ => None,
+    };
+    let digest = match rados.mon_command(MonCommand::PgStats).await {
+        Ok(MonReply::PgStats(d)) => Some(*d),
+        _ => None,
+    };
+    // The digest was computed against the leader's map: use a map at least that new.
+    if let Some(d) = &digest {
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            rados.wait_for_epoch(d.epoch),
+        )
+        .await;
+    }
+    let map = rados.osd_map();
+    let checks = health_checks(&map, digest.as_ref());
+    let mut pgs_by_state: BTreeMap<String, u32> = BTreeMap::new();
+    let mut num_pgs = 0;
+    match &digest {
+        Some(d) => {
+            for p in &d.pgs {
+                num_pgs += 1;
+                *pgs_by_state.entry(p.state_name.clone()).or_default() += 1;
+            }
+        }
+        None => {
+            for pool in map.pools.values() {
+                num_pgs += pool.pg_num;
+                *pgs_by_state.entry("unknown".into()).or_default() += pool.pg_num;
+            }
+        }
+    }
     Ok(Report {
         map,
         mon,
+        digest,
         checks,
         pgs_by_state,
         num_pgs,
@@ -172,6 +363,7 @@ pub fn status_json(r: &Report) -> serde_json::Value {
         })
         .collect();
     let map = &r.map;
+    let t = r.totals();
     serde_json::json!({
         "fsid": map.fsid,
         "health": {"status": r.status(), "checks": checks},
@@ -183,7 +375,16 @@ pub fn status_json(r: &Report) -> serde_json::Value {
         "osdmap": {"epoch": map.epoch, "num_osds": map.osds.len(), "num_up_osds": map.num_up(),
             "num_in_osds": map.num_in(), "flags": map.flags.iter().map(|f| f.to_string()).collect::<Vec<_>>()},
         "pgmap": {"num_pools": map.pools.len(), "num_pgs": r.num_pgs,
-            "pgs_by_state": r.pgs_by_state.iter().map(|(s, c)| serde_json::json!({"state_name": s, "count": c})).collect::<Vec<_>>()},
+            "pgs_by_state": r.pgs_by_state.iter().map(|(s, c)| serde_json::json!({"state_name": s, "count": c})).collect::<Vec<_>>(),
+            "num_objects": t.num_objects, "data_bytes": t.data_bytes, "bytes_used": t.bytes_used,
+            "bytes_avail": t.bytes_avail, "bytes_total": t.bytes_total,
+            "read_bytes_sec": t.rates.read_bytes_sec, "write_bytes_sec": t.rates.write_bytes_sec,
+            "read_op_per_sec": t.rates.read_op_per_sec, "write_op_per_sec": t.rates.write_op_per_sec,
+            "degraded_objects": t.degraded_objects, "degraded_total": t.degraded_total,
+            "degraded_ratio": if t.degraded_total == 0 { 0.0 } else { t.degraded_objects as f64 / t.degraded_total as f64 },
+            "misplaced_objects": t.misplaced_objects, "misplaced_total": t.degraded_total,
+            "misplaced_ratio": if t.degraded_total == 0 { 0.0 } else { t.misplaced_objects as f64 / t.degraded_total as f64 },
+            "unfound_objects": t.unfound_objects},
     })
 }
 
@@ -227,8 +428,58 @@ pub fn run_status(a: StatusArgs) -> Result<ExitCode> {
     println!();
     println!("  data:");
     println!("    pools:   {} pools, {} pgs", map.pools.len(), r.num_pgs);
+    let t = r.totals();
+    if r.digest.is_some() {
+        println!(
+            "    objects: {} objects, {}",
+            t.num_objects,
+            human_bytes(t.data_bytes)
+        );
+        println!(
+            "    usage:   {} used, {} / {} avail",
+            human_bytes(t.bytes_used),
+            human_bytes(t.bytes_avail),
+            human_bytes(t.bytes_total)
+        );
+    }
+    let mut first = true;
+    let mut pgs_line = |text: String| {
+        println!(
+            "    {}{text}",
+            if first { "pgs:     " } else { "         " }
+        );
+        first = false;
+    };
+    if t.degraded_objects > 0 {
+        pgs_line(format!(
+            "{}/{} objects degraded ({:.3}%)",
+            t.degraded_objects,
+            t.degraded_total,
+            percent(t.degraded_objects, t.degraded_total)
+        ));
+    }
+    if t.misplaced_objects > 0 {
+        pgs_line(format!(
+            "{}/{} objects misplaced ({:.3}%)",
+            t.misplaced_objects,
+            t.degraded_total,
+            percent(t.misplaced_objects, t.degraded_total)
+        ));
+    }
     for (state, count) in &r.pgs_by_state {
-        println!("    pgs:     {count} {state}");
+        pgs_line(format!("{count} {state}"));
+    }
+    let rt = t.rates;
+    if rt.read_bytes_sec + rt.write_bytes_sec + rt.read_op_per_sec + rt.write_op_per_sec > 0 {
+        println!();
+        println!("  io:");
+        println!(
+            "    client:   {}/s rd, {}/s wr, {} op/s rd, {} op/s wr",
+            human_bytes(rt.read_bytes_sec),
+            human_bytes(rt.write_bytes_sec),
+            rt.read_op_per_sec,
+            rt.write_op_per_sec
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -258,4 +509,17 @@ pub fn run_health(a: HealthArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_print_like_ceph() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(300 << 20), "300 MiB");
+        assert_eq!(human_bytes(3 << 30), "3 GiB");
+    }
 }

@@ -103,9 +103,10 @@ pub enum DaemonCommand {
     /// a store of --osd-size, and the daemon, started in the background. CRUSH then moves a
     /// share of the data onto it.
     AddOsd(AddOsdArgs),
-    /// Remove an OSD from the cluster in DIR for good: stop it, purge it from the map and the
-    /// monitors' keys, delete its store. Refused unless it was marked out
-    /// (`kelp osd out N`) and no PG maps to it any more; --force skips the checks.
+    /// Remove an OSD from the cluster in DIR for good: wait until every PG is active+clean,
+    /// stop it, purge it from the map and the monitors' keys, delete its store. Refused
+    /// unless it was marked out (`kelp osd out N`) and no PG maps to it any more; --force
+    /// skips the checks and the wait.
     RemoveOsd(RemoveOsdArgs),
 }
 
@@ -851,6 +852,24 @@ fn add_osd(a: AddOsdArgs) -> Result<ExitCode> {
     })
 }
 
+/// Waits (up to 5 minutes) until every PG is reported active+clean.
+async fn wait_clean(rados: &kelp_client::Rados, name: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let unclean = crate::cmd::osd::unclean_pgs(rados).await?;
+        let Some(first) = unclean.first() else {
+            return Ok(());
+        };
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "refusing to remove {name}: {} PG(s) still not active+clean after 5 minutes ({first})",
+                unclean.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 fn remove_osd(a: RemoveOsdArgs) -> Result<ExitCode> {
     let dir = a
         .dir
@@ -870,6 +889,10 @@ fn remove_osd(a: RemoveOsdArgs) -> Result<ExitCode> {
             bail!("refusing to remove {name}: {why} (--force to remove it anyway)");
         }
     }
+    if !a.force {
+        // its data must be complete elsewhere before it goes: wait for the PGs to settle
+        rt.block_on(wait_clean(&rados, &name))?;
+    }
     if stop(&dir, &name, Duration::from_secs(20)) {
         eprintln!("stopped {name}");
     }
@@ -882,6 +905,10 @@ fn remove_osd(a: RemoveOsdArgs) -> Result<ExitCode> {
                     .await?;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !a.force {
+            // its going down changed the map: the PGs report again
+            wait_clean(&rados, &name).await?;
         }
         crate::cmd::osd::purge(&rados, id, a.force).await
     })?;

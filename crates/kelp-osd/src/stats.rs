@@ -1,0 +1,409 @@
+//! What an OSD reports to the monitors (`OsdStatsReport`) and its own full-ratio failsafe.
+//!
+//! - Client I/O counters are cumulative since start and counted once per client op that
+//!   succeeded on this OSD as primary (replica writes are not client I/O), so the monitors'
+//!   rates summed over OSDs count each client op once.
+//! - Per PG this OSD is the acting primary of: its state ([`pg_state_flags`], a pure function
+//!   of what the OSD knows), object and byte counts (recounted from the store only when the
+//!   PG's log has advanced since the last count, and for a PG that keeps changing at most
+//!   every [`recount_after`]), degraded and misplaced copies.
+//! - Failsafe: a client write is refused with `Full` when this OSD's own store is at or past
+//!   the full ratio (which the leader sends back with every report), even before the map's
+//!   `full` flag arrives. The store's usage is looked at most every
+//!   [`SPACE_CHECK_EVERY`], so the write path never pays for it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kelp_proto::{IoCounters, OpKind, OsdSpace, OsdStatsReport, PgStat, PgStateFlag};
+use kelp_store::{ObjectStore, StoreSpace};
+use kelp_types::PgId;
+
+use crate::service::OsdService;
+
+/// How stale the failsafe's view of the store's usage may be.
+pub const SPACE_CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// The default full ratio until the monitors say otherwise (`mon_osd_full_ratio`), millionths.
+pub const DEFAULT_FULL_RATIO_PPM: u32 = 950_000;
+
+/// A PG's object and byte count, the `last_update` and the time it was counted at.
+#[derive(Debug, Clone, Copy)]
+struct PgCount {
+    last_update: (u32, u64),
+    objects: u64,
+    bytes: u64,
+    at: Instant,
+}
+
+impl PgCount {
+    /// Whether the count can be reused: the PG has not changed since, or it was counted less
+    /// than [`recount_after`] ago (big PGs under a write load are not rescanned every report).
+    fn reusable(&self, last_update: (u32, u64)) -> bool {
+        self.last_update == last_update || self.at.elapsed() < recount_after(self.objects)
+    }
+}
+
+/// How long a count of a PG that keeps changing is reused: 2 s plus 1 s per 1000 objects (a
+/// recount lists and stats every object).
+pub fn recount_after(objects: u64) -> Duration {
+    Duration::from_secs(2) + Duration::from_millis(objects)
+}
+
+/// Counters and caches behind the reports (one per OSD service).
+#[derive(Debug)]
+pub struct OsdStats {
+    read_ops: AtomicU64,
+    read_bytes: AtomicU64,
+    write_ops: AtomicU64,
+    write_bytes: AtomicU64,
+    full_ratio_ppm: AtomicU32,
+    /// (when, used/total in millionths) of the last look at the store's usage.
+    space_seen: Mutex<Option<(Instant, u32)>>,
+    counts: Mutex<HashMap<PgId, PgCount>>,
+}
+
+impl Default for OsdStats {
+    fn default() -> Self {
+        OsdStats {
+            read_ops: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            write_ops: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
+            full_ratio_ppm: AtomicU32::new(DEFAULT_FULL_RATIO_PPM),
+            space_seen: Mutex::new(None),
+            counts: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+fn ppm(space: &StoreSpace) -> u32 {
+    if space.total == 0 {
+        return 0;
+    }
+    ((space.used as u128 * 1_000_000) / space.total as u128).min(u32::MAX as u128) as u32
+}
+
+impl OsdStats {
+    /// Counts one successful client op.
+    pub fn count_op(&self, is_write: bool, bytes: u64) {
+        if is_write {
+            self.write_ops.fetch_add(1, Ordering::Relaxed);
+            self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            self.read_ops.fetch_add(1, Ordering::Relaxed);
+            self.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub fn io(&self) -> IoCounters {
+        IoCounters {
+            read_ops: self.read_ops.load(Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            write_ops: self.write_ops.load(Ordering::Relaxed),
+            write_bytes: self.write_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets the full ratio (from the monitors' answer to a report).
+    pub fn set_full_ratio_ppm(&self, ppm: u32) {
+        self.full_ratio_ppm
+            .store(ppm.min(1_000_000), Ordering::Relaxed);
+    }
+
+    pub fn full_ratio_ppm(&self) -> u32 {
+        self.full_ratio_ppm.load(Ordering::Relaxed)
+    }
+
+    /// The store's usage in millionths, looked up at most every [`SPACE_CHECK_EVERY`].
+    fn usage_ppm(&self, store: &dyn ObjectStore) -> Option<u32> {
+        let mut seen = self.space_seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, used)) = *seen
+            && at.elapsed() < SPACE_CHECK_EVERY
+        {
+            return Some(used);
+        }
+        let used = ppm(&store.space().ok()?);
+        *seen = Some((Instant::now(), used));
+        Some(used)
+    }
+
+    /// Why a client op must be refused as full, if it must: the map says the cluster is full,
+    /// or this OSD's store is at or past the full ratio. Ops that only read or remove pass.
+    pub fn refuse_full(
+        &self,
+        osd: i32,
+        map_full: bool,
+        ops: &[OpKind],
+        store: &dyn ObjectStore,
+    ) -> Option<String> {
+        if ops.iter().all(OpKind::allowed_when_full) {
+            return None;
+        }
+        if map_full {
+            return Some(
+                "an OSD is at or past mon_osd_full_ratio (the OSD map's full flag is set); \
+                 writes resume once space is freed"
+                    .to_string(),
+            );
+        }
+        let ratio = self.full_ratio_ppm();
+        let used = self.usage_ppm(store)?;
+        (used >= ratio).then(|| {
+            format!(
+                "osd.{osd} is {:.1}% used, at or past the full ratio {:.1}%",
+                used as f64 / 10_000.0,
+                ratio as f64 / 10_000.0
+            )
+        })
+    }
+
+    fn cached_count(&self, pg: PgId, last_update: (u32, u64)) -> Option<(u64, u64)> {
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts
+            .get(&pg)
+            .filter(|c| c.reusable(last_update))
+            .map(|c| (c.objects, c.bytes))
+    }
+
+    fn store_count(&self, pg: PgId, last_update: (u32, u64), objects: u64, bytes: u64) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.insert(
+            pg,
+            PgCount {
+                last_update,
+                objects,
+                bytes,
+                at: Instant::now(),
+            },
+        );
+    }
+}
+
+/// What the primary knows about one of its PGs, for [`pg_state_flags`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgFacts {
+    /// The PG has been peered for the current acting set.
+    pub peered: bool,
+    pub acting: usize,
+    pub size: u32,
+    pub min_size: u32,
+    /// Some acting replicas missed a write (they need recovery).
+    pub replicas_behind: bool,
+    /// Acting members that are not in the up set (`pg_temp`).
+    pub acting_not_up: usize,
+    /// The acting set differs from the up set.
+    pub remapped: bool,
+}
+
+/// The PG's states, as Ceph names them, from what its primary knows.
+pub fn pg_state_flags(f: &PgFacts) -> Vec<PgStateFlag> {
+    let mut s = Vec::new();
+    if !f.peered {
+        s.push(PgStateFlag::Peering);
+    } else if (f.acting as u32) < f.min_size {
+        s.push(PgStateFlag::Peered);
+    } else {
+        s.push(PgStateFlag::Active);
+    }
+    let undersized = (f.acting as u32) < f.size;
+    if undersized {
+        s.push(PgStateFlag::Undersized);
+    }
+    if undersized || f.replicas_behind {
+        s.push(PgStateFlag::Degraded);
+    }
+    if f.remapped {
+        s.push(PgStateFlag::Remapped);
+    }
+    if f.peered && !undersized && !f.replicas_behind && f.acting_not_up == 0 {
+        s.push(PgStateFlag::Clean);
+    }
+    s
+}
+
+/// Degraded copies: the copies the acting set lacks for every object, plus (at least) one per
+/// replica that missed a write; misplaced copies: those on acting members outside the up set.
+pub fn degraded_and_misplaced(f: &PgFacts, objects: u64, behind: usize) -> (u64, u64) {
+    let missing = u64::from(f.size.saturating_sub(f.acting as u32));
+    (
+        objects * missing + behind as u64,
+        objects * f.acting_not_up as u64,
+    )
+}
+
+impl OsdService {
+    /// This OSD's report: store usage, client I/O counters, and its primary PGs.
+    pub async fn stats_report(&self) -> OsdStatsReport {
+        let map = self.map();
+        let me = self.id();
+        let store = self.store();
+        let space = store.space().unwrap_or_default();
+        let mut pgs = Vec::new();
+        for (pg, handle) in self.pg_handles() {
+            let Ok(m) = map.pg_mapping(pg) else { continue };
+            if m.acting_primary != me {
+                continue;
+            }
+            let Some(pool) = map.pools.get(&pg.pool.0) else {
+                continue;
+            };
+            let (peered, behind, coll, last_update) = {
+                let state = handle.read().await;
+                let behind: Vec<i32> = state
+                    .failed_replicas
+                    .iter()
+                    .copied()
+                    .filter(|o| m.acting.contains(o))
+                    .collect();
+                (
+                    state.active.as_deref() == Some(&m.acting[..]),
+                    behind.len(),
+                    state.meta.coll,
+                    state.meta.info.last_update,
+                )
+            };
+            let (objects, bytes) = match self.stats.cached_count(pg, last_update) {
+                Some(c) => c,
+                None => {
+                    let st = store.clone();
+                    match tokio::task::spawn_blocking(move || count_objects(&*st, coll)).await {
+                        Ok(Ok((o, b))) => {
+                            self.stats.store_count(pg, last_update, o, b);
+                            (o, b)
+                        }
+                        _ => (0, 0),
+                    }
+                }
+            };
+            let facts = PgFacts {
+                peered,
+                acting: m.acting.len(),
+                size: pool.size,
+                min_size: pool.min_size,
+                replicas_behind: behind > 0,
+                acting_not_up: m.acting.iter().filter(|o| !m.up.contains(o)).count(),
+                remapped: m.acting != m.up,
+            };
+            let (degraded, misplaced) = degraded_and_misplaced(&facts, objects, behind);
+            pgs.push(PgStat {
+                pg,
+                state: pg_state_flags(&facts),
+                up: m.up.clone(),
+                acting: m.acting.clone(),
+                num_objects: objects,
+                num_bytes: bytes,
+                num_objects_degraded: degraded,
+                num_objects_misplaced: misplaced,
+                num_objects_unfound: 0,
+                last_update,
+                reported_epoch: map.epoch,
+                scrub: None,
+            });
+        }
+        pgs.sort_by_key(|p| p.pg);
+        OsdStatsReport {
+            osd: me,
+            epoch: map.epoch,
+            space: OsdSpace {
+                total: space.total,
+                used: space.used,
+                available: space.available,
+            },
+            io: self.stats.io(),
+            pgs,
+        }
+    }
+}
+
+/// Objects and data bytes of a PG's collection, Kelp's internal objects (namespace `\x1f…`,
+/// snapshots) excluded.
+fn count_objects(
+    store: &dyn ObjectStore,
+    coll: kelp_store::CollectionId,
+) -> Result<(u64, u64), kelp_store::StoreError> {
+    let (mut objects, mut bytes) = (0, 0);
+    let mut from = None;
+    loop {
+        let page = store.list_objects(coll, from.as_ref(), 1024)?;
+        for oid in &page.objects {
+            if oid.namespace.starts_with('\u{1f}') || oid.snap != kelp_store::SNAP_HEAD {
+                continue;
+            }
+            match store.stat(coll, oid) {
+                Ok(st) => {
+                    objects += 1;
+                    bytes += st.size;
+                }
+                // Removed since the listing: not there any more.
+                Err(kelp_store::StoreError::ObjectNotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match page.next {
+            Some(next) => from = Some(next),
+            None => return Ok((objects, bytes)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kelp_proto::pg_state_name;
+
+    fn facts(peered: bool, acting: usize) -> PgFacts {
+        PgFacts {
+            peered,
+            acting,
+            size: 3,
+            min_size: 2,
+            replicas_behind: false,
+            acting_not_up: 0,
+            remapped: false,
+        }
+    }
+
+    #[test]
+    fn states_from_facts() {
+        let name = |f: &PgFacts| pg_state_name(&pg_state_flags(f));
+        assert_eq!(name(&facts(true, 3)), "active+clean");
+        assert_eq!(name(&facts(false, 3)), "peering");
+        assert_eq!(name(&facts(true, 2)), "active+undersized+degraded");
+        assert_eq!(name(&facts(true, 1)), "undersized+degraded+peered");
+        let mut f = facts(true, 3);
+        f.replicas_behind = true;
+        assert_eq!(name(&f), "active+degraded");
+        let mut f = facts(true, 3);
+        f.remapped = true;
+        f.acting_not_up = 1;
+        assert_eq!(name(&f), "active+remapped");
+        assert_eq!(degraded_and_misplaced(&f, 10, 0), (0, 10));
+        assert_eq!(degraded_and_misplaced(&facts(true, 1), 10, 0), (20, 0));
+    }
+
+    #[test]
+    fn failsafe_refuses_growing_writes_only() {
+        let store = kelp_store::MemStore::with_capacity(1000);
+        let s = OsdStats::default();
+        let write = [OpKind::WriteFull { len: 10 }];
+        let delete = [OpKind::Remove];
+        assert!(s.refuse_full(0, false, &write, &store).is_none());
+        assert!(s.refuse_full(0, true, &write, &store).is_some());
+        assert!(s.refuse_full(0, true, &delete, &store).is_none());
+        // Past the ratio of its own store (after the check interval).
+        let coll = kelp_store::CollectionId(PgId::new(1, 0));
+        let oid = kelp_store::ObjectId::new(1, "", "x", 0);
+        let mut t = kelp_store::Transaction::new();
+        t.create_collection(coll).write(coll, &oid, 0, vec![0; 960]);
+        store.submit(t).unwrap().wait().unwrap();
+        std::thread::sleep(SPACE_CHECK_EVERY + Duration::from_millis(10));
+        let why = s.refuse_full(3, false, &write, &store).expect("refused");
+        assert!(why.contains("osd.3") && why.contains("96.0%"), "{why}");
+        assert!(s.refuse_full(3, false, &delete, &store).is_none());
+        s.set_full_ratio_ppm(990_000);
+        assert!(s.refuse_full(3, false, &write, &store).is_none());
+    }
+}

@@ -1,0 +1,317 @@
+//! Statistics the OSDs report to the monitors, and the cluster-wide digest the leader monitor
+//! computes from them (what Ceph's `MPGStats` and the manager's `PGMap` are, kept simple).
+//!
+//! Each OSD sends an [`OsdStatsReport`] every `osd_stats_interval` to the leader monitor
+//! (`msg_type::MON_OSD_STATS`): its store's capacity and usage, its cumulative client I/O
+//! counters, and one [`PgStat`] per PG it is the acting primary of. The leader keeps the
+//! latest report per OSD in memory only (not in the Raft log) and answers
+//! `MonCommand::PgStats` with a [`PgMapDigest`].
+//!
+//! Extending: the scrub machinery fills [`PgStat::scrub`] ([`PgScrubStat`]); new PG states are
+//! appended to [`PgStateFlag`] (postcard encodes variants by position, so appending keeps old
+//! encodings readable) and placed in [`PG_STATE_ORDER`].
+
+use kelp_types::PgId;
+use serde::{Deserialize, Serialize};
+
+/// One PG state bit, with Ceph's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PgStateFlag {
+    /// Serving I/O (peered with at least `min_size` members).
+    Active,
+    /// Every object on `size` members, where CRUSH wants them.
+    Clean,
+    /// Gathering the members' logs / bringing members up to date before going active.
+    Peering,
+    /// Peered but with fewer than `min_size` members: not serving I/O.
+    Peered,
+    /// Some objects have fewer than `size` copies.
+    Degraded,
+    /// Fewer than `size` members in the acting set.
+    Undersized,
+    Recovering,
+    RecoveryWait,
+    Backfilling,
+    BackfillWait,
+    BackfillToofull,
+    /// The acting set differs from the up set (`pg_temp`).
+    Remapped,
+    /// A member that must be consulted is down.
+    Down,
+    /// No member has a complete history.
+    Incomplete,
+    /// The monitors have no recent report from the PG's primary.
+    Stale,
+    Scrubbing,
+    /// With `Scrubbing`: a deep scrub.
+    Deep,
+    /// Scrub found replicas that disagree.
+    Inconsistent,
+    Repair,
+}
+
+/// The order Ceph prints state names in (`active+undersized+degraded`, `stale+active+clean`).
+pub const PG_STATE_ORDER: &[PgStateFlag] = &[
+    PgStateFlag::Stale,
+    PgStateFlag::Active,
+    PgStateFlag::Clean,
+    PgStateFlag::RecoveryWait,
+    PgStateFlag::Recovering,
+    PgStateFlag::Down,
+    PgStateFlag::Undersized,
+    PgStateFlag::Degraded,
+    PgStateFlag::Remapped,
+    PgStateFlag::Scrubbing,
+    PgStateFlag::Deep,
+    PgStateFlag::Inconsistent,
+    PgStateFlag::Peering,
+    PgStateFlag::Repair,
+    PgStateFlag::BackfillWait,
+    PgStateFlag::Backfilling,
+    PgStateFlag::BackfillToofull,
+    PgStateFlag::Incomplete,
+    PgStateFlag::Peered,
+];
+
+impl PgStateFlag {
+    pub fn name(self) -> &'static str {
+        match self {
+            PgStateFlag::Active => "active",
+            PgStateFlag::Clean => "clean",
+            PgStateFlag::Peering => "peering",
+            PgStateFlag::Peered => "peered",
+            PgStateFlag::Degraded => "degraded",
+            PgStateFlag::Undersized => "undersized",
+            PgStateFlag::Recovering => "recovering",
+            PgStateFlag::RecoveryWait => "recovery_wait",
+            PgStateFlag::Backfilling => "backfilling",
+            PgStateFlag::BackfillWait => "backfill_wait",
+            PgStateFlag::BackfillToofull => "backfill_toofull",
+            PgStateFlag::Remapped => "remapped",
+            PgStateFlag::Down => "down",
+            PgStateFlag::Incomplete => "incomplete",
+            PgStateFlag::Stale => "stale",
+            PgStateFlag::Scrubbing => "scrubbing",
+            PgStateFlag::Deep => "deep",
+            PgStateFlag::Inconsistent => "inconsistent",
+            PgStateFlag::Repair => "repair",
+        }
+    }
+}
+
+/// Ceph's printed form of a set of states: names joined by `+` in [`PG_STATE_ORDER`];
+/// `unknown` for none.
+pub fn pg_state_name(flags: &[PgStateFlag]) -> String {
+    let names: Vec<&str> = PG_STATE_ORDER
+        .iter()
+        .filter(|f| flags.contains(f))
+        .map(|f| f.name())
+        .collect();
+    if names.is_empty() {
+        "unknown".to_string()
+    } else {
+        names.join("+")
+    }
+}
+
+/// Capacity and usage of an OSD's store, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdSpace {
+    pub total: u64,
+    pub used: u64,
+    pub available: u64,
+}
+
+/// Cumulative client I/O served by an OSD as primary since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoCounters {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+}
+
+/// Scrub results of a PG (filled by the scrub machinery; `None` until it reports).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgScrubStat {
+    /// Wall-clock ns since the epoch of the last completed scrub (0: never).
+    pub last_scrub_stamp_ns: u64,
+    /// Wall-clock ns since the epoch of the last completed deep scrub (0: never).
+    pub last_deep_scrub_stamp_ns: u64,
+    /// Objects found inconsistent by the last scrub.
+    pub num_inconsistent: u64,
+}
+
+/// One PG as its acting primary sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgStat {
+    pub pg: PgId,
+    /// The PG's states (any order; print with [`pg_state_name`]).
+    pub state: Vec<PgStateFlag>,
+    pub up: Vec<i32>,
+    /// The acting set the state was computed for.
+    pub acting: Vec<i32>,
+    /// Objects and bytes of object data on the primary (Kelp's internal objects excluded).
+    pub num_objects: u64,
+    pub num_bytes: u64,
+    /// Missing object copies (objects × members lacking them).
+    pub num_objects_degraded: u64,
+    /// Object copies not where CRUSH wants them (on acting members outside the up set).
+    pub num_objects_misplaced: u64,
+    /// Objects no member has.
+    pub num_objects_unfound: u64,
+    /// `(epoch, version)` of the newest PG-log entry.
+    pub last_update: (u32, u64),
+    /// The OSD map epoch the state was computed at.
+    pub reported_epoch: u32,
+    pub scrub: Option<PgScrubStat>,
+}
+
+/// What an OSD sends the leader monitor every `osd_stats_interval`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdStatsReport {
+    pub osd: i32,
+    /// The OSD's map epoch when it built the report.
+    pub epoch: u32,
+    pub space: OsdSpace,
+    pub io: IoCounters,
+    /// The PGs it is the acting primary of.
+    pub pgs: Vec<PgStat>,
+}
+
+/// How full an OSD is, against the `mon_osd_*_ratio`s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Fullness {
+    #[default]
+    Ok,
+    NearFull,
+    BackfillFull,
+    Full,
+}
+
+/// Client I/O rates (per second), from successive cumulative counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoRates {
+    pub read_bytes_sec: u64,
+    pub write_bytes_sec: u64,
+    pub read_op_per_sec: u64,
+    pub write_op_per_sec: u64,
+}
+
+/// One OSD in the digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdSummary {
+    pub id: i32,
+    pub up: bool,
+    pub in_: bool,
+    /// Whether the leader holds a report from it (usage fields are 0 otherwise).
+    pub reported: bool,
+    pub space: OsdSpace,
+    /// PGs whose acting set holds it.
+    pub num_pgs: u32,
+    pub fullness: Fullness,
+    pub rates: IoRates,
+}
+
+/// One PG in the digest: its state as the monitors judge it (reported, `unknown`, `stale+…`,
+/// or `peering` when the report predates a change of its acting set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgSummary {
+    pub state_name: String,
+    /// The latest report for it (zeros and the map's sets when there is none).
+    pub stat: PgStat,
+    /// Whether `stat` comes from the current acting primary.
+    pub reported: bool,
+}
+
+/// Cluster-wide totals, with Ceph's `pgmap` field names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgMapTotals {
+    pub num_objects: u64,
+    pub data_bytes: u64,
+    pub bytes_used: u64,
+    pub bytes_avail: u64,
+    pub bytes_total: u64,
+    pub degraded_objects: u64,
+    /// Object copies in total (objects × pool size), the base of the degraded ratio.
+    pub degraded_total: u64,
+    pub misplaced_objects: u64,
+    pub unfound_objects: u64,
+    pub rates: IoRates,
+}
+
+/// The leader monitor's view of the cluster's statistics (`MonCommand::PgStats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgMapDigest {
+    /// The OSD map epoch it was computed against.
+    pub epoch: u32,
+    pub pgs: Vec<PgSummary>,
+    pub osds: Vec<OsdSummary>,
+    pub totals: PgMapTotals,
+    /// `mon_osd_nearfull_ratio`, `mon_osd_backfillfull_ratio`, `mon_osd_full_ratio` in
+    /// millionths.
+    pub nearfull_ratio_ppm: u32,
+    pub backfillfull_ratio_ppm: u32,
+    pub full_ratio_ppm: u32,
+}
+
+/// The leader's answer to a stats report: the settings from the central config the OSD needs
+/// (how `osd_stats_interval` and the full ratio reach it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsAck {
+    /// `osd_stats_interval`, ms.
+    pub interval_ms: u64,
+    /// `mon_osd_full_ratio`, millionths: the OSD refuses client writes past it on its own.
+    pub full_ratio_ppm: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_names_follow_ceph_order() {
+        assert_eq!(pg_state_name(&[]), "unknown");
+        assert_eq!(
+            pg_state_name(&[PgStateFlag::Clean, PgStateFlag::Active]),
+            "active+clean"
+        );
+        assert_eq!(
+            pg_state_name(&[
+                PgStateFlag::Degraded,
+                PgStateFlag::Active,
+                PgStateFlag::Undersized
+            ]),
+            "active+undersized+degraded"
+        );
+        assert_eq!(
+            pg_state_name(&[PgStateFlag::Active, PgStateFlag::Clean, PgStateFlag::Stale]),
+            "stale+active+clean"
+        );
+        // Every flag has a place in the order.
+        let all = [
+            PgStateFlag::Active,
+            PgStateFlag::Clean,
+            PgStateFlag::Peering,
+            PgStateFlag::Peered,
+            PgStateFlag::Degraded,
+            PgStateFlag::Undersized,
+            PgStateFlag::Recovering,
+            PgStateFlag::RecoveryWait,
+            PgStateFlag::Backfilling,
+            PgStateFlag::BackfillWait,
+            PgStateFlag::BackfillToofull,
+            PgStateFlag::Remapped,
+            PgStateFlag::Down,
+            PgStateFlag::Incomplete,
+            PgStateFlag::Stale,
+            PgStateFlag::Scrubbing,
+            PgStateFlag::Deep,
+            PgStateFlag::Inconsistent,
+            PgStateFlag::Repair,
+        ];
+        for f in all {
+            assert!(PG_STATE_ORDER.contains(&f), "{f:?}");
+        }
+    }
+}
