@@ -12,7 +12,8 @@ use kelp_maps::{OsdMap, PoolSpec};
 use kelp_osd::{Limits, OsdConfig, OsdService, Peers, Stamp, execute};
 use kelp_proto::{
     ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgPull, PgPullReply, PgQuery,
-    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
+    PgPush, PgPushReply, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply,
+    ScrubMapRequest,
 };
 use kelp_store::{CollectionId, MemStore};
 
@@ -70,6 +71,23 @@ impl Peers for LocalPeers {
     }
     async fn sync(&self, osd: i32, _addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String> {
         Ok(self.get(osd)?.pg_sync(s).await)
+    }
+    async fn scrub_map(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        r: ScrubMapRequest,
+    ) -> Result<ScrubMapReply, String> {
+        Ok(self.get(osd)?.scrub_map(r).await)
+    }
+    async fn push(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        p: PgPush,
+        data: Bytes,
+    ) -> Result<PgPushReply, String> {
+        Ok(self.get(osd)?.pg_push(p, data).await)
     }
 }
 

@@ -30,6 +30,10 @@ pub enum OsdCommand {
     In(IdsArgs),
     /// Mark OSDs down (a running OSD reports itself up again).
     Down(IdsArgs),
+    /// Queue a scrub of every PG each OSD is primary for (runs even with `noscrub`).
+    Scrub(crate::cmd::scrub::OsdScrubArgs),
+    /// Queue a deep scrub of every PG each OSD is primary for (runs even with `nodeep-scrub`).
+    DeepScrub(crate::cmd::scrub::OsdScrubArgs),
 }
 
 #[derive(Args, Debug)]
@@ -84,6 +88,8 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
         OsdCommand::Out(a) => mark(a, |id| MonCommand::OsdOut { id }),
         OsdCommand::In(a) => mark(a, |id| MonCommand::OsdIn { id }),
         OsdCommand::Down(a) => mark(a, |id| MonCommand::OsdDown { id }),
+        OsdCommand::Scrub(a) => crate::cmd::scrub::run_osd_scrub(a, false),
+        OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true),
     }
 }
 

@@ -22,8 +22,21 @@ pub struct PgLsArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum PgCommand {
-    /// Every PG with its state (derived from the map) and up/acting sets.
+    /// Every PG with its state (derived from the map, plus the primaries' scrub state) and
+    /// up/acting sets.
     Ls(PgLsArgs),
+    /// Queue a scrub of the PG on its primary: object sets, sizes, versions, attributes and
+    /// omaps compared across the acting set. Runs even with the `noscrub` flag set.
+    Scrub(crate::cmd::scrub::PgScrubArgs),
+    /// Queue a deep scrub: a scrub that also reads every byte on every member (checksums
+    /// verified) and compares data digests.
+    DeepScrub(crate::cmd::scrub::PgScrubArgs),
+    /// Deep-scrub the PG and copy the authoritative version of every inconsistent object to
+    /// the members whose copy is bad, then verify.
+    Repair(crate::cmd::scrub::PgScrubArgs),
+    /// The inconsistent objects the PG's last scrub found: per object the errors, the
+    /// authoritative copy and the bad ones (like `rados list-inconsistent-obj`).
+    ListInconsistent(crate::cmd::scrub::ListInconsistentArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -43,9 +56,24 @@ pub struct RuleArgs {
 }
 
 pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
-    let PgCommand::Ls(a) = cmd;
+    use crate::cmd::scrub;
+    use kelp_proto::PgCommandKind;
+    let a = match cmd {
+        PgCommand::Ls(a) => a,
+        PgCommand::Scrub(a) => return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: false }),
+        PgCommand::DeepScrub(a) => {
+            return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: true });
+        }
+        PgCommand::Repair(a) => return scrub::run_pg_scrub(a, PgCommandKind::Repair),
+        PgCommand::ListInconsistent(a) => return scrub::run_list_inconsistent(a),
+    };
     let rt = common::runtime()?;
-    let map = rt.block_on(async { Ok::<_, anyhow::Error>(a.conf.connect().await?.osd_map()) })?;
+    let (map, scrubs) = rt.block_on(async {
+        let rados = a.conf.connect().await?;
+        let scrubs =
+            scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
+        Ok::<_, anyhow::Error>((rados.osd_map(), scrubs))
+    })?;
     let mut rows = Vec::new();
     for pool in map.pools.values() {
         if a.pool.as_deref().is_some_and(|p| p != pool.name) {
@@ -61,6 +89,11 @@ pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
             } else {
                 "undersized+degraded+peered"
             };
+            let mut state = state.to_string();
+            for w in scrubs.get(&pg).map(|s| s.state_words()).unwrap_or_default() {
+                state.push('+');
+                state.push_str(w);
+            }
             rows.push((pg, state, m));
         }
     }

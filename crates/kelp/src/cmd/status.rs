@@ -95,6 +95,9 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
             detail: vec![],
         });
     }
+    // Scrub state and errors, asked from the primaries until OSDs report PG statistics.
+    let scrubs =
+        crate::cmd::scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
     let mut pgs_by_state: BTreeMap<String, u32> = BTreeMap::new();
     let mut inactive = Vec::new();
     let mut degraded = Vec::new();
@@ -119,7 +122,12 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
                 ));
                 "undersized+degraded+peered"
             };
-            *pgs_by_state.entry(state.to_string()).or_default() += 1;
+            let mut state = state.to_string();
+            for w in scrubs.get(&pg).map(|s| s.state_words()).unwrap_or_default() {
+                state.push('+');
+                state.push_str(w);
+            }
+            *pgs_by_state.entry(state).or_default() += 1;
         }
     }
     if !inactive.is_empty() {
@@ -141,6 +149,7 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
             detail: degraded,
         });
     }
+    checks.extend(crate::cmd::scrub::scrub_checks(&scrubs));
     if map.osds.is_empty() {
         checks.push(Check {
             name: "TOO_FEW_OSDS",
