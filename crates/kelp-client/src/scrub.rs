@@ -84,7 +84,11 @@ impl Rados {
             .await?;
         let reply: OsdScrubReply = decode(&resp.meta, "OsdScrubReply")?;
         if let Some((code, msg)) = &reply.error {
-            return Err(ClientError::from_code(*code, &format!("osd.{osd}"), msg.clone()));
+            return Err(ClientError::from_code(
+                *code,
+                &format!("osd.{osd}"),
+                msg.clone(),
+            ));
         }
         Ok(reply)
     }

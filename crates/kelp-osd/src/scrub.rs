@@ -89,7 +89,12 @@ impl ScrubConfig {
     /// Applies one central-config key; false if the key is not a scrub key or the value does
     /// not parse.
     pub fn set(&mut self, key: &str, value: &str) -> bool {
-        let secs = || value.parse::<f64>().ok().filter(|s| *s >= 0.0 && s.is_finite());
+        let secs = || {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|s| *s >= 0.0 && s.is_finite())
+        };
         match key {
             "osd_scrub_chunk_max" => match value.parse::<usize>() {
                 Ok(n) if n > 0 => self.chunk_max = n,
@@ -739,9 +744,19 @@ impl OsdService {
         }
         let now = now_secs();
         let load = load_ok(cfg.load_threshold);
+        // Only PGs that serve I/O now (a busy lock just means "not this tick").
+        let active = |pg: PgId| {
+            let Ok(m) = map.pg_mapping(pg) else {
+                return false;
+            };
+            self.pg_handle(pg).is_some_and(|h| {
+                h.try_read()
+                    .is_ok_and(|st| st.active.as_deref() == Some(&m.acting[..]))
+            })
+        };
         let mut due: Vec<(u64, PgId, bool)> = pgs
             .iter()
-            .filter(|(pg, _)| primary_of(**pg))
+            .filter(|(pg, _)| primary_of(**pg) && active(**pg))
             .filter_map(|(&pg, p)| {
                 scheduled_kind(now, &p.summary, &cfg, flags, load).map(|deep| {
                     let stamp = if deep {
@@ -964,8 +979,21 @@ impl OsdService {
     }
 
     /// Scrubs every chunk of a PG (repairing what it can if `repair`).
-    async fn scrub_pg(self: &Arc<Self>, pg: PgId, deep: bool, repair: bool) -> Result<Outcome, String> {
-        let (map, acting, handle) = self.serving(pg).await?;
+    async fn scrub_pg(
+        self: &Arc<Self>,
+        pg: PgId,
+        deep: bool,
+        repair: bool,
+    ) -> Result<Outcome, String> {
+        // A PG that is still peering (an OSD just restarted) gets a moment to activate.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let (map, acting, handle) = loop {
+            match self.serving(pg).await {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        };
         let coll = CollectionId(pg);
         let mut out = Outcome {
             objects: 0,
@@ -978,18 +1006,26 @@ impl OsdService {
             let store = self.store();
             let from = start.clone();
             let max = cfg.chunk_max.max(1);
-            let page = tokio::task::spawn_blocking(move || {
-                store.list_objects(coll, from.as_ref(), max)
-            })
-            .await
-            .map_err(blocking_err)?
-            .map_err(|e| e.to_string())?;
+            let page =
+                tokio::task::spawn_blocking(move || store.list_objects(coll, from.as_ref(), max))
+                    .await
+                    .map_err(blocking_err)?
+                    .map_err(|e| e.to_string())?;
             let end = page.next;
             let block = self
                 .block_range(&handle, &acting, start.as_ref(), end.as_ref())
                 .await?;
             let result = self
-                .scrub_chunk(pg, &map, &acting, &handle, start.as_ref(), end.as_ref(), deep, repair)
+                .scrub_chunk(
+                    pg,
+                    &map,
+                    &acting,
+                    &handle,
+                    start.as_ref(),
+                    end.as_ref(),
+                    deep,
+                    repair,
+                )
                 .await;
             block.release().await;
             let (objects, bad, repaired) = result?;
@@ -1510,14 +1546,23 @@ mod tests {
         assert_eq!(scheduled_kind(1000 + day, &s, &cfg, f, true), Some(false));
         // Too busy: waits until the max interval, then scrubs anyway.
         assert_eq!(scheduled_kind(1000 + day, &s, &cfg, f, false), None);
-        assert_eq!(scheduled_kind(1000 + 7 * day, &s, &cfg, f, false), Some(true));
+        assert_eq!(
+            scheduled_kind(1000 + 7 * day, &s, &cfg, f, false),
+            Some(true)
+        );
         // noscrub stops shallow scrubs; nodeep-scrub deep ones.
-        assert_eq!(scheduled_kind(1000 + day, &s, &cfg, (true, false), true), None);
+        assert_eq!(
+            scheduled_kind(1000 + day, &s, &cfg, (true, false), true),
+            None
+        );
         assert_eq!(
             scheduled_kind(1000 + 7 * day, &s, &cfg, (false, true), true),
             Some(false)
         );
-        assert_eq!(scheduled_kind(1000 + 7 * day, &s, &cfg, (true, true), true), None);
+        assert_eq!(
+            scheduled_kind(1000 + 7 * day, &s, &cfg, (true, true), true),
+            None
+        );
     }
 
     #[test]

@@ -453,7 +453,8 @@ impl OsdService {
             // Always on a blocking thread, even for a few KiB: running small reads on the async
             // worker saved ~30% CPU per read on an idle disk, but under I/O contention from other
             // processes a slow pread stalled both workers and reads fell 3-6x (measured).
-            let (pgid, object, ops, op_data) = (op.pg, op.object.clone(), op.ops.clone(), data.clone());
+            let (pgid, object, ops, op_data) =
+                (op.pg, op.object.clone(), op.ops.clone(), data.clone());
             let result = tokio::task::spawn_blocking(move || {
                 execute(&*store, coll, &op.object, &op.ops, &data, stamp, &limits)
             })

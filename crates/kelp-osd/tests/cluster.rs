@@ -11,9 +11,8 @@ use bytes::Bytes;
 use kelp_maps::{OsdMap, PoolSpec};
 use kelp_osd::{Limits, OsdConfig, OsdService, Peers, Stamp, execute};
 use kelp_proto::{
-    ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgPull, PgPullReply, PgQuery,
-    PgPush, PgPushReply, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply,
-    ScrubMapRequest,
+    ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgPull, PgPullReply, PgPush, PgPushReply,
+    PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply, ScrubMapRequest,
 };
 use kelp_store::{CollectionId, MemStore};
 

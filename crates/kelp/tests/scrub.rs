@@ -147,7 +147,12 @@ fn flip(file: &Path, needle: &[u8]) -> u64 {
         carry = window[window.len().saturating_sub(needle.len() - 1)..].to_vec();
         base += n as u64;
     }
-    assert_eq!(found.len(), 1, "the pattern must be in {} exactly once", file.display());
+    assert_eq!(
+        found.len(),
+        1,
+        "the pattern must be in {} exactly once",
+        file.display()
+    );
     let at = found[0];
     f.seek(SeekFrom::Start(at)).unwrap();
     let flipped: Vec<u8> = needle[..16].iter().map(|b| !b).collect();
@@ -212,7 +217,10 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
     let (pg, acting) = pg_of(&rados, &victim);
     assert_eq!(acting.len(), 3);
     let replica = acting[1];
-    eprintln!("[{:?}] {victim} in pg {pg}, acting {acting:?}; corrupting osd.{replica}", started.elapsed());
+    eprintln!(
+        "[{:?}] {victim} in pg {pg}, acting {acting:?}; corrupting osd.{replica}",
+        started.elapsed()
+    );
 
     // A reader that checks every object continuously, for the whole test.
     let stop = Arc::new(AtomicBool::new(false));
@@ -242,7 +250,10 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
     c.daemon("stop", &name);
     let needle = &written[&victim][100_000..100_064];
     let at = flip(&c.dir.join(&name).join("block"), needle);
-    eprintln!("[{:?}] flipped 16 bytes at offset {at} of {name}/block", started.elapsed());
+    eprintln!(
+        "[{:?}] flipped 16 bytes at offset {at} of {name}/block",
+        started.elapsed()
+    );
     c.daemon("start", &name);
     wait_serving(&rados, &victim, &written[&victim]).await;
 
@@ -268,15 +279,30 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
     let pgid = pg.to_string();
     let t = Instant::now();
     let out = c.cli_ok(&["pg", "deep-scrub", &pgid, "--wait"]);
-    eprintln!("[{:?}] deep scrub took {:?}: {out}", started.elapsed(), t.elapsed());
+    eprintln!(
+        "[{:?}] deep scrub took {:?}: {out}",
+        started.elapsed(),
+        t.elapsed()
+    );
     let report = list_inconsistent(&c, pg);
     let objs = report["inconsistents"].as_array().unwrap();
     assert_eq!(objs.len(), 1, "{report:#}");
     assert_eq!(objs[0]["object"]["name"], victim.as_str());
-    assert_eq!(objs[0]["bad_osds"], serde_json::json!([replica]), "{report:#}");
-    assert_eq!(objs[0]["auth_osd"], serde_json::json!(acting[0]), "{report:#}");
+    assert_eq!(
+        objs[0]["bad_osds"],
+        serde_json::json!([replica]),
+        "{report:#}"
+    );
+    assert_eq!(
+        objs[0]["auth_osd"],
+        serde_json::json!(acting[0]),
+        "{report:#}"
+    );
     assert!(
-        objs[0]["errors"].as_array().unwrap().contains(&"read_error".into()),
+        objs[0]["errors"]
+            .as_array()
+            .unwrap()
+            .contains(&"read_error".into()),
         "{report:#}"
     );
     let health = c.cli_ok(&["health", "detail"]);
@@ -286,7 +312,8 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
     assert!(health.contains(&format!("pg {pgid} is")), "{health}");
     let pgls = c.cli_ok(&["pg", "ls"]);
     assert!(
-        pgls.lines().any(|l| l.starts_with(&pgid) && l.contains("+inconsistent")),
+        pgls.lines()
+            .any(|l| l.starts_with(&pgid) && l.contains("+inconsistent")),
         "{pgls}"
     );
 
@@ -309,7 +336,12 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
 
     // The repaired replica's store is clean, checked offline.
     c.daemon("stop", &name);
-    let fsck = kelp(&["store", "fsck", "--deep", &c.dir.join(&name).display().to_string()]);
+    let fsck = kelp(&[
+        "store",
+        "fsck",
+        "--deep",
+        &c.dir.join(&name).display().to_string(),
+    ]);
     assert!(
         fsck.status.success(),
         "fsck of the repaired {name}:\n{}",
@@ -328,9 +360,15 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
     let (pg2, acting2) = pg_of(&rados, &victim2);
     let primary = acting2[0];
     let pname = format!("osd.{primary}");
-    eprintln!("[{:?}] corrupting the primary osd.{primary}'s copy of {victim2} (pg {pg2})", started.elapsed());
+    eprintln!(
+        "[{:?}] corrupting the primary osd.{primary}'s copy of {victim2} (pg {pg2})",
+        started.elapsed()
+    );
     c.daemon("stop", &pname);
-    flip(&c.dir.join(&pname).join("block"), &written[&victim2][50_000..50_064]);
+    flip(
+        &c.dir.join(&pname).join("block"),
+        &written[&victim2][50_000..50_064],
+    );
     c.daemon("start", &pname);
     // Wait until it is primary again.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -339,24 +377,66 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let got = io.read(&victim2, 0, 0).await.unwrap();
-    assert!(got == written[&victim2], "{victim2}: wrong data from a damaged primary");
-    // The primary's copy was repaired by that read: a deep scrub finds nothing.
+    assert!(
+        got == written[&victim2],
+        "{victim2}: wrong data from a damaged primary"
+    );
+    // The primary noticed and repaired its copy (counted in the PG's summary)…
+    let report = list_inconsistent(&c, pg2);
+    assert_eq!(report["primary"], serde_json::json!(primary), "{report:#}");
+    assert_eq!(report["summary"]["num_objects_repaired"], 1, "{report:#}");
+    // …so a deep scrub finds nothing.
     let out = c.cli_ok(&["pg", "deep-scrub", &pg2.to_string(), "--wait"]);
     assert!(out.contains(" 0 inconsistent"), "{out}");
 
     stop.store(true, Ordering::Relaxed);
     let errors = reader.await.unwrap();
     let n = reads.load(Ordering::Relaxed);
-    eprintln!("[{:?}] reader: {n} good reads, {} errors {:?}", started.elapsed(), errors.len(), errors.iter().take(3).collect::<Vec<_>>());
+    eprintln!(
+        "[{:?}] reader: {n} good reads, {} errors {:?}",
+        started.elapsed(),
+        errors.len(),
+        errors.iter().take(3).collect::<Vec<_>>()
+    );
     assert!(n > 100, "the reader made too little progress: {n}");
     assert!(errors.is_empty(), "reads failed: {errors:?}");
     // Everything written during the scrubs reads back.
     for (name, want) in &during {
         assert!(io.read(name, 0, 0).await.unwrap() == *want, "{name}");
     }
-    // Explicit requests still run with the flags set; `kelp osd deep-scrub` queues every PG.
+    // `kelp osd deep-scrub` queues every PG the OSD is primary for.
     let out = c.cli_ok(&["osd", "deep-scrub", &primary.to_string()]);
     assert!(out.contains("instructed to deep-scrub"), "{out}");
+    assert!(
+        !out.contains(" 0 pgs"),
+        "osd.{primary} is primary of {pg2}: {out}"
+    );
+
+    // Scheduled scrubs follow the central config: with a 2 s maximum interval every PG is
+    // scrubbed within a few seconds whatever the load (the OSDs re-read the config every 5 s).
+    let t = Instant::now();
+    c.cli_ok(&["config", "set", "osd", "osd_scrub_min_interval", "1"]);
+    c.cli_ok(&["config", "set", "osd", "osd_scrub_max_interval", "2"]);
+    let stamp = |pg: PgId, key: &str| list_inconsistent(&c, pg)["summary"][key].as_u64().unwrap();
+    let set_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stamp(pg, "last_scrub_stamp") <= set_at {
+        assert!(
+            Instant::now() < deadline,
+            "no scheduled scrub of {pg} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "[{:?}] scheduled scrub seen after {:?}",
+        started.elapsed(),
+        t.elapsed()
+    );
+    c.cli_ok(&["config", "rm", "osd", "osd_scrub_min_interval"]);
+    c.cli_ok(&["config", "rm", "osd", "osd_scrub_max_interval"]);
     let _ = c.cli(&["health"]);
     eprintln!("[{:?}] done", started.elapsed());
 }

@@ -70,8 +70,7 @@ pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
     let rt = common::runtime()?;
     let (map, scrubs) = rt.block_on(async {
         let rados = a.conf.connect().await?;
-        let scrubs =
-            scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
+        let scrubs = scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
         Ok::<_, anyhow::Error>((rados.osd_map(), scrubs))
     })?;
     let mut rows = Vec::new();

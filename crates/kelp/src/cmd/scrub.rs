@@ -210,7 +210,11 @@ pub fn run_osd_scrub(a: OsdScrubArgs, deep: bool) -> Result<ExitCode> {
         let rados = a.conf.connect().await?;
         for id in &a.ids {
             let r = rados
-                .osd_scrub_command(id.0, OsdScrubCommand::Scrub { deep }, Duration::from_secs(10))
+                .osd_scrub_command(
+                    id.0,
+                    OsdScrubCommand::Scrub { deep },
+                    Duration::from_secs(10),
+                )
                 .await?;
             println!(
                 "osd.{} instructed to {} {} pgs",
@@ -225,10 +229,7 @@ pub fn run_osd_scrub(a: OsdScrubArgs, deep: bool) -> Result<ExitCode> {
 
 /// Scrub summaries of every PG, asked from every up OSD (each answers for the PGs it is
 /// primary for). OSDs that do not answer within `timeout` are left out.
-pub async fn scrub_summaries(
-    rados: &Rados,
-    timeout: Duration,
-) -> BTreeMap<PgId, PgScrubSummary> {
+pub async fn scrub_summaries(rados: &Rados, timeout: Duration) -> BTreeMap<PgId, PgScrubSummary> {
     let map = rados.osd_map();
     let asks = map.osds.values().filter(|o| o.up).map(|o| {
         let rados = rados.clone();
