@@ -161,7 +161,10 @@ pub enum Authority {
     Unusable,
 }
 
-fn fingerprint(o: &ScrubObject) -> (u64, u64, u32, u32, Option<u32>) {
+/// What two copies must share to be identical: size, version, attrs, omap and data digests.
+type Fingerprint = (u64, u64, u32, u32, Option<u32>);
+
+fn fingerprint(o: &ScrubObject) -> Fingerprint {
     (
         o.size,
         o.version,
@@ -200,7 +203,7 @@ pub fn choose_authoritative(
         Some(h) if !h.deleted && usable.iter().any(|(_, o)| o.version == h.version) => h.version,
         _ => newest,
     };
-    let mut groups: BTreeMap<(u64, u64, u32, u32, Option<u32>), Vec<i32>> = BTreeMap::new();
+    let mut groups: BTreeMap<Fingerprint, Vec<i32>> = BTreeMap::new();
     for (osd, o) in usable.iter().filter(|(_, o)| o.version == want_version) {
         groups.entry(fingerprint(o)).or_default().push(*osd);
     }

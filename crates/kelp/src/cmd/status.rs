@@ -3,6 +3,8 @@
 //! Health checks and PG states are derived from the OSD map (which OSDs are up and in, and so
 //! how many replicas each PG's acting set has). Until OSDs report PG statistics (recovery
 //! progress, object counts, usage, I/O rates), states such as `recovering` are not shown.
+//! Scrub state (`+inconsistent`, `+scrubbing…`) and the `OSD_SCRUB_ERRORS`/`PG_DAMAGED` checks
+//! come from asking each up OSD for its primary PGs' scrub summaries (`cmd::scrub`).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
