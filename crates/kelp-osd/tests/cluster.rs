@@ -11,10 +11,11 @@ use bytes::Bytes;
 use kelp_maps::{OsdMap, PoolSpec};
 use kelp_osd::{Limits, OsdConfig, OsdService, Peers, Stamp, execute};
 use kelp_proto::{
-    ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgPull, PgPullReply, PgPush, PgPushReply,
-    PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply, ScrubMapRequest,
+    ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgCommand, PgCommandKind, PgPull,
+    PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
+    RepOpReply, ScrubMapReply, ScrubMapRequest, ShardError,
 };
-use kelp_store::{CollectionId, MemStore};
+use kelp_store::{CollectionId, MemStore, ObjectStore, Transaction};
 
 #[derive(Default)]
 struct LocalPeers {
@@ -479,4 +480,160 @@ async fn a_read_waits_for_a_write_that_is_not_yet_on_every_replica() {
     let (reply, data) = reader.await.unwrap();
     assert_eq!(reply.error, None);
     assert_eq!(&data[..], b"new");
+}
+
+/// Waits for a scrub request queued on `osd` for `pg` to complete; returns the inconsistencies.
+async fn scrub_and_wait(
+    osd: &Arc<OsdService>,
+    pg: kelp_types::PgId,
+    epoch: u32,
+    kind: PgCommandKind,
+) -> Vec<kelp_proto::InconsistentObject> {
+    let seq = osd
+        .pg_command(PgCommand { pg, epoch, kind })
+        .await
+        .queued_seq;
+    for _ in 0..500 {
+        let r = osd
+            .pg_command(PgCommand {
+                pg,
+                epoch,
+                kind: PgCommandKind::ListInconsistent,
+            })
+            .await;
+        assert_eq!(r.error, None);
+        if r.summary.completed_seq >= seq && !r.summary.scrubbing {
+            assert_eq!(r.summary.last_error, None);
+            return r.inconsistent;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the {kind:?} of {pg} did not complete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrub_finds_missing_mismatched_and_stale_copies_and_repair_fixes_them() {
+    let mut c = Cluster::new().await;
+    let _scrubbers: Vec<_> = c.osds.values().map(|s| s.start_scrubber()).collect();
+    // Five objects in one PG, plus one written and then deleted.
+    let pg = c.map.object_pg(c.pool, "o0", None, "").unwrap();
+    let names: Vec<String> = (0..200)
+        .map(|i| format!("o{i}"))
+        .filter(|n| c.map.object_pg(c.pool, n, None, "").unwrap() == pg)
+        .take(6)
+        .collect();
+    assert_eq!(names.len(), 6);
+    for (i, n) in names.iter().enumerate() {
+        let body = vec![i as u8 + 1; 3000 + i * 100];
+        let op = c.op(
+            n,
+            vec![
+                OpKind::WriteFull {
+                    len: body.len() as u64,
+                },
+                OpKind::OmapSet {
+                    entries: vec![("k".into(), 1)],
+                },
+            ],
+        );
+        let mut data = body.clone();
+        data.push(b'v');
+        assert_eq!(c.send(op, &data).await.0.error, None);
+    }
+    let op = c.op(&names[5], vec![OpKind::Remove]);
+    assert_eq!(c.send(op, &[]).await.0.error, None);
+    let m = c.map.pg_mapping(pg).unwrap();
+    let (primary, r1, r2) = (m.acting[0], m.acting[1], m.acting[2]);
+    let coll = CollectionId(pg);
+    let oid = |n: &str| kelp_osd::object_id(&c.loc(n));
+    // Damage: missing on r1, other bytes on r2, omap on the primary, truncated on r2, and the
+    // deleted object back on r1.
+    let damage = |osd: i32, f: &dyn Fn(&mut Transaction)| {
+        let mut t = Transaction::new();
+        f(&mut t);
+        c.stores[&osd].submit(t).unwrap().wait().unwrap();
+    };
+    damage(r1, &|t| {
+        t.remove(coll, &oid(&names[0]));
+    });
+    damage(r2, &|t| {
+        t.write(coll, &oid(&names[1]), 10, vec![0xee; 4]);
+    });
+    damage(primary, &|t| {
+        t.omap_set(
+            coll,
+            &oid(&names[2]),
+            [(b"k".to_vec(), b"x".to_vec())].into_iter().collect(),
+        );
+    });
+    damage(r2, &|t| {
+        t.truncate(coll, &oid(&names[3]), 100);
+    });
+    damage(r1, &|t| {
+        t.touch(coll, &oid(&names[5]));
+    });
+    let epoch = c.map.epoch;
+    let osd = c.osds[&primary].clone();
+
+    let by_name = |bad: &[kelp_proto::InconsistentObject]| -> HashMap<String, (Vec<ShardError>, Vec<i32>, Option<i32>)> {
+        bad.iter()
+            .map(|o| (o.name.clone(), (o.errors.clone(), o.bad_osds(), o.auth_osd)))
+            .collect()
+    };
+    // Shallow: everything but the same-size data change.
+    let bad = by_name(&scrub_and_wait(&osd, pg, epoch, PgCommandKind::Scrub { deep: false }).await);
+    assert_eq!(bad.len(), 4, "{bad:?}");
+    assert_eq!(
+        bad[&names[0]],
+        (vec![ShardError::Missing], vec![r1], Some(primary))
+    );
+    assert_eq!(
+        bad[&names[2]],
+        (
+            vec![ShardError::OmapDigestMismatch],
+            vec![primary],
+            Some(r1.min(r2))
+        )
+    );
+    assert_eq!(
+        bad[&names[3]],
+        (vec![ShardError::SizeMismatch], vec![r2], Some(primary))
+    );
+    assert_eq!(bad[&names[5]], (vec![ShardError::Stale], vec![r1], None));
+    // Deep: the data change too.
+    let bad = by_name(&scrub_and_wait(&osd, pg, epoch, PgCommandKind::Scrub { deep: true }).await);
+    assert_eq!(bad.len(), 5, "{bad:?}");
+    assert_eq!(
+        bad[&names[1]],
+        (
+            vec![ShardError::DataDigestMismatch],
+            vec![r2],
+            Some(primary)
+        )
+    );
+    // Repair, then every copy is the written one and a deep scrub is clean.
+    let left = scrub_and_wait(&osd, pg, epoch, PgCommandKind::Repair).await;
+    assert!(left.is_empty(), "{left:?}");
+    for (i, n) in names.iter().enumerate().take(5) {
+        for o in 0..3 {
+            assert_eq!(
+                c.stored(o, n),
+                Some(vec![i as u8 + 1; 3000 + i * 100]),
+                "{n} on osd.{o}"
+            );
+        }
+    }
+    assert_eq!(c.stored(r1, &names[5]), None);
+    let left = scrub_and_wait(&osd, pg, epoch, PgCommandKind::Scrub { deep: true }).await;
+    assert!(left.is_empty(), "{left:?}");
+    let summary = osd
+        .pg_command(PgCommand {
+            pg,
+            epoch,
+            kind: PgCommandKind::Status,
+        })
+        .await
+        .summary;
+    assert_eq!(summary.num_scrub_errors, 0);
+    assert_eq!(summary.objects_scrubbed, 5);
 }
