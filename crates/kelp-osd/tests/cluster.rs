@@ -482,6 +482,9 @@ async fn a_read_waits_for_a_write_that_is_not_yet_on_every_replica() {
     assert_eq!(&data[..], b"new");
 }
 
+/// Per inconsistent object: its errors, the bad members, the authoritative member.
+type Finding = (Vec<ShardError>, Vec<i32>, Option<i32>);
+
 /// Waits for a scrub request queued on `osd` for `pg` to complete; returns the inconsistencies.
 async fn scrub_and_wait(
     osd: &Arc<OsdService>,
@@ -575,7 +578,7 @@ async fn scrub_finds_missing_mismatched_and_stale_copies_and_repair_fixes_them()
     let epoch = c.map.epoch;
     let osd = c.osds[&primary].clone();
 
-    let by_name = |bad: &[kelp_proto::InconsistentObject]| -> HashMap<String, (Vec<ShardError>, Vec<i32>, Option<i32>)> {
+    let by_name = |bad: &[kelp_proto::InconsistentObject]| -> HashMap<String, Finding> {
         bad.iter()
             .map(|o| (o.name.clone(), (o.errors.clone(), o.bad_osds(), o.auth_osd)))
             .collect()
