@@ -694,6 +694,17 @@ impl OsdService {
         }
     }
 
+    /// A PG's scrub summary as this OSD keeps it (meaningful on the PG's primary): what a PG
+    /// statistics report to the monitors should carry.
+    pub fn scrub_summary(&self, pg: PgId) -> Option<PgScrubSummary> {
+        self.scrubber()
+            .pgs
+            .lock()
+            .expect("scrub table")
+            .get(&pg)
+            .map(|p| p.summary.clone())
+    }
+
     /// The scrub settings in force.
     pub fn scrub_config(&self) -> ScrubConfig {
         self.scrubber().config()
