@@ -29,6 +29,7 @@ mod error;
 mod ioctx;
 mod ops;
 mod rados;
+mod scrub;
 
 pub use config::{ClientConfig, ClusterConf, GlobalSection};
 pub use error::ClientError;

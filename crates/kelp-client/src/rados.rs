@@ -193,7 +193,7 @@ impl Retry {
 }
 
 /// A reply from a PG's primary: an optional error and the OSD's map epoch.
-trait PrimaryReply: serde::de::DeserializeOwned {
+pub(crate) trait PrimaryReply: serde::de::DeserializeOwned {
     const NAME: &'static str;
     fn error(&self) -> Option<&(ErrorCode, String)>;
     fn epoch(&self) -> u32;
@@ -308,7 +308,7 @@ impl Rados {
     /// send to its primary, and on a lost connection, a stale map (`Misdirected`), a PG that is
     /// not serving yet (`Inactive`) or a failed replica (`Io`) wait for a newer map (or a short,
     /// growing pause) and resend, until the op timeout. Other errors are final.
-    async fn call_primary<R: PrimaryReply>(
+    pub(crate) async fn call_primary<R: PrimaryReply>(
         &self,
         what: &str,
         subject: &str,

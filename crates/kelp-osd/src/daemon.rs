@@ -134,6 +134,7 @@ pub async fn run(
         msgr: msgr.clone(),
         timeout: Duration::from_secs(30),
     });
+    let scrub_base = opts.osd.scrub.clone();
     let service = OsdService::new(opts.osd, store.clone(), peers, (*first).clone());
     service
         .set_map((*first).clone())
@@ -151,6 +152,13 @@ pub async fn run(
     let epoch = mon.osd_boot(&boot).await?;
     info!(%entity, epoch, "marked up");
     let stats_task = tokio::spawn(report_stats(service.clone(), mon.clone()));
+    let scrubber = service.start_scrubber();
+    let config_follower = tokio::spawn(follow_scrub_config(
+        mon.clone(),
+        Arc::downgrade(&service),
+        scrub_base,
+        id,
+    ));
 
     tokio::pin!(shutdown);
     loop {
@@ -176,6 +184,8 @@ pub async fn run(
 
     info!(%entity, "shutting down");
     stats_task.abort();
+    scrubber.abort();
+    config_follower.abort();
     let down = MonCommand::OsdDown { id };
     match tokio::time::timeout(Duration::from_secs(3), mon.command(&down)).await {
         Ok(Ok(_)) => info!(%entity, "marked down"),
@@ -218,6 +228,30 @@ async fn report_stats(service: Arc<OsdService>, mon: Arc<MonClient>) {
             Err(_) => debug!("stats report not answered in time"),
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// How often the OSD re-reads the central config for its scrub settings.
+const CONFIG_REFRESH: Duration = Duration::from_secs(5);
+
+/// Applies the scrub keys of the monitors' central config (`kelp config set osd
+/// osd_scrub_sleep 0.1`) to the running OSD, re-reading it every `CONFIG_REFRESH`.
+async fn follow_scrub_config(
+    mon: Arc<MonClient>,
+    service: std::sync::Weak<OsdService>,
+    base: crate::scrub::ScrubConfig,
+    id: i32,
+) {
+    loop {
+        match mon.command(&MonCommand::ConfigDump).await {
+            Ok(MonReply::Config(entries)) => match service.upgrade() {
+                Some(s) => s.set_scrub_config(base.with_central(&entries, id)),
+                None => return,
+            },
+            Ok(_) => {}
+            Err(e) => tracing::debug!("reading the central config: {e}"),
+        }
+        tokio::time::sleep(CONFIG_REFRESH).await;
     }
 }
 

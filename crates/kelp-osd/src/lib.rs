@@ -6,7 +6,8 @@
 //! * `pglog` keeps each PG's log (`(epoch, version)` per write) in the same transaction as the
 //!   data, which is what peering and recovery compare later;
 //! * `service` handles client ops, replica writes and map changes, with the network behind the
-//!   `Peers` trait.
+//!   `Peers` trait;
+//! * `scrub` compares the members' copies of a PG's objects and repairs bad ones.
 
 pub mod daemon;
 pub mod exec;
@@ -14,9 +15,11 @@ pub mod net;
 pub mod peering;
 pub mod pglog;
 pub mod recovery;
+pub mod scrub;
 pub mod service;
 pub mod stats;
 
 pub use exec::{ExecError, Executed, Limits, Stamp, execute, object_id};
 pub use pglog::{LogEntry, PgInfo, PgMeta};
+pub use scrub::ScrubConfig;
 pub use service::{OsdConfig, OsdService, Peers};

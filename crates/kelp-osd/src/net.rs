@@ -8,8 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use kelp_msgr::{Dispatcher, Messenger, RemoteError, Request, Response};
 use kelp_proto::{
-    PgList, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
-    decode, encode, msg_type,
+    OsdScrubCommand, PgCommand, PgList, PgPull, PgPullReply, PgPush, PgPushReply, PgQuery,
+    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply, ScrubMapRequest, decode,
+    encode, msg_type,
 };
 
 use crate::service::{OsdService, Peers};
@@ -48,7 +49,11 @@ impl Dispatcher for OsdDispatcher {
                     Bytes::new(),
                 ))
             }
-            msg_type::OSD_PG_QUERY | msg_type::OSD_PG_PULL | msg_type::OSD_PG_SYNC
+            msg_type::OSD_PG_QUERY
+            | msg_type::OSD_PG_PULL
+            | msg_type::OSD_PG_SYNC
+            | msg_type::OSD_SCRUB_MAP
+            | msg_type::OSD_PG_PUSH
                 if !req.peer.entity().starts_with("osd.") =>
             {
                 Err(RemoteError::new(
@@ -75,6 +80,42 @@ impl Dispatcher for OsdDispatcher {
                 let reply = self.service.pg_sync(s).await;
                 Ok(Response::new(
                     msg_type::OSD_PG_SYNC,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_SCRUB_MAP => {
+                let r: ScrubMapRequest = decode(&req.meta, "ScrubMapRequest").map_err(bad)?;
+                let reply = self.service.scrub_map(r).await;
+                Ok(Response::new(
+                    msg_type::OSD_SCRUB_MAP,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_PG_PUSH => {
+                let p: PgPush = decode(&req.meta, "PgPush").map_err(bad)?;
+                let reply = self.service.pg_push(p, req.data).await;
+                Ok(Response::new(
+                    msg_type::OSD_PG_PUSH,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_PG_COMMAND => {
+                let c: PgCommand = decode(&req.meta, "PgCommand").map_err(bad)?;
+                let reply = self.service.pg_command(c).await;
+                Ok(Response::new(
+                    msg_type::OSD_PG_COMMAND,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_SCRUB_COMMAND => {
+                let c: OsdScrubCommand = decode(&req.meta, "OsdScrubCommand").map_err(bad)?;
+                let reply = self.service.osd_scrub_command(c).await;
+                Ok(Response::new(
+                    msg_type::OSD_SCRUB_COMMAND,
                     encode(&reply),
                     Bytes::new(),
                 ))
@@ -169,5 +210,42 @@ impl Peers for MsgrPeers {
             .await
             .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
         decode(&resp.meta, "PgSyncReply").map_err(|e| format!("osd.{osd}: {e}"))
+    }
+
+    async fn scrub_map(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        req: ScrubMapRequest,
+    ) -> Result<ScrubMapReply, String> {
+        // A deep scrub map reads every byte of a chunk: allow it longer than one op.
+        let resp = self
+            .msgr
+            .connection(addr)
+            .call(
+                msg_type::OSD_SCRUB_MAP,
+                encode(&req),
+                Bytes::new(),
+                self.timeout * 4,
+            )
+            .await
+            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
+        decode(&resp.meta, "ScrubMapReply").map_err(|e| format!("osd.{osd}: {e}"))
+    }
+
+    async fn push(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        p: PgPush,
+        data: Bytes,
+    ) -> Result<PgPushReply, String> {
+        let resp = self
+            .msgr
+            .connection(addr)
+            .call(msg_type::OSD_PG_PUSH, encode(&p), data, self.timeout)
+            .await
+            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
+        decode(&resp.meta, "PgPushReply").map_err(|e| format!("osd.{osd}: {e}"))
     }
 }

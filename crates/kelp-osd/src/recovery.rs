@@ -34,7 +34,7 @@ fn oid_for(pg: PgId, namespace: &str, name: &str) -> ObjectId {
 }
 
 /// Reads an object's complete state (blocking).
-fn read_state(
+pub(crate) fn read_state(
     store: &dyn ObjectStore,
     coll: CollectionId,
     oid: &ObjectId,
@@ -84,7 +84,7 @@ fn read_state(
 }
 
 /// Queues, in `txn`, making the local object exactly `state`.
-fn apply_state(
+pub(crate) fn apply_state(
     txn: &mut Transaction,
     coll: CollectionId,
     oid: &ObjectId,

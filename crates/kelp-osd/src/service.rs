@@ -33,7 +33,8 @@ use bytes::Bytes;
 use kelp_maps::OsdMap;
 use kelp_proto::{
     ErrorCode, ListCursor, ObjectLocator, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, PgPull,
-    PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
+    PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
+    RepOpReply, ScrubMapReply, ScrubMapRequest,
 };
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
@@ -51,6 +52,8 @@ pub struct OsdConfig {
     pub limits: Limits,
     /// How long a client op waits for this OSD to catch up with the client's newer map.
     pub map_wait: Duration,
+    /// Scrub settings (the initial ones; the central config may change them at runtime).
+    pub scrub: crate::scrub::ScrubConfig,
 }
 
 impl OsdConfig {
@@ -60,6 +63,7 @@ impl OsdConfig {
             max_pg_log_entries: 3000,
             limits: Limits::default(),
             map_wait: Duration::from_secs(5),
+            scrub: crate::scrub::ScrubConfig::default(),
         }
     }
 }
@@ -82,6 +86,21 @@ pub trait Peers: Send + Sync {
         p: PgPull,
     ) -> Result<(PgPullReply, Bytes), String>;
     async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String>;
+    /// Scrub: a member's scrub map of a range of a PG.
+    async fn scrub_map(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        req: ScrubMapRequest,
+    ) -> Result<ScrubMapReply, String>;
+    /// Repair: install the authoritative copy of one object on a member.
+    async fn push(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        p: PgPush,
+        data: Bytes,
+    ) -> Result<PgPushReply, String>;
 }
 
 /// A PG as this OSD holds it.
@@ -98,9 +117,11 @@ pub(crate) struct PgState {
     pub(crate) failed_replicas: Vec<i32>,
     /// Writes submitted to the store here (readable) whose outcome is not settled yet: not yet
     /// durable here or, on the primary, not yet answered by every replica. Version → object.
-    in_flight: BTreeMap<u64, ObjectLocator>,
+    pub(crate) in_flight: BTreeMap<u64, ObjectLocator>,
     /// Woken whenever a write settles or the log advances.
-    changed: Arc<Notify>,
+    pub(crate) changed: Arc<Notify>,
+    /// Set while the primary scrubs a chunk: client writes to objects in it wait.
+    pub(crate) scrub_block: Option<crate::scrub::ScrubBlock>,
 }
 
 impl PgState {
@@ -119,6 +140,7 @@ pub struct OsdService {
     pgs: Mutex<HashMap<PgId, PgHandle>>,
     /// Client I/O counters, the full-ratio failsafe and PG count caches (`crate::stats`).
     pub(crate) stats: crate::stats::OsdStats,
+    scrubber: crate::scrub::Scrubber,
 }
 
 fn reply_err(code: ErrorCode, message: impl Into<String>, epoch: u32) -> (OsdOpReply, Bytes) {
@@ -147,7 +169,9 @@ impl OsdService {
         map: OsdMap,
     ) -> Arc<OsdService> {
         let (map_tx, _) = watch::channel(Arc::new(map));
+        let scrubber = crate::scrub::Scrubber::new(cfg.scrub.clone());
         Arc::new(OsdService {
+            scrubber,
             cfg,
             store,
             peers,
@@ -225,6 +249,7 @@ impl OsdService {
             } else {
                 PgMeta::create(&mut create, coll, self.cfg.max_pg_log_entries)
             };
+            self.scrubber.load(&*self.store, pg);
             opened.push((pg, meta));
         }
         if !create.is_empty() {
@@ -239,6 +264,7 @@ impl OsdService {
                     failed_replicas: Vec::new(),
                     in_flight: BTreeMap::new(),
                     changed: Arc::new(Notify::new()),
+                    scrub_block: None,
                 }))
             });
         }
@@ -299,6 +325,10 @@ impl OsdService {
 
     pub(crate) fn peers(&self) -> Arc<dyn Peers> {
         self.peers.clone()
+    }
+
+    pub(crate) fn scrubber(&self) -> &crate::scrub::Scrubber {
+        &self.scrubber
     }
 
     /// Marks a PG active for `acting` (after peering). False if the map moved on meanwhile.
@@ -471,11 +501,41 @@ impl OsdService {
             // Always on a blocking thread, even for a few KiB: running small reads on the async
             // worker saved ~30% CPU per read on an idle disk, but under I/O contention from other
             // processes a slow pread stalled both workers and reads fell 3-6x (measured).
+            let (pgid, object, ops, op_data) =
+                (op.pg, op.object.clone(), op.ops.clone(), data.clone());
             let result = tokio::task::spawn_blocking(move || {
                 execute(&*store, coll, &op.object, &op.ops, &data, stamp, &limits)
             })
             .await;
             drop(state);
+            if let Ok(Err(e)) = &result
+                && e.code == ErrorCode::Corrupt
+            {
+                // This copy failed its checksum: never answer from it. Fetch a good copy from
+                // another member (which also repairs this one) and read again.
+                if let Err(why) = self
+                    .repair_from_replica(pgid, &mapping.acting, &object)
+                    .await
+                {
+                    return reply_err(
+                        ErrorCode::Corrupt,
+                        format!("osd.{}: {}; {why}", self.cfg.id, e.message),
+                        epoch,
+                    );
+                }
+                let state = pg.read().await;
+                let store = self.store.clone();
+                let result = tokio::task::spawn_blocking(move || {
+                    execute(&*store, coll, &object, &ops, &op_data, stamp, &limits)
+                })
+                .await;
+                drop(state);
+                return match result {
+                    Ok(Ok(done)) => ok_reply(done, epoch),
+                    Ok(Err(e)) => reply_err(e.code, e.message, epoch),
+                    Err(e) => reply_err(ErrorCode::Io, format!("read task failed: {e}"), epoch),
+                };
+            }
             return match result {
                 Ok(Ok(done)) => ok_reply(done, epoch),
                 Ok(Err(e)) => reply_err(e.code, e.message, epoch),
@@ -485,6 +545,7 @@ impl OsdService {
 
         // ---- write: ordered per PG, applied on every acting member before the ack
         let reqid = (client.to_string(), op.reqid);
+        let oid = crate::exec::object_id(&op.object);
         let mut state = loop {
             let mut state = pg.write().await;
             if state.active.as_deref() != Some(&mapping.acting[..]) {
@@ -507,6 +568,14 @@ impl OsdService {
                     ),
                     epoch,
                 );
+            }
+            if state.scrub_block.as_ref().is_some_and(|b| b.blocks(&oid)) {
+                // The primary is comparing this object's chunk across the members.
+                let changed = state.changed.clone();
+                let settled = changed.notified();
+                drop(state);
+                settled.await;
+                continue;
             }
             let Some(version) = state.meta.applied_version(&reqid) else {
                 break state;

@@ -11,10 +11,11 @@ use bytes::Bytes;
 use kelp_maps::{OsdMap, PoolSpec};
 use kelp_osd::{Limits, OsdConfig, OsdService, Peers, Stamp, execute};
 use kelp_proto::{
-    ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgPull, PgPullReply, PgQuery,
-    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
+    ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgCommand, PgCommandKind, PgPull,
+    PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
+    RepOpReply, ScrubMapReply, ScrubMapRequest, ShardError,
 };
-use kelp_store::{CollectionId, MemStore};
+use kelp_store::{CollectionId, MemStore, ObjectStore, Transaction};
 
 #[derive(Default)]
 struct LocalPeers {
@@ -24,6 +25,8 @@ struct LocalPeers {
     reorder: AtomicBool,
     /// When set, every replica write waits for a permit of this semaphore first.
     hold: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+    /// When set, scrub-map requests to members are delivered 5 ms late.
+    slow_scrub: AtomicBool,
 }
 
 impl LocalPeers {
@@ -70,6 +73,26 @@ impl Peers for LocalPeers {
     }
     async fn sync(&self, osd: i32, _addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String> {
         Ok(self.get(osd)?.pg_sync(s).await)
+    }
+    async fn scrub_map(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        r: ScrubMapRequest,
+    ) -> Result<ScrubMapReply, String> {
+        if self.slow_scrub.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(self.get(osd)?.scrub_map(r).await)
+    }
+    async fn push(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        p: PgPush,
+        data: Bytes,
+    ) -> Result<PgPushReply, String> {
+        Ok(self.get(osd)?.pg_push(p, data).await)
     }
 }
 
@@ -537,4 +560,233 @@ async fn a_full_replica_fails_the_write_with_full_and_the_pg_keeps_serving() {
     for osd in 0..3 {
         assert_eq!(c.stored(osd, &name), None, "osd.{osd}");
     }
+}
+
+/// Per inconsistent object: its errors, the bad members, the authoritative member.
+type Finding = (Vec<ShardError>, Vec<i32>, Option<i32>);
+
+/// Waits for a scrub request queued on `osd` for `pg` to complete; returns the inconsistencies.
+async fn scrub_and_wait(
+    osd: &Arc<OsdService>,
+    pg: kelp_types::PgId,
+    epoch: u32,
+    kind: PgCommandKind,
+) -> Vec<kelp_proto::InconsistentObject> {
+    let seq = osd
+        .pg_command(PgCommand { pg, epoch, kind })
+        .await
+        .queued_seq;
+    for _ in 0..500 {
+        let r = osd
+            .pg_command(PgCommand {
+                pg,
+                epoch,
+                kind: PgCommandKind::ListInconsistent,
+            })
+            .await;
+        assert_eq!(r.error, None);
+        if r.summary.completed_seq >= seq && !r.summary.scrubbing {
+            assert_eq!(r.summary.last_error, None);
+            return r.inconsistent;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the {kind:?} of {pg} did not complete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrub_finds_missing_mismatched_and_stale_copies_and_repair_fixes_them() {
+    let mut c = Cluster::new().await;
+    let _scrubbers: Vec<_> = c.osds.values().map(|s| s.start_scrubber()).collect();
+    // Five objects in one PG, plus one written and then deleted.
+    let pg = c.map.object_pg(c.pool, "o0", None, "").unwrap();
+    let names: Vec<String> = (0..200)
+        .map(|i| format!("o{i}"))
+        .filter(|n| c.map.object_pg(c.pool, n, None, "").unwrap() == pg)
+        .take(6)
+        .collect();
+    assert_eq!(names.len(), 6);
+    for (i, n) in names.iter().enumerate() {
+        let body = vec![i as u8 + 1; 3000 + i * 100];
+        let op = c.op(
+            n,
+            vec![
+                OpKind::WriteFull {
+                    len: body.len() as u64,
+                },
+                OpKind::OmapSet {
+                    entries: vec![("k".into(), 1)],
+                },
+            ],
+        );
+        let mut data = body.clone();
+        data.push(b'v');
+        assert_eq!(c.send(op, &data).await.0.error, None);
+    }
+    let op = c.op(&names[5], vec![OpKind::Remove]);
+    assert_eq!(c.send(op, &[]).await.0.error, None);
+    let m = c.map.pg_mapping(pg).unwrap();
+    let (primary, r1, r2) = (m.acting[0], m.acting[1], m.acting[2]);
+    let coll = CollectionId(pg);
+    let oid = |n: &str| kelp_osd::object_id(&c.loc(n));
+    // Damage: missing on r1, other bytes on r2, omap on the primary, truncated on r2, and the
+    // deleted object back on r1.
+    let damage = |osd: i32, f: &dyn Fn(&mut Transaction)| {
+        let mut t = Transaction::new();
+        f(&mut t);
+        c.stores[&osd].submit(t).unwrap().wait().unwrap();
+    };
+    damage(r1, &|t| {
+        t.remove(coll, &oid(&names[0]));
+    });
+    damage(r2, &|t| {
+        t.write(coll, &oid(&names[1]), 10, vec![0xee; 4]);
+    });
+    damage(primary, &|t| {
+        t.omap_set(
+            coll,
+            &oid(&names[2]),
+            [(b"k".to_vec(), b"x".to_vec())].into_iter().collect(),
+        );
+    });
+    damage(r2, &|t| {
+        t.truncate(coll, &oid(&names[3]), 100);
+    });
+    damage(r1, &|t| {
+        t.touch(coll, &oid(&names[5]));
+    });
+    let epoch = c.map.epoch;
+    let osd = c.osds[&primary].clone();
+
+    let by_name = |bad: &[kelp_proto::InconsistentObject]| -> HashMap<String, Finding> {
+        bad.iter()
+            .map(|o| (o.name.clone(), (o.errors.clone(), o.bad_osds(), o.auth_osd)))
+            .collect()
+    };
+    // Shallow: everything but the same-size data change.
+    let bad = by_name(&scrub_and_wait(&osd, pg, epoch, PgCommandKind::Scrub { deep: false }).await);
+    assert_eq!(bad.len(), 4, "{bad:?}");
+    assert_eq!(
+        bad[&names[0]],
+        (vec![ShardError::Missing], vec![r1], Some(primary))
+    );
+    assert_eq!(
+        bad[&names[2]],
+        (
+            vec![ShardError::OmapDigestMismatch],
+            vec![primary],
+            Some(r1.min(r2))
+        )
+    );
+    assert_eq!(
+        bad[&names[3]],
+        (vec![ShardError::SizeMismatch], vec![r2], Some(primary))
+    );
+    assert_eq!(bad[&names[5]], (vec![ShardError::Stale], vec![r1], None));
+    // Deep: the data change too.
+    let bad = by_name(&scrub_and_wait(&osd, pg, epoch, PgCommandKind::Scrub { deep: true }).await);
+    assert_eq!(bad.len(), 5, "{bad:?}");
+    assert_eq!(
+        bad[&names[1]],
+        (
+            vec![ShardError::DataDigestMismatch],
+            vec![r2],
+            Some(primary)
+        )
+    );
+    // Repair, then every copy is the written one and a deep scrub is clean.
+    let left = scrub_and_wait(&osd, pg, epoch, PgCommandKind::Repair).await;
+    assert!(left.is_empty(), "{left:?}");
+    for (i, n) in names.iter().enumerate().take(5) {
+        for o in 0..3 {
+            assert_eq!(
+                c.stored(o, n),
+                Some(vec![i as u8 + 1; 3000 + i * 100]),
+                "{n} on osd.{o}"
+            );
+        }
+    }
+    assert_eq!(c.stored(r1, &names[5]), None);
+    let left = scrub_and_wait(&osd, pg, epoch, PgCommandKind::Scrub { deep: true }).await;
+    assert!(left.is_empty(), "{left:?}");
+    let summary = osd
+        .pg_command(PgCommand {
+            pg,
+            epoch,
+            kind: PgCommandKind::Status,
+        })
+        .await
+        .summary;
+    assert_eq!(summary.num_scrub_errors, 0);
+    assert_eq!(summary.objects_scrubbed, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrubs_under_concurrent_writes_report_no_false_inconsistencies() {
+    let c = Cluster::new().await;
+    let _scrubbers: Vec<_> = c.osds.values().map(|s| s.start_scrubber()).collect();
+    for s in c.osds.values() {
+        s.set_scrub_config(kelp_osd::ScrubConfig {
+            chunk_max: 2,
+            ..kelp_osd::ScrubConfig::default()
+        });
+    }
+    // The members' scrub maps are taken 5 ms after the primary's: without the chunk's write
+    // block, writes landing in between would show as version and size mismatches.
+    c.peers.slow_scrub.store(true, Ordering::Relaxed);
+    let pg = c.map.object_pg(c.pool, "o0", None, "").unwrap();
+    let names: Vec<String> = (0..400)
+        .map(|i| format!("o{i}"))
+        .filter(|n| c.map.object_pg(c.pool, n, None, "").unwrap() == pg)
+        .take(8)
+        .collect();
+    let primary = c.osds[&c.map.pg_mapping(pg).unwrap().acting_primary].clone();
+    let epoch = c.map.epoch;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let stop = stop.clone();
+            let primary = primary.clone();
+            let pool = c.pool;
+            let names = names.clone();
+            tokio::spawn(async move {
+                let mut n = w * 1_000_000;
+                while !stop.load(Ordering::Relaxed) {
+                    let name = &names[n as usize % names.len()];
+                    let body = vec![n as u8; 1000 + (n as usize % 5) * 300];
+                    let op = OsdOp {
+                        reqid: 10_000_000 + n,
+                        epoch,
+                        pg,
+                        object: ObjectLocator {
+                            pool,
+                            namespace: String::new(),
+                            key: None,
+                            name: name.clone(),
+                        },
+                        ops: vec![OpKind::WriteFull {
+                            len: body.len() as u64,
+                        }],
+                    };
+                    let (reply, _) = primary
+                        .client_op("client.writer", op, Bytes::from(body))
+                        .await;
+                    assert_eq!(reply.error, None);
+                    n += 1;
+                }
+                n - w * 1_000_000
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for round in 0..6 {
+        let left = scrub_and_wait(&primary, pg, epoch, PgCommandKind::Scrub { deep: true }).await;
+        assert!(left.is_empty(), "round {round}: {left:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut writes = 0;
+    for w in writers {
+        writes += w.await.unwrap();
+    }
+    assert!(writes > 20, "only {writes} writes during the scrubs");
 }

@@ -11,6 +11,7 @@
 mod codec;
 mod mon;
 mod osd;
+mod scrub;
 mod stats;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
@@ -19,6 +20,11 @@ pub use osd::{
     CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, PgList,
     PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
     RepOpReply, WireLogEntry,
+};
+pub use scrub::{
+    InconsistentObject, OsdScrubCommand, OsdScrubReply, PgCommand, PgCommandKind, PgCommandReply,
+    PgPush, PgPushReply, PgScrubSummary, ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError,
+    ShardReport,
 };
 pub use stats::{
     Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdSummary, PG_STATE_ORDER,
@@ -52,4 +58,12 @@ pub mod msg_type {
     pub const OSD_PG_PULL: u16 = 0x0211;
     /// Primary → member: `PgSync`; reply `PgSyncReply` (recovery).
     pub const OSD_PG_SYNC: u16 = 0x0212;
+    /// Primary → member: `ScrubMapRequest`; reply `ScrubMapReply` (scrub).
+    pub const OSD_SCRUB_MAP: u16 = 0x0220;
+    /// Primary → member: `PgPush` + object data; reply `PgPushReply` (repair).
+    pub const OSD_PG_PUSH: u16 = 0x0221;
+    /// Client → primary OSD: `PgCommand`; reply `PgCommandReply` (scrub, repair, reports).
+    pub const OSD_PG_COMMAND: u16 = 0x0222;
+    /// Client → one OSD: `OsdScrubCommand`; reply `OsdScrubReply`.
+    pub const OSD_SCRUB_COMMAND: u16 = 0x0223;
 }

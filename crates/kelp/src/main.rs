@@ -46,7 +46,8 @@ enum Command {
     Status(cmd::status::StatusArgs),
     /// Cluster health (HEALTH_OK / HEALTH_WARN / HEALTH_ERR) and, with `detail`, what is wrong.
     Health(cmd::status::HealthArgs),
-    /// Placement groups: `ls` with state, up and acting sets.
+    /// Placement groups: `ls` with state, up and acting sets; `scrub`, `deep-scrub`, `repair`,
+    /// `list-inconsistent`.
     #[command(subcommand)]
     Pg(cmd::pg::PgCommand),
     /// Central configuration kept by the monitors: set, get, rm, dump.

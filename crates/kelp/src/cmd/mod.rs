@@ -9,6 +9,7 @@ pub mod pg;
 pub mod pool;
 pub mod rados;
 pub mod rgw;
+pub mod scrub;
 pub mod status;
 pub mod store;
 pub mod up;

@@ -39,6 +39,10 @@ pub enum OsdCommand {
     /// `ceph osd df`): SIZE, USE, AVAIL, %USE, PGS (PGs whose acting set holds the OSD),
     /// STATUS (up/down, plus nearfull/backfillfull/full against the mon_osd_*_ratios).
     Df(ShowArgs),
+    /// Queue a scrub of every PG each OSD is primary for (runs even with `noscrub`).
+    Scrub(crate::cmd::scrub::OsdScrubArgs),
+    /// Queue a deep scrub of every PG each OSD is primary for (runs even with `nodeep-scrub`).
+    DeepScrub(crate::cmd::scrub::OsdScrubArgs),
 }
 
 #[derive(Args, Debug)]
@@ -104,6 +108,8 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
         OsdCommand::Out(a) => mark(a, |id| MonCommand::OsdOut { id }),
         OsdCommand::In(a) => mark(a, |id| MonCommand::OsdIn { id }),
         OsdCommand::Down(a) => mark(a, |id| MonCommand::OsdDown { id }),
+        OsdCommand::Scrub(a) => crate::cmd::scrub::run_osd_scrub(a, false),
+        OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true),
         OsdCommand::Df(a) => df(a),
         OsdCommand::Purge(a) => {
             let rt = common::runtime()?;

@@ -26,6 +26,18 @@ pub enum PgCommand {
     /// Every PG with its state, objects and bytes as its primary last reported them (through
     /// the leader monitor), and its up/acting sets.
     Ls(PgLsArgs),
+    /// Queue a scrub of the PG on its primary: object sets, sizes, versions, attributes and
+    /// omaps compared across the acting set. Runs even with the `noscrub` flag set.
+    Scrub(crate::cmd::scrub::PgScrubArgs),
+    /// Queue a deep scrub: a scrub that also reads every byte on every member (checksums
+    /// verified) and compares data digests.
+    DeepScrub(crate::cmd::scrub::PgScrubArgs),
+    /// Deep-scrub the PG and copy the authoritative version of every inconsistent object to
+    /// the members whose copy is bad, then verify.
+    Repair(crate::cmd::scrub::PgScrubArgs),
+    /// The inconsistent objects the PG's last scrub found: per object the errors, the
+    /// authoritative copy and the bad ones (like `rados list-inconsistent-obj`).
+    ListInconsistent(crate::cmd::scrub::ListInconsistentArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -45,9 +57,19 @@ pub struct RuleArgs {
 }
 
 pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
-    let PgCommand::Ls(a) = cmd;
+    use crate::cmd::scrub;
+    use kelp_proto::PgCommandKind;
+    let a = match cmd {
+        PgCommand::Ls(a) => a,
+        PgCommand::Scrub(a) => return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: false }),
+        PgCommand::DeepScrub(a) => {
+            return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: true });
+        }
+        PgCommand::Repair(a) => return scrub::run_pg_scrub(a, PgCommandKind::Repair),
+        PgCommand::ListInconsistent(a) => return scrub::run_list_inconsistent(a),
+    };
     let rt = common::runtime()?;
-    let (map, digest) = rt.block_on(async {
+    let (map, digest, scrubs) = rt.block_on(async {
         let rados = a.conf.connect().await?;
         let digest = match rados.mon_command(MonCommand::PgStats).await? {
             MonReply::PgStats(d) => *d,
@@ -58,7 +80,9 @@ pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
             rados.wait_for_epoch(digest.epoch),
         )
         .await;
-        Ok::<_, anyhow::Error>((rados.osd_map(), digest))
+        // scrub states come from the primaries themselves (one request per up OSD)
+        let scrubs = scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
+        Ok::<_, anyhow::Error>((rados.osd_map(), digest, scrubs))
     })?;
     let pool_id = match &a.pool {
         Some(p) => match map.pool_by_name(p) {
@@ -76,13 +100,27 @@ pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
             (p, m)
         })
         .collect();
+    let state_of = |p: &kelp_proto::PgSummary| {
+        let mut state = p.state_name.clone();
+        for w in scrubs
+            .get(&p.stat.pg)
+            .map(|s| s.state_words())
+            .unwrap_or_default()
+        {
+            if !state.split('+').any(|have| have == w) {
+                state.push('+');
+                state.push_str(w);
+            }
+        }
+        state
+    };
     match a.format {
         OutputFormat::Json => {
             let v: Vec<_> = rows
                 .iter()
                 .map(|(p, m)| {
                     let st = &p.stat;
-                    serde_json::json!({"pgid": st.pg.to_string(), "state": p.state_name,
+                    serde_json::json!({"pgid": st.pg.to_string(), "state": state_of(p),
                         "num_objects": st.num_objects, "num_bytes": st.num_bytes,
                         "num_objects_degraded": st.num_objects_degraded,
                         "num_objects_misplaced": st.num_objects_misplaced,
@@ -120,7 +158,7 @@ pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
                     st.num_objects_degraded,
                     st.num_objects_misplaced,
                     st.num_bytes,
-                    p.state_name,
+                    state_of(p),
                     up,
                     acting
                 );

@@ -322,14 +322,29 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
         .await;
     }
     let map = rados.osd_map();
-    let checks = health_checks(&map, digest.as_ref());
+    let mut checks = health_checks(&map, digest.as_ref());
+    // scrub states and errors come from the primaries themselves (one request per up OSD)
+    let scrubs =
+        crate::cmd::scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
+    checks.extend(crate::cmd::scrub::scrub_checks(&scrubs));
     let mut pgs_by_state: BTreeMap<String, u32> = BTreeMap::new();
     let mut num_pgs = 0;
     match &digest {
         Some(d) => {
             for p in &d.pgs {
                 num_pgs += 1;
-                *pgs_by_state.entry(p.state_name.clone()).or_default() += 1;
+                let mut state = p.state_name.clone();
+                for w in scrubs
+                    .get(&p.stat.pg)
+                    .map(|s| s.state_words())
+                    .unwrap_or_default()
+                {
+                    if !state.split('+').any(|have| have == w) {
+                        state.push('+');
+                        state.push_str(w);
+                    }
+                }
+                *pgs_by_state.entry(state).or_default() += 1;
             }
         }
         None => {

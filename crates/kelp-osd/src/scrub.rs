@@ -1,0 +1,1602 @@
+//! Scrub and repair: the PG's primary compares every member's copy of every object.
+//!
+//! A scrub walks the PG in placement-hash order, in chunks of at most `osd_scrub_chunk_max`
+//! objects, sleeping `osd_scrub_sleep` between chunks so that client I/O keeps its share.
+//! For each chunk the primary blocks client *writes* to objects in the chunk's range (reads
+//! continue), waits until no write to the range is in flight, and asks every acting member for
+//! its *scrub map* of the range: per object its size, version, a digest of its attributes and of
+//! its omap, and — in a deep scrub — a digest of its data, read in full so that the store
+//! verifies every block's crc32c (a failing block becomes a read error, never data). Because
+//! writes to the range are held back, every member describes the same history. The primary then
+//! compares the maps (`compare_chunk`, pure), picks the authoritative copy of each object
+//! (`choose_authoritative`: a copy without a read error; then the version the PG log names as
+//! the newest; then the majority; then the primary), and, in a repair, pushes the
+//! authoritative copy to every member whose copy is bad before it re-reads the chunk (deep) to
+//! verify. Only then are writes to the range let through.
+//!
+//! The primary keeps each PG's summary (stamps, error counts) and the inconsistent objects of
+//! its last scrub; both are also stored as an attribute of the PG's metadata object, so they
+//! survive a restart. Scheduled scrubs follow `osd_scrub_min_interval`,
+//! `osd_scrub_max_interval`, `osd_deep_scrub_interval` and `osd_scrub_load_threshold` and
+//! honour the `noscrub`/`nodeep-scrub` flags; operator requests ignore the flags, as in Ceph.
+//! One scrub runs at a time per OSD (Ceph's `osd_max_scrubs = 1`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use kelp_maps::{ClusterFlag, OsdMap};
+use kelp_proto::{
+    ConfigEntry, ErrorCode, InconsistentObject, ListCursor, OsdScrubCommand, OsdScrubReply,
+    PgCommand, PgCommandKind, PgCommandReply, PgPull, PgPullReply, PgPush, PgPushReply,
+    PgScrubSummary, ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError, ShardReport,
+};
+use kelp_store::{CollectionId, ObjectId, ObjectStore, StoreError, Transaction};
+use kelp_types::PgId;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::pglog::{INTERNAL_NAMESPACE, PgMeta};
+use crate::recovery::{apply_state, read_state};
+use crate::service::{OsdService, PgHandle, PgState};
+
+/// Attribute of the PG metadata object holding the scrub record.
+const RECORD_ATTR: &str = "scrub";
+const RECORD_FORMAT: u8 = 1;
+/// Data read per store call in a deep scrub.
+const DEEP_READ: u64 = 4 << 20;
+
+/// Scrub settings (Ceph's names and defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScrubConfig {
+    /// `osd_scrub_chunk_max`: objects compared per chunk (writes to a chunk wait while it is
+    /// compared).
+    pub chunk_max: usize,
+    /// `osd_scrub_sleep`: pause between chunks.
+    pub sleep: Duration,
+    /// `osd_scrub_min_interval`: a PG is scrubbed on schedule once this long has passed since
+    /// its last scrub, if the load allows.
+    pub min_interval: Duration,
+    /// `osd_scrub_max_interval`: past this, a PG is scrubbed whatever the load.
+    pub max_interval: Duration,
+    /// `osd_deep_scrub_interval`: a PG is deep-scrubbed on schedule this long after its last
+    /// deep scrub.
+    pub deep_interval: Duration,
+    /// `osd_scrub_load_threshold`: scheduled scrubs (below `max_interval`) wait while the
+    /// 1-minute load average divided by the number of CPUs is above this.
+    pub load_threshold: f64,
+    /// How often the scheduler looks for due PGs.
+    pub tick: Duration,
+}
+
+impl Default for ScrubConfig {
+    fn default() -> Self {
+        ScrubConfig {
+            chunk_max: 25,
+            sleep: Duration::ZERO,
+            min_interval: Duration::from_secs(86_400),
+            max_interval: Duration::from_secs(7 * 86_400),
+            deep_interval: Duration::from_secs(7 * 86_400),
+            load_threshold: 0.5,
+            tick: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ScrubConfig {
+    /// Applies one central-config key; false if the key is not a scrub key or the value does
+    /// not parse.
+    pub fn set(&mut self, key: &str, value: &str) -> bool {
+        let secs = || {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|s| *s >= 0.0 && s.is_finite())
+        };
+        match key {
+            "osd_scrub_chunk_max" => match value.parse::<usize>() {
+                Ok(n) if n > 0 => self.chunk_max = n,
+                _ => return false,
+            },
+            "osd_scrub_sleep" => match secs() {
+                Some(s) => self.sleep = Duration::from_secs_f64(s),
+                None => return false,
+            },
+            "osd_scrub_min_interval" => match secs() {
+                Some(s) => self.min_interval = Duration::from_secs_f64(s),
+                None => return false,
+            },
+            "osd_scrub_max_interval" => match secs() {
+                Some(s) => self.max_interval = Duration::from_secs_f64(s),
+                None => return false,
+            },
+            "osd_deep_scrub_interval" => match secs() {
+                Some(s) => self.deep_interval = Duration::from_secs_f64(s),
+                None => return false,
+            },
+            "osd_scrub_load_threshold" => match secs() {
+                Some(s) => self.load_threshold = s,
+                None => return false,
+            },
+            _ => return false,
+        }
+        true
+    }
+
+    /// This OSD's scrub settings from the central config table: `osd.N` over `osd` over
+    /// `global` over `self` (the local defaults).
+    pub fn with_central(&self, entries: &[ConfigEntry], osd: i32) -> ScrubConfig {
+        let me = format!("osd.{osd}");
+        let mut out = self.clone();
+        for who in ["global", "osd", me.as_str()] {
+            for e in entries.iter().filter(|e| e.who == who) {
+                out.set(&e.key, &e.value);
+            }
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pure part: comparing scrub maps and choosing the authoritative copy.
+
+/// What the PG log says about an object: the version of its newest entry and whether that
+/// entry deleted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogHint {
+    pub version: u64,
+    pub deleted: bool,
+}
+
+/// The copy a repair installs everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// This member's copy.
+    Copy(i32),
+    /// The object must not exist (the PG log's newest entry deleted it).
+    Absent,
+    /// No member has a usable copy.
+    Unusable,
+}
+
+/// What two copies must share to be identical: size, version, attrs, omap and data digests.
+type Fingerprint = (u64, u64, u32, u32, Option<u32>);
+
+fn fingerprint(o: &ScrubObject) -> Fingerprint {
+    (
+        o.size,
+        o.version,
+        o.attrs_digest,
+        o.omap_digest,
+        o.data_digest,
+    )
+}
+
+/// Picks the authoritative copy among `copies` (member → its copy, `None` if it has none):
+/// copies with a read error are never chosen; if the log's newest entry deleted the object (and
+/// no copy is newer) the object should be absent; otherwise the copies at the version the log
+/// names (or, if the log no longer mentions the object, the newest version); among those the
+/// largest group of identical copies; ties go to the group holding the primary, then to the
+/// lowest OSD id. Within the chosen group the primary's copy is preferred.
+pub fn choose_authoritative(
+    copies: &BTreeMap<i32, Option<&ScrubObject>>,
+    primary: i32,
+    log: Option<LogHint>,
+) -> Authority {
+    let usable: Vec<(i32, &ScrubObject)> = copies
+        .iter()
+        .filter_map(|(&osd, c)| c.filter(|o| o.read_error.is_none()).map(|o| (osd, o)))
+        .collect();
+    let newest = usable.iter().map(|(_, o)| o.version).max();
+    if let Some(h) = log
+        && h.deleted
+        && newest.is_none_or(|v| v <= h.version)
+    {
+        return Authority::Absent;
+    }
+    let Some(newest) = newest else {
+        return Authority::Unusable;
+    };
+    let want_version = match log {
+        Some(h) if !h.deleted && usable.iter().any(|(_, o)| o.version == h.version) => h.version,
+        _ => newest,
+    };
+    let mut groups: BTreeMap<Fingerprint, Vec<i32>> = BTreeMap::new();
+    for (osd, o) in usable.iter().filter(|(_, o)| o.version == want_version) {
+        groups.entry(fingerprint(o)).or_default().push(*osd);
+    }
+    let best = groups
+        .values()
+        .max_by(|a, b| {
+            a.len()
+                .cmp(&b.len())
+                .then_with(|| a.contains(&primary).cmp(&b.contains(&primary)))
+                .then_with(|| b.iter().min().cmp(&a.iter().min()))
+        })
+        .expect("at least one usable copy at the chosen version");
+    if best.contains(&primary) {
+        Authority::Copy(primary)
+    } else {
+        Authority::Copy(*best.iter().min().expect("groups are not empty"))
+    }
+}
+
+/// What is wrong with `copy` measured against the authoritative one.
+fn shard_errors(copy: Option<&ScrubObject>, auth: Option<&ScrubObject>) -> Vec<ShardError> {
+    let mut e = Vec::new();
+    match (copy, auth) {
+        (None, Some(_)) => e.push(ShardError::Missing),
+        (None, None) => {}
+        (Some(_), None) => e.push(ShardError::Stale),
+        (Some(c), Some(a)) => {
+            if c.read_error.is_some() {
+                e.push(ShardError::ReadError);
+                return e;
+            }
+            if c.size != a.size {
+                e.push(ShardError::SizeMismatch);
+            }
+            if c.version != a.version {
+                e.push(ShardError::VersionMismatch);
+            }
+            if c.attrs_digest != a.attrs_digest {
+                e.push(ShardError::AttrMismatch);
+            }
+            if c.omap_digest != a.omap_digest {
+                e.push(ShardError::OmapDigestMismatch);
+            }
+            if let (Some(x), Some(y)) = (c.data_digest, a.data_digest)
+                && x != y
+            {
+                e.push(ShardError::DataDigestMismatch);
+            }
+        }
+    }
+    e
+}
+
+/// Compares the members' scrub maps of one chunk (member → its objects) and returns the
+/// objects whose copies disagree, in placement order. `log` gives the PG log's newest entry
+/// per (namespace, name).
+pub fn compare_chunk(
+    maps: &BTreeMap<i32, Vec<ScrubObject>>,
+    primary: i32,
+    log: &HashMap<(String, String), LogHint>,
+) -> Vec<InconsistentObject> {
+    let mut by_object: BTreeMap<(u32, String, String), BTreeMap<i32, &ScrubObject>> =
+        BTreeMap::new();
+    for (&osd, objects) in maps {
+        for o in objects {
+            by_object
+                .entry((o.hash, o.namespace.clone(), o.name.clone()))
+                .or_default()
+                .insert(osd, o);
+        }
+    }
+    let mut out = Vec::new();
+    for ((_, ns, name), have) in by_object {
+        let copies: BTreeMap<i32, Option<&ScrubObject>> = maps
+            .keys()
+            .map(|&osd| (osd, have.get(&osd).copied()))
+            .collect();
+        let hint = log.get(&(ns.clone(), name.clone())).copied();
+        let auth = choose_authoritative(&copies, primary, hint);
+        let auth_copy = match auth {
+            Authority::Copy(osd) => have.get(&osd).copied(),
+            _ => None,
+        };
+        let mut shards = Vec::new();
+        let mut union = BTreeSet::new();
+        for (&osd, copy) in &copies {
+            let errors = match auth {
+                Authority::Unusable => {
+                    // No good copy: every copy is bad (unreadable), every absence "missing".
+                    match copy {
+                        Some(_) => vec![ShardError::ReadError],
+                        None => vec![ShardError::Missing],
+                    }
+                }
+                _ => shard_errors(*copy, auth_copy),
+            };
+            union.extend(errors.iter().copied());
+            shards.push(ShardReport {
+                osd,
+                primary: osd == primary,
+                errors,
+                object: copy.cloned(),
+            });
+        }
+        if union.is_empty() {
+            continue;
+        }
+        out.push(InconsistentObject {
+            namespace: ns,
+            name,
+            auth_osd: match auth {
+                Authority::Copy(osd) => Some(osd),
+                _ => None,
+            },
+            version: auth_copy.map_or_else(|| hint.map_or(0, |h| h.version), |a| a.version),
+            errors: union.into_iter().collect(),
+            shards,
+        });
+    }
+    out
+}
+
+/// Which scheduled scrub a PG is due for, if any: `Some(true)` deep, `Some(false)` shallow.
+/// `now` and the summary's stamps are Unix seconds.
+pub fn scheduled_kind(
+    now: u64,
+    s: &PgScrubSummary,
+    cfg: &ScrubConfig,
+    flags: (bool, bool),
+    load_ok: bool,
+) -> Option<bool> {
+    let (noscrub, nodeep) = flags;
+    let since = |stamp: u64| Duration::from_secs(now.saturating_sub(stamp));
+    let must = since(s.last_scrub_stamp) >= cfg.max_interval;
+    let deep_due = since(s.last_deep_scrub_stamp) >= cfg.deep_interval;
+    if deep_due && !nodeep && (load_ok || must) {
+        return Some(true);
+    }
+    let due = since(s.last_scrub_stamp) >= cfg.min_interval && (load_ok || must);
+    if due && !noscrub {
+        return Some(false);
+    }
+    None
+}
+
+/// The 1-minute load average per CPU is at most `threshold` (true if it cannot be read).
+fn load_ok(threshold: f64) -> bool {
+    let Ok(s) = std::fs::read_to_string("/proc/loadavg") else {
+        return true;
+    };
+    let Some(load) = s
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse::<f64>().ok())
+    else {
+        return true;
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    load / cpus <= threshold
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scrub maps (blocking store reads).
+
+fn digest_attrs(attrs: &BTreeMap<String, Vec<u8>>) -> (u64, u32) {
+    let mut crc = 0u32;
+    let mut version = 0;
+    for (k, v) in attrs {
+        if k == "@v" {
+            if let Ok(b) = <[u8; 8]>::try_from(v.as_slice()) {
+                version = u64::from_le_bytes(b);
+            }
+            continue;
+        }
+        crc = crc32c::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
+        crc = crc32c::crc32c_append(crc, k.as_bytes());
+        crc = crc32c::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
+        crc = crc32c::crc32c_append(crc, v);
+    }
+    (version, crc)
+}
+
+fn digest_omap(
+    store: &dyn ObjectStore,
+    coll: CollectionId,
+    oid: &ObjectId,
+) -> Result<u32, StoreError> {
+    let mut crc = 0u32;
+    if let Some(h) = store.omap_header(coll, oid)? {
+        crc = crc32c::crc32c_append(crc, &[1]);
+        crc = crc32c::crc32c_append(crc, &(h.len() as u32).to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &h);
+    }
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = store.omap_iter(coll, oid, after.as_deref(), 1024)?;
+        for (k, v) in &page.entries {
+            crc = crc32c::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
+            crc = crc32c::crc32c_append(crc, k);
+            crc = crc32c::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
+            crc = crc32c::crc32c_append(crc, v);
+        }
+        match page.entries.last() {
+            Some((k, _)) if page.more => after = Some(k.clone()),
+            _ => return Ok(crc),
+        }
+    }
+}
+
+/// Describes one object; `None` if it vanished meanwhile.
+fn scrub_object(
+    store: &dyn ObjectStore,
+    coll: CollectionId,
+    oid: &ObjectId,
+    deep: bool,
+) -> Option<ScrubObject> {
+    let mut o = ScrubObject {
+        hash: oid.hash,
+        namespace: oid.namespace.clone(),
+        name: oid.name.clone(),
+        ..ScrubObject::default()
+    };
+    let shallow = (|| -> Result<(), StoreError> {
+        o.size = store.stat(coll, oid)?.size;
+        let (version, attrs) = digest_attrs(&store.xattrs(coll, oid)?);
+        o.version = version;
+        o.attrs_digest = attrs;
+        o.omap_digest = digest_omap(store, coll, oid)?;
+        Ok(())
+    })();
+    match shallow {
+        Ok(()) => {}
+        Err(StoreError::ObjectNotFound { .. }) => return None,
+        Err(e) => {
+            o.read_error = Some(e.to_string());
+            return Some(o);
+        }
+    }
+    if deep {
+        let mut crc = 0u32;
+        let mut off = 0;
+        while off < o.size {
+            let len = DEEP_READ.min(o.size - off);
+            match store.read(coll, oid, off, len) {
+                Ok(d) if d.len() as u64 == len => crc = crc32c::crc32c_append(crc, &d),
+                Ok(d) => {
+                    o.read_error = Some(format!(
+                        "short read at offset {off}: {} of {len} bytes",
+                        d.len()
+                    ));
+                    return Some(o);
+                }
+                Err(e) => {
+                    o.read_error = Some(e.to_string());
+                    return Some(o);
+                }
+            }
+            off += len;
+        }
+        o.data_digest = Some(crc);
+    }
+    Some(o)
+}
+
+fn cursor_oid(pg: PgId, c: &ListCursor) -> ObjectId {
+    ObjectId::new(pg.pool.0, &c.namespace, &c.name, c.hash)
+}
+
+fn oid_cursor(o: &ObjectId) -> ListCursor {
+    ListCursor {
+        hash: o.hash,
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+    }
+}
+
+/// The scrub map of `[start, end)` of a PG's collection (blocking).
+fn build_map(
+    store: &dyn ObjectStore,
+    coll: CollectionId,
+    start: Option<&ObjectId>,
+    end: Option<&ObjectId>,
+    deep: bool,
+) -> Result<Vec<ScrubObject>, StoreError> {
+    let mut out = Vec::new();
+    let mut from = start.cloned();
+    loop {
+        let page = store.list_objects(coll, from.as_ref(), 256)?;
+        for oid in &page.objects {
+            if end.is_some_and(|e| oid >= e) {
+                return Ok(out);
+            }
+            if oid.namespace == INTERNAL_NAMESPACE || oid.snap != kelp_store::SNAP_HEAD {
+                continue;
+            }
+            if let Some(o) = scrub_object(store, coll, oid, deep) {
+                out.push(o);
+            }
+        }
+        match page.next {
+            Some(n) => from = Some(n),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Whether `oid` lies in `[start, end)`.
+fn in_range(oid: &ObjectId, start: Option<&ObjectId>, end: Option<&ObjectId>) -> bool {
+    start.is_none_or(|s| oid >= s) && end.is_none_or(|e| oid < e)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-OSD scrub state.
+
+/// The part of a PG's scrub state that is stored.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Record {
+    summary: PgScrubSummary,
+    inconsistent: Vec<InconsistentObject>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Request {
+    deep: bool,
+    repair: bool,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct PgScrub {
+    summary: PgScrubSummary,
+    inconsistent: Vec<InconsistentObject>,
+    queued: Option<Request>,
+}
+
+/// Writes to objects in this range wait (see `OsdService::client_op`).
+#[derive(Debug, Clone)]
+pub(crate) struct ScrubBlock {
+    start: Option<ObjectId>,
+    end: Option<ObjectId>,
+}
+
+impl ScrubBlock {
+    pub(crate) fn blocks(&self, oid: &ObjectId) -> bool {
+        in_range(oid, self.start.as_ref(), self.end.as_ref())
+    }
+}
+
+/// Scrub bookkeeping of one OSD.
+#[derive(Debug)]
+pub struct Scrubber {
+    cfg: Mutex<ScrubConfig>,
+    pgs: Mutex<HashMap<PgId, PgScrub>>,
+    next_seq: Mutex<u64>,
+    wake: Arc<Notify>,
+}
+
+impl Scrubber {
+    pub fn new(cfg: ScrubConfig) -> Scrubber {
+        Scrubber {
+            cfg: Mutex::new(cfg),
+            pgs: Mutex::new(HashMap::new()),
+            next_seq: Mutex::new(0),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    fn config(&self) -> ScrubConfig {
+        self.cfg.lock().expect("scrub config").clone()
+    }
+
+    /// Loads a PG's stored record (blocking), or starts its stamps now so that a new PG is not
+    /// scrubbed at once.
+    pub(crate) fn load(&self, store: &dyn ObjectStore, pg: PgId) {
+        let coll = CollectionId(pg);
+        let stored = store
+            .xattr(coll, &PgMeta::meta_oid(coll), RECORD_ATTR)
+            .ok()
+            .flatten()
+            .and_then(|v| match v.split_first() {
+                Some((&RECORD_FORMAT, body)) => postcard::from_bytes::<Record>(body).ok(),
+                _ => None,
+            });
+        let rec = stored.unwrap_or_else(|| {
+            let now = now_secs();
+            Record {
+                summary: PgScrubSummary {
+                    last_scrub_stamp: now,
+                    last_deep_scrub_stamp: now,
+                    ..PgScrubSummary::default()
+                },
+                inconsistent: Vec::new(),
+            }
+        });
+        let mut pgs = self.pgs.lock().expect("scrub table");
+        let e = pgs.entry(pg).or_default();
+        e.summary = rec.summary;
+        e.summary.scrubbing = false;
+        e.inconsistent = rec.inconsistent;
+    }
+
+    fn summary(&self, pg: PgId) -> PgScrubSummary {
+        self.pgs
+            .lock()
+            .expect("scrub table")
+            .get(&pg)
+            .map(|p| p.summary.clone())
+            .unwrap_or_default()
+    }
+
+    /// Queues a request (merged with one already queued); returns its sequence number.
+    fn queue(&self, pg: PgId, deep: bool, repair: bool) -> u64 {
+        let seq = {
+            let mut n = self.next_seq.lock().expect("scrub seq");
+            *n += 1;
+            *n
+        };
+        let mut pgs = self.pgs.lock().expect("scrub table");
+        let e = pgs.entry(pg).or_default();
+        // Sequence numbers are per OSD; a PG's completed_seq must not jump past a request
+        // queued for it, so a merged request takes the newest number.
+        e.queued = Some(match e.queued {
+            Some(q) => Request {
+                deep: q.deep || deep,
+                repair: q.repair || repair,
+                seq,
+            },
+            None => Request { deep, repair, seq },
+        });
+        drop(pgs);
+        self.wake.notify_one();
+        seq
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Result of scrubbing one PG.
+struct Outcome {
+    objects: u64,
+    inconsistent: Vec<InconsistentObject>,
+    repaired: u64,
+}
+
+/// Clears a PG's scrub block when dropped (also on cancellation).
+struct BlockGuard {
+    pg: Option<PgHandle>,
+}
+
+impl BlockGuard {
+    async fn release(mut self) {
+        if let Some(pg) = self.pg.take() {
+            let mut st = pg.write().await;
+            st.scrub_block = None;
+            st.changed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for BlockGuard {
+    fn drop(&mut self) {
+        let Some(pg) = self.pg.take() else { return };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut st = pg.write().await;
+                st.scrub_block = None;
+                st.changed.notify_waiters();
+            });
+        }
+    }
+}
+
+fn blocking_err(e: impl std::fmt::Display) -> String {
+    format!("scrub task failed: {e}")
+}
+
+impl OsdService {
+    /// Replaces the scrub settings (from the central config).
+    pub fn set_scrub_config(&self, cfg: ScrubConfig) {
+        let mut cur = self.scrubber().cfg.lock().expect("scrub config");
+        if *cur != cfg {
+            info!(?cfg, "scrub settings changed");
+            *cur = cfg;
+        }
+    }
+
+    /// A PG's scrub summary as this OSD keeps it (meaningful on the PG's primary): what a PG
+    /// statistics report to the monitors should carry.
+    pub fn scrub_summary(&self, pg: PgId) -> Option<PgScrubSummary> {
+        self.scrubber()
+            .pgs
+            .lock()
+            .expect("scrub table")
+            .get(&pg)
+            .map(|p| p.summary.clone())
+    }
+
+    /// The scrub settings in force.
+    pub fn scrub_config(&self) -> ScrubConfig {
+        self.scrubber().config()
+    }
+
+    /// Runs queued and scheduled scrubs, one at a time, until the service is dropped.
+    pub fn start_scrubber(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(this) = weak.upgrade() else { return };
+                let tick = this.scrubber().config().tick;
+                match this.next_scrub() {
+                    Some((pg, req)) => this.run_scrub(pg, req).await,
+                    None => {
+                        let wake = this.scrubber().wake.clone();
+                        drop(this);
+                        let _ = tokio::time::timeout(tick, wake.notified()).await;
+                    }
+                }
+            }
+        })
+    }
+
+    /// The PG to scrub next: an operator request first (repairs, then deep), else a PG whose
+    /// schedule is due.
+    fn next_scrub(&self) -> Option<(PgId, Request)> {
+        let map = self.map();
+        let me = self.id();
+        let primary_of = |pg: PgId| map.pg_mapping(pg).is_ok_and(|m| m.acting_primary == me);
+        let s = self.scrubber();
+        let mut pgs = s.pgs.lock().expect("scrub table");
+        let queued = pgs
+            .iter()
+            .filter_map(|(&pg, p)| p.queued.map(|q| (pg, q)))
+            .filter(|(pg, _)| primary_of(*pg))
+            .max_by_key(|(_, q)| (q.repair, q.deep, std::cmp::Reverse(q.seq)));
+        if let Some((pg, q)) = queued {
+            if let Some(p) = pgs.get_mut(&pg) {
+                p.queued = None;
+            }
+            return Some((pg, q));
+        }
+        let cfg = s.config();
+        let flags = (
+            map.flags.contains(&ClusterFlag::NoScrub),
+            map.flags.contains(&ClusterFlag::NoDeepScrub),
+        );
+        if flags.0 && flags.1 {
+            return None;
+        }
+        let now = now_secs();
+        let load = load_ok(cfg.load_threshold);
+        // Only PGs that serve I/O now (a busy lock just means "not this tick").
+        let active = |pg: PgId| {
+            let Ok(m) = map.pg_mapping(pg) else {
+                return false;
+            };
+            self.pg_handle(pg).is_some_and(|h| {
+                h.try_read()
+                    .is_ok_and(|st| st.active.as_deref() == Some(&m.acting[..]))
+            })
+        };
+        let mut due: Vec<(u64, PgId, bool)> = pgs
+            .iter()
+            .filter(|(pg, _)| primary_of(**pg) && active(**pg))
+            .filter_map(|(&pg, p)| {
+                scheduled_kind(now, &p.summary, &cfg, flags, load).map(|deep| {
+                    let stamp = if deep {
+                        p.summary.last_deep_scrub_stamp
+                    } else {
+                        p.summary.last_scrub_stamp
+                    };
+                    (stamp, pg, deep)
+                })
+            })
+            .collect();
+        due.sort();
+        let (_, pg, deep) = due.first().copied()?;
+        Some((
+            pg,
+            Request {
+                deep,
+                repair: false,
+                seq: 0,
+            },
+        ))
+    }
+
+    /// Scrubs one PG and records the outcome (in memory and in the store).
+    async fn run_scrub(self: &Arc<Self>, pg: PgId, req: Request) {
+        let s = self.scrubber();
+        {
+            let mut pgs = s.pgs.lock().expect("scrub table");
+            let p = pgs.entry(pg).or_default();
+            p.summary.scrubbing = true;
+            p.summary.deep = req.deep || req.repair;
+            p.summary.repair = req.repair;
+        }
+        let deep = req.deep || req.repair;
+        let started = std::time::Instant::now();
+        let result = self.scrub_pg(pg, deep, req.repair).await;
+        let record = {
+            let mut pgs = s.pgs.lock().expect("scrub table");
+            let p = pgs.entry(pg).or_default();
+            p.summary.scrubbing = false;
+            p.summary.deep = false;
+            p.summary.repair = false;
+            p.summary.completed_seq = p.summary.completed_seq.max(req.seq);
+            match result {
+                Ok(out) => {
+                    let now = now_secs();
+                    p.summary.last_scrub_stamp = now;
+                    if deep {
+                        p.summary.last_deep_scrub_stamp = now;
+                    }
+                    p.summary.objects_scrubbed = out.objects;
+                    p.summary.num_objects_inconsistent = out.inconsistent.len() as u64;
+                    p.summary.num_scrub_errors = out
+                        .inconsistent
+                        .iter()
+                        .map(|o| o.bad_osds().len() as u64)
+                        .sum();
+                    p.summary.num_objects_unrepairable = out
+                        .inconsistent
+                        .iter()
+                        .filter(|o| o.auth_osd.is_none())
+                        .count() as u64;
+                    p.summary.num_objects_repaired = out.repaired;
+                    p.summary.last_error = None;
+                    let level = if out.inconsistent.is_empty() {
+                        tracing::Level::INFO
+                    } else {
+                        tracing::Level::WARN
+                    };
+                    if level == tracing::Level::WARN {
+                        warn!(%pg, deep, repair = req.repair, objects = out.objects,
+                            inconsistent = out.inconsistent.len(), repaired = out.repaired,
+                            "scrub found inconsistent objects");
+                    } else {
+                        info!(%pg, deep, repair = req.repair, objects = out.objects,
+                            repaired = out.repaired, elapsed = ?started.elapsed(), "scrub ok");
+                    }
+                    p.inconsistent = out.inconsistent;
+                    Some(Record {
+                        summary: p.summary.clone(),
+                        inconsistent: p.inconsistent.clone(),
+                    })
+                }
+                Err(e) => {
+                    warn!(%pg, deep, "scrub did not complete: {e}");
+                    p.summary.last_error = Some(e);
+                    None
+                }
+            }
+        };
+        if let Some(rec) = record
+            && let Err(e) = self.save_record(pg, &rec).await
+        {
+            warn!(%pg, "storing the scrub record: {e}");
+        }
+    }
+
+    async fn save_record(&self, pg: PgId, rec: &Record) -> Result<(), String> {
+        let mut value = vec![RECORD_FORMAT];
+        value.extend(postcard::to_stdvec(rec).map_err(|e| e.to_string())?);
+        let coll = CollectionId(pg);
+        let mut txn = Transaction::new();
+        let mut attrs = BTreeMap::new();
+        attrs.insert(RECORD_ATTR.to_string(), value);
+        txn.push(kelp_store::Op::SetXattrs {
+            coll,
+            oid: PgMeta::meta_oid(coll),
+            attrs,
+        });
+        self.commit_txn(txn).await
+    }
+
+    async fn commit_txn(&self, txn: Transaction) -> Result<(), String> {
+        match self.store().submit(txn) {
+            Ok(c) => c.await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The acting set this OSD serves `pg` for as its primary at the current map.
+    async fn serving(&self, pg: PgId) -> Result<(Arc<OsdMap>, Vec<i32>, PgHandle), String> {
+        let map = self.map();
+        let m = map.pg_mapping(pg).map_err(|e| e.to_string())?;
+        if m.acting_primary != self.id() {
+            return Err(format!("osd.{} is not the primary of PG {pg}", self.id()));
+        }
+        let handle = self
+            .pg_handle(pg)
+            .ok_or_else(|| format!("PG {pg} is not open here"))?;
+        if handle.read().await.active.as_deref() != Some(&m.acting[..]) {
+            return Err(format!("PG {pg} is not active"));
+        }
+        Ok((map, m.acting, handle))
+    }
+
+    /// Holds back writes to `[start, end)` once none is in flight there.
+    async fn block_range(
+        &self,
+        handle: &PgHandle,
+        acting: &[i32],
+        start: Option<&ObjectId>,
+        end: Option<&ObjectId>,
+    ) -> Result<BlockGuard, String> {
+        loop {
+            let mut st = handle.write().await;
+            if st.active.as_deref() != Some(acting) {
+                return Err("the PG was re-peered during the scrub".into());
+            }
+            let busy = st
+                .in_flight
+                .values()
+                .any(|o| in_range(&crate::exec::object_id(o), start, end));
+            if !busy {
+                st.scrub_block = Some(ScrubBlock {
+                    start: start.cloned(),
+                    end: end.cloned(),
+                });
+                return Ok(BlockGuard {
+                    pg: Some(handle.clone()),
+                });
+            }
+            let changed = st.changed.clone();
+            let settled = changed.notified();
+            drop(st);
+            settled.await;
+        }
+    }
+
+    /// Every member's scrub map of `[start, end)`.
+    async fn gather_maps(
+        &self,
+        pg: PgId,
+        map: &OsdMap,
+        acting: &[i32],
+        start: Option<&ObjectId>,
+        end: Option<&ObjectId>,
+        deep: bool,
+    ) -> Result<BTreeMap<i32, Vec<ScrubObject>>, String> {
+        let me = self.id();
+        let req = ScrubMapRequest {
+            pg,
+            epoch: map.epoch,
+            start: start.map(oid_cursor),
+            end: end.map(oid_cursor),
+            deep,
+        };
+        let mut remote = Vec::new();
+        for &osd in acting.iter().filter(|&&o| o != me) {
+            let addr = map
+                .osds
+                .get(&osd)
+                .and_then(|o| o.addr)
+                .ok_or_else(|| format!("osd.{osd} has no address"))?;
+            let peers = self.peers();
+            let r = req.clone();
+            remote.push(async move { (osd, peers.scrub_map(osd, addr, r).await) });
+        }
+        let local = async {
+            let store = self.store();
+            let coll = CollectionId(pg);
+            let (s, e) = (start.cloned(), end.cloned());
+            tokio::task::spawn_blocking(move || {
+                build_map(&*store, coll, s.as_ref(), e.as_ref(), deep)
+            })
+            .await
+            .map_err(blocking_err)?
+            .map_err(|e| e.to_string())
+        };
+        let (local, remote) = tokio::join!(local, futures::future::join_all(remote));
+        let mut maps = BTreeMap::new();
+        maps.insert(me, local?);
+        for (osd, r) in remote {
+            let r = r?;
+            if let Some((_, msg)) = r.error {
+                return Err(format!("osd.{osd}: {msg}"));
+            }
+            maps.insert(osd, r.objects);
+        }
+        Ok(maps)
+    }
+
+    /// Scrubs every chunk of a PG (repairing what it can if `repair`).
+    async fn scrub_pg(
+        self: &Arc<Self>,
+        pg: PgId,
+        deep: bool,
+        repair: bool,
+    ) -> Result<Outcome, String> {
+        // A PG that is still peering (an OSD just restarted) gets a moment to activate.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let (map, acting, handle) = loop {
+            match self.serving(pg).await {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        };
+        let coll = CollectionId(pg);
+        let mut out = Outcome {
+            objects: 0,
+            inconsistent: Vec::new(),
+            repaired: 0,
+        };
+        let mut start: Option<ObjectId> = None;
+        loop {
+            let cfg = self.scrubber().config();
+            let store = self.store();
+            let from = start.clone();
+            let max = cfg.chunk_max.max(1);
+            let page =
+                tokio::task::spawn_blocking(move || store.list_objects(coll, from.as_ref(), max))
+                    .await
+                    .map_err(blocking_err)?
+                    .map_err(|e| e.to_string())?;
+            let end = page.next;
+            let block = self
+                .block_range(&handle, &acting, start.as_ref(), end.as_ref())
+                .await?;
+            let result = self
+                .scrub_chunk(
+                    pg,
+                    &map,
+                    &acting,
+                    &handle,
+                    start.as_ref(),
+                    end.as_ref(),
+                    deep,
+                    repair,
+                )
+                .await;
+            block.release().await;
+            let (objects, bad, repaired) = result?;
+            out.objects += objects;
+            out.inconsistent.extend(bad);
+            out.repaired += repaired;
+            if self.map().pg_mapping(pg).map(|m| m.acting).ok().as_deref() != Some(&acting[..]) {
+                return Err("the PG's acting set changed during the scrub".into());
+            }
+            match end {
+                None => return Ok(out),
+                Some(e) => start = Some(e),
+            }
+            if !cfg.sleep.is_zero() {
+                tokio::time::sleep(cfg.sleep).await;
+            }
+        }
+    }
+
+    /// One chunk, with writes to it held back: compare, repair, verify. Returns (objects
+    /// seen, inconsistent objects left, objects repaired).
+    #[allow(clippy::too_many_arguments)]
+    async fn scrub_chunk(
+        &self,
+        pg: PgId,
+        map: &OsdMap,
+        acting: &[i32],
+        handle: &PgHandle,
+        start: Option<&ObjectId>,
+        end: Option<&ObjectId>,
+        deep: bool,
+        repair: bool,
+    ) -> Result<(u64, Vec<InconsistentObject>, u64), String> {
+        let me = self.id();
+        let log_hints = |st: &PgState| {
+            let mut h = HashMap::new();
+            for e in st.meta.entries() {
+                h.insert(
+                    (e.object.namespace.clone(), e.object.name.clone()),
+                    LogHint {
+                        version: e.version,
+                        deleted: e.deleted,
+                    },
+                );
+            }
+            h
+        };
+        let hints = log_hints(&*handle.read().await);
+        let maps = self.gather_maps(pg, map, acting, start, end, deep).await?;
+        let objects = maps
+            .values()
+            .flat_map(|v| v.iter().map(|o| (o.hash, &o.namespace, &o.name)))
+            .collect::<BTreeSet<_>>()
+            .len() as u64;
+        let bad = compare_chunk(&maps, me, &hints);
+        if !repair || bad.is_empty() {
+            return Ok((objects, bad, 0));
+        }
+        let mut repaired = 0;
+        for obj in &bad {
+            let hash = maps
+                .values()
+                .flatten()
+                .find(|o| o.namespace == obj.namespace && o.name == obj.name)
+                .map_or(0, |o| o.hash);
+            let oid = ObjectId::new(pg.pool.0, &obj.namespace, &obj.name, hash);
+            let (state, data) = match obj.auth_osd {
+                None if obj.errors.contains(&ShardError::Stale) => (absent(), Bytes::new()),
+                None => continue, // nothing good to copy
+                Some(osd) if osd == me => {
+                    let store = self.store();
+                    let o = oid.clone();
+                    tokio::task::spawn_blocking(move || read_state(&*store, CollectionId(pg), &o))
+                        .await
+                        .map_err(blocking_err)?
+                        .map_err(|e| format!("reading the authoritative copy: {e}"))?
+                }
+                Some(osd) => {
+                    let addr = map
+                        .osds
+                        .get(&osd)
+                        .and_then(|o| o.addr)
+                        .ok_or_else(|| format!("osd.{osd} has no address"))?;
+                    let (r, d) = self
+                        .peers()
+                        .pull(
+                            osd,
+                            addr,
+                            PgPull {
+                                pg,
+                                epoch: map.epoch,
+                                namespace: obj.namespace.clone(),
+                                name: obj.name.clone(),
+                            },
+                        )
+                        .await?;
+                    if let Some((_, msg)) = r.error {
+                        return Err(format!("pulling '{}' from osd.{osd}: {msg}", obj.name));
+                    }
+                    (r, d)
+                }
+            };
+            for bad_osd in obj.bad_osds() {
+                let push = PgPush {
+                    pg,
+                    epoch: map.epoch,
+                    hash,
+                    namespace: obj.namespace.clone(),
+                    name: obj.name.clone(),
+                    state: state.clone(),
+                };
+                let reply = if bad_osd == me {
+                    self.pg_push(push, data.clone()).await
+                } else {
+                    let addr = map
+                        .osds
+                        .get(&bad_osd)
+                        .and_then(|o| o.addr)
+                        .ok_or_else(|| format!("osd.{bad_osd} has no address"))?;
+                    self.peers().push(bad_osd, addr, push, data.clone()).await?
+                };
+                if let Some((_, msg)) = reply.error {
+                    return Err(format!("repairing '{}' on osd.{bad_osd}: {msg}", obj.name));
+                }
+            }
+            info!(%pg, object = %obj.name, auth = ?obj.auth_osd, bad = ?obj.bad_osds(), "repaired");
+            repaired += 1;
+        }
+        // Verify: the chunk again, deep, with writes still held back.
+        let maps = self.gather_maps(pg, map, acting, start, end, true).await?;
+        let left = compare_chunk(&maps, me, &hints);
+        Ok((objects, left, repaired))
+    }
+
+    /// A member's scrub map of a range of one of its PGs.
+    pub async fn scrub_map(&self, req: ScrubMapRequest) -> ScrubMapReply {
+        let fail = |code, msg: String| ScrubMapReply {
+            error: Some((code, msg)),
+            objects: Vec::new(),
+        };
+        let map = self.map_at_least(req.epoch).await;
+        if map.epoch < req.epoch {
+            return fail(
+                ErrorCode::Misdirected,
+                format!("osd.{} has not seen epoch {} yet", self.id(), req.epoch),
+            );
+        }
+        if self.pg_handle(req.pg).is_none() {
+            return fail(
+                ErrorCode::Misdirected,
+                format!("osd.{} does not hold PG {}", self.id(), req.pg),
+            );
+        }
+        let store = self.store();
+        let coll = CollectionId(req.pg);
+        let start = req.start.as_ref().map(|c| cursor_oid(req.pg, c));
+        let end = req.end.as_ref().map(|c| cursor_oid(req.pg, c));
+        let deep = req.deep;
+        match tokio::task::spawn_blocking(move || {
+            build_map(&*store, coll, start.as_ref(), end.as_ref(), deep)
+        })
+        .await
+        {
+            Ok(Ok(objects)) => ScrubMapReply {
+                error: None,
+                objects,
+            },
+            Ok(Err(e)) => fail(ErrorCode::Io, e.to_string()),
+            Err(e) => fail(ErrorCode::Io, blocking_err(e)),
+        }
+    }
+
+    /// Installs a repaired copy of one object (sent by the PG's primary, whose writes to the
+    /// object are held back meanwhile).
+    pub async fn pg_push(&self, p: PgPush, data: Bytes) -> PgPushReply {
+        let fail = |code, msg: String| PgPushReply {
+            error: Some((code, msg)),
+        };
+        if self.pg_handle(p.pg).is_none() {
+            return fail(
+                ErrorCode::Misdirected,
+                format!("osd.{} does not hold PG {}", self.id(), p.pg),
+            );
+        }
+        let coll = CollectionId(p.pg);
+        let oid = ObjectId::new(p.pg.pool.0, &p.namespace, &p.name, p.hash);
+        let store = self.store();
+        let o = oid.clone();
+        let exists = match tokio::task::spawn_blocking(move || store.exists(coll, &o)).await {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => return fail(ErrorCode::Io, e.to_string()),
+            Err(e) => return fail(ErrorCode::Io, blocking_err(e)),
+        };
+        let mut txn = Transaction::new();
+        apply_state(&mut txn, coll, &oid, exists, p.state, data);
+        if txn.is_empty() {
+            return PgPushReply { error: None };
+        }
+        match self.commit_txn(txn).await {
+            Ok(()) => PgPushReply { error: None },
+            Err(e) => fail(ErrorCode::Io, e),
+        }
+    }
+
+    /// An operator's request to a PG's primary.
+    pub async fn pg_command(&self, c: PgCommand) -> PgCommandReply {
+        let map = self.map_at_least(c.epoch).await;
+        let mut reply = PgCommandReply {
+            error: None,
+            epoch: map.epoch,
+            osd: self.id(),
+            summary: PgScrubSummary::default(),
+            inconsistent: Vec::new(),
+            queued_seq: 0,
+        };
+        match map.pg_mapping(c.pg) {
+            Ok(m) if m.acting_primary == self.id() => {}
+            Ok(_) => {
+                reply.error = Some((
+                    ErrorCode::Misdirected,
+                    format!("osd.{} is not the primary of PG {}", self.id(), c.pg),
+                ));
+                return reply;
+            }
+            Err(e) => {
+                reply.error = Some((ErrorCode::NoSuchPool, e.to_string()));
+                return reply;
+            }
+        }
+        if self.pg_handle(c.pg).is_none() {
+            reply.error = Some((
+                ErrorCode::Inactive,
+                format!("PG {} is not open here yet", c.pg),
+            ));
+            return reply;
+        }
+        let s = self.scrubber();
+        match c.kind {
+            PgCommandKind::Scrub { deep } => reply.queued_seq = s.queue(c.pg, deep, false),
+            PgCommandKind::Repair => reply.queued_seq = s.queue(c.pg, true, true),
+            PgCommandKind::Status => {}
+            PgCommandKind::ListInconsistent => {
+                reply.inconsistent = s
+                    .pgs
+                    .lock()
+                    .expect("scrub table")
+                    .get(&c.pg)
+                    .map(|p| p.inconsistent.clone())
+                    .unwrap_or_default();
+            }
+        }
+        reply.summary = s.summary(c.pg);
+        reply
+    }
+
+    /// An operator's request to this OSD about every PG it is primary for.
+    pub async fn osd_scrub_command(&self, c: OsdScrubCommand) -> OsdScrubReply {
+        let map = self.map();
+        let me = self.id();
+        let mut pgs = Vec::new();
+        for pool in map.pools.values() {
+            for seed in 0..pool.pg_num {
+                let pg = PgId::new(pool.id, seed);
+                if map.pg_mapping(pg).is_ok_and(|m| m.acting_primary == me)
+                    && self.pg_handle(pg).is_some()
+                {
+                    pgs.push(pg);
+                }
+            }
+        }
+        let s = self.scrubber();
+        if let OsdScrubCommand::Scrub { deep } = c {
+            for &pg in &pgs {
+                s.queue(pg, deep, false);
+            }
+        }
+        OsdScrubReply {
+            error: None,
+            osd: me,
+            pgs: pgs.into_iter().map(|pg| (pg, s.summary(pg))).collect(),
+        }
+    }
+
+    /// A client read found this primary's copy of `object` damaged: copy it from another
+    /// acting member (writes to the PG wait meanwhile), so the read can be answered from a good
+    /// copy. Errors if no member has a good copy.
+    pub(crate) async fn repair_from_replica(
+        &self,
+        pg: PgId,
+        acting: &[i32],
+        object: &kelp_proto::ObjectLocator,
+    ) -> Result<i32, String> {
+        if object.key.is_some() {
+            return Err("objects with a locator key cannot be fetched from a replica yet".into());
+        }
+        let handle = self.pg_handle(pg).ok_or("PG not open")?;
+        let map = self.map();
+        let state = loop {
+            let st = handle.write().await;
+            if !st.in_flight.values().any(|o| o == object) {
+                break st;
+            }
+            let changed = st.changed.clone();
+            let settled = changed.notified();
+            drop(st);
+            settled.await;
+        };
+        let oid = crate::exec::object_id(object);
+        let mut why = Vec::new();
+        for &osd in acting.iter().filter(|&&o| o != self.id()) {
+            let Some(addr) = map.osds.get(&osd).and_then(|o| o.addr) else {
+                continue;
+            };
+            let pulled = self
+                .peers()
+                .pull(
+                    osd,
+                    addr,
+                    PgPull {
+                        pg,
+                        epoch: map.epoch,
+                        namespace: object.namespace.clone(),
+                        name: object.name.clone(),
+                    },
+                )
+                .await;
+            let (r, data) = match pulled {
+                Ok(x) => x,
+                Err(e) => {
+                    why.push(e);
+                    continue;
+                }
+            };
+            if let Some((_, msg)) = r.error {
+                why.push(format!("osd.{osd}: {msg}"));
+                continue;
+            }
+            if !r.exists {
+                why.push(format!("osd.{osd} does not have it"));
+                continue;
+            }
+            let mut txn = Transaction::new();
+            apply_state(&mut txn, state.meta.coll, &oid, true, r, data);
+            self.commit_txn(txn).await?;
+            drop(state);
+            warn!(%pg, object = %object.name, "read error on the primary's copy; repaired from osd.{osd}");
+            let mut pgs = self.scrubber().pgs.lock().expect("scrub table");
+            pgs.entry(pg).or_default().summary.num_objects_repaired += 1;
+            return Ok(osd);
+        }
+        Err(format!("no replica has a good copy ({})", why.join("; ")))
+    }
+}
+
+fn absent() -> PgPullReply {
+    PgPullReply {
+        error: None,
+        exists: false,
+        size: 0,
+        xattrs: Vec::new(),
+        omap_header: None,
+        omap: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(name: &str, size: u64, version: u64, data: u32) -> ScrubObject {
+        ScrubObject {
+            hash: 7,
+            namespace: String::new(),
+            name: name.into(),
+            size,
+            version,
+            attrs_digest: 11,
+            omap_digest: 13,
+            data_digest: Some(data),
+            read_error: None,
+        }
+    }
+
+    fn maps(copies: Vec<(i32, Vec<ScrubObject>)>) -> BTreeMap<i32, Vec<ScrubObject>> {
+        copies.into_iter().collect()
+    }
+
+    #[test]
+    fn identical_copies_are_consistent() {
+        let m = maps(vec![
+            (0, vec![obj("a", 10, 3, 99)]),
+            (1, vec![obj("a", 10, 3, 99)]),
+            (2, vec![obj("a", 10, 3, 99)]),
+        ]);
+        assert!(compare_chunk(&m, 0, &HashMap::new()).is_empty());
+    }
+
+    #[test]
+    fn a_flipped_replica_is_named_and_the_majority_wins() {
+        let m = maps(vec![
+            (0, vec![obj("a", 10, 3, 99)]),
+            (1, vec![obj("a", 10, 3, 98)]),
+            (2, vec![obj("a", 10, 3, 99)]),
+        ]);
+        let bad = compare_chunk(&m, 0, &HashMap::new());
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].name, "a");
+        assert_eq!(bad[0].auth_osd, Some(0));
+        assert_eq!(bad[0].bad_osds(), vec![1]);
+        assert_eq!(bad[0].errors, vec![ShardError::DataDigestMismatch]);
+    }
+
+    #[test]
+    fn a_read_error_on_the_primary_makes_a_replica_authoritative() {
+        let mut broken = obj("a", 10, 3, 0);
+        broken.data_digest = None;
+        broken.read_error = Some("checksum mismatch at offset 0".into());
+        let m = maps(vec![
+            (0, vec![broken]),
+            (1, vec![obj("a", 10, 3, 99)]),
+            (2, vec![obj("a", 10, 3, 99)]),
+        ]);
+        let bad = compare_chunk(&m, 0, &HashMap::new());
+        assert_eq!(bad[0].auth_osd, Some(1));
+        assert_eq!(bad[0].bad_osds(), vec![0]);
+        assert_eq!(bad[0].errors, vec![ShardError::ReadError]);
+    }
+
+    #[test]
+    fn the_log_version_beats_the_majority() {
+        // Two members at version 3, one at 4 which the log names: the newer copy is right.
+        let m = maps(vec![
+            (0, vec![obj("a", 10, 3, 1)]),
+            (1, vec![obj("a", 12, 4, 2)]),
+            (2, vec![obj("a", 10, 3, 1)]),
+        ]);
+        let mut log = HashMap::new();
+        log.insert(
+            (String::new(), "a".to_string()),
+            LogHint {
+                version: 4,
+                deleted: false,
+            },
+        );
+        let bad = compare_chunk(&m, 0, &log);
+        assert_eq!(bad[0].auth_osd, Some(1));
+        assert_eq!(bad[0].bad_osds(), vec![0, 2]);
+        assert!(bad[0].errors.contains(&ShardError::SizeMismatch));
+        assert!(bad[0].errors.contains(&ShardError::VersionMismatch));
+        // Without the log hint the newest version still wins over the majority.
+        let bad = compare_chunk(&m, 0, &HashMap::new());
+        assert_eq!(bad[0].auth_osd, Some(1));
+    }
+
+    #[test]
+    fn missing_and_stale_copies() {
+        let m = maps(vec![
+            (0, vec![obj("a", 10, 3, 1)]),
+            (1, vec![]),
+            (2, vec![obj("a", 10, 3, 1), obj("b", 1, 2, 5)]),
+        ]);
+        let mut log = HashMap::new();
+        log.insert(
+            (String::new(), "b".to_string()),
+            LogHint {
+                version: 5,
+                deleted: true,
+            },
+        );
+        let bad = compare_chunk(&m, 0, &log);
+        assert_eq!(bad.len(), 2);
+        assert_eq!(bad[0].name, "a");
+        assert_eq!(bad[0].bad_osds(), vec![1]);
+        assert_eq!(bad[0].errors, vec![ShardError::Missing]);
+        assert_eq!(bad[1].name, "b");
+        assert_eq!(bad[1].auth_osd, None);
+        assert_eq!(bad[1].bad_osds(), vec![2]);
+        assert_eq!(bad[1].errors, vec![ShardError::Stale]);
+    }
+
+    #[test]
+    fn no_usable_copy_is_unrepairable() {
+        let mut broken = obj("a", 10, 3, 0);
+        broken.read_error = Some("checksum".into());
+        let m = maps(vec![(0, vec![broken.clone()]), (1, vec![broken])]);
+        let bad = compare_chunk(&m, 0, &HashMap::new());
+        assert_eq!(bad[0].auth_osd, None);
+        assert_eq!(bad[0].bad_osds(), vec![0, 1]);
+    }
+
+    #[test]
+    fn ties_prefer_the_primary_then_the_lowest_id() {
+        let a = obj("a", 10, 3, 1);
+        let b = obj("a", 10, 3, 2);
+        let mut copies = BTreeMap::new();
+        copies.insert(4, Some(&a));
+        copies.insert(2, Some(&b));
+        assert_eq!(choose_authoritative(&copies, 4, None), Authority::Copy(4));
+        assert_eq!(choose_authoritative(&copies, 9, None), Authority::Copy(2));
+        // Shallow maps (no data digest) of identical metadata agree.
+        let mut s = obj("a", 10, 3, 0);
+        s.data_digest = None;
+        let m = maps(vec![(0, vec![s.clone()]), (1, vec![s])]);
+        assert!(compare_chunk(&m, 0, &HashMap::new()).is_empty());
+    }
+
+    #[test]
+    fn schedule_follows_intervals_flags_and_load() {
+        let cfg = ScrubConfig::default();
+        let day = 86_400;
+        let s = PgScrubSummary {
+            last_scrub_stamp: 1000,
+            last_deep_scrub_stamp: 1000,
+            ..Default::default()
+        };
+        let f = (false, false);
+        assert_eq!(scheduled_kind(1000 + day - 1, &s, &cfg, f, true), None);
+        assert_eq!(scheduled_kind(1000 + day, &s, &cfg, f, true), Some(false));
+        // Too busy: waits until the max interval, then scrubs anyway.
+        assert_eq!(scheduled_kind(1000 + day, &s, &cfg, f, false), None);
+        assert_eq!(
+            scheduled_kind(1000 + 7 * day, &s, &cfg, f, false),
+            Some(true)
+        );
+        // noscrub stops shallow scrubs; nodeep-scrub deep ones.
+        assert_eq!(
+            scheduled_kind(1000 + day, &s, &cfg, (true, false), true),
+            None
+        );
+        assert_eq!(
+            scheduled_kind(1000 + 7 * day, &s, &cfg, (false, true), true),
+            Some(false)
+        );
+        assert_eq!(
+            scheduled_kind(1000 + 7 * day, &s, &cfg, (true, true), true),
+            None
+        );
+    }
+
+    #[test]
+    fn central_config_overrides_in_order() {
+        let e = |who: &str, key: &str, value: &str| ConfigEntry {
+            who: who.into(),
+            key: key.into(),
+            value: value.into(),
+        };
+        let entries = vec![
+            e("osd.3", "osd_scrub_chunk_max", "5"),
+            e("osd", "osd_scrub_chunk_max", "7"),
+            e("global", "osd_scrub_sleep", "0.25"),
+            e("osd", "osd_max_backfills", "2"),
+        ];
+        let c = ScrubConfig::default().with_central(&entries, 3);
+        assert_eq!(c.chunk_max, 5);
+        assert_eq!(c.sleep, Duration::from_millis(250));
+        let c = ScrubConfig::default().with_central(&entries, 1);
+        assert_eq!(c.chunk_max, 7);
+        assert!(!ScrubConfig::default().set("osd_scrub_chunk_max", "0"));
+    }
+}
