@@ -13,11 +13,13 @@ mod mon;
 mod osd;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
-pub use mon::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe};
+pub use mon::{
+    ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, OsdFailure, Subscribe,
+};
 pub use osd::{
-    CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, PgList,
-    PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
-    RepOpReply, WireLogEntry,
+    CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, OsdPing,
+    OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync,
+    PgSyncReply, RepOp, RepOpReply, WireLogEntry,
 };
 
 /// Message types carried in the messenger's frame header.
@@ -31,6 +33,9 @@ pub mod msg_type {
     pub const MON_MAP_UPDATE: u16 = 0x0102;
     /// OSD → monitor: `OsdBoot`; reply `MonReply`.
     pub const MON_OSD_BOOT: u16 = 0x0103;
+    /// OSD → monitor: `OsdFailure` (a heartbeat peer is silent, or alive again); reply
+    /// `MonReply` (`Done`, or `NotLeader`). Leader only.
+    pub const MON_OSD_FAILURE: u16 = 0x0110;
     /// Monitor ↔ monitor: Raft traffic (opaque to this crate; encoded by kelp-mon).
     pub const MON_RAFT: u16 = 0x0180;
     /// Client → primary OSD: `OsdOp` (+ data); reply `OsdOpReply` (+ data).
@@ -45,4 +50,6 @@ pub mod msg_type {
     pub const OSD_PG_PULL: u16 = 0x0211;
     /// Primary → member: `PgSync`; reply `PgSyncReply` (recovery).
     pub const OSD_PG_SYNC: u16 = 0x0212;
+    /// OSD → OSD: `OsdPing`; reply `OsdPingReply` (peer heartbeats).
+    pub const OSD_PING: u16 = 0x0220;
 }
