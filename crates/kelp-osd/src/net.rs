@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use kelp_msgr::{Dispatcher, Messenger, RemoteError, Request, Response};
 use kelp_proto::{
-    PgList, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
-    decode, encode, msg_type,
+    OsdPing, OsdPingReply, PgList, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply,
+    RepOp, RepOpReply, decode, encode, msg_type,
 };
 
 use crate::service::{OsdService, Peers};
@@ -75,6 +75,19 @@ impl Dispatcher for OsdDispatcher {
                 let reply = self.service.pg_sync(s).await;
                 Ok(Response::new(
                     msg_type::OSD_PG_SYNC,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_PING => {
+                // Heartbeats: answered at once, without touching any PG.
+                let _ping: OsdPing = decode(&req.meta, "OsdPing").map_err(bad)?;
+                let reply = OsdPingReply {
+                    osd: self.service.id(),
+                    epoch: self.service.map().epoch,
+                };
+                Ok(Response::new(
+                    msg_type::OSD_PING,
                     encode(&reply),
                     Bytes::new(),
                 ))

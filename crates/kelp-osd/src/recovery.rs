@@ -7,6 +7,12 @@
 //! this log"). Only when every member is in sync does the PG serve again, so a member that
 //! missed writes (an OSD that was down) never answers with stale data.
 //!
+//! `norecover` / `nobackfill` (Ceph's flags): a member that would need log recovery / backfill
+//! is left out of the PG's writes ("left behind": the PG is active+degraded) while the flag is
+//! set, provided `min_size` members are up to date and the primary is one of them (a primary
+//! that is behind waits: the PG stays inactive). When the flag is cleared, the PG peers again
+//! and recovers the member.
+//!
 //! Crash safety: a member applies the objects first and rewrites its log last; a crash in
 //! between leaves the old log, so the next peering repeats the sync (copying an object twice is
 //! harmless).
@@ -315,9 +321,19 @@ impl OsdService {
                 return;
             }
             match self.try_peer(pg, epoch, &m.acting).await {
-                Ok(recovered) => {
-                    if self.activate(pg, &m.acting).await && recovered > 0 {
-                        info!(%pg, epoch, recovered, "peered and recovered");
+                Ok((recovered, left_behind)) => {
+                    let flags = recovery_flags(&map);
+                    if self.activate(pg, &m.acting, &left_behind, flags).await {
+                        if recovered > 0 {
+                            info!(%pg, epoch, recovered, "peered and recovered");
+                        }
+                        if !left_behind.is_empty() {
+                            info!(
+                                %pg, epoch, ?left_behind,
+                                "active+degraded: recovery of these members paused by \
+                                 norecover/nobackfill"
+                            );
+                        }
                     }
                     return;
                 }
@@ -332,8 +348,14 @@ impl OsdService {
         }
     }
 
-    /// One peering attempt; returns how many members were brought up to date.
-    async fn try_peer(&self, pg: PgId, epoch: u32, acting: &[i32]) -> Result<usize, String> {
+    /// One peering attempt; returns how many members were brought up to date, and the members
+    /// left behind because `norecover` (log recovery) or `nobackfill` (backfill) is set.
+    async fn try_peer(
+        &self,
+        pg: PgId,
+        epoch: u32,
+        acting: &[i32],
+    ) -> Result<(usize, Vec<i32>), String> {
         let map = self.map();
         let handle = self.pg_handle(pg).ok_or("PG not open")?;
         let me = self.id();
@@ -376,8 +398,38 @@ impl OsdService {
             });
         }
         let Some(p) = plan(&reports) else {
-            return Ok(0);
+            return Ok((0, Vec::new()));
         };
+        // norecover / nobackfill: members that would need the paused kind of copy are left
+        // out of the acting set's writes (the PG serves degraded) as long as min_size members
+        // remain; the primary itself cannot serve without its copy, so it waits.
+        let (norecover, nobackfill) = recovery_flags(&map);
+        let paused = |m: &MemberPlan| match m {
+            MemberPlan::UpToDate => false,
+            MemberPlan::Recover { .. } => norecover,
+            MemberPlan::Backfill => nobackfill,
+        };
+        if p.members.get(&me).is_some_and(paused) {
+            return Err(format!(
+                "this primary is behind and {} is set; waiting",
+                if norecover { "norecover" } else { "nobackfill" }
+            ));
+        }
+        let left_behind: Vec<i32> = p
+            .members
+            .iter()
+            .filter(|(_, m)| paused(m))
+            .map(|(&osd, _)| osd)
+            .collect();
+        let min_size = map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize;
+        if acting.len() - left_behind.len() < min_size {
+            return Err(format!(
+                "recovery paused (norecover/nobackfill) and only {} of {} members are up to \
+                 date, fewer than min_size {min_size}; waiting",
+                acting.len() - left_behind.len(),
+                acting.len()
+            ));
+        }
         let auth = reports
             .iter()
             .find(|r| r.osd == p.authoritative)
@@ -453,7 +505,7 @@ impl OsdService {
         }
         // …then every other member, from the primary.
         for (&osd, member) in &p.members {
-            if osd == me {
+            if osd == me || left_behind.contains(&osd) {
                 continue;
             }
             let Some(sync) = sync_for(member, me) else {
@@ -470,6 +522,14 @@ impl OsdService {
             }
             recovered += 1;
         }
-        Ok(recovered)
+        Ok((recovered, left_behind))
     }
+}
+
+/// `(norecover, nobackfill)` in `map`.
+pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> (bool, bool) {
+    (
+        map.has_flag(kelp_maps::ClusterFlag::NoRecover),
+        map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
+    )
 }
