@@ -84,6 +84,8 @@ pub struct Liveness {
     /// When this leader first saw a (still in) OSD down.
     down_since: HashMap<i32, Instant>,
     failures: BTreeMap<i32, TargetReports>,
+    /// Why the last `tick` proposed marking each OSD down (for the log).
+    why: BTreeMap<i32, String>,
 }
 
 impl Liveness {
@@ -158,6 +160,7 @@ impl Liveness {
         let noout = map.has_flag(ClusterFlag::NoOut);
         self.failures.retain(|id, _| map.osds.contains_key(id));
         let mut out = Vec::new();
+        self.why.clear();
         for osd in map.osds.values() {
             if osd.up {
                 self.down_since.remove(&osd.id);
@@ -186,6 +189,21 @@ impl Liveness {
                     now.saturating_duration_since(seen) > p.session_grace
                 };
                 if (by_reports || session_lost) && !nodown {
+                    let why = match self.failures.get(&osd.id) {
+                        Some(t) if by_reports => format!(
+                            "reported failed by {} (silent for up to {:?})",
+                            t.by.keys()
+                                .map(|r| format!("osd.{r}"))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            t.by.values()
+                                .map(|r| r.failed_for)
+                                .max()
+                                .unwrap_or_default()
+                        ),
+                        _ => "no monitor session".into(),
+                    };
+                    self.why.insert(osd.id, why);
                     out.push(MonEntry::MarkDown {
                         id: osd.id,
                         up_from: osd.up_from,
@@ -218,15 +236,9 @@ impl Liveness {
         out
     }
 
-    /// Why `tick` proposed marking `id` down, for the log: the reporters, if any.
+    /// Why the last `tick` proposed marking `id` down, for the log.
     pub fn describe(&self, id: i32) -> String {
-        match self.failures.get(&id) {
-            Some(t) if !t.by.is_empty() => format!(
-                "reported failed by {:?}",
-                t.by.keys().map(|r| format!("osd.{r}")).collect::<Vec<_>>()
-            ),
-            _ => "no monitor session".into(),
-        }
+        self.why.get(&id).cloned().unwrap_or_default()
     }
 }
 
@@ -305,6 +317,7 @@ mod tests {
                 up_from: map.osds[&0].up_from
             }]
         );
+        assert!(l.describe(0).starts_with("reported failed by osd.1, osd.2"));
     }
 
     #[test]

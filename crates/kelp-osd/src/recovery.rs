@@ -9,9 +9,9 @@
 //!
 //! `norecover` / `nobackfill` (Ceph's flags): a member that would need log recovery / backfill
 //! is left out of the PG's writes ("left behind": the PG is active+degraded) while the flag is
-//! set, provided `min_size` members are up to date and the primary is one of them (a primary
-//! that is behind waits: the PG stays inactive). When the flag is cleared, the PG peers again
-//! and recovers the member.
+//! set, provided `min_size` members are up to date (else the PG waits, inactive). A primary
+//! that is behind still recovers itself, since it could not serve otherwise. When the flag is
+//! cleared, the PG peers again and recovers the members left behind.
 //!
 //! Crash safety: a member applies the objects first and rewrites its log last; a crash in
 //! between leaves the old log, so the next peering repeats the sync (copying an object twice is
@@ -402,23 +402,19 @@ impl OsdService {
         };
         // norecover / nobackfill: members that would need the paused kind of copy are left
         // out of the acting set's writes (the PG serves degraded) as long as min_size members
-        // remain; the primary itself cannot serve without its copy, so it waits.
+        // remain. The primary itself is still brought up to date, because it cannot serve
+        // otherwise (Ceph likewise recovers the objects clients touch under norecover; Kelp has
+        // no per-object missing set yet, so the primary copies all it misses).
         let (norecover, nobackfill) = recovery_flags(&map);
         let paused = |m: &MemberPlan| match m {
             MemberPlan::UpToDate => false,
             MemberPlan::Recover { .. } => norecover,
             MemberPlan::Backfill => nobackfill,
         };
-        if p.members.get(&me).is_some_and(paused) {
-            return Err(format!(
-                "this primary is behind and {} is set; waiting",
-                if norecover { "norecover" } else { "nobackfill" }
-            ));
-        }
         let left_behind: Vec<i32> = p
             .members
             .iter()
-            .filter(|(_, m)| paused(m))
+            .filter(|&(&osd, m)| osd != me && paused(m))
             .map(|(&osd, _)| osd)
             .collect();
         let min_size = map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize;
