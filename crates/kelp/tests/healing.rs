@@ -9,6 +9,7 @@
 //! 4. `pause` holds a client write and a read until it is unset, then both complete;
 //! 5. `norecover` leaves a restarted OSD behind (its primaries log it, writes go on) until it
 //!    is unset, then the PGs recover;
+//! 6. `noup` keeps a restarted OSD down until it is unset, then it boots by itself;
 //!
 //! and at the end every acknowledged write reads back exactly.
 
@@ -298,6 +299,25 @@ async fn failure_detection_down_out_and_flags() {
     )
     .await;
     t("recovered after unset");
+
+    // ---- 6. noup: a restarted OSD stays down until the flag is cleared, then boots by itself.
+    c.cli(&["osd", "set", "noup"]);
+    c.sigkill("osd.2");
+    wait_until("osd.2 down (noup)", Duration::from_secs(15), || {
+        !osd_state(&rados, 2).0
+    })
+    .await;
+    c.start("osd.2");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!osd_state(&rados, 2).0, "noup: osd.2 was marked up");
+    c.cli(&["osd", "unset", "noup"]);
+    let took = wait_until(
+        "osd.2 up after noup is unset",
+        Duration::from_secs(10),
+        || osd_state(&rados, 2).0,
+    )
+    .await;
+    t(&format!("noup held osd.2 down; up {took:?} after unset"));
 
     verify(&rados, &acked).await;
     t("every acknowledged write reads back");

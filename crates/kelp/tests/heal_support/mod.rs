@@ -156,6 +156,20 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Keep the evidence: the end of every daemon's log.
+            if let Ok(entries) = std::fs::read_dir(self.dir.join("logs")) {
+                for e in entries.flatten() {
+                    let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = &lines[lines.len().saturating_sub(25)..];
+                    eprintln!("==== {} (last {} lines)", e.path().display(), tail.len());
+                    for l in tail {
+                        eprintln!("{l}");
+                    }
+                }
+            }
+        }
         for pid in std::mem::take(&mut *self.stopped.lock().unwrap_or_else(|p| p.into_inner())) {
             // SAFETY: as in `signal`; continuing our own stopped daemon so it can stop.
             unsafe { libc::kill(pid, libc::SIGCONT) };
