@@ -13,7 +13,7 @@
 //! A write that failed (timeout) leaves its object "uncertain": either its old or its new
 //! content is acceptable until the next acknowledged write of it.
 //!
-//! A store that does not open within 30 s is reported on stderr and skipped, unless
+//! A store that does not open within 10 s is reported on stderr and skipped, unless
 //! `KELP_CHAOS_STRICT_STORES=1` (see docs/HEALING.md, "Known problems").
 //!
 //! CI runs a short variant (`KELP_CHAOS_SECS`, default 30 s of faults). By hand:
@@ -297,10 +297,10 @@ async fn chaos_every_acknowledged_write_survives() {
                 kelp_store::StoreConfig::default(),
             ));
         });
-        let store = match rx.recv_timeout(Duration::from_secs(30)) {
+        let store = match rx.recv_timeout(Duration::from_secs(10)) {
             Ok(r) => r.unwrap_or_else(|e| panic!("mounting osd.{osd}'s store: {e}")),
             Err(_) => {
-                eprintln!("WARNING: osd.{osd}'s store did not open within 30 s (mount hang)");
+                eprintln!("WARNING: osd.{osd}'s store did not open within 10 s (mount hang)");
                 unopened.push(osd);
                 continue;
             }
