@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kelp_maps::{OsdMap, PoolSpec};
+use kelp_maps::{ClusterFlag, OsdMap, PoolSpec};
 use kelp_monc::MonClient;
 use kelp_msgr::Messenger;
 use kelp_proto::{
@@ -152,6 +152,39 @@ impl Inner {
             Ok(Ok(m)) => Some(m.clone()),
             _ => None,
         }
+    }
+
+    /// Resolves once a map newer than `epoch` names another primary (or address) for `pg`
+    /// than `primary` at `addr`: an op sent there will not be answered by the right OSD (it
+    /// may be frozen or gone), so it is resent, like Ceph's Objecter does on a map change.
+    async fn primary_moved(&self, pg: PgId, primary: i32, addr: std::net::SocketAddr, epoch: u32) {
+        let mut rx = self.map_rx.clone();
+        let moved = rx
+            .wait_for(|m| {
+                m.epoch > epoch
+                    && primary_of(m, pg).map_or(true, |(p, a)| p != primary || a != addr)
+            })
+            .await
+            .map(|_| ());
+        if moved.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// While the map has the `pause` flag, waits (without a deadline) until a map clears it.
+    /// Returns how long it waited.
+    async fn wait_unpaused(&self) -> Duration {
+        let started = Instant::now();
+        let mut rx = self.map_rx.clone();
+        let unpaused = rx
+            .wait_for(|m| !m.has_flag(ClusterFlag::Pause))
+            .await
+            .map(|_| ());
+        if unpaused.is_err() {
+            // The subscription ended (the client is shutting down): do not spin.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        started.elapsed()
     }
 
     pub(crate) fn next_reqid(&self) -> u64 {
@@ -328,6 +361,13 @@ impl Rados {
                 });
             }
             let map = self.osd_map();
+            if map.has_flag(ClusterFlag::Pause) {
+                // `pause` (Ceph's pauserd + pausewr): hold the op until it is unset; the time
+                // held does not count against the op timeout.
+                debug!(epoch = map.epoch, "cluster paused; holding {what}");
+                retry.deadline += inner.wait_unpaused().await;
+                continue;
+            }
             let pg = locate(&map)?;
             let (primary, addr) = match primary_of(&map, pg) {
                 Ok(p) => p,
@@ -336,11 +376,16 @@ impl Rados {
                     continue;
                 }
             };
-            let call = self
-                .msgr()
-                .connection(addr)
-                .call(msg_type, request(pg, map.epoch), data.clone(), retry.left())
-                .await;
+            let conn = self.msgr().connection(addr);
+            let call = conn.call(msg_type, request(pg, map.epoch), data.clone(), retry.left());
+            let call = tokio::select! {
+                r = call => r,
+                () = inner.primary_moved(pg, primary, addr, map.epoch) => {
+                    // Resent with the same request id: the OSDs never apply it twice.
+                    retry.last = format!("osd.{primary} stopped being PG {pg}'s primary");
+                    continue;
+                }
+            };
             let resp = match call {
                 Ok(resp) => resp,
                 Err(e) if e.is_retryable() => {
@@ -368,7 +413,7 @@ impl Rados {
     }
 }
 
-fn primary_of(map: &OsdMap, pg: PgId) -> Result<(i32, std::net::SocketAddr), String> {
+pub(crate) fn primary_of(map: &OsdMap, pg: PgId) -> Result<(i32, std::net::SocketAddr), String> {
     let m = map.pg_mapping(pg).map_err(|e| e.to_string())?;
     if m.acting_primary < 0 {
         return Err(format!("PG {pg} has no OSD up at epoch {}", map.epoch));

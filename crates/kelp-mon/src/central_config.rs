@@ -57,6 +57,12 @@ pub const KNOWN_KEYS: &[KeyDef] = &[
         help: "(monitor) a down OSD is marked out after this long (0 disables), unless noout",
     },
     KeyDef {
+        name: "mon_osd_min_down_reporters",
+        kind: ValueKind::U64,
+        default: "2",
+        help: "(monitor) distinct OSDs that must report a peer failed before it is marked down (capped at the up OSDs that could report)",
+    },
+    KeyDef {
         name: "osd_pool_default_size",
         kind: ValueKind::U64,
         default: "3",
@@ -95,14 +101,14 @@ pub const KNOWN_KEYS: &[KeyDef] = &[
     KeyDef {
         name: "osd_heartbeat_interval",
         kind: ValueKind::Secs,
-        default: "6",
-        help: "interval of OSD peer heartbeats",
+        default: "1",
+        help: "(OSD) interval of peer heartbeats (Ceph: 6 s; Kelp detects a frozen OSD in seconds)",
     },
     KeyDef {
         name: "osd_heartbeat_grace",
         kind: ValueKind::Secs,
-        default: "20",
-        help: "missed-heartbeat time after which a peer is reported down",
+        default: "6",
+        help: "(OSD, monitor) a peer silent this long is reported failed; reports older than this expire (Ceph: 20 s)",
     },
     KeyDef {
         name: "osd_scrub_min_interval",

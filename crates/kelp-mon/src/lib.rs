@@ -16,6 +16,7 @@
 pub mod central_config;
 pub mod client;
 mod error;
+pub mod liveness;
 pub mod monitor;
 pub mod network;
 pub mod pgmap;

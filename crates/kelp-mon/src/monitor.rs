@@ -14,11 +14,13 @@
 //! - `MON_OSD_STATS`: OSD statistics, kept by the leader in memory only ([`crate::pgmap`]);
 //!   followers answer `NotLeader`. `MonCommand::PgStats` is answered by the leader from them
 //!   (followers forward it); the leader's stats task sets and clears the map's `full` flag.
+//! - `MON_OSD_FAILURE`: heartbeat failure reports, leader only, from `osd.<reporter>`; kept in
+//!   memory by [`Liveness`] (see `liveness.rs`), which decides when an OSD is marked down.
 //!
 //! Invariants: only the leader proposes `Init`, `MarkDown` and `MarkOut`, and each carries a
 //! guard (`up_from`, `down_at`) so a stale proposal is a no-op when applied.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -26,12 +28,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use kelp_maps::{ClusterFlag, OsdMap};
+use kelp_maps::OsdMap;
 use kelp_msgr::{
     Dispatcher, KeyLookup, Keyring, Messenger, Peer, RemoteError, Request, Response, Secret,
 };
 use kelp_proto::{
-    MapUpdate, MonCommand, MonReply, OsdBoot, OsdStatsReport, StatsAck, Subscribe, msg_type,
+    MapUpdate, MonCommand, MonReply, OsdBoot, OsdFailure, OsdStatsReport, StatsAck, Subscribe,
+    msg_type,
 };
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
@@ -40,6 +43,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::error::MonError;
+use crate::liveness::{Liveness, LivenessParams};
 use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};
 use crate::pgmap::{FullRatios, PgMap, ratio_ppm};
 use crate::state::{InitSpec, MonEntry, MonInfo};
@@ -267,6 +271,8 @@ struct Inner {
     pgmap: Mutex<PgMap>,
     /// Origin of the monotonic clock the statistics are timed with.
     clock: Instant,
+    /// The leader's failure reports and timers (empty on followers).
+    liveness: Mutex<Liveness>,
 }
 
 /// A running monitor.
@@ -378,6 +384,7 @@ impl Monitor {
             config,
             pgmap: Mutex::new(PgMap::default()),
             clock: Instant::now(),
+            liveness: Mutex::new(Liveness::default()),
         });
         let _ = dispatcher.inner.set(Arc::downgrade(&inner));
 
@@ -476,6 +483,50 @@ fn encode_reply(r: &MonReply) -> Response {
 }
 
 impl Inner {
+    fn liveness(&self) -> std::sync::MutexGuard<'_, Liveness> {
+        self.liveness.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A heartbeat failure report (or its withdrawal) from `osd.<reporter>`. Leader only.
+    fn failure_report(&self, f: OsdFailure, from: &Peer) -> MonReply {
+        if from.entity() != format!("osd.{}", f.reporter) {
+            return MonReply::Error {
+                message: format!(
+                    "a failure report by osd.{} must come from entity osd.{} (not {})",
+                    f.reporter,
+                    f.reporter,
+                    from.entity()
+                ),
+            };
+        }
+        if !self.is_leader() {
+            return self.not_leader();
+        }
+        let a = self.shared.read();
+        let Some(map) = a.state.osdmap() else {
+            return MonReply::Error {
+                message: MonError::NotInitialized.to_string(),
+            };
+        };
+        let outcome = self.liveness().report(map, &f, Instant::now());
+        if f.alive {
+            debug!(
+                reporter = f.reporter,
+                target = f.target,
+                "failure report withdrawn"
+            );
+        } else {
+            info!(
+                reporter = f.reporter,
+                target = f.target,
+                failed_for_ms = f.failed_for_ms,
+                ?outcome,
+                "failure report"
+            );
+        }
+        MonReply::Done { epoch: map.epoch }
+    }
+
     fn is_leader(&self) -> bool {
         let m = self.raft.metrics();
         let m = m.borrow();
@@ -768,6 +819,11 @@ impl Dispatcher for MonDispatcher {
                     kelp_proto::decode(&req.meta, "OsdBoot").map_err(bad_request)?;
                 Ok(encode_reply(&inner.boot(boot, &req.peer).await))
             }
+            msg_type::MON_OSD_FAILURE => {
+                let f: OsdFailure =
+                    kelp_proto::decode(&req.meta, "OsdFailure").map_err(bad_request)?;
+                Ok(encode_reply(&inner.failure_report(f, &req.peer)))
+            }
             other => Err(RemoteError::new(
                 code::UNKNOWN_TYPE,
                 format!("a monitor does not handle msg_type {other:#06x}"),
@@ -865,7 +921,7 @@ async fn stats_loop(inner: Arc<Inner>) {
             let mut pm = inner.pgmap.lock().unwrap_or_else(|p| p.into_inner());
             pm.prune(map);
             match pm.full_decision(map, &ratios) {
-                Some(on) if on != map.has_flag(ClusterFlag::Full) => Some(on),
+                Some(on) if on != map.has_flag(kelp_maps::ClusterFlag::Full) => Some(on),
                 _ => None,
             }
         };
@@ -882,18 +938,16 @@ async fn stats_loop(inner: Arc<Inner>) {
     }
 }
 
-/// The leader's housekeeping: creates the cluster state on a fresh group, marks down OSDs
-/// whose session is gone for `mon_osd_session_grace`, and marks out OSDs down for
-/// `mon_osd_down_out_interval`. Timers restart whenever this monitor becomes leader.
+/// The leader's housekeeping: creates the cluster state on a fresh group, then every tick asks
+/// [`Liveness`] what to propose (OSDs to mark down for failure reports or a lost session, OSDs
+/// down for `mon_osd_down_out_interval` to mark out). Leader only; the bookkeeping is dropped
+/// whenever this monitor is not the leader, so a new leader starts its timers afresh.
 async fn leader_loop(inner: Arc<Inner>) {
-    let mut last_seen: HashMap<i32, Instant> = HashMap::new();
-    let mut down_since: HashMap<i32, Instant> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(inner.config.tick_ms.max(10)));
     loop {
         tick.tick().await;
         if !inner.is_leader() {
-            last_seen.clear();
-            down_since.clear();
+            inner.liveness().reset();
             continue;
         }
         let initialized = inner.shared.read().state.is_initialized();
@@ -913,52 +967,27 @@ async fn leader_loop(inner: Arc<Inner>) {
             let Some(map) = a.state.osdmap() else {
                 continue;
             };
-            let grace = Duration::from_secs_f64(a.state.config_secs("mon_osd_session_grace"));
-            let down_out = a.state.config_secs("mon_osd_down_out_interval");
+            let params = liveness_params(&a.state);
             let connected: HashSet<i32> = inner
                 .msgr
                 .peers()
                 .iter()
                 .filter_map(|p| p.entity().strip_prefix("osd.")?.parse().ok())
                 .collect();
-            let now = Instant::now();
-            let mut proposals = Vec::new();
-            for osd in map.osds.values() {
-                if osd.up {
-                    down_since.remove(&osd.id);
-                    if connected.contains(&osd.id) {
-                        last_seen.insert(osd.id, now);
-                    } else {
-                        let seen = *last_seen.entry(osd.id).or_insert(now);
-                        if now.duration_since(seen) > grace && !map.has_flag(ClusterFlag::NoDown) {
-                            info!(osd = osd.id, ?grace, "OSD session lost; marking it down");
-                            proposals.push(MonEntry::MarkDown {
-                                id: osd.id,
-                                up_from: osd.up_from,
-                            });
-                            last_seen.remove(&osd.id);
-                        }
+            let mut liveness = inner.liveness();
+            let proposals = liveness.tick(map, &connected, Instant::now(), &params);
+            for p in &proposals {
+                match p {
+                    MonEntry::MarkDown { id, .. } => {
+                        info!(osd = id, why = %liveness.describe(*id), "marking the OSD down")
                     }
-                } else {
-                    last_seen.remove(&osd.id);
-                    if osd.is_in() && down_out > 0.0 {
-                        let since = *down_since.entry(osd.id).or_insert(now);
-                        if now.duration_since(since).as_secs_f64() > down_out
-                            && !map.has_flag(ClusterFlag::NoOut)
-                        {
-                            info!(
-                                osd = osd.id,
-                                "OSD down for the down-out interval; marking it out"
-                            );
-                            proposals.push(MonEntry::MarkOut {
-                                id: osd.id,
-                                down_at: osd.down_at,
-                            });
-                            down_since.remove(&osd.id);
-                        }
-                    } else {
-                        down_since.remove(&osd.id);
+                    MonEntry::MarkOut { id, .. } => {
+                        info!(
+                            osd = id,
+                            "OSD down for the down-out interval; marking it out"
+                        )
                     }
+                    _ => {}
                 }
             }
             proposals
@@ -968,5 +997,20 @@ async fn leader_loop(inner: Arc<Inner>) {
                 warn!(error = %e, "leader proposal failed");
             }
         }
+    }
+}
+
+/// The liveness settings from the central config.
+fn liveness_params(state: &crate::state::MonState) -> LivenessParams {
+    let secs = |k: &str| Duration::from_secs_f64(state.config_secs(k).max(0.0));
+    let down_out = state.config_secs("mon_osd_down_out_interval");
+    LivenessParams {
+        session_grace: secs("mon_osd_session_grace"),
+        report_grace: secs("osd_heartbeat_grace"),
+        min_down_reporters: state
+            .config_value("mon", "mon_osd_min_down_reporters")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2),
+        down_out_interval: (down_out > 0.0).then(|| Duration::from_secs_f64(down_out)),
     }
 }

@@ -14,10 +14,10 @@
 //!   `mon_max_incrementals` of them;
 //! - `auth` always holds the key of every monitor in the monitor map (removing one is refused).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 
-use kelp_maps::{ClusterFlag, Incremental, OsdMap, PoolSpec};
+use kelp_maps::{Change, ClusterFlag, Incremental, OsdMap, PoolSpec};
 use kelp_proto::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot};
 use serde::{Deserialize, Serialize};
 
@@ -27,8 +27,9 @@ use crate::error::MonError;
 /// In/out weight meaning "fully in" (16.16 fixed point).
 const WEIGHT_IN: u32 = 0x1_0000;
 
-/// Format version of an encoded [`MonState`] (snapshots).
-pub const STATE_FORMAT: u8 = 1;
+/// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`; format 1 is
+/// still read (as "no OSD was marked out automatically").
+pub const STATE_FORMAT: u8 = 2;
 
 /// One monitor of the monitor map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -63,7 +64,8 @@ pub enum MonEntry {
     /// is still up since `up_from` (it did not re-boot meanwhile).
     MarkDown { id: i32, up_from: u32 },
     /// The OSD has been down for `mon_osd_down_out_interval`. Applies only if it is still down
-    /// since `down_at`, still in, and `noout` is not set.
+    /// since `down_at`, still in, and `noout` is not set. The OSD is remembered as marked out
+    /// automatically, so that it is marked in again when it boots (unless `noin`).
     MarkOut { id: i32, down_at: u32 },
     /// The leader's statistics say some up OSD is at or past `mon_osd_full_ratio` (`on`), or
     /// that every up OSD has reported below it (`!on`): sets or clears the map's `full` flag.
@@ -82,8 +84,24 @@ pub struct MonState {
     /// entity -> base64 secret.
     auth: BTreeMap<String, String>,
     monmap: Vec<MonInfo>,
+    /// OSDs the monitors marked out themselves (down-out interval, or created under `noin`):
+    /// they are marked in again when they boot, unless `noin` is set. An operator's `osd out`
+    /// or `osd in` removes an OSD from this set, so an OSD an operator marked out stays out
+    /// (Ceph's `mon_osd_auto_mark_auto_out_in`).
+    auto_out: BTreeSet<i32>,
 }
 
+/// Format 1 of the encoded state.
+#[derive(Serialize, Deserialize)]
+struct StateWireV1 {
+    osdmap: Option<Vec<u8>>,
+    incrementals: Vec<(u32, Vec<u8>)>,
+    config: Vec<(String, String, String)>,
+    auth: Vec<(String, String)>,
+    monmap: Vec<MonInfo>,
+}
+
+/// Format 2: format 1 plus `auto_out`.
 #[derive(Serialize, Deserialize)]
 struct StateWire {
     osdmap: Option<Vec<u8>>,
@@ -91,6 +109,20 @@ struct StateWire {
     config: Vec<(String, String, String)>,
     auth: Vec<(String, String)>,
     monmap: Vec<MonInfo>,
+    auto_out: Vec<i32>,
+}
+
+impl From<StateWireV1> for StateWire {
+    fn from(v1: StateWireV1) -> StateWire {
+        StateWire {
+            osdmap: v1.osdmap,
+            incrementals: v1.incrementals,
+            config: v1.config,
+            auth: v1.auth,
+            monmap: v1.monmap,
+            auto_out: Vec::new(),
+        }
+    }
 }
 
 fn refuse(e: impl std::fmt::Display) -> MonReply {
@@ -114,6 +146,11 @@ impl MonState {
 
     pub fn monmap(&self) -> &[MonInfo] {
         &self.monmap
+    }
+
+    /// OSDs marked out by the monitors (not by an operator): they go in again at boot.
+    pub fn auto_out(&self) -> &BTreeSet<i32> {
+        &self.auto_out
     }
 
     /// The base64 secret of `entity`.
@@ -172,7 +209,11 @@ impl MonState {
                     .is_some_and(|o| !o.up && o.down_at == *down_at && o.is_in());
                 if still && !map.has_flag(ClusterFlag::NoOut) {
                     let inc = map.propose_osd_weight(*id, 0);
-                    self.commit(inc.map_err(Into::into))
+                    let r = self.commit(inc.map_err(Into::into));
+                    if r.is_ok() {
+                        self.auto_out.insert(*id);
+                    }
+                    r
                 } else {
                     Ok(MonReply::Done { epoch })
                 }
@@ -248,8 +289,19 @@ impl MonState {
                 host,
                 crush_weight,
             } => {
-                let (id, inc) = map.propose_osd_create_with_id(uuid, host, *crush_weight, *want)?;
+                let (id, mut inc) =
+                    map.propose_osd_create_with_id(uuid, host, *crush_weight, *want)?;
+                // `noin`: a new OSD starts out, and goes in at its first boot after `noin` is
+                // unset.
+                let noin = map.has_flag(ClusterFlag::NoIn);
+                if let Some(inc) = inc.as_mut().filter(|_| noin) {
+                    inc.changes.push(Change::OsdWeight { id, weight: 0 });
+                }
+                let created = inc.is_some();
                 self.commit(Ok(inc))?;
+                if created && noin {
+                    self.auto_out.insert(id);
+                }
                 Ok(MonReply::OsdId {
                     id,
                     epoch: self.epoch(),
@@ -261,19 +313,27 @@ impl MonState {
             }
             MonCommand::OsdOut { id } => {
                 let inc = map.propose_osd_weight(*id, 0);
-                self.commit(inc.map_err(Into::into))
+                let r = self.commit(inc.map_err(Into::into))?;
+                self.auto_out.remove(id);
+                Ok(r)
             }
             MonCommand::OsdIn { id } => {
                 let inc = map.propose_osd_weight(*id, WEIGHT_IN);
-                self.commit(inc.map_err(Into::into))
+                let r = self.commit(inc.map_err(Into::into))?;
+                self.auto_out.remove(id);
+                Ok(r)
             }
             MonCommand::OsdReweight { id, weight } => {
                 let inc = map.propose_osd_weight(*id, *weight);
-                self.commit(inc.map_err(Into::into))
+                let r = self.commit(inc.map_err(Into::into))?;
+                self.auto_out.remove(id);
+                Ok(r)
             }
             MonCommand::OsdRemove { id } => {
                 let inc = map.propose_osd_remove(*id)?;
-                self.commit(Ok(Some(inc)))
+                let r = self.commit(Ok(Some(inc)))?;
+                self.auto_out.remove(id);
+                Ok(r)
             }
             MonCommand::PoolCreate(spec) => {
                 let spec = self.pool_defaults(spec);
@@ -407,8 +467,26 @@ impl MonState {
                 got: boot.uuid.clone(),
             });
         }
-        let inc = map.propose_osd_boot(boot.id, boot.addr);
-        self.commit(inc.map_err(Into::into))
+        let mut inc = map.propose_osd_boot(boot.id, boot.addr)?;
+        // Marked out by the monitors while it was down: in again (unless `noin`).
+        let auto_in =
+            self.auto_out.contains(&boot.id) && !osd.is_in() && !map.has_flag(ClusterFlag::NoIn);
+        if auto_in {
+            inc.get_or_insert_with(|| Incremental {
+                epoch: map.epoch + 1,
+                changes: Vec::new(),
+            })
+            .changes
+            .push(Change::OsdWeight {
+                id: boot.id,
+                weight: WEIGHT_IN,
+            });
+        }
+        let r = self.commit(Ok(inc))?;
+        if auto_in {
+            self.auto_out.remove(&boot.id);
+        }
+        Ok(r)
     }
 
     /// Answers the read-only commands from this state (Status without the Raft part).
@@ -502,6 +580,7 @@ impl MonState {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             monmap: self.monmap.clone(),
+            auto_out: self.auto_out.iter().copied().collect(),
         };
         let mut out = vec![STATE_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("encoding into a Vec cannot fail"));
@@ -513,17 +592,23 @@ impl MonState {
             what: "monitor state",
             reason: "empty".into(),
         })?;
-        if v != STATE_FORMAT {
-            return Err(MonError::UnsupportedFormat {
-                what: "monitor state",
-                got: v,
-                max: STATE_FORMAT,
-            });
-        }
-        let wire: StateWire = postcard::from_bytes(body).map_err(|e| MonError::Corrupt {
+        let corrupt = |e: postcard::Error| MonError::Corrupt {
             what: "monitor state",
             reason: e.to_string(),
-        })?;
+        };
+        let wire: StateWire = match v {
+            1 => postcard::from_bytes::<StateWireV1>(body)
+                .map_err(corrupt)?
+                .into(),
+            STATE_FORMAT => postcard::from_bytes(body).map_err(corrupt)?,
+            _ => {
+                return Err(MonError::UnsupportedFormat {
+                    what: "monitor state",
+                    got: v,
+                    max: STATE_FORMAT,
+                });
+            }
+        };
         let osdmap = wire.osdmap.as_deref().map(OsdMap::decode).transpose()?;
         Ok(MonState {
             osdmap,
@@ -535,6 +620,7 @@ impl MonState {
                 .collect(),
             auth: wire.auth.into_iter().collect(),
             monmap: wire.monmap,
+            auto_out: wire.auto_out.into_iter().collect(),
         })
     }
 }

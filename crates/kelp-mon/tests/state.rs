@@ -273,3 +273,140 @@ fn the_full_flag_is_the_monitors_own() {
         Some("2")
     );
 }
+
+fn booted_osds(s: &mut MonState, n: i32) {
+    for i in 0..n {
+        s.apply(&cmd(MonCommand::OsdCreate {
+            id: Some(i),
+            uuid: format!("uuid-{i}"),
+            host: "h".into(),
+            crush_weight: 0x10000,
+        }));
+        boot(s, i, 7000);
+    }
+}
+
+fn boot(s: &mut MonState, id: i32, port: u16) -> MonReply {
+    s.apply(&MonEntry::OsdBoot(OsdBoot {
+        id,
+        uuid: format!("uuid-{id}"),
+        addr: format!("127.0.0.1:{}", port + id as u16).parse().unwrap(),
+    }))
+}
+
+fn osd(s: &MonState, id: i32) -> kelp_maps::OsdInfo {
+    s.osdmap().unwrap().osds[&id].clone()
+}
+
+fn flag(s: &mut MonState, name: &str, on: bool) {
+    s.apply(&cmd(MonCommand::SetFlag {
+        flag: name.into(),
+        on,
+    }));
+}
+
+fn mark_down_out(s: &mut MonState, id: i32) {
+    let o = osd(s, id);
+    s.apply(&MonEntry::MarkDown {
+        id,
+        up_from: o.up_from,
+    });
+    let o = osd(s, id);
+    assert!(!o.up);
+    s.apply(&MonEntry::MarkOut {
+        id,
+        down_at: o.down_at,
+    });
+}
+
+#[test]
+fn auto_out_osds_come_back_in_at_boot_operator_out_ones_do_not() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    booted_osds(&mut s, 3);
+    mark_down_out(&mut s, 1);
+    assert!(!osd(&s, 1).is_in());
+    assert!(s.auto_out().contains(&1));
+    boot(&mut s, 1, 7100);
+    assert!(osd(&s, 1).up && osd(&s, 1).is_in());
+    assert!(s.auto_out().is_empty());
+
+    // Marked out by the operator: stays out after a reboot.
+    s.apply(&MonEntry::MarkDown {
+        id: 2,
+        up_from: osd(&s, 2).up_from,
+    });
+    s.apply(&cmd(MonCommand::OsdOut { id: 2 }));
+    boot(&mut s, 2, 7200);
+    assert!(osd(&s, 2).up && !osd(&s, 2).is_in());
+
+    // Auto out, then the operator marks it out too: an operator decision, it stays out.
+    mark_down_out(&mut s, 0);
+    s.apply(&cmd(MonCommand::OsdOut { id: 0 }));
+    boot(&mut s, 0, 7300);
+    assert!(!osd(&s, 0).is_in());
+
+    // The set survives a snapshot.
+    mark_down_out(&mut s, 1);
+    let copy = MonState::decode(&s.encode()).unwrap();
+    assert!(copy.auto_out().contains(&1));
+}
+
+#[test]
+fn noin_keeps_booting_osds_out_and_noup_refuses_boots() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    booted_osds(&mut s, 2);
+    mark_down_out(&mut s, 1);
+    flag(&mut s, "noin", true);
+    boot(&mut s, 1, 7100);
+    assert!(osd(&s, 1).up && !osd(&s, 1).is_in());
+    // A new OSD created under noin starts out, and goes in at a boot after noin is unset.
+    s.apply(&cmd(MonCommand::OsdCreate {
+        id: Some(2),
+        uuid: "uuid-2".into(),
+        host: "h".into(),
+        crush_weight: 0x10000,
+    }));
+    boot(&mut s, 2, 7000);
+    assert!(!osd(&s, 2).is_in());
+    flag(&mut s, "noin", false);
+    s.apply(&MonEntry::MarkDown {
+        id: 2,
+        up_from: osd(&s, 2).up_from,
+    });
+    boot(&mut s, 2, 7200);
+    assert!(osd(&s, 2).is_in());
+
+    // noup: a boot is refused and the OSD stays down.
+    s.apply(&MonEntry::MarkDown {
+        id: 0,
+        up_from: osd(&s, 0).up_from,
+    });
+    flag(&mut s, "noup", true);
+    let m = err(boot(&mut s, 0, 7400));
+    assert!(m.contains("noup"), "{m}");
+    assert!(!osd(&s, 0).up);
+    flag(&mut s, "noup", false);
+    boot(&mut s, 0, 7400);
+    assert!(osd(&s, 0).up);
+
+    // nodown: a MarkDown from the leader's timers is a no-op; noout likewise for MarkOut.
+    flag(&mut s, "nodown", true);
+    s.apply(&MonEntry::MarkDown {
+        id: 0,
+        up_from: osd(&s, 0).up_from,
+    });
+    assert!(osd(&s, 0).up);
+    flag(&mut s, "nodown", false);
+    flag(&mut s, "noout", true);
+    s.apply(&MonEntry::MarkDown {
+        id: 0,
+        up_from: osd(&s, 0).up_from,
+    });
+    s.apply(&MonEntry::MarkOut {
+        id: 0,
+        down_at: osd(&s, 0).down_at,
+    });
+    assert!(osd(&s, 0).is_in());
+}

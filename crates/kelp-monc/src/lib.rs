@@ -21,8 +21,8 @@ use bytes::Bytes;
 use kelp_maps::{Incremental, MapError, OsdMap};
 use kelp_msgr::{ChannelDispatcher, Message, Messenger, MsgrError, Secret};
 use kelp_proto::{
-    MapUpdate, MonCommand, MonReply, OsdBoot, OsdStatsReport, ProtoError, StatsAck, Subscribe,
-    msg_type,
+    MapUpdate, MonCommand, MonReply, OsdBoot, OsdFailure, OsdStatsReport, ProtoError, StatsAck,
+    Subscribe, msg_type,
 };
 use tokio::sync::mpsc;
 use tracing::debug;
@@ -165,7 +165,16 @@ impl MonClient {
 
     /// Sends `meta` as `mt` with leader-following and failover; returns the decoded reply.
     async fn call(&self, mt: u16, meta: Bytes) -> Result<MonReply, MonClientError> {
-        let deadline = Instant::now() + self.timeout;
+        self.call_within(mt, meta, self.timeout).await
+    }
+
+    async fn call_within(
+        &self,
+        mt: u16,
+        meta: Bytes,
+        timeout: Duration,
+    ) -> Result<MonReply, MonClientError> {
+        let deadline = Instant::now() + timeout;
         let mut last = String::from("no attempt");
         let mut pause = Duration::from_millis(50);
         while Instant::now() < deadline {
@@ -196,7 +205,7 @@ impl MonClient {
             pause = (pause * 2).min(Duration::from_secs(1));
         }
         Err(MonClientError::Timeout {
-            after: self.timeout,
+            after: timeout,
             last,
         })
     }
@@ -240,6 +249,22 @@ impl MonClient {
                 message: format!("unexpected reply {other:?}"),
             }),
         }
+    }
+
+    /// Sends a heartbeat failure report (or its withdrawal) to the leader, giving up after
+    /// `timeout` (the reporter resends a standing report anyway).
+    pub async fn osd_failure(
+        &self,
+        report: &OsdFailure,
+        timeout: Duration,
+    ) -> Result<(), MonClientError> {
+        self.call_within(
+            msg_type::MON_OSD_FAILURE,
+            Bytes::from(kelp_proto::encode(report)),
+            timeout,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Subscribes to OSD maps, starting after `have` (or with the full map). One subscription

@@ -149,8 +149,12 @@ pub async fn run(
         uuid: uuid.clone(),
         addr,
     };
-    let epoch = mon.osd_boot(&boot).await?;
-    info!(%entity, epoch, "marked up");
+    // A refused boot (`noup`, or monitors busy electing) is retried below, not fatal.
+    let mut last_boot = std::time::Instant::now();
+    match mon.osd_boot(&boot).await {
+        Ok(epoch) => info!(%entity, epoch, "marked up"),
+        Err(e) => warn!(%entity, "boot refused (will retry): {e}"),
+    }
     let stats_task = tokio::spawn(report_stats(service.clone(), mon.clone()));
     let scrubber = service.start_scrubber();
     let config_follower = tokio::spawn(follow_scrub_config(
@@ -159,8 +163,15 @@ pub async fn run(
         scrub_base,
         id,
     ));
+    let heartbeats = tokio::spawn(crate::heartbeat::run(
+        service.clone(),
+        msgr.clone(),
+        mon.clone(),
+    ));
 
     tokio::pin!(shutdown);
+    let mut retry = tokio::time::interval(BOOT_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -173,14 +184,26 @@ pub async fn run(
                     warn!(epoch = map.epoch, "applying map: {e}");
                 }
                 if needs_boot(&map, id, addr) {
+                    // Marked down while alive (a frozen OSD, a lost session): boot again.
+                    last_boot = std::time::Instant::now();
                     match mon.osd_boot(&boot).await {
-                        Ok(e) => info!(epoch = e, "marked up again"),
+                        Ok(e) => info!(epoch = e, "the map says this OSD is down; marked up again"),
                         Err(e) => warn!("boot: {e}"),
+                    }
+                }
+            }
+            _ = retry.tick() => {
+                if needs_boot(&service.map(), id, addr) && last_boot.elapsed() >= BOOT_RETRY {
+                    last_boot = std::time::Instant::now();
+                    match mon.osd_boot(&boot).await {
+                        Ok(e) => info!(epoch = e, "marked up"),
+                        Err(e) => debug!("boot refused (will retry): {e}"),
                     }
                 }
             }
         }
     }
+    heartbeats.abort();
 
     info!(%entity, "shutting down");
     stats_task.abort();
@@ -254,6 +277,9 @@ async fn follow_scrub_config(
         tokio::time::sleep(CONFIG_REFRESH).await;
     }
 }
+
+/// How often a down OSD asks to be marked up again while its boots are refused (`noup`).
+const BOOT_RETRY: Duration = Duration::from_secs(2);
 
 fn needs_boot(map: &OsdMap, id: i32, addr: SocketAddr) -> bool {
     match map.osds.get(&id) {

@@ -11,6 +11,7 @@
 
 pub mod daemon;
 pub mod exec;
+pub mod heartbeat;
 pub mod net;
 pub mod peering;
 pub mod pglog;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use kelp_msgr::{Dispatcher, Messenger, RemoteError, Request, Response};
 use kelp_proto::{
-    OsdScrubCommand, PgCommand, PgList, PgPull, PgPullReply, PgPush, PgPushReply, PgQuery,
-    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply, ScrubMapRequest, decode,
-    encode, msg_type,
+    OsdPing, OsdPingReply, OsdScrubCommand, PgCommand, PgList, PgPull, PgPullReply, PgPush,
+    PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply,
+    ScrubMapRequest, decode, encode, msg_type,
 };
 
 use crate::service::{OsdService, Peers};
@@ -116,6 +116,19 @@ impl Dispatcher for OsdDispatcher {
                 let reply = self.service.osd_scrub_command(c).await;
                 Ok(Response::new(
                     msg_type::OSD_SCRUB_COMMAND,
+                    encode(&reply),
+                    Bytes::new(),
+                ))
+            }
+            msg_type::OSD_PING => {
+                // Heartbeats: answered at once, without touching any PG.
+                let _ping: OsdPing = decode(&req.meta, "OsdPing").map_err(bad)?;
+                let reply = OsdPingReply {
+                    osd: self.service.id(),
+                    epoch: self.service.map().epoch,
+                };
+                Ok(Response::new(
+                    msg_type::OSD_PING,
                     encode(&reply),
                     Bytes::new(),
                 ))

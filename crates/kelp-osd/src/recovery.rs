@@ -7,6 +7,12 @@
 //! this log"). Only when every member is in sync does the PG serve again, so a member that
 //! missed writes (an OSD that was down) never answers with stale data.
 //!
+//! `norecover` / `nobackfill` (Ceph's flags): a member that would need log recovery / backfill
+//! is left out of the PG's writes ("left behind": the PG is active+degraded) while the flag is
+//! set, provided `min_size` members are up to date (else the PG waits, inactive). A primary
+//! that is behind still recovers itself, since it could not serve otherwise. When the flag is
+//! cleared, the PG peers again and recovers the members left behind.
+//!
 //! Crash safety: a member applies the objects first and rewrites its log last; a crash in
 //! between leaves the old log, so the next peering repeats the sync (copying an object twice is
 //! harmless).
@@ -326,9 +332,19 @@ impl OsdService {
                 return;
             }
             match self.try_peer(pg, epoch, &m.acting, authority).await {
-                Ok(recovered) => {
-                    if self.activate(pg, &m.acting).await && recovered > 0 {
-                        info!(%pg, epoch, recovered, "peered and recovered");
+                Ok((recovered, left_behind)) => {
+                    let flags = recovery_flags(&map);
+                    if self.activate(pg, &m.acting, &left_behind, flags).await {
+                        if recovered > 0 {
+                            info!(%pg, epoch, recovered, "peered and recovered");
+                        }
+                        if !left_behind.is_empty() {
+                            info!(
+                                %pg, epoch, ?left_behind,
+                                "active+degraded: recovery of these members paused by \
+                                 norecover/nobackfill"
+                            );
+                        }
                     }
                     return;
                 }
@@ -343,14 +359,15 @@ impl OsdService {
         }
     }
 
-    /// One peering attempt; returns how many members were brought up to date.
+    /// One peering attempt; returns how many members were brought up to date, and the members
+    /// left behind because `norecover` (log recovery) or `nobackfill` (backfill) is set.
     async fn try_peer(
         &self,
         pg: PgId,
         epoch: u32,
         acting: &[i32],
         authority: Option<i32>,
-    ) -> Result<usize, String> {
+    ) -> Result<(usize, Vec<i32>), String> {
         let map = self.map();
         let handle = self.pg_handle(pg).ok_or("PG not open")?;
         let me = self.id();
@@ -393,8 +410,34 @@ impl OsdService {
             });
         }
         let Some(p) = plan_with_authority(&reports, authority) else {
-            return Ok(0);
+            return Ok((0, Vec::new()));
         };
+        // norecover / nobackfill: members that would need the paused kind of copy are left
+        // out of the acting set's writes (the PG serves degraded) as long as min_size members
+        // remain. The primary itself is still brought up to date, because it cannot serve
+        // otherwise (Ceph likewise recovers the objects clients touch under norecover; Kelp has
+        // no per-object missing set yet, so the primary copies all it misses).
+        let (norecover, nobackfill) = recovery_flags(&map);
+        let paused = |m: &MemberPlan| match m {
+            MemberPlan::UpToDate => false,
+            MemberPlan::Recover { .. } => norecover,
+            MemberPlan::Backfill => nobackfill,
+        };
+        let left_behind: Vec<i32> = p
+            .members
+            .iter()
+            .filter(|&(&osd, m)| osd != me && paused(m))
+            .map(|(&osd, _)| osd)
+            .collect();
+        let min_size = map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize;
+        if acting.len() - left_behind.len() < min_size {
+            return Err(format!(
+                "recovery paused (norecover/nobackfill) and only {} of {} members are up to \
+                 date, fewer than min_size {min_size}; waiting",
+                acting.len() - left_behind.len(),
+                acting.len()
+            ));
+        }
         let auth = reports
             .iter()
             .find(|r| r.osd == p.authoritative)
@@ -470,7 +513,7 @@ impl OsdService {
         }
         // …then every other member, from the primary.
         for (&osd, member) in &p.members {
-            if osd == me {
+            if osd == me || left_behind.contains(&osd) {
                 continue;
             }
             let Some(sync) = sync_for(member, me) else {
@@ -487,6 +530,14 @@ impl OsdService {
             }
             recovered += 1;
         }
-        Ok(recovered)
+        Ok((recovered, left_behind))
     }
+}
+
+/// `(norecover, nobackfill)` in `map`.
+pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> (bool, bool) {
+    (
+        map.has_flag(kelp_maps::ClusterFlag::NoRecover),
+        map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
+    )
 }

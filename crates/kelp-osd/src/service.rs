@@ -115,6 +115,12 @@ pub(crate) struct PgState {
     /// replica when it is not); a map that takes them out unblocks it, and recovery brings
     /// them back.
     pub(crate) failed_replicas: Vec<i32>,
+    /// Acting members that peering left behind because `norecover`/`nobackfill` was set: they
+    /// get no writes until the PG peers again (the PG is degraded).
+    pub(crate) left_behind: Vec<i32>,
+    /// `(norecover, nobackfill)` when the PG was activated: when they change and members were
+    /// left behind, the PG peers again.
+    recovery_flags: (bool, bool),
     /// Writes submitted to the store here (readable) whose outcome is not settled yet: not yet
     /// durable here or, on the primary, not yet answered by every replica. Version → object.
     pub(crate) in_flight: BTreeMap<u64, ObjectLocator>,
@@ -226,7 +232,13 @@ impl OsdService {
                     handle.write().await.active = None;
                     continue;
                 }
-                if handle.read().await.active.as_deref() != Some(&m.acting[..]) {
+                let repeer = {
+                    let st = handle.read().await;
+                    st.active.as_deref() != Some(&m.acting[..])
+                        || (!st.left_behind.is_empty()
+                            && st.recovery_flags != crate::recovery::recovery_flags(&map))
+                };
+                if repeer {
                     handle.write().await.active = None;
                     tokio::spawn(self.clone().peer(pg, map.epoch));
                 }
@@ -262,6 +274,8 @@ impl OsdService {
                     meta,
                     active: None,
                     failed_replicas: Vec::new(),
+                    left_behind: Vec::new(),
+                    recovery_flags: (false, false),
                     in_flight: BTreeMap::new(),
                     changed: Arc::new(Notify::new()),
                     scrub_block: None,
@@ -331,8 +345,15 @@ impl OsdService {
         &self.scrubber
     }
 
-    /// Marks a PG active for `acting` (after peering). False if the map moved on meanwhile.
-    pub(crate) async fn activate(&self, pg: PgId, acting: &[i32]) -> bool {
+    /// Marks a PG active for `acting` (after peering), with the members `left_behind` by
+    /// paused recovery. False if the map moved on meanwhile.
+    pub(crate) async fn activate(
+        &self,
+        pg: PgId,
+        acting: &[i32],
+        left_behind: &[i32],
+        recovery_flags: (bool, bool),
+    ) -> bool {
         let map = self.map();
         let still = map
             .pg_mapping(pg)
@@ -345,9 +366,25 @@ impl OsdService {
         };
         let mut state = handle.write().await;
         state.active = Some(acting.to_vec());
-        // Peering brought every member to one history: no replica is behind any more.
+        // Peering brought every member to one history: nobody has a missed write any more.
         state.failed_replicas.clear();
+        state.left_behind = left_behind.to_vec();
+        state.recovery_flags = recovery_flags;
         true
+    }
+
+    /// Resolves once a map newer than `epoch` no longer has `osd` in `pg`'s acting set.
+    async fn left_acting(&self, pg: PgId, osd: i32, epoch: u32) {
+        let mut rx = self.map_tx.subscribe();
+        let left = rx
+            .wait_for(|m| {
+                m.epoch > epoch && m.pg_mapping(pg).map_or(true, |x| !x.acting.contains(&osd))
+            })
+            .await
+            .map(|_| ());
+        if left.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Whether this OSD has peered `pg` for exactly `acting`.
@@ -629,6 +666,7 @@ impl OsdService {
         state.in_flight.insert(stamp.version, op.object.clone());
         state.changed.notify_waiters();
         let guard = InFlight::new(pg.clone(), stamp.version);
+        let left_behind = state.left_behind.clone();
         let repop = RepOp {
             pg: op.pg,
             epoch,
@@ -641,14 +679,28 @@ impl OsdService {
         };
         let mut replicas = Vec::new();
         let mut unreachable = Vec::new();
-        for &osd in mapping.acting.iter().filter(|&&o| o != self.cfg.id) {
+        for &osd in mapping
+            .acting
+            .iter()
+            .filter(|&&o| o != self.cfg.id && !left_behind.contains(&o))
+        {
             let Some(addr) = map.osds.get(&osd).and_then(|o| o.addr) else {
                 unreachable.push((osd, format!("replica osd.{osd} has no address")));
                 continue;
             };
             let peers = self.peers.clone();
             let (r, d) = (repop.clone(), data.clone());
-            replicas.push(async move { (osd, peers.repop(osd, addr, r, d).await) });
+            let left = self.left_acting(op.pg, osd, epoch);
+            replicas.push(async move {
+                // A replica that a newer map drops (e.g. marked down after it froze) will not
+                // answer in time: stop waiting for it then, not at the call's timeout, so the
+                // client's retry meets the re-peered PG at once.
+                let result = tokio::select! {
+                    r = peers.repop(osd, addr, r, d) => r,
+                    () = left => Err(format!("osd.{osd} left the acting set")),
+                };
+                (osd, result)
+            });
         }
         // Queue the replica writes while still holding the lock, so they leave in version order.
         let mut remote = Box::pin(futures::future::join_all(replicas));
@@ -725,6 +777,19 @@ impl OsdService {
             if !state.failed_replicas.contains(osd) {
                 state.failed_replicas.push(*osd);
             }
+        }
+        // A failed replica that the current map still has in the acting set (a timeout, a
+        // lost connection, an OSD restarted before anyone noticed): peer again, which brings
+        // it back to the authoritative history (or waits for the map to drop it), instead of
+        // refusing writes until the next map change.
+        let current = self.map();
+        let still_acting = current.pg_mapping(op.pg).is_ok_and(|m| {
+            m.acting_primary == self.cfg.id
+                && state.failed_replicas.iter().any(|o| m.acting.contains(o))
+        });
+        if still_acting && state.active.is_some() && current.epoch == epoch {
+            state.active = None;
+            tokio::spawn(self.clone().peer(op.pg, epoch));
         }
         reply_err(
             ErrorCode::Io,

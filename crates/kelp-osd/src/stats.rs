@@ -252,12 +252,17 @@ impl OsdService {
             };
             let (peered, behind, coll, last_update) = {
                 let state = handle.read().await;
-                let behind: Vec<i32> = state
+                // replicas that missed a write, and those peering left behind (norecover,
+                // nobackfill): both are degraded copies
+                let mut behind: Vec<i32> = state
                     .failed_replicas
                     .iter()
+                    .chain(&state.left_behind)
                     .copied()
                     .filter(|o| m.acting.contains(o))
                     .collect();
+                behind.sort_unstable();
+                behind.dedup();
                 (
                     state.active.as_deref() == Some(&m.acting[..]),
                     behind.len(),

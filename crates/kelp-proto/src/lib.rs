@@ -15,11 +15,13 @@ mod scrub;
 mod stats;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
-pub use mon::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, Subscribe};
+pub use mon::{
+    ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, OsdFailure, Subscribe,
+};
 pub use osd::{
-    CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, PgList,
-    PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
-    RepOpReply, WireLogEntry,
+    CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, OsdPing,
+    OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync,
+    PgSyncReply, RepOp, RepOpReply, WireLogEntry,
 };
 pub use scrub::{
     InconsistentObject, OsdScrubCommand, OsdScrubReply, PgCommand, PgCommandKind, PgCommandReply,
@@ -44,6 +46,9 @@ pub mod msg_type {
     pub const MON_OSD_BOOT: u16 = 0x0103;
     /// OSD → leader monitor: `OsdStatsReport`; reply `MonReply::StatsAck` (or `NotLeader`).
     pub const MON_OSD_STATS: u16 = 0x0104;
+    /// OSD → monitor: `OsdFailure` (a heartbeat peer is silent, or alive again); reply
+    /// `MonReply` (`Done`, or `NotLeader`). Leader only.
+    pub const MON_OSD_FAILURE: u16 = 0x0110;
     /// Monitor ↔ monitor: Raft traffic (opaque to this crate; encoded by kelp-mon).
     pub const MON_RAFT: u16 = 0x0180;
     /// Client → primary OSD: `OsdOp` (+ data); reply `OsdOpReply` (+ data).
@@ -66,4 +71,6 @@ pub mod msg_type {
     pub const OSD_PG_COMMAND: u16 = 0x0222;
     /// Client → one OSD: `OsdScrubCommand`; reply `OsdScrubReply`.
     pub const OSD_SCRUB_COMMAND: u16 = 0x0223;
+    /// OSD → OSD: `OsdPing`; reply `OsdPingReply` (peer heartbeats).
+    pub const OSD_PING: u16 = 0x0224;
 }

@@ -155,3 +155,17 @@ pub struct OsdBoot {
     pub uuid: String,
     pub addr: SocketAddr,
 }
+
+/// OSD → monitor (`MON_OSD_FAILURE`): `reporter` has had no heartbeat answer from `target` for
+/// `failed_for_ms` (past its `osd_heartbeat_grace`), or, with `alive`, has heard from it again
+/// and withdraws its report. `target_up_from` is the epoch at which the reporter's map says the
+/// target came up, so a report about an earlier incarnation is ignored. Reporters resend a
+/// standing report every heartbeat interval (a new leader learns it within one interval).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdFailure {
+    pub reporter: i32,
+    pub target: i32,
+    pub target_up_from: u32,
+    pub failed_for_ms: u64,
+    pub alive: bool,
+}

@@ -355,6 +355,20 @@ pub struct RepOpReply {
     pub epoch: u32,
 }
 
+/// OSD → OSD heartbeat (`OSD_PING`): "are you alive?", with the sender's map epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdPing {
+    pub from: i32,
+    pub epoch: u32,
+}
+
+/// The answer to an [`OsdPing`]: the answering OSD and its map epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdPingReply {
+    pub osd: i32,
+    pub epoch: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,5 @@
-//! `kelp osd`: run an OSD daemon (`run`) and look after OSDs (`tree`, `ls`, `out`, `in`,
-//! `down`).
+//! `kelp osd`: run an OSD daemon (`run`), look after OSDs (`tree`, `ls`, `out`, `in`,
+//! `down`) and set cluster flags (`set`, `unset`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +43,22 @@ pub enum OsdCommand {
     Scrub(crate::cmd::scrub::OsdScrubArgs),
     /// Queue a deep scrub of every PG each OSD is primary for (runs even with `nodeep-scrub`).
     DeepScrub(crate::cmd::scrub::OsdScrubArgs),
+    /// Set a cluster flag (like `ceph osd set`): noout, noin, noup, nodown, norecover,
+    /// nobackfill, norebalance, noscrub, nodeep-scrub, pause. See docs/HEALING.md.
+    Set(FlagArgs),
+    /// Clear a cluster flag (like `ceph osd unset`).
+    Unset(FlagArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FlagArgs {
+    /// The flag: noout (down OSDs are not marked out), noin (booting OSDs are not marked
+    /// in), noup (booting OSDs are not marked up), nodown (failure reports and lost sessions
+    /// do not mark OSDs down), norecover / nobackfill (OSDs pause log recovery / backfill),
+    /// norebalance, noscrub, nodeep-scrub, pause (clients hold reads and writes).
+    pub flag: String,
+    #[command(flatten)]
+    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
@@ -108,6 +124,8 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
         OsdCommand::Out(a) => mark(a, |id| MonCommand::OsdOut { id }),
         OsdCommand::In(a) => mark(a, |id| MonCommand::OsdIn { id }),
         OsdCommand::Down(a) => mark(a, |id| MonCommand::OsdDown { id }),
+        OsdCommand::Set(a) => set_flag(a, true),
+        OsdCommand::Unset(a) => set_flag(a, false),
         OsdCommand::Scrub(a) => crate::cmd::scrub::run_osd_scrub(a, false),
         OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true),
         OsdCommand::Df(a) => df(a),
@@ -191,6 +209,34 @@ pub async fn purge(rados: &kelp_client::Rados, osd: i32, force: bool) -> Result<
         MonReply::Error { message } => bail!("removing the key of osd.{osd}: {message}"),
         other => bail!("removing the key of osd.{osd}: unexpected reply {other:?}"),
     }
+}
+
+fn set_flag(a: FlagArgs, on: bool) -> Result<ExitCode> {
+    if kelp_maps::ClusterFlag::from_name(&a.flag).is_none() {
+        let known: Vec<&str> = kelp_maps::ClusterFlag::ALL
+            .iter()
+            .map(|f| f.name())
+            .collect();
+        bail!("unknown flag '{}' (known: {})", a.flag, known.join(", "));
+    }
+    let rt = common::runtime()?;
+    rt.block_on(async {
+        let rados = a.conf.connect().await?;
+        let reply = rados
+            .mon_command(MonCommand::SetFlag {
+                flag: a.flag.clone(),
+                on,
+            })
+            .await?;
+        match reply {
+            MonReply::Done { epoch } => {
+                let what = if on { "set" } else { "unset" };
+                eprintln!("{} is {what} (osdmap epoch {epoch})", a.flag);
+                Ok(ExitCode::SUCCESS)
+            }
+            other => bail!("unexpected reply {other:?}"),
+        }
+    })
 }
 
 fn run_daemon(a: RunArgs) -> Result<ExitCode> {
