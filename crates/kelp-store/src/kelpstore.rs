@@ -366,19 +366,100 @@ pub struct KelpStore {
     committer: Mutex<Option<JoinHandle<()>>>,
 }
 
-fn open_kv(dir: &Path, cfg: &StoreConfig) -> Result<(Keyspace, PartitionHandle, PartitionHandle)> {
-    let kv = fjall::Config::new(dir.join(META_DIR))
+fn kv_config(dir: &Path, cfg: &StoreConfig) -> fjall::Config {
+    fjall::Config::new(dir.join(META_DIR))
         .cache_size(cfg.block_cache_bytes())
         .max_write_buffer_size(cfg.write_buffer_bytes())
         .manual_journal_persist(true)
-        .open()
-        .map_err(|e| StoreError::kv("opening the metadata database", e))?;
+}
+
+fn open_partitions(kv: &Keyspace) -> Result<(PartitionHandle, PartitionHandle)> {
     let meta = kv
         .open_partition(PARTITION, PartitionCreateOptions::default())
         .map_err(|e| StoreError::kv("opening the metadata partition", e))?;
     let deferred = kv
         .open_partition(DEFERRED_PARTITION, PartitionCreateOptions::default())
         .map_err(|e| StoreError::kv("opening the deferred-write partition", e))?;
+    Ok((meta, deferred))
+}
+
+/// Most flush rounds of [`flush_recovered_memtables`]: each round flushes at least one queued
+/// memtable (else the loop ends), so this only guards against a fjall change looping forever.
+const MAX_RECOVERY_FLUSH_ROUNDS: usize = 100_000;
+
+/// Recover the database *without* fjall's background threads and flush every memtable it
+/// holds: the sealed memtables recovered from its sealed journals and the active ones (then the
+/// keyspace is dropped and opened normally by the caller, with an empty write buffer).
+///
+/// Why: fjall 2.x wakes its flush worker once per *partition* with queued memtables at startup
+/// (`start_background_threads` releases its semaphore `queue_count()` times), and each wake-up
+/// flushes at most `flush_workers` memtables (`available_parallelism - 1`, capped at 4; 1 on a
+/// 2-CPU machine). A store killed (or stopped while fjall had rotations pending) with two or
+/// more sealed journals holding one partition therefore leaves sealed memtables queued that
+/// no wake-up ever flushes: their bytes stay in fjall's write-buffer counter forever, the
+/// monitor does not rotate partitions that have queued flushes, and once that counter is above
+/// `max_write_buffer_size` every write halts for good ("write halt because of write buffer
+/// saturation" every 10 ms, with an idle flusher) — during the write-ahead log replay of mount
+/// or later under load. Stranded memtables also survived restarts (their journals were never
+/// dropped), so they accumulated. Flushing here, in this thread, with no flush worker running,
+/// uses fjall's inline flush (`force_flush`, which must not race a flush worker: none exists on
+/// a keyspace from `create_or_recover`).
+fn flush_recovered_memtables(dir: &Path, cfg: &StoreConfig) -> Result<()> {
+    let kv = Keyspace::create_or_recover(kv_config(dir, cfg))
+        .map_err(|e| StoreError::kv("recovering the metadata database", e))?;
+    let (meta, deferred) = open_partitions(&kv)?;
+    for p in [&meta, &deferred] {
+        // Seal the active memtable too (queued like the recovered ones; the flush worker it
+        // signals does not exist here), so the replay that follows starts with nothing buffered.
+        p.rotate_memtable()
+            .map_err(|e| StoreError::kv("sealing a recovered memtable", e))?;
+    }
+    let mut rounds = 0;
+    loop {
+        let before = kv.flushes_completed();
+        kv.force_flush()
+            .map_err(|e| StoreError::kv("flushing recovered memtables", e))?;
+        if kv.flushes_completed() == before {
+            break;
+        }
+        rounds += 1;
+        if rounds >= MAX_RECOVERY_FLUSH_ROUNDS {
+            return Err(StoreError::corrupt(
+                "metadata database: recovered memtables do not drain",
+            ));
+        }
+    }
+    kv.persist(PersistMode::SyncAll)
+        .map_err(|e| StoreError::kv("syncing the recovered metadata", e))?;
+    Ok(())
+}
+
+/// During the write-ahead log replay (up to 64 MiB of batches applied back to back): once the
+/// active memtables hold half the write buffer, seal the largest so that fjall's flush worker
+/// starts on it at once, instead of letting the replay run into fjall's write halt and wait for
+/// its monitor (which checks every 250 ms).
+fn relieve_write_buffer(cfg: &StoreConfig, parts: &[&PartitionHandle]) -> Result<()> {
+    use fjall::AbstractTree;
+    let active: u64 = parts
+        .iter()
+        .map(|p| u64::from(p.tree.active_memtable_size()))
+        .sum();
+    if active <= cfg.write_buffer_bytes() / 2 {
+        return Ok(());
+    }
+    if let Some(p) = parts.iter().max_by_key(|p| p.tree.active_memtable_size()) {
+        p.rotate_memtable()
+            .map_err(|e| StoreError::kv("sealing a metadata memtable", e))?;
+    }
+    Ok(())
+}
+
+fn open_kv(dir: &Path, cfg: &StoreConfig) -> Result<(Keyspace, PartitionHandle, PartitionHandle)> {
+    flush_recovered_memtables(dir, cfg)?;
+    let kv = kv_config(dir, cfg)
+        .open()
+        .map_err(|e| StoreError::kv("opening the metadata database", e))?;
+    let (meta, deferred) = open_partitions(&kv)?;
     Ok((kv, meta, deferred))
 }
 
@@ -1426,6 +1507,7 @@ impl KelpStore {
             }
             b.commit()
                 .map_err(|e| StoreError::kv("replaying the write-ahead log", e))?;
+            relieve_write_buffer(&cfg, &[&meta, &deferred_part])?;
         }
         if kv_sb != sb {
             let mut b = kv.batch();
