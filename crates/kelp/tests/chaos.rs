@@ -4,7 +4,8 @@
 //! time, four OSDs, pool `data` size 3 / min_size 2, `mon_osd_down_out_interval` 4 s so some
 //! faults also mark the OSD out (remapping and backfill) and in again.
 //!
-//! At the end: every OSD back, the cluster `HEALTH_OK`, a quiet period, and then every
+//! At the end: every OSD back, the cluster `HEALTH_OK` and every PG reported `active+clean`, a
+//! quiet period, and then every
 //! acknowledged write must read back exactly through the client; finally the cluster is
 //! stopped and every OSD's store is opened directly: every member of every PG's acting set
 //! must hold every object of that PG with exactly the recorded content (each replica, not
@@ -145,6 +146,25 @@ fn healthy(c: &Cluster) -> bool {
     String::from_utf8_lossy(&out.stdout).starts_with("HEALTH_OK")
 }
 
+/// Every PG reported `active+clean` by its primary (`kelp status`, from the OSDs' reports).
+fn all_active_clean(c: &Cluster) -> bool {
+    let out = kelp(&["status", "--format", "json", "-c", &c.conf()]);
+    let Ok(s) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return false;
+    };
+    let num = s["pgmap"]["num_pgs"].as_u64().unwrap_or(0);
+    let clean: u64 = s["pgmap"]["pgs_by_state"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["state_name"] == "active+clean")
+                .filter_map(|e| e["count"].as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    num > 0 && clean == num
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_every_acknowledged_write_survives() {
     let secs: u64 = std::env::var("KELP_CHAOS_SECS")
@@ -229,6 +249,11 @@ async fn chaos_every_acknowledged_write_survives() {
     .await;
     let took = wait_until("HEALTH_OK", Duration::from_secs(60), || healthy(&c)).await;
     t(&format!("HEALTH_OK after {took:?}"));
+    let took = wait_until("every PG active+clean", Duration::from_secs(60), || {
+        all_active_clean(&c)
+    })
+    .await;
+    t(&format!("every PG active+clean after {took:?}"));
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     for cl in clients {
