@@ -165,6 +165,12 @@ pub const KNOWN_KEYS: &[KeyDef] = &[
         help: "usage ratio at which writes are refused",
     },
     KeyDef {
+        name: "osd_max_pg_log_entries",
+        kind: ValueKind::U64,
+        default: "3000",
+        help: "PG log entries each OSD keeps per PG (read when the OSD starts); a member that missed more writes than this is brought back by backfill",
+    },
+    KeyDef {
         name: "osd_stats_interval",
         kind: ValueKind::Secs,
         default: "2",

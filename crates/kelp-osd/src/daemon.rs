@@ -135,7 +135,25 @@ pub async fn run(
         timeout: Duration::from_secs(30),
     });
     let scrub_base = opts.osd.scrub.clone();
-    let service = OsdService::new(opts.osd, store.clone(), peers, (*first).clone());
+    let mut osd_cfg = opts.osd;
+    // settings read once, at start, from the monitors' central config
+    if let Ok(Ok(MonReply::Config(entries))) =
+        tokio::time::timeout(Duration::from_secs(5), mon.command(&MonCommand::ConfigDump)).await
+    {
+        let me = format!("osd.{id}");
+        for who in ["global", "osd", me.as_str()] {
+            for e in entries
+                .iter()
+                .filter(|e| e.who == who && e.key == "osd_max_pg_log_entries")
+            {
+                match e.value.parse::<usize>() {
+                    Ok(n) => osd_cfg.max_pg_log_entries = n,
+                    Err(_) => warn!(value = %e.value, "ignoring a bad osd_max_pg_log_entries"),
+                }
+            }
+        }
+    }
+    let service = OsdService::new(osd_cfg, store.clone(), peers, (*first).clone());
     service
         .set_map((*first).clone())
         .await
