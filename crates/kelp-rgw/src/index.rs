@@ -106,6 +106,14 @@ pub(crate) struct KeyRead {
 }
 
 impl KeyRead {
+    /// The decoded index entry stored under omap key `k`, if any.
+    pub fn entry(&self, k: &str) -> Result<Option<IndexEntry>> {
+        self.vals
+            .get(k)
+            .map(|raw| decode(&self.shard.obj, raw))
+            .transpose()
+    }
+
     /// The listed entries under `prefix` (one of the prefixes read), in order.
     pub fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a (String, Bytes)> {
         self.listed
@@ -397,11 +405,7 @@ impl Rgw {
                 if r.vals.get(&pk) != Some(pending) {
                     return Err(self.grace_error(&format!("the upload of '{key}'")));
                 }
-                let old: Option<IndexEntry> = r
-                    .vals
-                    .get(&k)
-                    .map(|raw| decode(&r.shard.obj, raw))
-                    .transpose()?;
+                let old = r.entry(&k)?;
                 check_condition(key, old.as_ref(), cond)?;
                 let mut t = Txn::default();
                 t.expect(&pk, Some(pending)).rm(pk.clone());
@@ -458,11 +462,7 @@ impl Rgw {
             std::slice::from_ref(&k),
             &prefixes(mode, &vp),
             |r| {
-                let old: Option<IndexEntry> = r
-                    .vals
-                    .get(&k)
-                    .map(|raw| decode(&r.shard.obj, raw))
-                    .transpose()?;
+                let old = r.entry(&k)?;
                 if let Some(want) = if_match {
                     match &old {
                         Some(e) if e.etag == want || want == "*" => {}
@@ -503,11 +503,7 @@ impl Rgw {
             std::slice::from_ref(&k),
             &prefixes(mode, &vp),
             |r| {
-                let old: Option<IndexEntry> = r
-                    .vals
-                    .get(&k)
-                    .map(|raw| decode(&r.shard.obj, raw))
-                    .transpose()?;
+                let old = r.entry(&k)?;
                 if old.as_ref() != Some(expected) {
                     return Ok(Step::Done(false));
                 }
@@ -1050,7 +1046,7 @@ fn make_current(
 ) -> Result<Made> {
     let k = obj_key(key);
     let old_raw = r.vals.get(&k);
-    let old: Option<IndexEntry> = old_raw.map(|raw| decode(&r.shard.obj, raw)).transpose()?;
+    let old = r.entry(&k)?;
     t.expect(&k, old_raw.map(|v| v.as_ref()));
     let Some(mode) = mode else {
         if let Some(e) = &old {

@@ -12,25 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use heal_support::{Cluster, content, kelp, osd_state, wait_until};
-
-fn all_active_clean(c: &Cluster) -> bool {
-    let out = kelp(&["status", "--format", "json", "-c", &c.conf()]);
-    let Ok(s) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-        return false;
-    };
-    let num = s["pgmap"]["num_pgs"].as_u64().unwrap_or(0);
-    let clean: u64 = s["pgmap"]["pgs_by_state"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|e| e["state_name"] == "active+clean")
-                .filter_map(|e| e["count"].as_u64())
-                .sum()
-        })
-        .unwrap_or(0);
-    num > 0 && clean == num
-}
+use heal_support::{Cluster, all_active_clean, content, kelp, osd_state, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_osd_down_past_the_pg_log_is_brought_back_by_backfill() {

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use heal_support::{Cluster, content, kelp, osd_state, wait_until};
+use heal_support::{Cluster, all_active_clean, content, kelp, osd_state, wait_until};
 use kelp_client::Rados;
 
 const OSDS: i32 = 4;
@@ -144,25 +144,6 @@ async fn client_loop(
 fn healthy(c: &Cluster) -> bool {
     let out = kelp(&["health", "-c", &c.conf()]);
     String::from_utf8_lossy(&out.stdout).starts_with("HEALTH_OK")
-}
-
-/// Every PG reported `active+clean` by its primary (`kelp status`, from the OSDs' reports).
-fn all_active_clean(c: &Cluster) -> bool {
-    let out = kelp(&["status", "--format", "json", "-c", &c.conf()]);
-    let Ok(s) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-        return false;
-    };
-    let num = s["pgmap"]["num_pgs"].as_u64().unwrap_or(0);
-    let clean: u64 = s["pgmap"]["pgs_by_state"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|e| e["state_name"] == "active+clean")
-                .filter_map(|e| e["count"].as_u64())
-                .sum()
-        })
-        .unwrap_or(0);
-    num > 0 && clean == num
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -215,3 +215,22 @@ pub fn content(seed: u64, len: usize) -> bytes::Bytes {
     v.truncate(len);
     bytes::Bytes::from(v)
 }
+
+/// Every PG reported `active+clean` by its primary (`kelp status`, from the OSDs' reports).
+pub fn all_active_clean(c: &Cluster) -> bool {
+    let out = kelp(&["status", "--format", "json", "-c", &c.conf()]);
+    let Ok(s) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return false;
+    };
+    let num = s["pgmap"]["num_pgs"].as_u64().unwrap_or(0);
+    let clean: u64 = s["pgmap"]["pgs_by_state"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["state_name"] == "active+clean")
+                .filter_map(|e| e["count"].as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    num > 0 && clean == num
+}
