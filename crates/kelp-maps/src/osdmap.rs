@@ -637,6 +637,45 @@ impl OsdMap {
         (self.has_flag(flag) != on).then(|| self.next(vec![Change::SetFlag { flag, on }]))
     }
 
+    /// Sets (or, with an empty list or one equal to the up set, removes) a PG's temporary
+    /// acting set. Every member must exist and be up. `None` when nothing changes.
+    pub fn propose_pg_temp(&self, pg: PgId, osds: &[i32]) -> Result<Option<Incremental>, MapError> {
+        let pool = self
+            .pools
+            .get(&pg.pool.0)
+            .ok_or(MapError::NoSuchPoolId(pg.pool.0))?;
+        if pg.seed >= pool.pg_num {
+            return Err(MapError::InvalidValue {
+                field: "pg",
+                reason: format!(
+                    "pool {} has {} PGs, there is no PG {pg}",
+                    pool.name, pool.pg_num
+                ),
+            });
+        }
+        for &o in osds {
+            if !self.osds.contains_key(&o) || !self.is_up(o) {
+                return Err(MapError::InvalidValue {
+                    field: "pg_temp",
+                    reason: format!("osd.{o} does not exist or is down"),
+                });
+            }
+        }
+        let up = self.pg_mapping(pg)?.up;
+        let wanted: Vec<i32> = if osds == up.as_slice() {
+            Vec::new()
+        } else {
+            osds.to_vec()
+        };
+        let current = self.pg_temp.get(&pg).cloned().unwrap_or_default();
+        if current == wanted {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.next(vec![Change::SetPgTemp { pg, osds: wanted }]),
+        ))
+    }
+
     fn resolve_rule(&self, rule: &str) -> Result<u32, MapError> {
         if let Some(r) = self.crush.rule_by_name(rule) {
             return Ok(r.id);
@@ -774,10 +813,18 @@ impl OsdMap {
             .filter(|&o| o != ITEM_NONE && self.osds.contains_key(&o) && self.is_up(o))
             .collect();
         let up_primary = up.first().copied().unwrap_or(-1);
-        let acting = match self.pg_temp.get(&pg) {
-            Some(t) if !t.is_empty() => t.clone(),
-            _ => up.clone(),
-        };
+        // A temporary acting set, without its members that are down or gone since.
+        let temp: Vec<i32> = self
+            .pg_temp
+            .get(&pg)
+            .map(|t| {
+                t.iter()
+                    .copied()
+                    .filter(|&o| self.osds.contains_key(&o) && self.is_up(o))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let acting = if temp.is_empty() { up.clone() } else { temp };
         let acting_primary = acting
             .iter()
             .copied()

@@ -83,20 +83,26 @@ pub const KNOWN_KEYS: &[KeyDef] = &[
     KeyDef {
         name: "osd_max_backfills",
         kind: ValueKind::U64,
-        default: "1",
-        help: "backfills one OSD runs at once",
+        default: "2",
+        help: "(OSD, runtime) PGs one OSD recovers or backfills at once as their primary; the others wait (recovery_wait, backfill_wait)",
     },
     KeyDef {
         name: "osd_recovery_max_active",
         kind: ValueKind::U64,
-        default: "3",
-        help: "recovery ops one OSD runs at once",
+        default: "4",
+        help: "(OSD, runtime) objects one OSD copies at once for recovery and backfill",
     },
     KeyDef {
         name: "osd_recovery_sleep",
         kind: ValueKind::Secs,
         default: "0",
-        help: "pause between recovery ops",
+        help: "(OSD, runtime) pause after every batch of recovered objects",
+    },
+    KeyDef {
+        name: "osd_recovery_op_priority",
+        kind: ValueKind::U64,
+        default: "20",
+        help: "(OSD, runtime) 1-63, against the clients' 63: while clients use an OSD, recovery takes about p/(p+63) of its time (63: no limit)",
     },
     KeyDef {
         name: "osd_heartbeat_interval",

@@ -359,6 +359,10 @@ impl MonState {
                         .into(),
                 ))
             }
+            MonCommand::PgTemp { pg, osds } => {
+                let inc = map.propose_pg_temp(*pg, osds);
+                self.commit(inc.map_err(Into::into))
+            }
             MonCommand::SetFlag { flag, on } => {
                 let f = ClusterFlag::from_name(flag)
                     .ok_or_else(|| MonError::UnknownFlag { flag: flag.clone() })?;

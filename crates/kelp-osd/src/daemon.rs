@@ -154,6 +154,21 @@ pub async fn run(
         }
     }
     let service = OsdService::new(osd_cfg, store.clone(), peers, (*first).clone());
+    // Commands the OSD sends the monitors on its own (pg_temp requests), one at a time.
+    let (mon_tx, mut mon_rx) = tokio::sync::mpsc::unbounded_channel::<MonCommand>();
+    service.set_mon_link(mon_tx);
+    let mon_forwarder = {
+        let mon = mon.clone();
+        tokio::spawn(async move {
+            while let Some(cmd) = mon_rx.recv().await {
+                match mon.command(&cmd).await {
+                    Ok(MonReply::Error { message }) => warn!(?cmd, "monitors refused: {message}"),
+                    Ok(_) => {}
+                    Err(e) => warn!(?cmd, "monitors unreachable: {e}"),
+                }
+            }
+        })
+    };
     service
         .set_map((*first).clone())
         .await
@@ -227,6 +242,7 @@ pub async fn run(
     stats_task.abort();
     scrubber.abort();
     config_follower.abort();
+    mon_forwarder.abort();
     let down = MonCommand::OsdDown { id };
     match tokio::time::timeout(Duration::from_secs(3), mon.command(&down)).await {
         Ok(Ok(_)) => info!(%entity, "marked down"),
@@ -272,11 +288,12 @@ async fn report_stats(service: Arc<OsdService>, mon: Arc<MonClient>) {
     }
 }
 
-/// How often the OSD re-reads the central config for its scrub settings.
+/// How often the OSD re-reads the central config for its scrub and recovery settings.
 const CONFIG_REFRESH: Duration = Duration::from_secs(5);
 
-/// Applies the scrub keys of the monitors' central config (`kelp config set osd
-/// osd_scrub_sleep 0.1`) to the running OSD, re-reading it every `CONFIG_REFRESH`.
+/// Applies the scrub and recovery keys of the monitors' central config (`kelp config set osd
+/// osd_scrub_sleep 0.1`, `osd_max_backfills 4`) to the running OSD, re-reading it every
+/// `CONFIG_REFRESH`.
 async fn follow_scrub_config(
     mon: Arc<MonClient>,
     service: std::sync::Weak<OsdService>,
@@ -286,7 +303,12 @@ async fn follow_scrub_config(
     loop {
         match mon.command(&MonCommand::ConfigDump).await {
             Ok(MonReply::Config(entries)) => match service.upgrade() {
-                Some(s) => s.set_scrub_config(base.with_central(&entries, id)),
+                Some(s) => {
+                    s.set_scrub_config(base.with_central(&entries, id));
+                    s.set_recovery_config(
+                        crate::recovery::RecoveryConfig::default().with_central(&entries, id),
+                    );
+                }
                 None => return,
             },
             Ok(_) => {}

@@ -1,38 +1,220 @@
 //! Peering and recovery, the I/O around the pure `peering::plan`.
 //!
-//! When a map changes a PG's acting set, its primary stops serving the PG (client ops get
-//! `Inactive` and retry), gathers every member's log (`PgQuery`), plans, and brings each member
-//! that is behind or divergent to the authoritative history: itself first (pulling objects from
-//! the authoritative member), then the others (`PgSync`: "pull these objects from me, then adopt
-//! this log"). Only when every member is in sync does the PG serve again, so a member that
-//! missed writes (an OSD that was down) never answers with stale data.
+//! When a map changes a PG's acting or up set, its primary stops serving the PG (client ops get
+//! `Inactive` and retry), gathers the logs of the acting members and of the up members outside
+//! the acting set (backfill targets, while a `pg_temp` keeps the old members acting), and plans.
+//! Then:
+//! * a primary that is behind by its log catches up first (pulling the objects it misses from
+//!   the authoritative member), since it serves every read; a primary that needs a backfill
+//!   (a new OSD that CRUSH made primary) asks the monitors for a `pg_temp` naming the members
+//!   that have the data, so one of them serves the PG while this OSD is backfilled;
+//! * the PG goes active at once with the members in sync (at least `min_size`; if fewer are,
+//!   enough are synced first), and every other member is *left behind*: it gets no writes
+//!   while a background task brings it up to date (`recover_member`): copy what it misses (log
+//!   recovery) or every object (backfill) in batches, hand it the log, repeat for what changed
+//!   meanwhile, and finally, with client writes held back for the few objects written since,
+//!   give it the last writes and add it to the write set. Clients are served throughout, by a
+//!   degraded PG; only that final hand-over makes writes to the PG wait (for one batch).
+//! * once every backfill target has joined, the primary asks the monitors to drop the
+//!   `pg_temp`; the up set becomes the acting set and peers again with everyone in sync.
+//!
+//! Throttles (central config, changeable at runtime): `osd_max_backfills` PGs recover at once
+//! per primary OSD (the others wait: `recovery_wait`/`backfill_wait`), `osd_recovery_max_active`
+//! objects at once per OSD, `osd_recovery_sleep` between batches, and `osd_recovery_op_priority`
+//! (1–63, against the clients' 63) sets the share of time recovery may use while clients are
+//! busy on this OSD.
 //!
 //! `norecover` / `nobackfill` (Ceph's flags): a member that would need log recovery / backfill
-//! is left out of the PG's writes ("left behind": the PG is active+degraded) while the flag is
-//! set, provided `min_size` members are up to date (else the PG waits, inactive). A primary
-//! that is behind still recovers itself, since it could not serve otherwise. When the flag is
-//! cleared, the PG peers again and recovers the members left behind.
+//! stays left behind with no background task while the flag is set, provided `min_size`
+//! members are up to date (else the PG waits, inactive). A primary that is behind still
+//! recovers itself. When the flag is cleared, the PG peers again and recovers the members left
+//! behind.
 //!
 //! Crash safety: a member applies the objects first and rewrites its log last; a crash in
 //! between leaves the old log, so the next peering repeats the sync (copying an object twice is
-//! harmless).
+//! harmless). A member left behind never serves a read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kelp_proto::{ErrorCode, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply};
+use futures::StreamExt;
+use kelp_proto::{
+    ConfigEntry, ErrorCode, MonCommand, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync,
+    PgSyncReply, SyncLog,
+};
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Op, StoreError, Transaction};
 use kelp_types::PgId;
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::peering::{MemberPlan, MemberReport, plan_with_authority};
 use crate::pglog::{INTERNAL_NAMESPACE, LogEntry};
-use crate::service::OsdService;
+use crate::service::{OsdService, PgHandle};
 
 /// Objects copied per store transaction during a sync.
 const SYNC_BATCH: usize = 32;
+/// A catch-up round with at most this many changed objects is the final one (done with client
+/// writes held back).
+const FINAL_ROUND_OBJECTS: usize = 32;
+/// Catch-up rounds (without holding writes back) before the final one.
+const MAX_CATCH_UP_ROUNDS: usize = 3;
+/// The final hand-over gives up (and is retried) after this long, so client writes never wait
+/// longer for it.
+const FINAL_ROUND_TIMEOUT: Duration = Duration::from_secs(5);
+/// Clients' op priority (Ceph's `osd_client_op_priority`).
+const CLIENT_OP_PRIORITY: u32 = 63;
+
+/// Recovery throttles (Ceph's names), from the central config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecoveryConfig {
+    /// `osd_max_backfills`: PGs this OSD recovers or backfills at once, as their primary.
+    pub max_backfills: usize,
+    /// `osd_recovery_max_active`: objects this OSD copies at once for recovery.
+    pub max_active: usize,
+    /// `osd_recovery_sleep`: pause after every batch of copied objects.
+    pub sleep: Duration,
+    /// `osd_recovery_op_priority` (1–63): while clients use this OSD, recovery takes about
+    /// `p / (p + 63)` of the time (a batch that took `t` is followed by a pause of
+    /// `t * 63 / p - t`); 63 or more means no pause.
+    pub op_priority: u32,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig {
+            max_backfills: 2,
+            max_active: 4,
+            sleep: Duration::ZERO,
+            op_priority: 20,
+        }
+    }
+}
+
+impl RecoveryConfig {
+    /// Applies one central-config key; false if it is not a recovery key or does not parse.
+    pub fn set(&mut self, key: &str, value: &str) -> bool {
+        match key {
+            "osd_max_backfills" => match value.parse::<usize>() {
+                Ok(n) if n > 0 => self.max_backfills = n,
+                _ => return false,
+            },
+            "osd_recovery_max_active" => match value.parse::<usize>() {
+                Ok(n) if n > 0 => self.max_active = n,
+                _ => return false,
+            },
+            "osd_recovery_sleep" => match value.parse::<f64>() {
+                Ok(s) if s >= 0.0 && s.is_finite() => self.sleep = Duration::from_secs_f64(s),
+                _ => return false,
+            },
+            "osd_recovery_op_priority" => match value.parse::<u32>() {
+                Ok(p) if p > 0 => self.op_priority = p,
+                _ => return false,
+            },
+            _ => return false,
+        }
+        true
+    }
+
+    /// This OSD's settings from the central config table: `osd.N` over `osd` over `global`
+    /// over `self`.
+    pub fn with_central(&self, entries: &[ConfigEntry], osd: i32) -> RecoveryConfig {
+        let me = format!("osd.{osd}");
+        let mut out = *self;
+        for who in ["global", "osd", me.as_str()] {
+            for e in entries.iter().filter(|e| e.who == who) {
+                out.set(&e.key, &e.value);
+            }
+        }
+        out
+    }
+
+    /// The pause after a batch that took `took`, when clients are busy on this OSD.
+    pub fn yield_after(&self, took: Duration, clients_busy: bool) -> Duration {
+        let share = if clients_busy && self.op_priority < CLIENT_OP_PRIORITY {
+            took.mul_f64(f64::from(CLIENT_OP_PRIORITY) / f64::from(self.op_priority) - 1.0)
+        } else {
+            Duration::ZERO
+        };
+        self.sleep + share
+    }
+}
+
+/// What the stats report about a PG's background recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryProgress {
+    /// Backfill (a full walk) rather than log recovery.
+    pub backfill: bool,
+    /// Waiting for an `osd_max_backfills` slot.
+    pub waiting: bool,
+    /// Objects left to copy for the member being recovered now, plus every object of the acting
+    /// members still waiting their turn (degraded copies).
+    pub degraded: u64,
+}
+
+/// Counting slots with a limit read at every acquisition (so a runtime change applies at once).
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    used: Mutex<usize>,
+    freed: Notify,
+}
+
+pub(crate) struct SlotGuard<'a> {
+    slots: &'a Slots,
+    n: usize,
+}
+
+impl Slots {
+    /// Takes `n` slots (at most `limit`) once that many are free.
+    async fn acquire(&self, n: usize, limit: impl Fn() -> usize) -> SlotGuard<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+                let n = n.clamp(1, limit().max(1));
+                if *used + n <= limit().max(1) {
+                    *used += n;
+                    return SlotGuard { slots: self, n };
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+impl SlotGuard<'_> {
+    fn count(&self) -> usize {
+        self.n
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        let mut used = self.slots.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used -= self.n;
+        self.slots.freed.notify_waiters();
+    }
+}
+
+/// This OSD's recovery throttles and slots.
+#[derive(Debug, Default)]
+pub(crate) struct RecoveryCtl {
+    cfg: Mutex<RecoveryConfig>,
+    /// `osd_max_backfills`: PGs recovering at once.
+    pgs: Slots,
+    /// `osd_recovery_max_active`: objects being copied at once.
+    objects: Slots,
+}
+
+impl RecoveryCtl {
+    fn cfg(&self) -> RecoveryConfig {
+        *self.cfg.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 fn oid_for(pg: PgId, namespace: &str, name: &str) -> ObjectId {
     let hash = kelp_crush::object_hash(name, None, namespace);
@@ -145,6 +327,102 @@ fn list_all(store: &dyn ObjectStore, coll: CollectionId) -> Result<Vec<ObjectId>
     }
 }
 
+/// What a member left behind needs.
+#[derive(Debug, Clone)]
+enum Job {
+    /// Log recovery: copy `objects`, then keep the log through `keep_through` and append
+    /// `entries`, which reach `base`.
+    Recover {
+        keep_through: u64,
+        objects: Vec<(String, String)>,
+        entries: Vec<LogEntry>,
+        log_tail: u64,
+        base: (u32, u64),
+    },
+    /// A full walk of the PG.
+    Backfill,
+}
+
+/// A member left behind at activation.
+#[derive(Debug, Clone)]
+struct Lagging {
+    osd: i32,
+    job: Job,
+    /// In the acting set (its missing copies are degraded), not just a backfill target.
+    in_acting: bool,
+}
+
+/// How a peering attempt ended.
+enum Peered {
+    /// Ready to serve; these members are left behind for background recovery.
+    Active {
+        recovered: usize,
+        lagging: Vec<Lagging>,
+    },
+    /// This primary needs a backfill and asked the monitors for a `pg_temp`; the map that brings
+    /// it makes another member primary.
+    AwaitingPgTemp,
+}
+
+/// Why a background recovery step stopped.
+#[derive(Debug)]
+enum RecoveryError {
+    /// The PG peered again (or stopped being this OSD's): the new interval takes over.
+    Interrupted,
+    /// The log no longer reaches back to the member's copy: backfill instead.
+    LogTrimmed,
+    Failed(String),
+}
+
+impl From<String> for RecoveryError {
+    fn from(e: String) -> Self {
+        RecoveryError::Failed(e)
+    }
+}
+
+fn paused(job: &Job, (norecover, nobackfill): (bool, bool)) -> bool {
+    match job {
+        Job::Recover { .. } => norecover,
+        Job::Backfill => nobackfill,
+    }
+}
+
+fn names(objects: impl IntoIterator<Item = kelp_proto::ObjectLocator>) -> Vec<(String, String)> {
+    let set: BTreeSet<(String, String)> =
+        objects.into_iter().map(|o| (o.namespace, o.name)).collect();
+    set.into_iter().collect()
+}
+
+/// Clears a PG's `recovery_block` if the final hand-over is abandoned (cancelled task).
+struct BlockGuard {
+    handle: Option<PgHandle>,
+    interval: u64,
+}
+
+impl BlockGuard {
+    fn disarm(mut self) {
+        self.handle = None;
+    }
+}
+
+impl Drop for BlockGuard {
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        let interval = self.interval;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut st = handle.write().await;
+                if st.interval == interval && st.recovery_block {
+                    st.recovery_block = false;
+                    st.changed.notify_waiters();
+                }
+            });
+        }
+    }
+}
+
 impl OsdService {
     /// Answers a primary's query for this member's log of a PG.
     pub async fn pg_query(&self, q: PgQuery) -> PgQueryReply {
@@ -180,16 +458,22 @@ impl OsdService {
         } else {
             None
         };
+        let same = state.meta.info.last_update == q.have && q.have != (0, 0);
         PgQueryReply {
             error: None,
             last_update: state.meta.info.last_update,
             log_tail: state.meta.info.log_tail,
-            entries: state.meta.entries().into_iter().map(Into::into).collect(),
+            entries: if same {
+                Vec::new()
+            } else {
+                state.meta.entries().into_iter().map(Into::into).collect()
+            },
             objects,
         }
     }
 
-    /// Serves one object's complete state to a recovering member.
+    /// Serves one object's complete state to a recovering member. Waits only for writes to
+    /// this object that are still in flight (a PG under load always has some).
     pub async fn pg_pull(&self, p: PgPull) -> (PgPullReply, Bytes) {
         let fail = |code, msg: String| {
             (
@@ -210,7 +494,16 @@ impl OsdService {
                 format!("osd.{} does not hold PG {}", self.id(), p.pg),
             );
         };
-        let state = OsdService::settled_read(&pg).await;
+        let state = loop {
+            let state = pg.read().await;
+            if !state.in_flight_named(&p.namespace, &p.name) {
+                break state;
+            }
+            let changed = state.changed.clone();
+            let settled = changed.notified();
+            drop(state);
+            settled.await;
+        };
         let store = self.store();
         let coll = state.meta.coll;
         let oid = oid_for(p.pg, &p.namespace, &p.name);
@@ -223,7 +516,7 @@ impl OsdService {
         }
     }
 
-    /// Brings this member's copy of a PG to the authoritative history (see `PgSync`).
+    /// Brings this member's copy of a PG closer to the authoritative history (see `PgSync`).
     pub async fn pg_sync(&self, s: PgSync) -> PgSyncReply {
         match self.sync_pg(s).await {
             Ok(()) => PgSyncReply { error: None },
@@ -238,17 +531,12 @@ impl OsdService {
         let handle = self
             .pg_handle(s.pg)
             .ok_or_else(|| format!("osd.{} does not hold PG {}", self.id(), s.pg))?;
-        let source_addr = map
-            .osds
-            .get(&s.source)
-            .and_then(|o| o.addr)
-            .ok_or_else(|| format!("osd.{} has no address", s.source))?;
         let mut state = OsdService::settled_write(&handle).await;
         let coll = state.meta.coll;
         let store = self.store();
-        let wanted: BTreeSet<(String, String)> = s.objects.iter().cloned().collect();
-        if s.keep_through.is_none() {
+        if let Some(keep) = s.keep_only {
             // Backfill: drop what the authoritative member does not have.
+            let wanted: BTreeSet<(String, String)> = keep.into_iter().collect();
             let st = store.clone();
             let local = tokio::task::spawn_blocking(move || list_all(&*st, coll))
                 .await
@@ -265,39 +553,64 @@ impl OsdService {
             }
         }
         let mut txn = Transaction::new();
-        let mut in_txn = 0;
-        for (ns, name) in &s.objects {
-            let (remote, data) = self
-                .peers()
-                .pull(
-                    s.source,
-                    source_addr,
-                    PgPull {
-                        pg: s.pg,
-                        epoch: s.epoch,
-                        namespace: ns.clone(),
-                        name: name.clone(),
-                    },
-                )
-                .await?;
-            if let Some((_, msg)) = remote.error {
-                return Err(format!("pulling '{name}' from osd.{}: {msg}", s.source));
+        if !s.objects.is_empty() {
+            let source = s.source;
+            let source_addr = map
+                .osds
+                .get(&source)
+                .and_then(|o| o.addr)
+                .ok_or_else(|| format!("osd.{source} has no address"))?;
+            let (pg, epoch) = (s.pg, s.epoch);
+            let peers = self.peers();
+            let mut pulls = futures::stream::iter(s.objects)
+                .map(|(namespace, name)| {
+                    let peers = peers.clone();
+                    async move {
+                        let req = PgPull {
+                            pg,
+                            epoch,
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                        };
+                        (namespace, name, peers.pull(source, source_addr, req).await)
+                    }
+                })
+                .buffered(s.parallel.clamp(1, 64) as usize);
+            let mut in_txn = 0;
+            let (mut objects, mut bytes) = (0u64, 0u64);
+            while let Some((ns, name, pulled)) = pulls.next().await {
+                let (remote, data) = pulled?;
+                if let Some((_, msg)) = remote.error {
+                    return Err(format!("pulling '{name}' from osd.{source}: {msg}"));
+                }
+                let oid = oid_for(pg, &ns, &name);
+                let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
+                objects += 1;
+                bytes += data.len() as u64;
+                apply_state(&mut txn, coll, &oid, local_exists, remote, data);
+                in_txn += 1;
+                if in_txn >= SYNC_BATCH {
+                    self.commit(std::mem::take(&mut txn)).await?;
+                    in_txn = 0;
+                }
             }
-            let oid = oid_for(s.pg, ns, name);
-            let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
-            apply_state(&mut txn, coll, &oid, local_exists, remote, data);
-            in_txn += 1;
-            if in_txn >= SYNC_BATCH {
-                self.commit(std::mem::take(&mut txn)).await?;
-                in_txn = 0;
-            }
+            debug!(%pg, objects, bytes, "copied from osd.{source}");
         }
-        let entries: Vec<LogEntry> = s.entries.into_iter().map(Into::into).collect();
-        let mut meta = state.meta.clone();
-        meta.rewrite(&mut txn, s.keep_through, entries, s.log_tail, s.last_update);
-        self.commit(txn).await?;
-        state.meta = meta;
-        debug!(pg = %s.pg, objects = s.objects.len(), "synced from osd.{}", s.source);
+        if let Some(log) = s.log {
+            let entries: Vec<LogEntry> = log.entries.into_iter().map(Into::into).collect();
+            let mut meta = state.meta.clone();
+            meta.rewrite(
+                &mut txn,
+                log.keep_through,
+                entries,
+                log.log_tail,
+                log.last_update,
+            );
+            self.commit(txn).await?;
+            state.meta = meta;
+        } else if !txn.is_empty() {
+            self.commit(txn).await?;
+        }
         Ok(())
     }
 
@@ -306,6 +619,24 @@ impl OsdService {
             Ok(c) => c.await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// Applies new recovery throttles (from the central config).
+    pub fn set_recovery_config(&self, cfg: RecoveryConfig) {
+        let mut cur = self.recovery.cfg.lock().unwrap_or_else(|p| p.into_inner());
+        if *cur != cfg {
+            info!(?cfg, "recovery settings changed");
+            *cur = cfg;
+        }
+        drop(cur);
+        // A higher limit may let waiters in.
+        self.recovery.pgs.freed.notify_waiters();
+        self.recovery.objects.freed.notify_waiters();
+    }
+
+    /// The recovery throttles in force.
+    pub fn recovery_config(&self) -> RecoveryConfig {
+        self.recovery.cfg()
     }
 
     /// Peers a PG as its primary at `epoch`, retrying until it succeeds or the map moves on.
@@ -322,6 +653,7 @@ impl OsdService {
         authority: Option<i32>,
     ) {
         let mut attempt = 0u32;
+        let started = Instant::now();
         loop {
             let map = self.map();
             if map.epoch != epoch {
@@ -331,22 +663,37 @@ impl OsdService {
             if m.acting_primary != self.id() {
                 return;
             }
-            match self.try_peer(pg, epoch, &m.acting, authority).await {
-                Ok((recovered, left_behind)) => {
+            match self.try_peer(pg, epoch, &m.acting, &m.up, authority).await {
+                Ok(Peered::Active { recovered, lagging }) => {
                     let flags = recovery_flags(&map);
-                    if self.activate(pg, &m.acting, &left_behind, flags).await {
-                        if recovered > 0 {
-                            info!(%pg, epoch, recovered, "peered and recovered");
-                        }
-                        if !left_behind.is_empty() {
-                            info!(
-                                %pg, epoch, ?left_behind,
-                                "active+degraded: recovery of these members paused by \
-                                 norecover/nobackfill"
-                            );
-                        }
+                    let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
+                    let Some(interval) = self.activate(pg, &m.acting, &m.up, &left, flags).await
+                    else {
+                        return;
+                    };
+                    let ms = started.elapsed().as_millis();
+                    if recovered > 0 || ms >= 1000 {
+                        info!(%pg, epoch, recovered, ms, "peered");
+                    } else {
+                        debug!(%pg, epoch, ms, "peered");
+                    }
+                    let (run, wait): (Vec<Lagging>, Vec<Lagging>) =
+                        lagging.into_iter().partition(|l| !paused(&l.job, flags));
+                    if !wait.is_empty() {
+                        let ids: Vec<i32> = wait.iter().map(|l| l.osd).collect();
+                        info!(
+                            %pg, epoch, ?ids,
+                            "active+degraded: recovery of these members paused by \
+                             norecover/nobackfill"
+                        );
+                    }
+                    if !run.is_empty() || m.acting != m.up {
+                        tokio::spawn(self.clone().recover_in_background(pg, interval, run));
                     }
                     return;
+                }
+                Ok(Peered::AwaitingPgTemp) => {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 Err(e) => {
                     attempt += 1;
@@ -359,15 +706,58 @@ impl OsdService {
         }
     }
 
-    /// One peering attempt; returns how many members were brought up to date, and the members
-    /// left behind because `norecover` (log recovery) or `nobackfill` (backfill) is set.
+    /// Asks a member for its log (left out if it is at `have`) and, with `want_objects`, its
+    /// object listing.
+    async fn query_member(
+        &self,
+        map: &kelp_maps::OsdMap,
+        pg: PgId,
+        epoch: u32,
+        osd: i32,
+        have: (u32, u64),
+        want_objects: bool,
+    ) -> Result<PgQueryReply, String> {
+        let addr = map
+            .osds
+            .get(&osd)
+            .and_then(|o| o.addr)
+            .ok_or(format!("osd.{osd} has no address"))?;
+        let q = PgQuery {
+            pg,
+            epoch,
+            want_objects,
+            have,
+        };
+        let r = self.peers().query(osd, addr, q).await?;
+        match r.error {
+            Some((_, msg)) => Err(format!("osd.{osd}: {msg}")),
+            None => Ok(r),
+        }
+    }
+
+    async fn send_sync(&self, osd: i32, sync: PgSync) -> Result<(), String> {
+        let map = self.map();
+        let addr = map
+            .osds
+            .get(&osd)
+            .and_then(|o| o.addr)
+            .ok_or(format!("osd.{osd} has no address"))?;
+        let reply = self.peers().sync(osd, addr, sync).await?;
+        match reply.error {
+            Some((_, msg)) => Err(format!("osd.{osd} could not sync: {msg}")),
+            None => Ok(()),
+        }
+    }
+
+    /// One peering attempt.
     async fn try_peer(
         &self,
         pg: PgId,
         epoch: u32,
         acting: &[i32],
+        up: &[i32],
         authority: Option<i32>,
-    ) -> Result<(usize, Vec<i32>), String> {
+    ) -> Result<Peered, String> {
         let map = self.map();
         let handle = self.pg_handle(pg).ok_or("PG not open")?;
         let me = self.id();
@@ -380,157 +770,579 @@ impl OsdService {
                 entries: st.meta.entries(),
             }
         };
-        let mut reports = vec![mine];
+        let have = mine.last_update;
+        // A member at this primary's `last_update` shares its history: its entries are this
+        // primary's (within the member's own log tail).
+        let report = |osd: i32, r: PgQueryReply, mine: &MemberReport| MemberReport {
+            osd,
+            last_update: r.last_update,
+            log_tail: r.log_tail,
+            entries: if r.last_update == mine.last_update && r.entries.is_empty() {
+                mine.entries
+                    .iter()
+                    .filter(|e| e.version > r.log_tail)
+                    .cloned()
+                    .collect()
+            } else {
+                r.entries.into_iter().map(Into::into).collect()
+            },
+        };
+        let mut reports = vec![mine.clone()];
         for &osd in acting.iter().filter(|&&o| o != me) {
-            let addr = map
-                .osds
-                .get(&osd)
-                .and_then(|o| o.addr)
-                .ok_or(format!("osd.{osd} has no address"))?;
-            let r = self
-                .peers()
-                .query(
-                    osd,
-                    addr,
-                    PgQuery {
-                        pg,
-                        epoch,
-                        want_objects: false,
-                    },
-                )
-                .await?;
-            if let Some((_, msg)) = r.error {
-                return Err(format!("osd.{osd}: {msg}"));
+            let r = self.query_member(&map, pg, epoch, osd, have, false).await?;
+            reports.push(report(osd, r, &mine));
+        }
+        // Backfill targets (up, not acting) that do not answer are backfilled from scratch by
+        // the background task, which retries; they never hold up the PG.
+        let mut unanswered = Vec::new();
+        for &osd in up.iter().filter(|&&o| o != me && !acting.contains(&o)) {
+            match self.query_member(&map, pg, epoch, osd, have, false).await {
+                Ok(r) => reports.push(report(osd, r, &mine)),
+                Err(e) => {
+                    debug!(%pg, "backfill target osd.{osd} did not answer: {e}");
+                    unanswered.push(osd);
+                }
             }
-            reports.push(MemberReport {
-                osd,
-                last_update: r.last_update,
-                log_tail: r.log_tail,
-                entries: r.entries.into_iter().map(Into::into).collect(),
-            });
         }
         let Some(p) = plan_with_authority(&reports, authority) else {
-            return Ok((0, Vec::new()));
+            return Ok(Peered::Active {
+                recovered: 0,
+                lagging: Vec::new(),
+            });
         };
-        // norecover / nobackfill: members that would need the paused kind of copy are left
-        // out of the acting set's writes (the PG serves degraded) as long as min_size members
-        // remain. The primary itself is still brought up to date, because it cannot serve
-        // otherwise (Ceph likewise recovers the objects clients touch under norecover; Kelp has
-        // no per-object missing set yet, so the primary copies all it misses).
-        let (norecover, nobackfill) = recovery_flags(&map);
-        let paused = |m: &MemberPlan| match m {
-            MemberPlan::UpToDate => false,
-            MemberPlan::Recover { .. } => norecover,
-            MemberPlan::Backfill => nobackfill,
-        };
-        let left_behind: Vec<i32> = p
-            .members
-            .iter()
-            .filter(|&(&osd, m)| osd != me && paused(m))
-            .map(|(&osd, _)| osd)
-            .collect();
+        let flags = recovery_flags(&map);
         let min_size = map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize;
-        if acting.len() - left_behind.len() < min_size {
-            return Err(format!(
-                "recovery paused (norecover/nobackfill) and only {} of {} members are up to \
-                 date, fewer than min_size {min_size}; waiting",
-                acting.len() - left_behind.len(),
-                acting.len()
-            ));
-        }
         let auth = reports
             .iter()
             .find(|r| r.osd == p.authoritative)
             .cloned()
             .ok_or("authoritative member vanished")?;
-        let auth_objects = if p.members.values().any(|m| *m == MemberPlan::Backfill) {
-            let reply = if auth.osd == me {
-                self.pg_query(PgQuery {
+        let mut recovered = 0;
+
+        // This primary first: it serves every read, so it must be complete. If it misses more
+        // than a few objects, the members that have the data serve the PG meanwhile (a
+        // `pg_temp`) and this OSD is recovered in the background like any other member.
+        let big = match p.members.get(&me) {
+            Some(MemberPlan::Backfill) => true,
+            Some(MemberPlan::Recover { objects, .. }) => objects.len() > FINAL_ROUND_OBJECTS,
+            _ => false,
+        };
+        if big && let Some(link) = self.mon_link() {
+            let temp: Vec<i32> = std::iter::once(auth.osd)
+                .chain(acting.iter().copied().filter(|&o| {
+                    o != auth.osd
+                        && o != me
+                        && !matches!(p.members.get(&o), Some(MemberPlan::Backfill))
+                }))
+                .collect();
+            if temp.len() >= min_size && temp.as_slice() != acting {
+                info!(%pg, epoch, ?temp, "behind its members: asking for a pg_temp");
+                link.send(MonCommand::PgTemp { pg, osds: temp })
+                    .map_err(|_| "the monitor link is closed".to_string())?;
+                return Ok(Peered::AwaitingPgTemp);
+            }
+        }
+        match p.members.get(&me) {
+            Some(MemberPlan::Backfill) => {
+                let listing = self
+                    .query_member(&map, pg, epoch, auth.osd, (0, 0), true)
+                    .await?
+                    .objects
+                    .unwrap_or_default();
+                self.sync_pg(PgSync {
                     pg,
                     epoch,
-                    want_objects: true,
+                    source: auth.osd,
+                    objects: listing.clone(),
+                    keep_only: Some(listing),
+                    parallel: self.recovery.cfg().max_active as u32,
+                    log: Some(SyncLog {
+                        keep_through: None,
+                        entries: auth.entries.iter().cloned().map(Into::into).collect(),
+                        log_tail: auth.log_tail,
+                        last_update: p.last_update,
+                    }),
                 })
-                .await
-            } else {
-                let addr = map
-                    .osds
-                    .get(&auth.osd)
-                    .and_then(|o| o.addr)
-                    .ok_or("no address")?;
-                self.peers()
-                    .query(
-                        auth.osd,
-                        addr,
-                        PgQuery {
-                            pg,
-                            epoch,
-                            want_objects: true,
-                        },
-                    )
-                    .await?
-            };
-            reply.objects.unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        let sync_for = |member: &MemberPlan, source: i32| -> Option<PgSync> {
-            match member {
-                MemberPlan::UpToDate => None,
+                .await?;
+                recovered += 1;
+            }
+            Some(MemberPlan::Recover {
+                common_version,
+                objects,
+                entries,
+            }) => {
+                self.sync_pg(PgSync {
+                    pg,
+                    epoch,
+                    source: auth.osd,
+                    objects: names(objects.iter().cloned()),
+                    keep_only: None,
+                    parallel: self.recovery.cfg().max_active as u32,
+                    log: Some(SyncLog {
+                        keep_through: Some(*common_version),
+                        entries: entries.iter().cloned().map(Into::into).collect(),
+                        log_tail: auth.log_tail,
+                        last_update: p.last_update,
+                    }),
+                })
+                .await?;
+                recovered += 1;
+            }
+            _ => {}
+        }
+
+        // The others: in sync, or left behind for background recovery — unless fewer than
+        // min_size acting members would be in sync, in which case they are synced now.
+        let in_sync = acting
+            .iter()
+            .filter(|&&o| o == me || p.members.get(&o) == Some(&MemberPlan::UpToDate))
+            .count();
+        let sync_now = in_sync < min_size;
+        let mut lagging = Vec::new();
+        for (&osd, plan) in &p.members {
+            let job = match plan {
+                _ if osd == me => continue,
+                MemberPlan::UpToDate => continue,
                 MemberPlan::Recover {
                     common_version,
                     objects,
                     entries,
-                } => Some(PgSync {
-                    pg,
-                    epoch,
-                    source,
-                    objects: objects
-                        .iter()
-                        .map(|o| (o.namespace.clone(), o.name.clone()))
-                        .collect(),
-                    keep_through: Some(*common_version),
+                } => Job::Recover {
+                    keep_through: *common_version,
+                    objects: names(objects.iter().cloned()),
+                    entries: entries.clone(),
+                    log_tail: auth.log_tail,
+                    base: p.last_update,
+                },
+                MemberPlan::Backfill => Job::Backfill,
+            };
+            let in_acting = acting.contains(&osd);
+            if sync_now && in_acting && !paused(&job, flags) {
+                let sync = self.full_sync(pg, epoch, &job).await?;
+                self.send_sync(osd, sync).await?;
+                recovered += 1;
+                continue;
+            }
+            lagging.push(Lagging {
+                osd,
+                job,
+                in_acting,
+            });
+        }
+        lagging.extend(unanswered.into_iter().map(|osd| Lagging {
+            osd,
+            job: Job::Backfill,
+            in_acting: false,
+        }));
+        let behind = lagging.iter().filter(|l| l.in_acting).count();
+        if acting.len() - behind < min_size {
+            return Err(format!(
+                "recovery paused (norecover/nobackfill) and only {} of {} members are up to \
+                 date, fewer than min_size {min_size}; waiting",
+                acting.len() - behind,
+                acting.len()
+            ));
+        }
+        Ok(Peered::Active { recovered, lagging })
+    }
+
+    /// One sync that brings a member all the way to this primary's history (while the PG is not
+    /// serving).
+    async fn full_sync(&self, pg: PgId, epoch: u32, job: &Job) -> Result<PgSync, String> {
+        let parallel = self.recovery.cfg().max_active as u32;
+        Ok(match job {
+            Job::Recover {
+                keep_through,
+                objects,
+                entries,
+                log_tail,
+                base,
+            } => PgSync {
+                pg,
+                epoch,
+                source: self.id(),
+                objects: objects.clone(),
+                keep_only: None,
+                parallel,
+                log: Some(SyncLog {
+                    keep_through: Some(*keep_through),
                     entries: entries.iter().cloned().map(Into::into).collect(),
-                    log_tail: auth.log_tail,
-                    last_update: p.last_update,
+                    log_tail: *log_tail,
+                    last_update: *base,
                 }),
-                MemberPlan::Backfill => Some(PgSync {
+            },
+            Job::Backfill => {
+                let handle = self.pg_handle(pg).ok_or("PG not open")?;
+                let (log, listing) = self.snapshot(&handle).await?;
+                PgSync {
                     pg,
                     epoch,
-                    source,
-                    objects: auth_objects.clone(),
-                    keep_through: None,
-                    entries: auth.entries.iter().cloned().map(Into::into).collect(),
-                    log_tail: auth.log_tail,
-                    last_update: p.last_update,
-                }),
+                    source: self.id(),
+                    objects: listing.clone(),
+                    keep_only: Some(listing),
+                    parallel,
+                    log: Some(log),
+                }
+            }
+        })
+    }
+
+    /// This primary's whole log and object listing, taken together (writes wait meanwhile).
+    async fn snapshot(
+        &self,
+        handle: &PgHandle,
+    ) -> Result<(SyncLog, Vec<(String, String)>), String> {
+        let st = handle.read().await;
+        let store = self.store();
+        let coll = st.meta.coll;
+        let listing = tokio::task::spawn_blocking(move || list_all(&*store, coll))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let log = SyncLog {
+            keep_through: None,
+            entries: st.meta.entries().into_iter().map(Into::into).collect(),
+            log_tail: st.meta.info.log_tail,
+            last_update: st.meta.info.last_update,
+        };
+        Ok((
+            log,
+            listing.into_iter().map(|o| (o.namespace, o.name)).collect(),
+        ))
+    }
+
+    /// Whether `interval` is still the PG's current one.
+    async fn current(handle: &PgHandle, interval: u64) -> bool {
+        handle.read().await.interval == interval
+    }
+
+    /// Brings the members left behind at activation up to date one by one, each joining the
+    /// write set when done; then, if a `pg_temp` is in force and every up member is in the
+    /// write set, asks the monitors to drop it.
+    async fn recover_in_background(
+        self: Arc<Self>,
+        pg: PgId,
+        interval: u64,
+        lagging: Vec<Lagging>,
+    ) {
+        let Some(handle) = self.pg_handle(pg) else {
+            return;
+        };
+        if !lagging.is_empty() {
+            let backfill = lagging.iter().any(|l| matches!(l.job, Job::Backfill));
+            let mut degraded = 0;
+            let pg_objects = {
+                let coll = handle.read().await.meta.coll;
+                let store = self.store();
+                tokio::task::spawn_blocking(move || list_all(&*store, coll).map(|l| l.len()))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(0) as u64
+            };
+            for l in lagging.iter().filter(|l| l.in_acting) {
+                degraded += match &l.job {
+                    Job::Recover { objects, .. } => objects.len() as u64,
+                    Job::Backfill => pg_objects,
+                };
+            }
+            {
+                let mut st = handle.write().await;
+                if st.interval != interval {
+                    return;
+                }
+                st.recovery = Some(RecoveryProgress {
+                    backfill,
+                    waiting: true,
+                    degraded,
+                });
+            }
+            let this = self.clone();
+            let _slot = self
+                .recovery
+                .pgs
+                .acquire(1, move || this.recovery.cfg().max_backfills)
+                .await;
+            let started = Instant::now();
+            for mut l in lagging {
+                let mut failures = 0u32;
+                loop {
+                    match self.recover_member(pg, &handle, interval, &mut l).await {
+                        Ok(()) => break,
+                        Err(RecoveryError::Interrupted) => return,
+                        Err(RecoveryError::LogTrimmed) => {
+                            debug!(%pg, "osd.{}: the log moved past it; backfilling", l.osd);
+                            l.job = Job::Backfill;
+                        }
+                        Err(RecoveryError::Failed(e)) => {
+                            failures += 1;
+                            if failures == 1 || failures.is_multiple_of(30) {
+                                warn!(%pg, "recovering osd.{} (will retry): {e}", l.osd);
+                            }
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                    if !Self::current(&handle, interval).await {
+                        return;
+                    }
+                }
+                info!(%pg, "osd.{} recovered in {:.1} s", l.osd, started.elapsed().as_secs_f64());
+            }
+            let mut st = handle.write().await;
+            if st.interval != interval {
+                return;
+            }
+            st.recovery = None;
+        }
+        self.drop_pg_temp_when_done(pg, &handle, interval).await;
+    }
+
+    async fn drop_pg_temp_when_done(&self, pg: PgId, handle: &PgHandle, interval: u64) {
+        let map = self.map();
+        let Ok(m) = map.pg_mapping(pg) else { return };
+        if m.acting == m.up || m.acting_primary != self.id() {
+            return;
+        }
+        {
+            let st = handle.read().await;
+            let me = self.id();
+            if st.interval != interval || !m.up.iter().all(|o| *o == me || st.write_to.contains(o))
+            {
+                return;
+            }
+        }
+        if let Some(link) = self.mon_link() {
+            info!(%pg, up = ?m.up, "backfill done: dropping the pg_temp");
+            let _ = link.send(MonCommand::PgTemp {
+                pg,
+                osds: Vec::new(),
+            });
+        }
+    }
+
+    /// Copies `objects` to `osd` in throttled batches (the first carrying `keep_only`).
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_objects(
+        &self,
+        pg: PgId,
+        handle: &PgHandle,
+        interval: u64,
+        osd: i32,
+        in_acting: bool,
+        objects: &[(String, String)],
+        mut keep_only: Option<Vec<(String, String)>>,
+    ) -> Result<(), RecoveryError> {
+        let mut done = 0;
+        loop {
+            if !Self::current(handle, interval).await {
+                return Err(RecoveryError::Interrupted);
+            }
+            let cfg = self.recovery.cfg();
+            let left = objects.len() - done;
+            let slots = self
+                .recovery
+                .objects
+                .acquire(left.min(cfg.max_active), || self.recovery.cfg().max_active)
+                .await;
+            let n = slots.count().min(left);
+            let started = Instant::now();
+            self.send_sync(
+                osd,
+                PgSync {
+                    pg,
+                    epoch: self.map().epoch,
+                    source: self.id(),
+                    objects: objects[done..done + n].to_vec(),
+                    keep_only: keep_only.take(),
+                    parallel: n as u32,
+                    log: None,
+                },
+            )
+            .await?;
+            drop(slots);
+            done += n;
+            if in_acting && n > 0 {
+                let mut st = handle.write().await;
+                if let Some(p) = st.recovery.as_mut() {
+                    p.degraded = p.degraded.saturating_sub(n as u64);
+                }
+            }
+            if done >= objects.len() {
+                return Ok(());
+            }
+            let pause = cfg.yield_after(started.elapsed(), self.clients_busy());
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+
+    /// Brings one member left behind up to date and adds it to the PG's write set.
+    async fn recover_member(
+        &self,
+        pg: PgId,
+        handle: &PgHandle,
+        interval: u64,
+        l: &mut Lagging,
+    ) -> Result<(), RecoveryError> {
+        {
+            let mut st = handle.write().await;
+            if st.interval != interval {
+                return Err(RecoveryError::Interrupted);
+            }
+            if let Some(p) = st.recovery.as_mut() {
+                p.waiting = false;
+                p.backfill = matches!(l.job, Job::Backfill);
+            }
+        }
+        // Round one: what peering found missing, or everything.
+        let mut base = match &l.job {
+            Job::Recover {
+                keep_through,
+                objects,
+                entries,
+                log_tail,
+                base,
+            } => {
+                self.copy_objects(pg, handle, interval, l.osd, l.in_acting, objects, None)
+                    .await?;
+                self.send_log(
+                    pg,
+                    l.osd,
+                    SyncLog {
+                        keep_through: Some(*keep_through),
+                        entries: entries.iter().cloned().map(Into::into).collect(),
+                        log_tail: *log_tail,
+                        last_update: *base,
+                    },
+                )
+                .await?;
+                *base
+            }
+            Job::Backfill => {
+                let (log, listing) = self.snapshot(handle).await?;
+                let base = log.last_update;
+                self.copy_objects(
+                    pg,
+                    handle,
+                    interval,
+                    l.osd,
+                    l.in_acting,
+                    &listing,
+                    Some(listing.clone()),
+                )
+                .await?;
+                self.send_log(pg, l.osd, log).await?;
+                base
             }
         };
-        let mut recovered = 0;
-        // The primary first, from the authoritative member…
-        if let Some(sync) = p.members.get(&me).and_then(|m| sync_for(m, auth.osd)) {
-            self.sync_pg(sync).await?;
-            recovered += 1;
-        }
-        // …then every other member, from the primary.
-        for (&osd, member) in &p.members {
-            if osd == me || left_behind.contains(&osd) {
-                continue;
+        // Catch-up rounds for what clients changed meanwhile, without holding writes back.
+        for _ in 0..MAX_CATCH_UP_ROUNDS {
+            let (log, objects) = self.changes_since(handle, interval, base.1).await?;
+            if objects.len() <= FINAL_ROUND_OBJECTS {
+                break;
             }
-            let Some(sync) = sync_for(member, me) else {
-                continue;
-            };
-            let addr = map
-                .osds
-                .get(&osd)
-                .and_then(|o| o.addr)
-                .ok_or(format!("osd.{osd} has no address"))?;
-            let reply = self.peers().sync(osd, addr, sync).await?;
-            if let Some((_, msg)) = reply.error {
-                return Err(format!("osd.{osd} could not sync: {msg}"));
-            }
-            recovered += 1;
+            let next = log.last_update;
+            self.copy_objects(pg, handle, interval, l.osd, false, &objects, None)
+                .await?;
+            self.send_log(pg, l.osd, log).await?;
+            base = next;
         }
-        Ok((recovered, left_behind))
+        // The hand-over: hold client writes back, give the member the last writes, let it join.
+        {
+            let mut st = handle.write().await;
+            if st.interval != interval {
+                return Err(RecoveryError::Interrupted);
+            }
+            st.recovery_block = true;
+        }
+        let guard = BlockGuard {
+            handle: Some(handle.clone()),
+            interval,
+        };
+        let handed = tokio::time::timeout(FINAL_ROUND_TIMEOUT, async {
+            // Writes admitted before the block settle first.
+            drop(OsdService::settled_read(handle).await);
+            let (log, objects) = self.changes_since(handle, interval, base.1).await?;
+            let epoch = self.map().epoch;
+            self.send_sync(
+                l.osd,
+                PgSync {
+                    pg,
+                    epoch,
+                    source: self.id(),
+                    parallel: objects.len().clamp(1, 64) as u32,
+                    objects,
+                    keep_only: None,
+                    log: Some(log),
+                },
+            )
+            .await?;
+            Ok::<(), RecoveryError>(())
+        })
+        .await;
+        let mut st = handle.write().await;
+        guard.disarm();
+        if st.interval != interval {
+            return Err(RecoveryError::Interrupted);
+        }
+        st.recovery_block = false;
+        st.changed.notify_waiters();
+        match handed {
+            Ok(Ok(())) => {
+                st.left_behind.retain(|&o| o != l.osd);
+                if !st.write_to.contains(&l.osd) {
+                    st.write_to.push(l.osd);
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RecoveryError::Failed(format!(
+                "the final hand-over to osd.{} took over {} s",
+                l.osd,
+                FINAL_ROUND_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    /// The log entries after `version` (as a sync log) and the objects they touch.
+    async fn changes_since(
+        &self,
+        handle: &PgHandle,
+        interval: u64,
+        version: u64,
+    ) -> Result<(SyncLog, Vec<(String, String)>), RecoveryError> {
+        let st = handle.read().await;
+        if st.interval != interval {
+            return Err(RecoveryError::Interrupted);
+        }
+        let entries = st
+            .meta
+            .entries_after(version)
+            .ok_or(RecoveryError::LogTrimmed)?;
+        let objects = names(entries.iter().map(|e| e.object.clone()));
+        Ok((
+            SyncLog {
+                keep_through: Some(version),
+                entries: entries.into_iter().map(Into::into).collect(),
+                log_tail: st.meta.info.log_tail,
+                last_update: st.meta.info.last_update,
+            },
+            objects,
+        ))
+    }
+
+    async fn send_log(&self, pg: PgId, osd: i32, log: SyncLog) -> Result<(), RecoveryError> {
+        let sync = PgSync {
+            pg,
+            epoch: self.map().epoch,
+            source: self.id(),
+            objects: Vec::new(),
+            keep_only: None,
+            parallel: 1,
+            log: Some(log),
+        };
+        Ok(self.send_sync(osd, sync).await?)
     }
 }
 
@@ -540,4 +1352,73 @@ pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> (bool, bool) {
         map.has_flag(kelp_maps::ClusterFlag::NoRecover),
         map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_sets_the_share_of_time_under_client_load() {
+        let mut c = RecoveryConfig::default();
+        let t = Duration::from_millis(100);
+        c.op_priority = 63;
+        assert_eq!(c.yield_after(t, true), Duration::ZERO);
+        c.op_priority = 21;
+        assert_eq!(c.yield_after(t, true), Duration::from_millis(200));
+        // idle clients: no pause beyond the sleep
+        c.sleep = Duration::from_millis(5);
+        assert_eq!(c.yield_after(t, false), Duration::from_millis(5));
+        assert_eq!(c.yield_after(t, true), Duration::from_millis(205));
+    }
+
+    #[test]
+    fn central_config_overrides_by_specificity() {
+        let e = |who: &str, key: &str, value: &str| ConfigEntry {
+            who: who.into(),
+            key: key.into(),
+            value: value.into(),
+        };
+        let entries = vec![
+            e("osd.2", "osd_max_backfills", "5"),
+            e("osd", "osd_max_backfills", "3"),
+            e("global", "osd_recovery_sleep", "0.25"),
+            e("osd", "osd_recovery_op_priority", "0"),
+        ];
+        let base = RecoveryConfig::default();
+        let c = base.with_central(&entries, 2);
+        assert_eq!(c.max_backfills, 5);
+        assert_eq!(c.sleep, Duration::from_millis(250));
+        assert_eq!(c.op_priority, base.op_priority, "0 is refused");
+        assert_eq!(base.with_central(&entries, 1).max_backfills, 3);
+    }
+
+    #[tokio::test]
+    async fn slots_follow_a_changing_limit() {
+        let slots = Arc::new(Slots::default());
+        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        let l = limit.clone();
+        let a = slots
+            .acquire(1, move || l.load(std::sync::atomic::Ordering::SeqCst))
+            .await;
+        let (s2, l2) = (slots.clone(), limit.clone());
+        let waiter = tokio::spawn(async move {
+            let g = s2
+                .acquire(1, move || l2.load(std::sync::atomic::Ordering::SeqCst))
+                .await;
+            g.count()
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "over the limit: waits");
+        limit.store(2, std::sync::atomic::Ordering::SeqCst);
+        slots.freed.notify_waiters();
+        assert_eq!(waiter.await.unwrap(), 1);
+        drop(a);
+        // asking for more than the limit takes the limit
+        let l = limit.clone();
+        let g = slots
+            .acquire(10, move || l.load(std::sync::atomic::Ordering::SeqCst))
+            .await;
+        assert_eq!(g.count(), 2);
+    }
 }

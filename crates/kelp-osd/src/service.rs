@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -115,12 +116,27 @@ pub(crate) struct PgState {
     /// replica when it is not); a map that takes them out unblocks it, and recovery brings
     /// them back.
     pub(crate) failed_replicas: Vec<i32>,
-    /// Acting members that peering left behind because `norecover`/`nobackfill` was set: they
-    /// get no writes until the PG peers again (the PG is degraded).
+    /// The up set the PG was peered with: its members outside the acting set (`pg_temp`) are
+    /// backfill targets.
+    pub(crate) peered_up: Vec<i32>,
+    /// The members besides this primary that get the PG's writes: the acting members that are
+    /// in sync, and backfill targets once they have caught up.
+    pub(crate) write_to: Vec<i32>,
+    /// Members (acting or backfill targets) not yet in sync: they get no writes until
+    /// background recovery has brought them up to date, or, while `norecover`/`nobackfill`
+    /// pauses their recovery, until the PG peers again (the PG is degraded meanwhile).
     pub(crate) left_behind: Vec<i32>,
     /// `(norecover, nobackfill)` when the PG was activated: when they change and members were
     /// left behind, the PG peers again.
-    recovery_flags: (bool, bool),
+    pub(crate) recovery_flags: (bool, bool),
+    /// Bumped whenever the PG is activated or deactivated: background recovery started for one
+    /// peering stops once it sees another.
+    pub(crate) interval: u64,
+    /// Set by background recovery while it hands a member the PG's last writes: client writes
+    /// wait (briefly) so the member joins the write set at an exact version.
+    pub(crate) recovery_block: bool,
+    /// Background recovery's progress (for the stats), while it runs or waits.
+    pub(crate) recovery: Option<crate::recovery::RecoveryProgress>,
     /// Writes submitted to the store here (readable) whose outcome is not settled yet: not yet
     /// durable here or, on the primary, not yet answered by every replica. Version → object.
     pub(crate) in_flight: BTreeMap<u64, ObjectLocator>,
@@ -133,6 +149,23 @@ pub(crate) struct PgState {
 impl PgState {
     fn in_flight_on(&self, object: &ObjectLocator) -> bool {
         self.in_flight.values().any(|o| o == object)
+    }
+
+    /// Whether a write to the object named `namespace`/`name` is in flight.
+    pub(crate) fn in_flight_named(&self, namespace: &str, name: &str) -> bool {
+        self.in_flight
+            .values()
+            .any(|o| o.name == name && o.namespace == namespace)
+    }
+
+    /// Stops serving the PG (until it is peered again) and ends its background recovery.
+    pub(crate) fn deactivate(&mut self) {
+        self.active = None;
+        self.interval += 1;
+        self.recovery = None;
+        if std::mem::take(&mut self.recovery_block) {
+            self.changed.notify_waiters();
+        }
     }
 }
 
@@ -147,7 +180,17 @@ pub struct OsdService {
     /// Client I/O counters, the full-ratio failsafe and PG count caches (`crate::stats`).
     pub(crate) stats: crate::stats::OsdStats,
     scrubber: crate::scrub::Scrubber,
+    /// Recovery throttles and slots (`crate::recovery`).
+    pub(crate) recovery: crate::recovery::RecoveryCtl,
+    /// Commands to the monitors (a `pg_temp` request); unset in tests without monitors.
+    mon_link: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>>,
+    /// When this OSD last served a client op (ms since `started`), for recovery's scheduler.
+    last_client_op_ms: AtomicU64,
+    started: Instant,
 }
+
+/// Clients count as busy on an OSD for this long after their last op.
+const CLIENTS_BUSY_FOR: Duration = Duration::from_millis(200);
 
 fn reply_err(code: ErrorCode, message: impl Into<String>, epoch: u32) -> (OsdOpReply, Bytes) {
     (
@@ -184,7 +227,29 @@ impl OsdService {
             map_tx,
             pgs: Mutex::new(HashMap::new()),
             stats: crate::stats::OsdStats::default(),
+            recovery: crate::recovery::RecoveryCtl::default(),
+            mon_link: std::sync::OnceLock::new(),
+            last_client_op_ms: AtomicU64::new(u64::MAX),
+            started: Instant::now(),
         })
+    }
+
+    /// Where this OSD sends commands for the monitors (the daemon forwards them).
+    pub fn set_mon_link(&self, tx: tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>) {
+        let _ = self.mon_link.set(tx);
+    }
+
+    pub(crate) fn mon_link(
+        &self,
+    ) -> Option<&tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>> {
+        self.mon_link.get()
+    }
+
+    /// Whether clients used this OSD in the last `CLIENTS_BUSY_FOR`.
+    pub(crate) fn clients_busy(&self) -> bool {
+        let last = self.last_client_op_ms.load(Ordering::Relaxed);
+        let now = self.started.elapsed().as_millis() as u64;
+        last != u64::MAX && now.saturating_sub(last) < CLIENTS_BUSY_FOR.as_millis() as u64
     }
 
     pub fn id(&self) -> i32 {
@@ -208,7 +273,7 @@ impl OsdService {
             for seed in 0..pool.pg_num {
                 let pg = PgId::new(pool.id, seed);
                 if let Ok(m) = map.pg_mapping(pg)
-                    && m.acting.contains(&me)
+                    && (m.acting.contains(&me) || m.up.contains(&me))
                 {
                     wanted.push(pg);
                 }
@@ -229,17 +294,21 @@ impl OsdService {
                 let Ok(m) = map.pg_mapping(pg) else { continue };
                 let Some(handle) = self.pg(pg) else { continue };
                 if m.acting_primary != me {
-                    handle.write().await.active = None;
+                    let mut st = handle.write().await;
+                    if st.active.is_some() {
+                        st.deactivate();
+                    }
                     continue;
                 }
                 let repeer = {
                     let st = handle.read().await;
                     st.active.as_deref() != Some(&m.acting[..])
+                        || st.peered_up != m.up
                         || (!st.left_behind.is_empty()
                             && st.recovery_flags != crate::recovery::recovery_flags(&map))
                 };
                 if repeer {
-                    handle.write().await.active = None;
+                    handle.write().await.deactivate();
                     tokio::spawn(self.clone().peer(pg, map.epoch));
                 }
             }
@@ -274,8 +343,13 @@ impl OsdService {
                     meta,
                     active: None,
                     failed_replicas: Vec::new(),
+                    peered_up: Vec::new(),
+                    write_to: Vec::new(),
                     left_behind: Vec::new(),
                     recovery_flags: (false, false),
+                    interval: 0,
+                    recovery_block: false,
+                    recovery: None,
                     in_flight: BTreeMap::new(),
                     changed: Arc::new(Notify::new()),
                     scrub_block: None,
@@ -345,40 +419,52 @@ impl OsdService {
         &self.scrubber
     }
 
-    /// Marks a PG active for `acting` (after peering), with the members `left_behind` by
-    /// paused recovery. False if the map moved on meanwhile.
+    /// Marks a PG active for `acting` and `up` (after peering): writes go to every member
+    /// except those `left_behind` (not in sync yet). Returns the new interval, or `None` if the
+    /// map moved on meanwhile.
     pub(crate) async fn activate(
         &self,
         pg: PgId,
         acting: &[i32],
+        up: &[i32],
         left_behind: &[i32],
         recovery_flags: (bool, bool),
-    ) -> bool {
+    ) -> Option<u64> {
         let map = self.map();
         let still = map
             .pg_mapping(pg)
-            .is_ok_and(|m| m.acting == acting && m.acting_primary == self.cfg.id);
+            .is_ok_and(|m| m.acting == acting && m.up == up && m.acting_primary == self.cfg.id);
         if !still {
-            return false;
+            return None;
         }
-        let Some(handle) = self.pg(pg) else {
-            return false;
-        };
+        let handle = self.pg(pg)?;
         let mut state = handle.write().await;
+        state.deactivate();
         state.active = Some(acting.to_vec());
+        state.peered_up = up.to_vec();
+        let me = self.cfg.id;
+        let mut write_to: Vec<i32> = Vec::new();
+        for &o in acting.iter().chain(up) {
+            if o != me && !left_behind.contains(&o) && !write_to.contains(&o) {
+                write_to.push(o);
+            }
+        }
+        state.write_to = write_to;
         // Peering brought every member to one history: nobody has a missed write any more.
         state.failed_replicas.clear();
         state.left_behind = left_behind.to_vec();
         state.recovery_flags = recovery_flags;
-        true
+        Some(state.interval)
     }
 
-    /// Resolves once a map newer than `epoch` no longer has `osd` in `pg`'s acting set.
-    async fn left_acting(&self, pg: PgId, osd: i32, epoch: u32) {
+    /// Resolves once a map newer than `epoch` no longer has `osd` in `pg`'s acting or up set.
+    async fn left_pg(&self, pg: PgId, osd: i32, epoch: u32) {
         let mut rx = self.map_tx.subscribe();
         let left = rx
             .wait_for(|m| {
-                m.epoch > epoch && m.pg_mapping(pg).map_or(true, |x| !x.acting.contains(&osd))
+                m.epoch > epoch
+                    && m.pg_mapping(pg)
+                        .map_or(true, |x| !x.acting.contains(&osd) && !x.up.contains(&osd))
             })
             .await
             .map(|_| ());
@@ -391,6 +477,18 @@ impl OsdService {
     pub async fn is_active(&self, pg: PgId, acting: &[i32]) -> bool {
         match self.pg(pg) {
             Some(h) => h.read().await.active.as_deref() == Some(acting),
+            None => false,
+        }
+    }
+
+    /// Whether this OSD has peered `pg` for exactly `acting` and every member is in sync (no
+    /// member left behind for recovery).
+    pub async fn is_active_in_sync(&self, pg: PgId, acting: &[i32]) -> bool {
+        match self.pg(pg) {
+            Some(h) => {
+                let st = h.read().await;
+                st.active.as_deref() == Some(acting) && st.left_behind.is_empty()
+            }
             None => false,
         }
     }
@@ -429,6 +527,8 @@ impl OsdService {
             }
         }
         let in_bytes = data.len() as u64;
+        self.last_client_op_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
         let (reply, out) = self.serve_client_op(client, op, data).await;
         if reply.error.is_none() {
             let bytes = if is_write { in_bytes } else { out.len() as u64 };
@@ -606,8 +706,9 @@ impl OsdService {
                     epoch,
                 );
             }
-            if state.scrub_block.as_ref().is_some_and(|b| b.blocks(&oid)) {
-                // The primary is comparing this object's chunk across the members.
+            if state.recovery_block || state.scrub_block.as_ref().is_some_and(|b| b.blocks(&oid)) {
+                // The primary is comparing this object's chunk across the members, or handing
+                // a recovered member the last writes.
                 let changed = state.changed.clone();
                 let settled = changed.notified();
                 drop(state);
@@ -666,7 +767,7 @@ impl OsdService {
         state.in_flight.insert(stamp.version, op.object.clone());
         state.changed.notify_waiters();
         let guard = InFlight::new(pg.clone(), stamp.version);
-        let left_behind = state.left_behind.clone();
+        let write_to = state.write_to.clone();
         let repop = RepOp {
             pg: op.pg,
             epoch,
@@ -679,18 +780,14 @@ impl OsdService {
         };
         let mut replicas = Vec::new();
         let mut unreachable = Vec::new();
-        for &osd in mapping
-            .acting
-            .iter()
-            .filter(|&&o| o != self.cfg.id && !left_behind.contains(&o))
-        {
+        for &osd in &write_to {
             let Some(addr) = map.osds.get(&osd).and_then(|o| o.addr) else {
                 unreachable.push((osd, format!("replica osd.{osd} has no address")));
                 continue;
             };
             let peers = self.peers.clone();
             let (r, d) = (repop.clone(), data.clone());
-            let left = self.left_acting(op.pg, osd, epoch);
+            let left = self.left_pg(op.pg, osd, epoch);
             replicas.push(async move {
                 // A replica that a newer map drops (e.g. marked down after it froze) will not
                 // answer in time: stop waiting for it then, not at the call's timeout, so the
@@ -723,7 +820,7 @@ impl OsdService {
         if let Err(e) = local {
             // Readable here but not durable, and replicas may have applied it: this copy may now
             // be behind them. Stop serving the PG and peer again, which reconciles the histories.
-            state.active = None;
+            state.deactivate();
             tokio::spawn(self.clone().peer(op.pg, epoch));
             let e = ExecError::from(e);
             return reply_err(e.code, format!("osd.{}: {}", self.cfg.id, e.message), epoch);
@@ -759,7 +856,7 @@ impl OsdService {
             // fails with `Full`, and the PG rolls it back on every member by peering with a
             // refusing replica's history as the authoritative one, then serves again. (Treating
             // them as failed replicas would block the PG until a map change.)
-            state.active = None;
+            state.deactivate();
             tokio::spawn(
                 self.clone()
                     .peer_with_authority(op.pg, epoch, Some(full[0])),
@@ -777,6 +874,9 @@ impl OsdService {
             if !state.failed_replicas.contains(osd) {
                 state.failed_replicas.push(*osd);
             }
+            // No more writes for it (it would wait for the one it missed): peering below or
+            // the next map brings it back.
+            state.write_to.retain(|o| o != osd);
         }
         // A failed replica that the current map still has in the acting set (a timeout, a
         // lost connection, an OSD restarted before anyone noticed): peer again, which brings
@@ -785,10 +885,13 @@ impl OsdService {
         let current = self.map();
         let still_acting = current.pg_mapping(op.pg).is_ok_and(|m| {
             m.acting_primary == self.cfg.id
-                && state.failed_replicas.iter().any(|o| m.acting.contains(o))
+                && state
+                    .failed_replicas
+                    .iter()
+                    .any(|o| m.acting.contains(o) || m.up.contains(o))
         });
         if still_acting && state.active.is_some() && current.epoch == epoch {
-            state.active = None;
+            state.deactivate();
             tokio::spawn(self.clone().peer(op.pg, epoch));
         }
         reply_err(

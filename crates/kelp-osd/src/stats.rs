@@ -196,6 +196,10 @@ pub struct PgFacts {
     pub acting_not_up: usize,
     /// The acting set differs from the up set.
     pub remapped: bool,
+    /// Background recovery of members left behind: `Some(backfill)` while it runs.
+    pub recovering: Option<bool>,
+    /// Background recovery waits for an `osd_max_backfills` slot: `Some(backfill)`.
+    pub recovery_waiting: Option<bool>,
 }
 
 /// The PG's states, as Ceph names them, from what its primary knows.
@@ -218,20 +222,32 @@ pub fn pg_state_flags(f: &PgFacts) -> Vec<PgStateFlag> {
     if f.remapped {
         s.push(PgStateFlag::Remapped);
     }
-    if f.peered && !undersized && !f.replicas_behind && f.acting_not_up == 0 {
+    match (f.recovering, f.recovery_waiting) {
+        (Some(true), _) => s.push(PgStateFlag::Backfilling),
+        (Some(false), _) => s.push(PgStateFlag::Recovering),
+        (None, Some(true)) => s.push(PgStateFlag::BackfillWait),
+        (None, Some(false)) => s.push(PgStateFlag::RecoveryWait),
+        (None, None) => {}
+    }
+    if f.peered
+        && !undersized
+        && !f.replicas_behind
+        && f.acting_not_up == 0
+        && !f.remapped
+        && f.recovering.is_none()
+        && f.recovery_waiting.is_none()
+    {
         s.push(PgStateFlag::Clean);
     }
     s
 }
 
-/// Degraded copies: the copies the acting set lacks for every object, plus (at least) one per
-/// replica that missed a write; misplaced copies: those on acting members outside the up set.
-pub fn degraded_and_misplaced(f: &PgFacts, objects: u64, behind: usize) -> (u64, u64) {
+/// Degraded copies: the copies the acting set lacks for every object, plus `behind` (copies
+/// that acting members left behind still miss); misplaced copies: those on acting members
+/// outside the up set.
+pub fn degraded_and_misplaced(f: &PgFacts, objects: u64, behind: u64) -> (u64, u64) {
     let missing = u64::from(f.size.saturating_sub(f.acting as u32));
-    (
-        objects * missing + behind as u64,
-        objects * f.acting_not_up as u64,
-    )
+    (objects * missing + behind, objects * f.acting_not_up as u64)
 }
 
 impl OsdService {
@@ -250,10 +266,10 @@ impl OsdService {
             let Some(pool) = map.pools.get(&pg.pool.0) else {
                 continue;
             };
-            let (peered, behind, coll, last_update) = {
+            let (peered, behind, coll, last_update, recovery) = {
                 let state = handle.read().await;
-                // replicas that missed a write, and those peering left behind (norecover,
-                // nobackfill): both are degraded copies
+                // replicas that missed a write, and acting members left behind (recovering,
+                // waiting, or paused by norecover/nobackfill): both hold degraded copies
                 let mut behind: Vec<i32> = state
                     .failed_replicas
                     .iter()
@@ -268,6 +284,7 @@ impl OsdService {
                     behind.len(),
                     state.meta.coll,
                     state.meta.info.last_update,
+                    state.recovery,
                 )
             };
             let (objects, bytes) = match self.stats.cached_count(pg, last_update) {
@@ -291,8 +308,16 @@ impl OsdService {
                 replicas_behind: behind > 0,
                 acting_not_up: m.acting.iter().filter(|o| !m.up.contains(o)).count(),
                 remapped: m.acting != m.up,
+                recovering: recovery.filter(|r| !r.waiting).map(|r| r.backfill),
+                recovery_waiting: recovery.filter(|r| r.waiting).map(|r| r.backfill),
             };
-            let (degraded, misplaced) = degraded_and_misplaced(&facts, objects, behind);
+            // Copies the members left behind still miss: what background recovery counts down,
+            // or (paused, or a replica that missed a write) every object, at least one each.
+            let behind_copies = match recovery {
+                Some(r) => r.degraded,
+                None => (objects * behind as u64).max(behind as u64),
+            };
+            let (degraded, misplaced) = degraded_and_misplaced(&facts, objects, behind_copies);
             pgs.push(PgStat {
                 pg,
                 state: pg_state_flags(&facts),
@@ -368,6 +393,8 @@ mod tests {
             replicas_behind: false,
             acting_not_up: 0,
             remapped: false,
+            recovering: None,
+            recovery_waiting: None,
         }
     }
 
@@ -385,6 +412,16 @@ mod tests {
         f.remapped = true;
         f.acting_not_up = 1;
         assert_eq!(name(&f), "active+remapped");
+        let mut g = facts(true, 2);
+        g.remapped = true;
+        g.recovering = Some(true);
+        assert_eq!(name(&g), "active+undersized+degraded+remapped+backfilling");
+        g.recovering = None;
+        g.recovery_waiting = Some(false);
+        assert_eq!(
+            name(&g),
+            "active+recovery_wait+undersized+degraded+remapped"
+        );
         assert_eq!(degraded_and_misplaced(&f, 10, 0), (0, 10));
         assert_eq!(degraded_and_misplaced(&facts(true, 1), 10, 0), (20, 0));
     }

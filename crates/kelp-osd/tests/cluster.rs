@@ -167,7 +167,8 @@ impl Cluster {
         self.wait_active().await;
     }
 
-    /// Waits until every PG with enough replicas has been peered by its primary.
+    /// Waits until every PG with enough replicas has been peered by its primary and its
+    /// background recovery is done.
     async fn wait_active(&self) {
         let pool = &self.map.pools[&self.pool];
         for _ in 0..1000 {
@@ -178,7 +179,10 @@ impl Cluster {
                 if m.acting_primary < 0 || (m.acting.len() as u32) < pool.min_size {
                     continue;
                 }
-                if !self.osds[&m.acting_primary].is_active(pg, &m.acting).await {
+                if !self.osds[&m.acting_primary]
+                    .is_active_in_sync(pg, &m.acting)
+                    .await
+                {
                     all = false;
                 }
             }
@@ -338,7 +342,7 @@ async fn a_failed_replica_blocks_the_pg_until_the_map_drops_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_osd_that_missed_writes_is_recovered_before_serving() {
+async fn an_osd_that_missed_writes_is_recovered() {
     let mut c = Cluster::new().await;
     let names: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
     for n in &names {
@@ -362,7 +366,8 @@ async fn an_osd_that_missed_writes_is_recovered_before_serving() {
         let op = c.op(&n, vec![OpKind::WriteFull { len: 3 }]);
         assert_eq!(c.send(op, b"new").await.0.error, None);
     }
-    // osd.0 comes back: every PG it holds is peered and recovered before it serves
+    // osd.0 comes back: every PG it holds is peered and recovered (a primary before it
+    // serves, a replica in the background)
     let addr = c.map.osds[&0].addr.unwrap();
     let inc = c.map.propose_osd_boot(0, addr).unwrap().unwrap();
     c.publish(inc).await;

@@ -21,7 +21,7 @@ pub use mon::{
 pub use osd::{
     CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, OsdPing,
     OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync,
-    PgSyncReply, RepOp, RepOpReply, WireLogEntry,
+    PgSyncReply, RepOp, RepOpReply, SyncLog, WireLogEntry,
 };
 pub use scrub::{
     InconsistentObject, OsdScrubCommand, OsdScrubReply, PgCommand, PgCommandKind, PgCommandReply,

@@ -71,6 +71,13 @@ pub enum MonCommand {
     /// The leader's statistics digest (PG states, usage, client I/O rates): answered from the
     /// OSDs' latest reports, held in the leader's memory only.
     PgStats,
+    /// A PG's temporary acting set (`pg_temp`), asked for by the PG's primary while data moves:
+    /// the members that have the PG's data keep serving it while new members are backfilled.
+    /// An empty list removes it.
+    PgTemp {
+        pg: kelp_types::PgId,
+        osds: Vec<i32>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -286,6 +286,10 @@ pub struct PgQuery {
     pub epoch: u32,
     /// Also list every object the member holds (for a backfill).
     pub want_objects: bool,
+    /// The asking primary's `last_update`: a member at exactly this point has the same history
+    /// and leaves its log entries out of the reply (peering after an OSD failure then ships no
+    /// logs at all).
+    pub have: (u32, u64),
 }
 
 /// One PG-log entry on the wire (the OSD's `LogEntry`).
@@ -329,15 +333,26 @@ pub struct PgPullReply {
     pub omap: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
-/// Recovery: make this member's copy of a PG match the authoritative one: copy (or delete)
-/// `objects` from `source`, then keep its log through `keep_through` (all of it is replaced
-/// when `None`) and append `entries`.
+/// Recovery: bring this member's copy of a PG closer to the authoritative one. In order:
+/// remove every local object not in `keep_only` (backfill), copy (or delete) `objects` from
+/// `source` (up to `parallel` at a time), then adopt `log`. A large recovery is a series of
+/// syncs: object batches without a log, the log last (so a member that crashes halfway keeps its
+/// old log, and the next peering repeats the work).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgSync {
     pub pg: PgId,
     pub epoch: u32,
     pub source: i32,
     pub objects: Vec<(String, String)>,
+    pub keep_only: Option<Vec<(String, String)>>,
+    pub parallel: u32,
+    pub log: Option<SyncLog>,
+}
+
+/// The log a member adopts at the end of a [`PgSync`]: it keeps its own entries through
+/// `keep_through` (none when `None`, which also takes `log_tail`) and appends `entries`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncLog {
     pub keep_through: Option<u64>,
     pub entries: Vec<WireLogEntry>,
     pub log_tail: u64,
