@@ -285,6 +285,7 @@ impl OsdService {
             }
             let oid = oid_for(s.pg, ns, name);
             let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
+            self.stats.count_recovered(1, data.len() as u64);
             apply_state(&mut txn, coll, &oid, local_exists, remote, data);
             in_txn += 1;
             if in_txn >= SYNC_BATCH {
