@@ -46,6 +46,25 @@ OSD_SIZE=${OSD_SIZE:-5GiB}
 KEEP=${KEEP:-0}
 LOWIMPACT=${LOWIMPACT:-"osd_max_backfills=1 osd_recovery_max_active=1 osd_recovery_sleep=0.1"}
 [[ -x $KELP ]] || { echo "no kelp binary at $KELP (cargo build --release -p kelp)"; exit 1; }
+# the OSD files are reserved (fallocated) at creation: refuse to start rather than fill a shared
+# disk; the data must also fit: FILL_OBJS x 4 MiB x 3 copies on NUM_OSDS-1 survivors, < 80 %
+python3 - "$DIR" "$OSD_SIZE" "$NUM_OSDS" "$FILL_OBJS" <<'EOF' || exit 1
+import os, re, sys
+d, size, n, fill = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+m = re.fullmatch(r'(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?', size.strip(), re.I)
+if not m:
+    sys.exit(f"OSD_SIZE={size}: use e.g. 5GiB")
+mult = {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}.get((m.group(2) or 'B')[0].upper(), 1)
+osd = float(m.group(1)) * mult
+st = os.statvfs(d); free = st.f_bavail * st.f_frsize
+need = n * osd + 2 * 2**30
+if free < need:
+    sys.exit(f"not enough free disk in {d}: {free/2**30:.1f} GiB, need {need/2**30:.1f} GiB "
+             f"({n} x OSD_SIZE {size} + 2 GiB); lower OSD_SIZE/FILL_OBJS")
+per_osd = fill * 4 * 2**20 * 3 / max(1, n - 1)
+if per_osd > 0.8 * osd:
+    sys.exit(f"FILL_OBJS={fill} puts {per_osd/2**30:.2f} GiB on each survivor, over 80 % of OSD_SIZE {size}")
+EOF
 
 write_monitor() {  # the 1 Hz sampler: python3 monitor.py KELP CONF OUT RUNDIR STOP KILLED CLEAN NIN
 cat > "$1" <<'EOF'
