@@ -810,8 +810,8 @@ impl Dispatcher for MonDispatcher {
                 ))
             }
             msg_type::MON_OSD_STATS => {
-                let report: OsdStatsReport =
-                    kelp_proto::decode(&req.meta, "OsdStatsReport").map_err(bad_request)?;
+                // reports from OSDs that predate a field are read too
+                let report = OsdStatsReport::decode(&req.meta).map_err(bad_request)?;
                 Ok(encode_reply(&inner.osd_stats(report, &req.peer)))
             }
             msg_type::MON_OSD_BOOT => {

@@ -7,8 +7,9 @@
 //!   reported again its PGs show `unknown` (or `stale+…` if this monitor saw them before) and
 //!   the `full` flag is left as it is ([`PgMap::full_decision`] answers `None`);
 //! - a report is dropped as soon as the map says its OSD is down or gone;
-//! - rates come from the difference of successive cumulative counters over the time between
-//!   their arrival; counters that went backwards (the OSD restarted) give no rate for that step;
+//! - rates (client I/O, and recovery from [`kelp_proto::RecoveryCounters`]) come from the
+//!   difference of successive cumulative counters over the time between their arrival;
+//!   counters that went backwards (the OSD restarted) give no rate for that step;
 //! - a PG's state is its current acting primary's report when that report was computed for the
 //!   current acting set; `peering` when the acting set changed since (or the primary's report
 //!   predates the change and does not list it yet); `stale+<last known>` when its primary has not
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 use kelp_maps::OsdMap;
 use kelp_proto::{
     Fullness, IoCounters, IoRates, OsdStatsReport, OsdSummary, PgMapDigest, PgMapTotals, PgStat,
-    PgStateFlag, PgSummary, pg_state_name,
+    PgStateFlag, PgSummary, RecoveryCounters, RecoveryRates, pg_state_name,
 };
 use kelp_types::PgId;
 
@@ -83,12 +84,26 @@ pub fn rates(prev: &IoCounters, cur: &IoCounters, secs: f64) -> IoRates {
     }
 }
 
+/// Recovery rates between two cumulative samples `secs` apart; zero if the counters went
+/// backwards (a restart) or no time passed.
+pub fn recovery_rates(prev: &RecoveryCounters, cur: &RecoveryCounters, secs: f64) -> RecoveryRates {
+    if cur.objects < prev.objects || cur.bytes < prev.bytes || secs <= 0.0 {
+        return RecoveryRates::default();
+    }
+    let per_sec = |a: u64, b: u64| ((b - a) as f64 / secs).round() as u64;
+    RecoveryRates {
+        recovering_objects_per_sec: per_sec(prev.objects, cur.objects),
+        recovering_bytes_per_sec: per_sec(prev.bytes, cur.bytes),
+    }
+}
+
 #[derive(Debug, Clone)]
 struct OsdEntry {
     report: OsdStatsReport,
     /// Arrival time, seconds on the caller's monotonic clock.
     at: f64,
     rates: IoRates,
+    recovery: RecoveryRates,
 }
 
 /// The latest report per OSD and the last known stats of every PG.
@@ -102,9 +117,12 @@ pub struct PgMap {
 impl PgMap {
     /// Takes a report that arrived at `now` (seconds, monotonic).
     pub fn ingest(&mut self, report: OsdStatsReport, now: f64) {
-        let rates = match self.osds.get(&report.osd) {
-            Some(prev) => rates(&prev.report.io, &report.io, now - prev.at),
-            None => IoRates::default(),
+        let (rates, recovery) = match self.osds.get(&report.osd) {
+            Some(prev) => (
+                rates(&prev.report.io, &report.io, now - prev.at),
+                recovery_rates(&prev.report.recovery, &report.recovery, now - prev.at),
+            ),
+            None => (IoRates::default(), RecoveryRates::default()),
         };
         for pg in &report.pgs {
             self.last_pg.insert(pg.pg, pg.clone());
@@ -115,6 +133,7 @@ impl PgMap {
                 report,
                 at: now,
                 rates,
+                recovery,
             },
         );
     }
@@ -234,6 +253,7 @@ impl PgMap {
             }
         }
         let mut osds = Vec::new();
+        let mut recovery = RecoveryRates::default();
         for o in map.osds.values() {
             let entry = self.osds.get(&o.id).filter(|_| o.up);
             let space = entry.map(|e| e.report.space).unwrap_or_default();
@@ -246,6 +266,10 @@ impl PgMap {
                 totals.rates.write_bytes_sec += rates.write_bytes_sec;
                 totals.rates.read_op_per_sec += rates.read_op_per_sec;
                 totals.rates.write_op_per_sec += rates.write_op_per_sec;
+            }
+            if let Some(e) = entry {
+                recovery.recovering_objects_per_sec += e.recovery.recovering_objects_per_sec;
+                recovery.recovering_bytes_per_sec += e.recovery.recovering_bytes_per_sec;
             }
             osds.push(OsdSummary {
                 id: o.id,
@@ -266,6 +290,7 @@ impl PgMap {
             nearfull_ratio_ppm: r.nearfull_ppm,
             backfillfull_ratio_ppm: r.backfillfull_ppm,
             full_ratio_ppm: r.full_ppm,
+            recovery,
         }
     }
 }
@@ -331,6 +356,7 @@ mod tests {
             },
             io,
             pgs,
+            recovery: RecoveryCounters::default(),
         }
     }
 
@@ -369,6 +395,51 @@ mod tests {
         // A restart (counters back to zero) gives no rate, not a huge one.
         assert_eq!(rates(&b, &a, 2.0), IoRates::default());
         assert_eq!(rates(&a, &b, 0.0), IoRates::default());
+    }
+
+    #[test]
+    fn recovery_rates_from_successive_counters_summed_over_up_osds() {
+        let a = RecoveryCounters {
+            objects: 10,
+            bytes: 40 << 20,
+        };
+        let b = RecoveryCounters {
+            objects: 30,
+            bytes: 120 << 20,
+        };
+        assert_eq!(
+            recovery_rates(&a, &b, 2.0),
+            RecoveryRates {
+                recovering_objects_per_sec: 10,
+                recovering_bytes_per_sec: 40 << 20,
+            }
+        );
+        assert_eq!(recovery_rates(&b, &a, 2.0), RecoveryRates::default());
+        assert_eq!(recovery_rates(&a, &b, 0.0), RecoveryRates::default());
+
+        let mut map = cluster(3);
+        let r = FullRatios::default();
+        let mut pm = PgMap::default();
+        let io = IoCounters::default();
+        for (osd, t) in [(0, 0.0), (1, 0.0), (2, 0.0), (0, 2.0), (1, 2.0), (2, 2.0)] {
+            let mut rep = report(&map, osd, 100, io, 1);
+            if t > 0.0 && osd > 0 {
+                rep.recovery = RecoveryCounters {
+                    objects: 8,
+                    bytes: 8 << 22,
+                };
+            }
+            pm.ingest(rep, t);
+        }
+        let d = pm.digest(&map, &r, 2.0, 10.0);
+        assert_eq!(d.recovery.recovering_objects_per_sec, 8);
+        assert_eq!(d.recovery.recovering_bytes_per_sec, 8 << 22);
+        // A down OSD's rate no longer counts.
+        map.apply(&map.propose_osd_down(2).unwrap().unwrap())
+            .unwrap();
+        pm.prune(&map);
+        let d = pm.digest(&map, &r, 2.5, 10.0);
+        assert_eq!(d.recovery.recovering_objects_per_sec, 4);
     }
 
     #[test]

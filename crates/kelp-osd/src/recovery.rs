@@ -587,6 +587,7 @@ impl OsdService {
                 let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
                 objects += 1;
                 bytes += data.len() as u64;
+                self.stats.count_recovered(1, data.len() as u64);
                 apply_state(&mut txn, coll, &oid, local_exists, remote, data);
                 in_txn += 1;
                 if in_txn >= SYNC_BATCH {

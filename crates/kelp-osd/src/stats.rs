@@ -3,6 +3,9 @@
 //! - Client I/O counters are cumulative since start and counted once per client op that
 //!   succeeded on this OSD as primary (replica writes are not client I/O), so the monitors'
 //!   rates summed over OSDs count each client op once.
+//! - Recovery counters are cumulative since start and counted by the OSD that receives a
+//!   recovered object (once per object applied, with its data length), so summed over OSDs
+//!   they count each copy made once ([`OsdStats::count_recovered`]).
 //! - Per PG this OSD is the acting primary of: its state ([`pg_state_flags`], a pure function
 //!   of what the OSD knows), object and byte counts (recounted from the store only when the
 //!   PG's log has advanced since the last count, and for a PG that keeps changing at most
@@ -17,7 +20,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kelp_proto::{IoCounters, OpKind, OsdSpace, OsdStatsReport, PgStat, PgStateFlag};
+use kelp_proto::{
+    IoCounters, OpKind, OsdSpace, OsdStatsReport, PgStat, PgStateFlag, RecoveryCounters,
+};
 use kelp_store::{ObjectStore, StoreSpace};
 use kelp_types::PgId;
 
@@ -59,6 +64,8 @@ pub struct OsdStats {
     read_bytes: AtomicU64,
     write_ops: AtomicU64,
     write_bytes: AtomicU64,
+    recovered_objects: AtomicU64,
+    recovered_bytes: AtomicU64,
     full_ratio_ppm: AtomicU32,
     /// (when, used/total in millionths) of the last look at the store's usage.
     space_seen: Mutex<Option<(Instant, u32)>>,
@@ -72,6 +79,8 @@ impl Default for OsdStats {
             read_bytes: AtomicU64::new(0),
             write_ops: AtomicU64::new(0),
             write_bytes: AtomicU64::new(0),
+            recovered_objects: AtomicU64::new(0),
+            recovered_bytes: AtomicU64::new(0),
             full_ratio_ppm: AtomicU32::new(DEFAULT_FULL_RATIO_PPM),
             space_seen: Mutex::new(None),
             counts: Mutex::new(HashMap::new()),
@@ -104,6 +113,20 @@ impl OsdStats {
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
             write_ops: self.write_ops.load(Ordering::Relaxed),
             write_bytes: self.write_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts recovery work: `objects` pulled from another member and applied here, `bytes` of
+    /// their data.
+    pub(crate) fn count_recovered(&self, objects: u64, bytes: u64) {
+        self.recovered_objects.fetch_add(objects, Ordering::Relaxed);
+        self.recovered_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn recovery(&self) -> RecoveryCounters {
+        RecoveryCounters {
+            objects: self.recovered_objects.load(Ordering::Relaxed),
+            bytes: self.recovered_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -344,6 +367,7 @@ impl OsdService {
             },
             io: self.stats.io(),
             pgs,
+            recovery: self.stats.recovery(),
         }
     }
 }
@@ -396,6 +420,23 @@ mod tests {
             recovering: None,
             recovery_waiting: None,
         }
+    }
+
+    #[test]
+    fn recovery_counters_accumulate() {
+        let s = OsdStats::default();
+        assert_eq!(s.recovery(), RecoveryCounters::default());
+        s.count_recovered(1, 4 << 20);
+        s.count_recovered(1, 0);
+        assert_eq!(
+            s.recovery(),
+            RecoveryCounters {
+                objects: 2,
+                bytes: 4 << 20
+            }
+        );
+        // client I/O counters are separate
+        assert_eq!(s.io(), IoCounters::default());
     }
 
     #[test]

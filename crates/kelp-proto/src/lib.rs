@@ -29,8 +29,9 @@ pub use scrub::{
     ShardReport,
 };
 pub use stats::{
-    Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdSummary, PG_STATE_ORDER,
-    PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgStateFlag, PgSummary, StatsAck, pg_state_name,
+    Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdStatsReportV1, OsdSummary,
+    PG_STATE_ORDER, PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgStateFlag, PgSummary,
+    RecoveryCounters, RecoveryRates, StatsAck, pg_state_name,
 };
 
 /// Message types carried in the messenger's frame header.

@@ -7,6 +7,10 @@
 //! latest report per OSD in memory only (not in the Raft log) and answers
 //! `MonCommand::PgStats` with a [`PgMapDigest`].
 //!
+//! Recovery progress: each report carries the OSD's cumulative [`RecoveryCounters`] (objects
+//! and bytes it pulled to bring PGs up to date); the leader turns successive counters into
+//! [`RecoveryRates`] as it does for client I/O.
+//!
 //! Extending: the scrub machinery fills [`PgStat::scrub`] ([`PgScrubStat`]); new PG states are
 //! appended to [`PgStateFlag`] (postcard encodes variants by position, so appending keeps old
 //! encodings readable) and placed in [`PG_STATE_ORDER`].
@@ -167,7 +171,20 @@ pub struct PgStat {
     pub scrub: Option<PgScrubStat>,
 }
 
+/// Cumulative recovery work of an OSD since it started: objects it pulled from another member
+/// and applied to bring its copy of a PG up to date, and their data bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryCounters {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
 /// What an OSD sends the leader monitor every `osd_stats_interval`.
+///
+/// New fields go at the end. postcard is not self-describing, so `#[serde(default)]` alone does
+/// not make a shorter, older encoding readable (it fails with "unexpected end"); decode with
+/// [`OsdStatsReport::decode`], which falls back on the older layouts. An older monitor reads a
+/// newer report: postcard ignores the bytes after the fields it knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OsdStatsReport {
     pub osd: i32,
@@ -177,6 +194,46 @@ pub struct OsdStatsReport {
     pub io: IoCounters,
     /// The PGs it is the acting primary of.
     pub pgs: Vec<PgStat>,
+    /// Added after the first layout ([`OsdStatsReportV1`]); zero in reports from older OSDs.
+    #[serde(default)]
+    pub recovery: RecoveryCounters,
+}
+
+/// The first layout of [`OsdStatsReport`] (no recovery counters), kept to read reports from
+/// OSDs that predate them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdStatsReportV1 {
+    pub osd: i32,
+    pub epoch: u32,
+    pub space: OsdSpace,
+    pub io: IoCounters,
+    pub pgs: Vec<PgStat>,
+}
+
+impl From<OsdStatsReportV1> for OsdStatsReport {
+    fn from(v: OsdStatsReportV1) -> Self {
+        OsdStatsReport {
+            osd: v.osd,
+            epoch: v.epoch,
+            space: v.space,
+            io: v.io,
+            pgs: v.pgs,
+            recovery: RecoveryCounters::default(),
+        }
+    }
+}
+
+impl OsdStatsReport {
+    /// Decodes a report in the current layout or, failing that, in the first one.
+    pub fn decode(meta: &[u8]) -> Result<Self, crate::ProtoError> {
+        match crate::decode::<OsdStatsReport>(meta, "OsdStatsReport") {
+            Ok(r) => Ok(r),
+            Err(e @ (crate::ProtoError::Empty | crate::ProtoError::Version { .. })) => Err(e),
+            Err(e) => crate::decode::<OsdStatsReportV1>(meta, "OsdStatsReport")
+                .map(Into::into)
+                .map_err(|_| e),
+        }
+    }
 }
 
 /// How full an OSD is, against the `mon_osd_*_ratio`s.
@@ -196,6 +253,13 @@ pub struct IoRates {
     pub write_bytes_sec: u64,
     pub read_op_per_sec: u64,
     pub write_op_per_sec: u64,
+}
+
+/// Recovery rates (per second), from successive [`RecoveryCounters`]; Ceph's `pgmap` names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryRates {
+    pub recovering_objects_per_sec: u64,
+    pub recovering_bytes_per_sec: u64,
 }
 
 /// One OSD in the digest.
@@ -253,6 +317,9 @@ pub struct PgMapDigest {
     pub nearfull_ratio_ppm: u32,
     pub backfillfull_ratio_ppm: u32,
     pub full_ratio_ppm: u32,
+    /// Recovery rates summed over the up OSDs (appended last; zero from an older leader).
+    #[serde(default)]
+    pub recovery: RecoveryRates,
 }
 
 /// The leader's answer to a stats report: the settings from the central config the OSD needs
@@ -268,6 +335,51 @@ pub struct StatsAck {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample_v1() -> OsdStatsReportV1 {
+        OsdStatsReportV1 {
+            osd: 3,
+            epoch: 17,
+            space: OsdSpace {
+                total: 1000,
+                used: 10,
+                available: 990,
+            },
+            io: IoCounters {
+                read_ops: 1,
+                read_bytes: 2,
+                write_ops: 3,
+                write_bytes: 4,
+            },
+            pgs: vec![],
+        }
+    }
+
+    /// A report as an OSD without recovery counters encoded it (version byte + postcard).
+    const V1_FIXTURE: &[u8] = &[1, 6, 17, 232, 7, 10, 222, 7, 1, 2, 3, 4, 0];
+
+    #[test]
+    fn old_reports_stay_readable_and_new_ones_round_trip() {
+        assert_eq!(crate::encode(&sample_v1()), V1_FIXTURE);
+        // postcard cannot fill trailing serde defaults: the plain decode fails…
+        assert!(crate::decode::<OsdStatsReport>(V1_FIXTURE, "r").is_err());
+        // …the fallback reads it, with zero recovery counters.
+        let r = OsdStatsReport::decode(V1_FIXTURE).unwrap();
+        assert_eq!(r, OsdStatsReport::from(sample_v1()));
+        assert_eq!(r.recovery, RecoveryCounters::default());
+        let mut new = r.clone();
+        new.recovery = RecoveryCounters {
+            objects: 5,
+            bytes: 5 << 22,
+        };
+        let bytes = crate::encode(&new);
+        assert_eq!(OsdStatsReport::decode(&bytes).unwrap(), new);
+        // An older reader ignores the appended counters.
+        let old: OsdStatsReportV1 = crate::decode(&bytes, "r").unwrap();
+        assert_eq!(old, sample_v1());
+        assert!(OsdStatsReport::decode(&[]).is_err());
+        assert!(OsdStatsReport::decode(&[9, 1]).is_err());
+    }
 
     #[test]
     fn state_names_follow_ceph_order() {

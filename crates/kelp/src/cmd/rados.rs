@@ -77,29 +77,55 @@ pub enum RadosCommand {
         #[arg(required = true)]
         keys: Vec<String>,
     },
-    /// Load generator: SECONDS of `write` (then `seq` or `rand` reads of what was written with
-    /// --no-cleanup), per-second progress, then a summary.
+    /// Load generator: SECONDS of `write` (then `seq`/`rand` reads or `overwrite`s of the objects
+    /// written with --no-cleanup), per-second progress, then a summary.
     Bench(BenchArgs),
     /// Remove objects left by `bench --no-cleanup`.
     Cleanup,
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = "\
+Modes:
+  write      write_full objects of -b bytes (new objects, named benchmark_data_HOST_PID_objectN);
+             with --no-cleanup they stay and the object list is recorded in the pool's
+             benchmark_last_metadata object for the modes below
+  seq        read each object of the last `write --no-cleanup` once, in order
+  rand       read random objects of the last `write --no-cleanup`
+  overwrite  write -b bytes (e.g. -b 4KiB) at random offsets aligned to -b inside random objects
+             of the last `write --no-cleanup`: the object count stays the same (like fio
+             randwrite on an RBD image); -b must not exceed their size
+
+Per-second progress goes to stdout, one line per second, flushed (plain: `sec cur_ops started
+finished avg_MB/s cur_MB/s`; with --progress-json: a JSON object per second with `sec`,
+`ops` (finished so far), `ops_sec` (finished in that second), `errors`, `bytes`, `in_flight`).
+The summary follows (JSON with --format json). SIGINT or SIGTERM ends the run early, with the
+summary; ops still in flight 5 s after the end are abandoned.
+
+Example (recovery benchmark load): 
+  kelp rados -p data bench 3600 write -b 4MiB --max-objects 768 --no-cleanup
+  kelp rados -p data bench 120 overwrite -b 4KiB -t 16 --progress-json --format json")]
 pub struct BenchArgs {
     /// Length of the run in seconds.
     pub seconds: u64,
-    /// write, seq (read each written object once, in order) or rand (random reads).
+    /// write, seq, rand or overwrite (see below).
     #[arg(value_enum)]
     pub mode: BenchMode,
-    /// Object size for writes.
+    /// Object size for writes; write size for overwrite.
     #[arg(short = 'b', long = "block-size", default_value = "4MiB")]
     pub block_size: ByteSize,
     /// Operations in flight.
     #[arg(short = 't', long = "concurrent-ios", default_value_t = 16)]
     pub concurrency: usize,
-    /// Keep the written objects (so seq/rand can read them).
+    /// Keep the written objects (so seq/rand/overwrite can use them).
     #[arg(long)]
     pub no_cleanup: bool,
+    /// write: stop after this many objects (0: no limit, only SECONDS).
+    #[arg(long, default_value_t = 0)]
+    pub max_objects: u64,
+    /// Print each second's progress as one JSON line (flushed) instead of the plain table.
+    #[arg(long)]
+    pub progress_json: bool,
     #[arg(long, value_enum, default_value = "plain")]
     pub format: OutputFormat,
 }
@@ -109,6 +135,7 @@ pub enum BenchMode {
     Write,
     Seq,
     Rand,
+    Overwrite,
 }
 
 const BENCH_PREFIX: &str = "benchmark_data_";
@@ -242,50 +269,109 @@ fn format_time(ns: u64) -> String {
 }
 
 /// Latency samples and counters shared by bench workers.
+#[derive(Default)]
 struct Stats {
+    started: AtomicU64,
     ops: AtomicU64,
     bytes: AtomicU64,
     errors: AtomicU64,
     lat_us: std::sync::Mutex<Vec<u32>>,
 }
 
+/// The objects a `write --no-cleanup` left, from the pool's metadata object.
+struct BenchObjects {
+    prefix: String,
+    count: u64,
+    size: u64,
+}
+
+async fn bench_objects(io: &IoCtx) -> Result<BenchObjects> {
+    let meta = io
+        .read(BENCH_META, 0, 0)
+        .await
+        .context("no benchmark data: run `bench SECONDS write --no-cleanup` first")?;
+    let text = String::from_utf8_lossy(&meta).to_string();
+    parse_bench_meta(&text)
+}
+
+/// `PREFIX COUNT SIZE`, as a `write --no-cleanup` records it.
+fn parse_bench_meta(text: &str) -> Result<BenchObjects> {
+    let mut parts = text.split_whitespace();
+    let (Some(p), Some(n), Some(sz)) = (parts.next(), parts.next(), parts.next()) else {
+        bail!("{BENCH_META} is malformed: '{text}'");
+    };
+    let count: u64 = n.parse().context("object count in bench metadata")?;
+    let size: u64 = sz.parse().context("object size in bench metadata")?;
+    if count == 0 {
+        bail!("the previous write benchmark wrote no objects");
+    }
+    Ok(BenchObjects {
+        prefix: p.to_string(),
+        count,
+        size,
+    })
+}
+
+/// A small xorshift generator per worker (no shared state, reproducible per worker).
+struct Rng(u64);
+
+impl Rng {
+    fn new(worker: usize) -> Self {
+        Rng(0x9e37_79b9_7f4a_7c15u64 ^ (worker as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Where an overwrite goes: a random object and a random offset aligned to `block` such that
+/// the write fits in the object (`block <= size`, checked by the caller).
+fn overwrite_target(rng: &mut Rng, objects: u64, size: u64, block: u64) -> (u64, u64) {
+    let object = rng.next() % objects;
+    let slots = (size / block).max(1);
+    (object, (rng.next() % slots) * block)
+}
+
 async fn bench(io: &IoCtx, b: BenchArgs) -> Result<()> {
     if b.concurrency == 0 || b.seconds == 0 {
         bail!("bench needs SECONDS > 0 and -t > 0");
     }
+    match b.mode {
+        BenchMode::Write => write_bench(io, &b).await,
+        BenchMode::Seq | BenchMode::Rand => read_bench(io, &b, bench_objects(io).await?).await,
+        BenchMode::Overwrite => overwrite_bench(io, &b, bench_objects(io).await?).await,
+    }
+}
+
+async fn write_bench(io: &IoCtx, b: &BenchArgs) -> Result<()> {
     let json = b.format == OutputFormat::Json;
     let prefix = format!("{BENCH_PREFIX}{}_{}_", hostname(), std::process::id());
-    let (size, objects) = match b.mode {
-        BenchMode::Write => (b.block_size.0, 0u64),
-        BenchMode::Seq | BenchMode::Rand => {
-            let meta = io.read(BENCH_META, 0, 0).await.context(
-                "no benchmark data to read: run `bench SECONDS write --no-cleanup` first",
-            )?;
-            let text = String::from_utf8_lossy(&meta).to_string();
-            let mut parts = text.split_whitespace();
-            let (Some(p), Some(n), Some(sz)) = (parts.next(), parts.next(), parts.next()) else {
-                bail!("{BENCH_META} is malformed: '{text}'");
-            };
-            let n: u64 = n.parse().context("object count in bench metadata")?;
-            let sz: u64 = sz.parse().context("object size in bench metadata")?;
-            return read_bench(io, &b, p.to_string(), n, sz, json).await;
-        }
-    };
+    let size = b.block_size.0;
     if !json {
         println!(
-            "Maintaining {} concurrent writes of {size} bytes to objects of size {size} for up to {} seconds",
-            b.concurrency, b.seconds
+            "Maintaining {} concurrent writes of {size} bytes to objects of size {size} for up to {} seconds{}",
+            b.concurrency,
+            b.seconds,
+            if b.max_objects > 0 {
+                format!(" or {} objects", b.max_objects)
+            } else {
+                String::new()
+            }
         );
     }
-    let stats = Arc::new(Stats {
-        ops: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
-        errors: AtomicU64::new(0),
-        lat_us: std::sync::Mutex::new(Vec::new()),
-    });
-    let next = Arc::new(AtomicU64::new(objects));
+    let stats = Arc::new(Stats::default());
+    let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let payload = Bytes::from(vec![0x5au8; size as usize]);
+    let max = if b.max_objects == 0 {
+        u64::MAX
+    } else {
+        b.max_objects
+    };
     let start = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..b.concurrency {
@@ -300,33 +386,23 @@ async fn bench(io: &IoCtx, b: BenchArgs) -> Result<()> {
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= max {
+                    break;
+                }
+                stats.started.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
                 match io
                     .write_full(&format!("{prefix}object{n}"), payload.clone())
                     .await
                 {
                     Ok(_) => record(&stats, t, payload.len() as u64),
-                    Err(e @ kelp_client::ClientError::Full(_)) => {
-                        // Retrying cannot help: stop the benchmark (once) with the reason.
-                        stats.errors.fetch_add(1, Ordering::Relaxed);
-                        if !stop.swap(true, Ordering::Relaxed) {
-                            eprintln!("write error: {e}; stopping the benchmark");
-                        }
-                    }
-                    Err(e) => {
-                        stats.errors.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("write error: {e}");
-                    }
+                    Err(e) => write_error(&stats, &stop, e),
                 }
             }
         }));
     }
-    progress(&stats, start, b.seconds, json, &stop).await;
-    for w in workers {
-        let _ = w.await;
-    }
-    let elapsed = start.elapsed();
-    let written = next.load(Ordering::Relaxed);
+    let elapsed = run_workers(&stats, start, b, &stop, workers).await;
+    let written = next.load(Ordering::Relaxed).min(max);
     summarize(&stats, elapsed, size, "write", json);
     if b.no_cleanup {
         io.write_full(BENCH_META, format!("{prefix} {written} {size}"))
@@ -344,26 +420,75 @@ async fn bench(io: &IoCtx, b: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-async fn read_bench(
-    io: &IoCtx,
-    b: &BenchArgs,
-    prefix: String,
-    objects: u64,
-    size: u64,
-    json: bool,
-) -> Result<()> {
-    if objects == 0 {
-        bail!("the previous write benchmark wrote no objects");
+/// Counts a failed write; a full cluster stops the benchmark (retrying cannot help).
+fn write_error(stats: &Stats, stop: &AtomicBool, e: kelp_client::ClientError) {
+    stats.errors.fetch_add(1, Ordering::Relaxed);
+    if matches!(e, kelp_client::ClientError::Full(_)) {
+        if !stop.swap(true, Ordering::Relaxed) {
+            eprintln!("write error: {e}; stopping the benchmark");
+        }
+    } else {
+        eprintln!("write error: {e}");
     }
-    let stats = Arc::new(Stats {
-        ops: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
-        errors: AtomicU64::new(0),
-        lat_us: std::sync::Mutex::new(Vec::new()),
-    });
+}
+
+async fn overwrite_bench(io: &IoCtx, b: &BenchArgs, objs: BenchObjects) -> Result<()> {
+    let json = b.format == OutputFormat::Json;
+    let block = b.block_size.0;
+    if block == 0 || block > objs.size {
+        bail!(
+            "overwrite: -b {block} must be between 1 and the objects' size ({} bytes)",
+            objs.size
+        );
+    }
+    if !json {
+        println!(
+            "Maintaining {} concurrent writes of {block} bytes at random aligned offsets in {} objects of size {} for up to {} seconds",
+            b.concurrency, objs.count, objs.size, b.seconds
+        );
+    }
+    let stats = Arc::new(Stats::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let payload = Bytes::from(vec![0xa5u8; block as usize]);
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for w in 0..b.concurrency {
+        let (io, stats, stop, payload, prefix) = (
+            io.clone(),
+            stats.clone(),
+            stop.clone(),
+            payload.clone(),
+            objs.prefix.clone(),
+        );
+        let (count, size) = (objs.count, objs.size);
+        workers.push(tokio::spawn(async move {
+            let mut rng = Rng::new(w);
+            while !stop.load(Ordering::Relaxed) {
+                let (n, off) = overwrite_target(&mut rng, count, size, block);
+                stats.started.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                match io
+                    .write(&format!("{prefix}object{n}"), off, payload.clone())
+                    .await
+                {
+                    Ok(_) => record(&stats, t, block),
+                    Err(e) => write_error(&stats, &stop, e),
+                }
+            }
+        }));
+    }
+    let elapsed = run_workers(&stats, start, b, &stop, workers).await;
+    summarize(&stats, elapsed, block, "overwrite", json);
+    Ok(())
+}
+
+async fn read_bench(io: &IoCtx, b: &BenchArgs, objs: BenchObjects) -> Result<()> {
+    let json = b.format == OutputFormat::Json;
+    let stats = Arc::new(Stats::default());
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let seq = b.mode == BenchMode::Seq;
+    let (objects, size) = (objs.count, objs.size);
     let start = Instant::now();
     let mut workers = Vec::new();
     for w in 0..b.concurrency {
@@ -372,10 +497,10 @@ async fn read_bench(
             stats.clone(),
             next.clone(),
             stop.clone(),
-            prefix.clone(),
+            objs.prefix.clone(),
         );
         workers.push(tokio::spawn(async move {
-            let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
+            let mut rng = Rng::new(w);
             while !stop.load(Ordering::Relaxed) {
                 let n = if seq {
                     let n = next.fetch_add(1, Ordering::Relaxed);
@@ -384,11 +509,9 @@ async fn read_bench(
                     }
                     n
                 } else {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng % objects
+                    rng.next() % objects
                 };
+                stats.started.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
                 match io.read(&format!("{prefix}object{n}"), 0, 0).await {
                     Ok(d) if d.len() as u64 == size => record(&stats, t, d.len() as u64),
@@ -404,21 +527,10 @@ async fn read_bench(
             }
         }));
     }
-    let all_done = {
-        let workers_done = futures_all(workers);
-        tokio::pin!(workers_done);
-        tokio::select! {
-            _ = progress(&stats, start, b.seconds, json, &stop) => false,
-            _ = &mut workers_done => true,
-        }
-    };
-    stop.store(true, Ordering::Relaxed);
-    let _ = all_done;
-    // Give in-flight reads a moment to finish so their latencies count.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let elapsed = run_workers(&stats, start, b, &stop, workers).await;
     summarize(
         &stats,
-        start.elapsed(),
+        elapsed,
         size,
         if seq { "seq" } else { "rand" },
         json,
@@ -426,9 +538,80 @@ async fn read_bench(
     Ok(())
 }
 
-async fn futures_all(workers: Vec<tokio::task::JoinHandle<()>>) {
-    for w in workers {
-        let _ = w.await;
+/// Runs the progress lines until SECONDS pass, the workers finish on their own (seq reads,
+/// --max-objects) or a SIGINT/SIGTERM arrives; then stops the workers, lets their ops in flight
+/// finish (so their latencies count) and returns the elapsed time.
+async fn run_workers(
+    stats: &Stats,
+    start: Instant,
+    b: &BenchArgs,
+    stop: &AtomicBool,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+) -> Duration {
+    let style = if b.progress_json {
+        ProgressStyle::Json
+    } else if b.format == OutputFormat::Json {
+        ProgressStyle::None
+    } else {
+        ProgressStyle::Plain
+    };
+    let mut handles = workers;
+    {
+        let workers_done = futures_all(&mut handles);
+        tokio::pin!(workers_done);
+        tokio::select! {
+            _ = progress(stats, start, b.seconds, style, stop) => {}
+            _ = &mut workers_done => {}
+            _ = interrupted() => eprintln!("interrupted: stopping the benchmark"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    // ops in flight finish (their latencies count), but an op stuck on an unreachable cluster
+    // must not hold the summary back for the client's whole op timeout
+    let drained = tokio::time::timeout(DRAIN_GRACE, futures_all(&mut handles)).await;
+    if drained.is_err() {
+        let stuck = stats.started.load(Ordering::Relaxed).saturating_sub(
+            stats.ops.load(Ordering::Relaxed) + stats.errors.load(Ordering::Relaxed),
+        );
+        eprintln!(
+            "{stuck} ops still in flight {}s after the end: abandoned",
+            DRAIN_GRACE.as_secs()
+        );
+        for w in &handles {
+            w.abort();
+        }
+    }
+    elapsed
+}
+
+/// How long the ops in flight at the end of a run may take to finish.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Resolves on SIGINT or SIGTERM.
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut i), Ok(mut t)) => {
+            tokio::select! {
+                _ = i.recv() => {}
+                _ = t.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// Waits for every worker without consuming the handles (if this is cancelled, the caller
+/// awaits those not finished yet).
+async fn futures_all(workers: &mut [tokio::task::JoinHandle<()>]) {
+    for w in workers.iter_mut() {
+        if !w.is_finished() {
+            let _ = w.await;
+        }
     }
 }
 
@@ -441,32 +624,90 @@ fn record(stats: &Stats, t: Instant, bytes: u64) {
     }
 }
 
-/// Prints one line per second until `seconds` pass, then sets `stop`.
-async fn progress(stats: &Stats, start: Instant, seconds: u64, json: bool, stop: &AtomicBool) {
-    if !json {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ProgressStyle {
+    None,
+    Plain,
+    Json,
+}
+
+/// One second's progress (counters are cumulative; `prev_*` are those a second earlier).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Tick {
+    sec: u64,
+    elapsed: f64,
+    started: u64,
+    ops: u64,
+    prev_ops: u64,
+    bytes: u64,
+    prev_bytes: u64,
+    errors: u64,
+}
+
+impl Tick {
+    fn plain(&self) -> String {
+        format!(
+            "{:>5} {:>8} {:>9} {:>9} {:>9.2} {:>9.2}",
+            self.sec,
+            self.started.saturating_sub(self.ops + self.errors),
+            self.started,
+            self.ops,
+            self.bytes as f64 / self.elapsed.max(1e-9) / 1048576.0,
+            (self.bytes - self.prev_bytes) as f64 / 1048576.0
+        )
+    }
+
+    fn json(&self) -> String {
+        serde_json::json!({
+            "sec": self.sec, "ops": self.ops, "ops_sec": self.ops - self.prev_ops,
+            "errors": self.errors, "bytes": self.bytes,
+            "bytes_sec": self.bytes - self.prev_bytes,
+            "in_flight": self.started.saturating_sub(self.ops + self.errors),
+        })
+        .to_string()
+    }
+}
+
+/// Prints one line per second until `seconds` pass, then sets `stop`. Each line is flushed, so
+/// a file the output is redirected to holds every finished second.
+async fn progress(
+    stats: &Stats,
+    start: Instant,
+    seconds: u64,
+    style: ProgressStyle,
+    stop: &AtomicBool,
+) {
+    if style == ProgressStyle::Plain {
         println!("  sec Cur ops   started  finished  avg MB/s  cur MB/s");
     }
-    let mut last_bytes = 0u64;
+    let (mut prev_ops, mut prev_bytes) = (0u64, 0u64);
     for sec in 1..=seconds {
         let target = start + Duration::from_secs(sec);
         tokio::time::sleep_until(target.into()).await;
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        let bytes = stats.bytes.load(Ordering::Relaxed);
-        let ops = stats.ops.load(Ordering::Relaxed);
-        if !json {
-            let el = start.elapsed().as_secs_f64();
-            println!(
-                "{sec:>5} {:>8} {:>9} {:>9} {:>9.2} {:>9.2}",
-                "-",
-                ops,
-                ops,
-                bytes as f64 / el / 1048576.0,
-                (bytes - last_bytes) as f64 / 1048576.0
-            );
+        let tick = Tick {
+            sec,
+            elapsed: start.elapsed().as_secs_f64(),
+            started: stats.started.load(Ordering::Relaxed),
+            ops: stats.ops.load(Ordering::Relaxed),
+            prev_ops,
+            bytes: stats.bytes.load(Ordering::Relaxed),
+            prev_bytes,
+            errors: stats.errors.load(Ordering::Relaxed),
+        };
+        let line = match style {
+            ProgressStyle::None => None,
+            ProgressStyle::Plain => Some(tick.plain()),
+            ProgressStyle::Json => Some(tick.json()),
+        };
+        if let Some(line) = line {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
         }
-        last_bytes = bytes;
+        (prev_ops, prev_bytes) = (tick.ops, tick.bytes);
     }
     stop.store(true, Ordering::Relaxed);
 }
@@ -570,4 +811,67 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_metadata_parses_or_explains() {
+        let o = parse_bench_meta("benchmark_data_h_12_ 768 4194304").unwrap();
+        assert_eq!(
+            (o.prefix.as_str(), o.count, o.size),
+            ("benchmark_data_h_12_", 768, 4194304)
+        );
+        assert!(parse_bench_meta("benchmark_data_h_12_ 768").is_err());
+        assert!(parse_bench_meta("p x 4096").is_err());
+        assert!(parse_bench_meta("p 0 4096").is_err());
+    }
+
+    #[test]
+    fn overwrites_are_aligned_inside_the_objects_and_spread_over_them() {
+        let (objects, size, block) = (768u64, 4u64 << 20, 4096u64);
+        let mut rng = Rng::new(3);
+        let mut seen = std::collections::HashSet::new();
+        let mut offsets = std::collections::HashSet::new();
+        for _ in 0..200_000 {
+            let (n, off) = overwrite_target(&mut rng, objects, size, block);
+            assert!(n < objects);
+            assert_eq!(off % block, 0);
+            assert!(off + block <= size);
+            seen.insert(n);
+            offsets.insert(off);
+        }
+        assert_eq!(seen.len() as u64, objects);
+        assert!(offsets.len() > 900, "{}", offsets.len()); // of 1024 slots
+        // a block the size of the object always writes at 0
+        let (_, off) = overwrite_target(&mut rng, 4, 4096, 4096);
+        assert_eq!(off, 0);
+        // workers draw different sequences
+        assert_ne!(Rng::new(0).next(), Rng::new(1).next());
+    }
+
+    #[test]
+    fn progress_lines_count_per_second_ops() {
+        let t = Tick {
+            sec: 7,
+            elapsed: 7.0,
+            started: 1016,
+            ops: 1000,
+            prev_ops: 850,
+            bytes: 1000 * 4096,
+            prev_bytes: 850 * 4096,
+            errors: 0,
+        };
+        let j: serde_json::Value = serde_json::from_str(&t.json()).unwrap();
+        assert_eq!(j["sec"], 7);
+        assert_eq!(j["ops"], 1000);
+        assert_eq!(j["ops_sec"], 150);
+        assert_eq!(j["bytes_sec"], 150 * 4096);
+        assert_eq!(j["in_flight"], 16);
+        let plain = t.plain();
+        let cols: Vec<&str> = plain.split_whitespace().collect();
+        assert_eq!(cols, ["7", "16", "1016", "1000", "0.56", "0.59"]);
+    }
 }

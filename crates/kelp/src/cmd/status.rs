@@ -5,6 +5,12 @@
 //! OSD map. Health checks use Ceph's names: `OSD_DOWN`, `OSDMAP_FLAGS`, `OSD_FULL`,
 //! `OSD_BACKFILLFULL`, `OSD_NEARFULL`, `PG_AVAILABILITY`, `PG_DEGRADED`, `OBJECT_MISPLACED`,
 //! `OBJECT_UNFOUND`, `TOO_FEW_OSDS`.
+//!
+//! While objects are degraded or misplaced, the recovery rate (the leader's sum of the OSDs'
+//! recovery counters, Ceph's `recovering_objects_per_sec` / `recovering_bytes_per_sec`) and a
+//! progress bar with an ETA are shown ([`recovery_progress`]): the bar is the share of PGs
+//! `active+clean`, the ETA the degraded and misplaced copies left divided by the objects
+//! recovered per second.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -12,7 +18,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use kelp_maps::{ClusterFlag, OsdMap};
-use kelp_proto::{ClusterStatus, Fullness, MonCommand, MonReply, PgMapDigest, PgMapTotals};
+use kelp_proto::{
+    ClusterStatus, Fullness, MonCommand, MonReply, PgMapDigest, PgMapTotals, RecoveryRates,
+};
 
 use crate::cmd::OutputFormat;
 use crate::cmd::common::{self, ConfArgs};
@@ -69,6 +77,129 @@ impl Report {
     pub fn totals(&self) -> PgMapTotals {
         self.digest.as_ref().map(|d| d.totals).unwrap_or_default()
     }
+
+    pub fn recovery_rates(&self) -> RecoveryRates {
+        self.digest.as_ref().map(|d| d.recovery).unwrap_or_default()
+    }
+
+    /// PGs whose state is active and clean (scrubbing or not), not stale.
+    pub fn clean_pgs(&self) -> u32 {
+        self.pgs_by_state
+            .iter()
+            .filter(|(s, _)| {
+                let w: Vec<&str> = s.split('+').collect();
+                w.contains(&"active") && w.contains(&"clean") && !w.contains(&"stale")
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    pub fn progress(&self) -> Option<RecoveryProgress> {
+        recovery_progress(
+            &self.totals(),
+            &self.recovery_rates(),
+            self.clean_pgs(),
+            self.num_pgs,
+        )
+    }
+}
+
+/// Where a recovery stands, for the `progress:` section and the JSON `pgmap.recovery_progress`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecoveryProgress {
+    /// Degraded plus misplaced object copies still to recover.
+    pub remaining_objects: u64,
+    pub clean_pgs: u32,
+    pub num_pgs: u32,
+    /// Share of PGs active+clean, 0..=1 (what the bar shows).
+    pub fraction: f64,
+    pub objects_per_sec: u64,
+    pub bytes_per_sec: u64,
+    /// `remaining_objects / objects_per_sec`, rounded up; `None` while nothing is recovered or
+    /// no copies are known to be left.
+    pub eta_secs: Option<u64>,
+}
+
+/// The recovery's progress, or `None` when there is nothing to recover: no degraded or
+/// misplaced copies, and no recovery running for PGs that are not clean yet.
+pub fn recovery_progress(
+    t: &PgMapTotals,
+    r: &RecoveryRates,
+    clean_pgs: u32,
+    num_pgs: u32,
+) -> Option<RecoveryProgress> {
+    let remaining = t.degraded_objects + t.misplaced_objects;
+    let running = r.recovering_objects_per_sec > 0 && clean_pgs < num_pgs;
+    if remaining == 0 && !running {
+        return None;
+    }
+    let fraction = if num_pgs == 0 {
+        0.0
+    } else {
+        (f64::from(clean_pgs) / f64::from(num_pgs)).clamp(0.0, 1.0)
+    };
+    // no ETA without a rate, nor while the copies left are not known (PGs recovering as they
+    // peer report no degraded counts yet)
+    let eta_secs = (r.recovering_objects_per_sec > 0 && remaining > 0)
+        .then(|| remaining.div_ceil(r.recovering_objects_per_sec));
+    Some(RecoveryProgress {
+        remaining_objects: remaining,
+        clean_pgs,
+        num_pgs,
+        fraction,
+        objects_per_sec: r.recovering_objects_per_sec,
+        bytes_per_sec: r.recovering_bytes_per_sec,
+        eta_secs,
+    })
+}
+
+/// A `width`-character bar like Ceph's progress module: `[=====.....]`.
+pub fn progress_bar(fraction: f64, width: usize) -> String {
+    let done = ((fraction.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
+    format!("[{}{}]", "=".repeat(done), ".".repeat(width - done))
+}
+
+/// A duration the way Ceph's progress module prints it: `45s`, `3m`, `2h`.
+pub fn short_duration(secs: u64) -> String {
+    if secs < 60 {
+        format!("{secs}s")
+    } else if secs < 3600 {
+        format!("{}m", secs.div_ceil(60))
+    } else {
+        format!("{}h", secs.div_ceil(3600))
+    }
+}
+
+/// The `recovery:` rate line of the `io:` section (`45 MiB/s, 11 objects/s`).
+pub fn recovery_rate_line(r: &RecoveryRates) -> String {
+    format!(
+        "{}/s, {} objects/s",
+        human_bytes(r.recovering_bytes_per_sec),
+        r.recovering_objects_per_sec
+    )
+}
+
+/// The `progress:` section's lines (without their indentation).
+pub fn progress_lines(p: &RecoveryProgress) -> [String; 2] {
+    let eta = match p.eta_secs {
+        Some(s) => format!("(remaining: {})", short_duration(s)),
+        None if p.objects_per_sec == 0 => {
+            "(remaining: unknown, nothing recovered in the last report)".to_string()
+        }
+        None => "(remaining: unknown)".to_string(),
+    };
+    let left = if p.remaining_objects > 0 {
+        format!("{} objects to recover, ", p.remaining_objects)
+    } else {
+        String::new()
+    };
+    [
+        format!(
+            "Global Recovery Event: {left}{}/{} pgs active+clean",
+            p.clean_pgs, p.num_pgs
+        ),
+        format!("  {} {eta}", progress_bar(p.fraction, 28)),
+    ]
 }
 
 /// `part / whole` as a percentage with three decimals, as Ceph prints ratios.
@@ -399,7 +530,13 @@ pub fn status_json(r: &Report) -> serde_json::Value {
             "degraded_ratio": if t.degraded_total == 0 { 0.0 } else { t.degraded_objects as f64 / t.degraded_total as f64 },
             "misplaced_objects": t.misplaced_objects, "misplaced_total": t.degraded_total,
             "misplaced_ratio": if t.degraded_total == 0 { 0.0 } else { t.misplaced_objects as f64 / t.degraded_total as f64 },
-            "unfound_objects": t.unfound_objects},
+            "unfound_objects": t.unfound_objects,
+            "recovering_objects_per_sec": r.recovery_rates().recovering_objects_per_sec,
+            "recovering_bytes_per_sec": r.recovery_rates().recovering_bytes_per_sec,
+            "recovery_progress": r.progress().map(|p| serde_json::json!({
+                "remaining_objects": p.remaining_objects, "clean_pgs": p.clean_pgs,
+                "num_pgs": p.num_pgs, "fraction": p.fraction, "eta_secs": p.eta_secs})),
+        },
     })
 }
 
@@ -485,16 +622,31 @@ pub fn run_status(a: StatusArgs) -> Result<ExitCode> {
         pgs_line(format!("{count} {state}"));
     }
     let rt = t.rates;
-    if rt.read_bytes_sec + rt.write_bytes_sec + rt.read_op_per_sec + rt.write_op_per_sec > 0 {
+    let rec = r.recovery_rates();
+    let client = rt.read_bytes_sec + rt.write_bytes_sec + rt.read_op_per_sec + rt.write_op_per_sec;
+    let recovering = rec.recovering_objects_per_sec + rec.recovering_bytes_per_sec;
+    if client + recovering > 0 {
         println!();
         println!("  io:");
-        println!(
-            "    client:   {}/s rd, {}/s wr, {} op/s rd, {} op/s wr",
-            human_bytes(rt.read_bytes_sec),
-            human_bytes(rt.write_bytes_sec),
-            rt.read_op_per_sec,
-            rt.write_op_per_sec
-        );
+        if client > 0 {
+            println!(
+                "    client:   {}/s rd, {}/s wr, {} op/s rd, {} op/s wr",
+                human_bytes(rt.read_bytes_sec),
+                human_bytes(rt.write_bytes_sec),
+                rt.read_op_per_sec,
+                rt.write_op_per_sec
+            );
+        }
+        if recovering > 0 {
+            println!("    recovery: {}", recovery_rate_line(&rec));
+        }
+    }
+    if let Some(p) = r.progress() {
+        println!();
+        println!("  progress:");
+        for l in progress_lines(&p) {
+            println!("    {l}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -536,5 +688,85 @@ mod tests {
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(300 << 20), "300 MiB");
         assert_eq!(human_bytes(3 << 30), "3 GiB");
+    }
+
+    fn totals(degraded: u64, misplaced: u64) -> PgMapTotals {
+        PgMapTotals {
+            degraded_objects: degraded,
+            misplaced_objects: misplaced,
+            degraded_total: 2304,
+            ..PgMapTotals::default()
+        }
+    }
+
+    fn rates(objects: u64, bytes: u64) -> RecoveryRates {
+        RecoveryRates {
+            recovering_objects_per_sec: objects,
+            recovering_bytes_per_sec: bytes,
+        }
+    }
+
+    #[test]
+    fn no_progress_when_nothing_to_recover() {
+        assert_eq!(
+            recovery_progress(&totals(0, 0), &rates(0, 0), 128, 128),
+            None
+        );
+        // a leftover rate after everything is clean is no recovery
+        assert_eq!(
+            recovery_progress(&totals(0, 0), &rates(5, 5 << 22), 128, 128),
+            None
+        );
+        // PGs still unclean with objects being copied (counts not reported yet): shown, with
+        // no ETA (nothing known to be left)
+        let p = recovery_progress(&totals(0, 0), &rates(5, 5 << 22), 96, 128).unwrap();
+        assert_eq!(p.eta_secs, None);
+        assert_eq!(
+            progress_lines(&p),
+            [
+                "Global Recovery Event: 96/128 pgs active+clean".to_string(),
+                "  [=====================.......] (remaining: unknown)".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn progress_eta_and_bar() {
+        let p = recovery_progress(&totals(300, 20), &rates(11, 45 << 20), 96, 128).unwrap();
+        assert_eq!(p.remaining_objects, 320);
+        assert_eq!(p.eta_secs, Some(30)); // 320 / 11 = 29.1, rounded up
+        assert!((p.fraction - 0.75).abs() < 1e-9);
+        assert_eq!(
+            recovery_rate_line(&rates(11, 45 << 20)),
+            "45 MiB/s, 11 objects/s"
+        );
+        let [head, bar] = progress_lines(&p);
+        assert_eq!(
+            head,
+            "Global Recovery Event: 320 objects to recover, 96/128 pgs active+clean"
+        );
+        assert_eq!(bar, "  [=====================.......] (remaining: 30s)");
+        // no rate yet: no ETA
+        let p = recovery_progress(&totals(300, 0), &rates(0, 0), 0, 128).unwrap();
+        assert_eq!(p.eta_secs, None);
+        assert!(
+            progress_lines(&p)[1]
+                .starts_with("  [............................] (remaining: unknown")
+        );
+    }
+
+    #[test]
+    fn bars_and_durations() {
+        assert_eq!(progress_bar(0.0, 4), "[....]");
+        assert_eq!(progress_bar(0.5, 4), "[==..]");
+        assert_eq!(progress_bar(1.0, 4), "[====]");
+        assert_eq!(progress_bar(7.0, 4), "[====]");
+        assert_eq!(progress_bar(-1.0, 4), "[....]");
+        assert_eq!(short_duration(0), "0s");
+        assert_eq!(short_duration(59), "59s");
+        assert_eq!(short_duration(61), "2m");
+        assert_eq!(short_duration(3599), "60m");
+        assert_eq!(short_duration(3600), "1h");
+        assert_eq!(short_duration(3601), "2h");
     }
 }
