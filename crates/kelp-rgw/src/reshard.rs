@@ -2,14 +2,20 @@
 //!
 //! A reshard fills a new *generation* of shards. The bucket record names the target; then each
 //! old shard in turn is marked "resharding" (every change to it from then on also writes a log
-//! entry naming the omap keys it touched, in the same atomic update), copied in full, brought
-//! up to date from its log, and finally marked "moved" with a compare-and-swap on the shard's
-//! version, so no change can slip in between the last log pass and the switch. From that moment
-//! writers and readers of that shard's keys go to the new generation (their updates are guarded
-//! on the marker they saw, so a writer that raced the switch retries there); listings read the
-//! old shards not yet moved plus, from the new generation, only the keys of moved shards.
-//! When every old shard has moved the record switches generations. Nothing waits on a lock:
-//! the only retry a client request can see is one compare-and-swap round trip.
+//! entry naming the omap keys it touched, in the same atomic update), copied in full, and
+//! brought up to date from its log in a bounded number of catch-up rounds. If a round finds the
+//! log empty, the shard is marked "moved" with a compare-and-swap on its version (no change can
+//! slip in between). Otherwise — the usual case under a sustained load, where the log never
+//! empties by itself — the shard is *frozen*: writers (whose updates are guarded on the marker
+//! they read) wait, readers keep reading it, the rest of the log is replayed, and the shard is
+//! marked "moved". From that moment writers and readers of that shard's keys go to the new
+//! generation; listings read the old shards not yet moved plus, from the new generation, only
+//! the keys of moved shards. When every old shard has moved the record switches generations.
+//!
+//! What a client can wait for: reads never; a change to a key of the one frozen shard, for its
+//! final replay (a few round trips; at most [`FROZEN_STALE`]/2 before the resharder gives up,
+//! and a writer gives up with SlowDown after 10 s); any other change, one compare-and-swap
+//! round trip.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
