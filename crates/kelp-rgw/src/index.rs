@@ -8,21 +8,46 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use kelp_client::{ClientError, ReadOp, ReadResult, WriteOp};
 
 use crate::error::{Result, RgwError, found};
 use crate::layout::{
-    BucketRecord, GcEntry, IndexEntry, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED, NULL_VERSION,
-    OBJ_PREFIX, ObjectMeta, PartEntry, Pending, UPLOAD_PREFIX, UploadEntry, VERSION_PREFIX,
-    Versioning, decode, encode, gc_key, now_ns, obj_key, part_key, parts_prefix, pending_key,
-    random_hex, shard_obj, shard_of, upload_key, version_key, version_sort, versions_prefix,
+    BucketRecord, GcEntry, IndexEntry, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED,
+    MARKER_RESHARDING, NULL_VERSION, OBJ_PREFIX, ObjectMeta, PartEntry, Pending, UPLOAD_PREFIX,
+    UploadEntry, VERSION_PREFIX, Versioning, decode, encode, frozen_since, gc_key, now_ns, obj_key,
+    part_key, parts_prefix, pending_key, random_hex, shard_obj, shard_of, upload_key, version_key,
+    version_sort, versions_prefix,
 };
 use crate::rgw::Rgw;
 
 /// Most compare-and-swap attempts on one key before giving up with "busy".
 const CAS_TRIES: usize = 32;
+/// Longest a change waits for a shard frozen by a reshard's final step (normally a few round
+/// trips) before giving up with "busy" (S3 SlowDown, which clients retry).
+const FROZEN_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// The back-off of a change waiting for a frozen shard: 2 ms doubling to 50 ms per poll, so a
+/// writer notices the switch within 50 ms of it.
+#[derive(Default)]
+struct FrozenWait {
+    waited: Duration,
+    next: Duration,
+}
+
+impl FrozenWait {
+    async fn pause(&mut self, obj: &str) -> Result<()> {
+        if self.waited >= FROZEN_WAIT_MAX {
+            return Err(RgwError::Busy(format!("{obj} (frozen by a reshard)")));
+        }
+        self.next = (self.next * 2).clamp(Duration::from_millis(2), Duration::from_millis(50));
+        tokio::time::sleep(self.next).await;
+        self.waited += self.next;
+        Ok(())
+    }
+}
 
 /// What a conditional write requires of the object it replaces.
 #[derive(Debug, Clone, Default)]
@@ -95,6 +120,9 @@ pub(crate) struct KeyShard {
     marker: Option<Bytes>,
     /// The shard is being resharded: changes are logged for the resharder.
     log: bool,
+    /// The shard is frozen for the final replay of a reshard: it can be read, but a change
+    /// must wait until it has moved.
+    frozen: bool,
 }
 
 /// What a key's index read returned.
@@ -228,6 +256,7 @@ impl Rgw {
                             obj: new,
                             marker,
                             log: false,
+                            frozen: false,
                         },
                         vals,
                         listed,
@@ -235,13 +264,17 @@ impl Rgw {
                 }
                 // the record is older than the reshard that marked this shard
                 (Some(_), None) => self.refresh(b).await?,
-                (_, reshard) => {
-                    let log = reshard.is_some();
+                (_, _) => {
+                    // a change is logged only once the shard is marked: one that raced the
+                    // marking fails its guard on the marker and is retried with logging
+                    let log = marker.as_deref() == Some(MARKER_RESHARDING);
+                    let frozen = marker.as_deref().and_then(frozen_since).is_some();
                     return Ok(KeyRead {
                         shard: KeyShard {
                             obj: old,
                             marker,
                             log,
+                            frozen,
                         },
                         vals,
                         listed,
@@ -304,12 +337,21 @@ impl Rgw {
         mut plan: impl FnMut(&KeyRead) -> Result<Step<T>>,
     ) -> Result<T> {
         let mut b = b.clone();
-        for _ in 0..CAS_TRIES {
+        let mut frozen_wait = FrozenWait::default();
+        let mut tries = 0;
+        while tries < CAS_TRIES {
             let read = self.key_read(&mut b, key, keys, prefixes).await?;
             let (txn, out) = match plan(&read)? {
                 Step::Done(t) => return Ok(t),
                 Step::Write(txn, t) => (txn, t),
             };
+            if read.shard.frozen {
+                // the resharder is replaying this shard's last changes (a few round trips);
+                // the change goes to the new shard once it has moved
+                frozen_wait.pause(&read.shard.obj).await?;
+                continue;
+            }
+            tries += 1;
             match self
                 .inner
                 .index

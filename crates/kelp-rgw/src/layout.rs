@@ -77,10 +77,26 @@ pub const GC_PREFIX: &str = "g";
 pub const UPLOAD_PREFIX: &str = "u";
 pub const PART_PREFIX: &str = "m";
 /// Omap key of an index shard being resharded: value [`MARKER_RESHARDING`] while its entries
-/// are copied to the new generation, [`MARKER_MOVED`] once the new generation is authoritative.
+/// are copied to the new generation, `f<ns>` ([`frozen_marker`]) during the short final
+/// replay (writers wait, readers still read the shard), [`MARKER_MOVED`] once the new
+/// generation is authoritative.
 pub const MARKER: &str = "\u{1}r";
 pub const MARKER_RESHARDING: &[u8] = b"r";
 pub const MARKER_MOVED: &[u8] = b"m";
+const MARKER_FROZEN: u8 = b'f';
+
+/// The marker of a shard frozen at `since_ns` (wall clock) for its final replay.
+pub fn frozen_marker(since_ns: u64) -> Vec<u8> {
+    let mut m = vec![MARKER_FROZEN];
+    m.extend_from_slice(since_ns.to_string().as_bytes());
+    m
+}
+
+/// When the shard whose marker is `m` was frozen, if it is.
+pub fn frozen_since(m: &[u8]) -> Option<u64> {
+    let rest = m.strip_prefix(&[MARKER_FROZEN])?;
+    std::str::from_utf8(rest).ok()?.parse().ok()
+}
 /// Omap keys logging changes made to a shard while it is being resharded.
 pub const LOG_PREFIX: &str = "\u{2}";
 
@@ -407,6 +423,15 @@ pub fn check_tags(tags: &BTreeMap<String, String>, max: usize) -> Result<(), Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frozen_markers_carry_their_time() {
+        let m = frozen_marker(1_763_800_000_123_456_789);
+        assert_eq!(frozen_since(&m), Some(1_763_800_000_123_456_789));
+        assert_eq!(frozen_since(MARKER_RESHARDING), None);
+        assert_eq!(frozen_since(MARKER_MOVED), None);
+        assert_eq!(frozen_since(b"fx"), None);
+    }
 
     #[test]
     fn shards_spread_and_are_stable() {

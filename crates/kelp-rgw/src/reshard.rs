@@ -2,27 +2,33 @@
 //!
 //! A reshard fills a new *generation* of shards. The bucket record names the target; then each
 //! old shard in turn is marked "resharding" (every change to it from then on also writes a log
-//! entry naming the omap keys it touched, in the same atomic update), copied in full, brought
-//! up to date from its log, and finally marked "moved" with a compare-and-swap on the shard's
-//! version, so no change can slip in between the last log pass and the switch. From that moment
-//! writers and readers of that shard's keys go to the new generation (their updates are guarded
-//! on the marker they saw, so a writer that raced the switch retries there); listings read the
-//! old shards not yet moved plus, from the new generation, only the keys of moved shards.
-//! When every old shard has moved the record switches generations. Nothing waits on a lock:
-//! the only retry a client request can see is one compare-and-swap round trip.
+//! entry naming the omap keys it touched, in the same atomic update), copied in full, and
+//! brought up to date from its log in a bounded number of catch-up rounds. If a round finds the
+//! log empty, the shard is marked "moved" with a compare-and-swap on its version (no change can
+//! slip in between). Otherwise — the usual case under a sustained load, where the log never
+//! empties by itself — the shard is *frozen*: writers (whose updates are guarded on the marker
+//! they read) wait, readers keep reading it, the rest of the log is replayed, and the shard is
+//! marked "moved". From that moment writers and readers of that shard's keys go to the new
+//! generation; listings read the old shards not yet moved plus, from the new generation, only
+//! the keys of moved shards. When every old shard has moved the record switches generations.
+//!
+//! What a client can wait for: reads never; a change to a key of the one frozen shard, for its
+//! final replay (a few round trips; at most [`FROZEN_STALE`]/2 before the resharder gives up,
+//! and a writer gives up with SlowDown after 10 s); any other change, one compare-and-swap
+//! round trip.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bytes::Bytes;
 use kelp_client::{ClientError, ReadOp, ReadResult, WriteOp};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::{Result, RgwError, found};
 use crate::layout::{
     BucketRecord, GC_PREFIX, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED, MARKER_RESHARDING,
     OBJ_PREFIX, PART_PREFIX, PENDING_PREFIX, Pending, ReshardTarget, UPLOAD_PREFIX, VERSION_PREFIX,
-    bucket_obj, decode, encode, now_ns, shard_obj, shard_of,
+    bucket_obj, decode, encode, frozen_marker, frozen_since, now_ns, shard_obj, shard_of,
 };
 use crate::meta::{MAX_SHARDS, omap_all, read_versioned};
 use crate::rgw::Rgw;
@@ -32,6 +38,19 @@ use crate::rgw::Rgw;
 const CLEANUP_DELAY: Duration = Duration::from_secs(5);
 /// A reshard whose driver has not finished after this long is resumed by another gateway.
 const RESUME_AFTER: Duration = Duration::from_secs(600);
+/// Catch-up rounds (each replays the log written during the previous one) before a shard is
+/// frozen for the final replay whatever its log holds: under a sustained load the log never
+/// empties by itself, and a round takes a few round trips, so it stays short.
+const CATCH_UP_ROUNDS: u32 = 8;
+/// A log this short is replayed once more and then the shard is frozen (the final replay is
+/// then at most about this many entries written during that last round).
+const FREEZE_AT_LOG: usize = 64;
+/// A shard frozen this long was left so by a resharder that died; a gateway's maintenance
+/// loop resumes the reshard. A resharder gives up on its final step after half this time, so
+/// a slow one and its successor do not both replay into the new shards.
+const FROZEN_STALE: Duration = Duration::from_secs(30);
+/// Log entries read (and replayed) at a time.
+const LOG_PAGE: u32 = 1000;
 
 /// What a reshard did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -42,6 +61,15 @@ pub struct ReshardStats {
     pub copied: u64,
     /// Changes made meanwhile and replayed from the shards' logs.
     pub replayed: u64,
+}
+
+/// How a shard's catch-up ended (with the log entries it replayed).
+enum CatchUp {
+    /// The log was found empty and the shard switched to moved without pausing anyone (a
+    /// compare-and-swap on the shard's version: no change slipped in).
+    Moved(u64),
+    /// The final step must freeze the shard.
+    Freeze(u64),
 }
 
 impl Rgw {
@@ -147,12 +175,44 @@ impl Rgw {
         let io = &self.inner.index;
         let old = shard_obj(&b.id, b.generation, s);
         let marker = read_marker(self, &old).await?;
-        if marker.as_deref() == Some(MARKER_MOVED) {
-            return Ok((0, 0));
+        let mut copied = 0u64;
+        let mut replayed = 0u64;
+        match marker.as_deref() {
+            Some(MARKER_MOVED) => return Ok((0, 0)),
+            // a driver that went away froze it: its log is complete, only the last step is left
+            Some(m) if frozen_since(m).is_some() => {}
+            _ => {
+                // guarded on the marker read, so a shard another driver moved is not reopened
+                match io
+                    .operate(
+                        WriteOp::new()
+                            .cmp_omap(MARKER, marker.as_deref())
+                            .omap_set(&[(MARKER, MARKER_RESHARDING)]),
+                        &old,
+                    )
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(ClientError::Canceled { .. }) => {
+                        return Err(RgwError::Busy(format!("{old} (another resharder)")));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                copied = self.copy_shard(b, t, &old).await?;
+                match self.catch_up(b, t, &old).await? {
+                    CatchUp::Moved(n) => return Ok((copied, n)),
+                    CatchUp::Freeze(n) => replayed = n,
+                }
+            }
         }
-        io.omap_set(&old, &[(MARKER, MARKER_RESHARDING)]).await?;
-        // full pass: every entry, routed by the key it belongs to
-        let uploads: HashMap<String, String> = omap_all(io, &old, UPLOAD_PREFIX)
+        replayed += self.freeze_and_switch(b, t, &old).await?;
+        Ok((copied, replayed))
+    }
+
+    /// The full pass: copies every entry of shard `old`, routed by the key it belongs to.
+    async fn copy_shard(&self, b: &BucketRecord, t: &ReshardTarget, old: &str) -> Result<u64> {
+        let io = &self.inner.index;
+        let uploads: HashMap<String, String> = omap_all(io, old, UPLOAD_PREFIX)
             .await?
             .into_iter()
             .filter_map(|(k, _)| {
@@ -164,7 +224,7 @@ impl Rgw {
         let mut copied = 0u64;
         let mut after = String::new();
         loop {
-            let (page, more) = match io.omap_get_vals(&old, &after, "", 1000).await {
+            let (page, more) = match io.omap_get_vals(old, &after, "", 1000).await {
                 Ok(p) => p,
                 Err(ClientError::NotFound { .. }) => (Vec::new(), false),
                 Err(e) => return Err(e.into()),
@@ -174,7 +234,7 @@ impl Rgw {
             }
             let mut batches: BTreeMap<u32, Vec<(String, Bytes)>> = BTreeMap::new();
             for (k, v) in &page {
-                let route = match route_full(&old, k, v, &uploads)? {
+                let route = match route_full(old, k, v, &uploads)? {
                     Some(key) => shard_of(&key, t.shards),
                     None => continue,
                 };
@@ -183,59 +243,165 @@ impl Rgw {
                     .or_default()
                     .push((k.clone(), v.clone()));
             }
-            for (shard, entries) in batches {
-                copied += entries.len() as u64;
-                io.omap_set(&shard_obj(&b.id, t.generation, shard), &entries)
-                    .await?;
-            }
+            copied += batches.values().map(|e| e.len() as u64).sum::<u64>();
+            self.set_new(b, t, batches).await?;
             if !more || page.is_empty() {
                 break;
             }
         }
-        // catch up from the log until a quiet moment, then switch
+        Ok(copied)
+    }
+
+    /// Replays shard `old`'s log while writers keep adding to it, until it is short enough for
+    /// the final step or [`CATCH_UP_ROUNDS`] rounds have passed.
+    async fn catch_up(&self, b: &BucketRecord, t: &ReshardTarget, old: &str) -> Result<CatchUp> {
+        let io = &self.inner.index;
         let mut replayed = 0u64;
-        for attempt in 0.. {
-            let res = io
-                .operate_read(
-                    ReadOp::new().stat().omap_get_vals("", LOG_PREFIX, 1000),
-                    &old,
-                )
-                .await?;
-            let (version, logs) = match (res.first(), res.get(1)) {
-                (
-                    Some(ReadResult::Stat { version, .. }),
-                    Some(ReadResult::Pairs { entries, .. }),
-                ) => (*version, entries.clone()),
-                _ => {
-                    return Err(RgwError::Corrupt {
-                        object: old,
-                        message: "unexpected read result".into(),
-                    });
-                }
-            };
+        for round in 0..CATCH_UP_ROUNDS {
+            let (version, logs) = self.read_log(old).await?;
+            debug!(shard = old, round, log = logs.len(), "reshard catch-up");
             if logs.is_empty() {
                 match io
                     .operate(
                         WriteOp::new()
                             .assert_version(version)
                             .omap_set(&[(MARKER, MARKER_MOVED)]),
-                        &old,
+                        old,
                     )
                     .await
                 {
-                    Ok(_) => return Ok((copied, replayed)),
+                    Ok(_) => return Ok(CatchUp::Moved(replayed)),
+                    Err(ClientError::Canceled { .. }) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let short = logs.len() <= FREEZE_AT_LOG;
+            replayed += self.replay(b, t, old, &logs).await?;
+            if short {
+                break;
+            }
+        }
+        Ok(CatchUp::Freeze(replayed))
+    }
+
+    /// The final step: freezes shard `old` (writers wait; its log can no longer grow), replays
+    /// what is left of its log, and marks it moved. Returns the entries replayed.
+    async fn freeze_and_switch(
+        &self,
+        b: &BucketRecord,
+        t: &ReshardTarget,
+        old: &str,
+    ) -> Result<u64> {
+        let io = &self.inner.index;
+        let started = std::time::Instant::now();
+        let frozen = match read_marker(self, old).await? {
+            Some(m) if frozen_since(&m).is_some() => m.to_vec(),
+            Some(m) if m.as_ref() == MARKER_RESHARDING => {
+                let f = frozen_marker(now_ns());
+                // every change to the shard is guarded on the marker it read: none lands after
+                // this one, and each that landed before it logged itself
+                match io
+                    .operate(
+                        WriteOp::new()
+                            .cmp_omap(MARKER, Some(MARKER_RESHARDING))
+                            .omap_set(&[(MARKER, f.as_slice())]),
+                        old,
+                    )
+                    .await
+                {
+                    Ok(_) => f,
                     Err(ClientError::Canceled { .. }) => {
-                        if attempt > 1000 {
-                            return Err(RgwError::Busy(old));
-                        }
-                        continue;
+                        return Err(RgwError::Busy(format!("{old} (another resharder)")));
                     }
                     Err(e) => return Err(e.into()),
                 }
             }
-            replayed += self.replay(b, t, &old, &logs).await?;
+            Some(m) if m.as_ref() == MARKER_MOVED => return Ok(0),
+            _ => {
+                return Err(RgwError::Corrupt {
+                    object: old.to_string(),
+                    message: "a shard being resharded lost its marker".into(),
+                });
+            }
+        };
+        let mut replayed = 0u64;
+        loop {
+            if started.elapsed() > FROZEN_STALE / 2 {
+                return Err(RgwError::Busy(format!(
+                    "{old}: the final replay of a reshard took too long; a gateway will resume it"
+                )));
+            }
+            let (version, logs) = self.read_log(old).await?;
+            if !logs.is_empty() {
+                replayed += self.replay(b, t, old, &logs).await?;
+                continue;
+            }
+            // guarded on the version too: a gateway too old to know frozen shards may still
+            // have written (and logged) a change since the log was read
+            match io
+                .operate(
+                    WriteOp::new()
+                        .assert_version(version)
+                        .cmp_omap(MARKER, Some(frozen.as_slice()))
+                        .omap_set(&[(MARKER, MARKER_MOVED)]),
+                    old,
+                )
+                .await
+            {
+                Ok(_) => break,
+                Err(ClientError::Canceled { .. }) => {
+                    if read_marker(self, old).await?.as_deref() != Some(frozen.as_slice()) {
+                        return Err(RgwError::Busy(format!("{old} (another resharder)")));
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        unreachable!("the loop returns")
+        debug!(
+            shard = old,
+            replayed,
+            pause_ms = started.elapsed().as_millis() as u64,
+            "reshard: shard frozen, replayed and moved"
+        );
+        Ok(replayed)
+    }
+
+    /// The version of shard `old` and the first page of its log, read together.
+    async fn read_log(&self, old: &str) -> Result<(u64, Vec<(String, Bytes)>)> {
+        let res = self
+            .inner
+            .index
+            .operate_read(
+                ReadOp::new().stat().omap_get_vals("", LOG_PREFIX, LOG_PAGE),
+                old,
+            )
+            .await?;
+        let mut it = res.into_iter();
+        match (it.next(), it.next()) {
+            (Some(ReadResult::Stat { version, .. }), Some(ReadResult::Pairs { entries, .. })) => {
+                Ok((version, entries))
+            }
+            _ => Err(RgwError::Corrupt {
+                object: old.to_string(),
+                message: "unexpected read result".into(),
+            }),
+        }
+    }
+
+    /// Writes `batches` (new shard → entries) to the new generation, all shards at once.
+    async fn set_new(
+        &self,
+        b: &BucketRecord,
+        t: &ReshardTarget,
+        batches: BTreeMap<u32, Vec<(String, Bytes)>>,
+    ) -> Result<()> {
+        let io = &self.inner.index;
+        futures::future::try_join_all(batches.into_iter().map(|(shard, entries)| async move {
+            io.omap_set(&shard_obj(&b.id, t.generation, shard), &entries)
+                .await
+        }))
+        .await?;
+        Ok(())
     }
 
     /// Re-copies the omap keys named by `logs` (their current value, or their absence), then
@@ -279,19 +445,17 @@ impl Rgw {
                 None => rms.entry(shard).or_default().push(k.clone()),
             }
         }
-        for (shard, entries) in sets {
-            io.omap_set(&shard_obj(&b.id, t.generation, shard), &entries)
-                .await?;
-        }
-        for (shard, keys) in rms {
+        self.set_new(b, t, sets).await?;
+        futures::future::try_join_all(rms.into_iter().map(|(shard, keys)| async move {
             match io
                 .omap_rm_keys(&shard_obj(&b.id, t.generation, shard), &keys)
                 .await
             {
-                Ok(()) | Err(ClientError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
+                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
             }
-        }
+        }))
+        .await?;
         let done: Vec<&String> = logs.iter().map(|(k, _)| k).collect();
         io.omap_rm_keys(old, &done).await?;
         Ok(logs.len() as u64)
@@ -362,6 +526,10 @@ impl Rgw {
                 if age > RESUME_AFTER.as_nanos() as u64 {
                     warn!(bucket = %name, "resuming an abandoned reshard");
                     self.reshard(&name, t.shards).await?;
+                } else if self.stale_freeze(&b).await? {
+                    // writers of that shard get SlowDown until it moves: do not wait 10 minutes
+                    warn!(bucket = %name, "resuming a reshard that left a shard frozen");
+                    self.reshard(&name, t.shards).await?;
                 }
                 continue;
             }
@@ -386,6 +554,23 @@ impl Rgw {
             }
         }
         Ok(())
+    }
+}
+
+impl Rgw {
+    /// Whether one of `b`'s shards has been frozen for longer than [`FROZEN_STALE`]: its
+    /// resharder died in the final step.
+    async fn stale_freeze(&self, b: &BucketRecord) -> Result<bool> {
+        let markers =
+            futures::future::try_join_all((0..b.shards).map(|s| async move {
+                read_marker(self, &shard_obj(&b.id, b.generation, s)).await
+            }))
+            .await?;
+        let stale = now_ns().saturating_sub(FROZEN_STALE.as_nanos() as u64);
+        Ok(markers
+            .iter()
+            .filter_map(|m| m.as_deref().and_then(frozen_since))
+            .any(|since| since < stale))
     }
 }
 

@@ -419,3 +419,180 @@ fn s3_gateway_with_real_clients() {
     eprintln!("resharding under load: {}", report.trim());
     let _ = &mut c;
 }
+
+/// A reshard finishes while clients keep writing to every shard without a pause: before the
+/// final freeze, the resharder waited for a moment with nothing left in a shard's log, which
+/// a sustained load never gave it (11 → 23 shards took 6 minutes under 16 clients, and more
+/// than 10 minutes in a longer run). Here one shard takes every write of 16 `kelp s3 bench`
+/// clients through one gateway and of the checking writers of reshard_load.py through another
+/// (a versioned bucket: `v` entries move too), and the reshard 1 → 5 must be done while the
+/// load still runs.
+#[test]
+fn reshard_finishes_under_sustained_writes() {
+    assert!(
+        have("python3", &["-c", "import boto3"]),
+        "the S3 tests need python3 with boto3 (pip install boto3; .ci/run does it)"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kelp-data");
+    let d = dir.display().to_string();
+    let mut c = Cluster {
+        _tmp: tmp,
+        dir: dir.clone(),
+        second: None,
+    };
+    ok(
+        &kelp(&[
+            "up",
+            "--detach",
+            "--dir",
+            &d,
+            "--osd-size",
+            "1GiB",
+            "--pg-num",
+            "8",
+            "--timeout-secs",
+            "90",
+            "--rgw-port",
+            "0",
+        ]),
+        "kelp up",
+    );
+    let env = env_of(&dir);
+    let conf = dir.join("kelp.conf").display().to_string();
+    let gw2 = c._tmp.path().join("gw2");
+    c.second = Some(
+        Command::new(env!("CARGO_BIN_EXE_kelp"))
+            .args([
+                "rgw",
+                "-c",
+                &conf,
+                "--port",
+                "0",
+                "--data",
+                &gw2.display().to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let other = format!("http://{}", wait_addr(&gw2.join("addr")));
+    let admin = |args: &[&str]| {
+        let mut all = vec!["s3"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-c", &conf]);
+        kelp(&all)
+    };
+    ok(
+        &admin(&[
+            "bucket",
+            "create",
+            "--bucket",
+            "hot",
+            "--uid",
+            "kelp",
+            "--num-shards",
+            "1",
+        ]),
+        "bucket create",
+    );
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import boto3; boto3.client('s3', region_name='us-east-1').put_bucket_versioning(\
+             Bucket='hot', VersioningConfiguration={'Status': 'Enabled'})",
+        ])
+        .envs(&env)
+        .output()
+        .unwrap();
+    ok(&out, "enable versioning");
+
+    const LOAD_SECS: u64 = 45;
+    let started = Instant::now();
+    let bench = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args([
+            "s3",
+            "bench",
+            "put",
+            "--endpoint",
+            &other,
+            "--bucket",
+            "hot",
+            "--size",
+            "1KiB",
+            "--concurrency",
+            "16",
+            "--duration",
+            &format!("{LOAD_SECS}s"),
+            "--keep",
+            "--format",
+            "json",
+        ])
+        .envs(&env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let checked = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/reshard_load.py"))
+        .envs(&env)
+        .env("BUCKET", "hot")
+        .env("DURATION", LOAD_SECS.to_string())
+        .env("VERSIONED", "1")
+        .env("OTHERS_PREFIX", "s3bench/")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    let reshard_started = Instant::now();
+    let mut reshard = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args([
+            "s3",
+            "bucket",
+            "reshard",
+            "--bucket",
+            "hot",
+            "--num-shards",
+            "5",
+        ])
+        .args(["-c", &conf])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the load lasts LOAD_SECS: the reshard must be done with time to spare before it ends
+    let deadline = started + Duration::from_secs(LOAD_SECS - 5);
+    while reshard.try_wait().unwrap().is_none() {
+        if Instant::now() >= deadline {
+            let _ = reshard.kill();
+            let _ = reshard.wait();
+            panic!(
+                "the reshard 1 -> 5 had not finished after {:.1} s of sustained writes",
+                reshard_started.elapsed().as_secs_f64()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = reshard_started.elapsed();
+    ok(&reshard.wait_with_output().unwrap(), "bucket reshard");
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(&bench.wait_with_output().unwrap(), "kelp s3 bench")).unwrap();
+    assert_eq!(report["errors"].as_u64(), Some(0), "{report}");
+    let checked = ok(&checked.wait_with_output().unwrap(), "checking writers");
+    assert!(checked.contains("writes="), "{checked}");
+    let stats: serde_json::Value = serde_json::from_str(&ok(
+        &admin(&["bucket", "stats", "--bucket", "hot", "--format", "json"]),
+        "bucket stats",
+    ))
+    .unwrap();
+    assert_eq!(stats["num_shards"].as_u64(), Some(5), "{stats}");
+    eprintln!(
+        "reshard 1 -> 5 under {} PUT/s of kelp s3 bench plus the checking writers ({}): {:.1} s",
+        report["ops_per_s"],
+        checked.trim(),
+        took.as_secs_f64()
+    );
+    let _ = &mut c;
+}
