@@ -22,7 +22,7 @@
 # Usage: scripts/recovery-bench.sh DIR
 # Env: MODES="default lowimpact" NUM_OSDS=4 PG_NUM=128 FILL_OBJS=768 LOAD_BS=4096 LOAD_T=16 PRE=20
 #      POST=10 LOAD_AFTER=120 MAX_WAIT=900 KILL_OSD=NUM_OSDS-1 OSD_SIZE=5GiB KEEP=0
-#      LOWIMPACT="osd_max_backfills=1 osd_recovery_max_active=1 osd_recovery_sleep=0.1"
+#      LOWIMPACT="osd_max_backfills=1 osd_recovery_max_active=1 osd_recovery_op_priority=3"
 #      KELP=target/release/kelp
 set -uo pipefail
 {  # whole script in one block: bash reads it fully before running it
@@ -44,7 +44,7 @@ MAX_WAIT=${MAX_WAIT:-900}
 KILL_OSD=${KILL_OSD:-$((NUM_OSDS - 1))}
 OSD_SIZE=${OSD_SIZE:-5GiB}
 KEEP=${KEEP:-0}
-LOWIMPACT=${LOWIMPACT:-"osd_max_backfills=1 osd_recovery_max_active=1 osd_recovery_sleep=0.1"}
+LOWIMPACT=${LOWIMPACT:-"osd_max_backfills=1 osd_recovery_max_active=1 osd_recovery_op_priority=3"}
 [[ -x $KELP ]] || { echo "no kelp binary at $KELP (cargo build --release -p kelp)"; exit 1; }
 # the OSD files are reserved (fallocated) at creation: refuse to start rather than fill a shared
 # disk; the data must also fit: FILL_OBJS x 4 MiB x 3 copies on NUM_OSDS-1 survivors, < 80 %

@@ -284,9 +284,19 @@ async fn report_stats(service: Arc<OsdService>, mon: Arc<MonClient>) {
             Ok(Err(e)) => debug!("stats report not taken: {e}"),
             Err(_) => debug!("stats report not answered in time"),
         }
-        tokio::time::sleep(interval).await;
+        // Next report at the interval, or shortly after a PG changed state (a short delay
+        // gathers the changes of one map into one report).
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = service.stats().state_changed.notified() => {
+                tokio::time::sleep(STATE_REPORT_DELAY.min(interval)).await;
+            }
+        }
     }
 }
+
+/// How long after a PG state change the OSD reports it.
+const STATE_REPORT_DELAY: Duration = Duration::from_millis(100);
 
 /// How often the OSD re-reads the central config for its scrub and recovery settings.
 const CONFIG_REFRESH: Duration = Duration::from_secs(5);

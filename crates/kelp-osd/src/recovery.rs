@@ -56,11 +56,15 @@ use crate::service::{OsdService, PgHandle};
 
 /// Objects copied per store transaction during a sync.
 const SYNC_BATCH: usize = 32;
-/// A catch-up round with at most this many changed objects is the final one (done with client
-/// writes held back).
-const FINAL_ROUND_OBJECTS: usize = 32;
+/// A primary that misses more objects than this asks for a `pg_temp` instead of copying them
+/// before it serves.
+const PRIMARY_SYNC_MAX_OBJECTS: usize = 32;
+/// When at most this many objects changed since the last round, the next round is the final
+/// one (done with client writes held back). Each round copies only what changed during the
+/// previous one, so under load the rounds shrink quickly (a 4 MiB object copy takes a few ms).
+const FINAL_ROUND_OBJECTS: usize = 2;
 /// Catch-up rounds (without holding writes back) before the final one.
-const MAX_CATCH_UP_ROUNDS: usize = 3;
+const MAX_CATCH_UP_ROUNDS: usize = 8;
 /// The final hand-over gives up (and is retried) after this long, so client writes never wait
 /// longer for it.
 const FINAL_ROUND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -673,7 +677,7 @@ impl OsdService {
                         return;
                     };
                     let ms = started.elapsed().as_millis();
-                    if recovered > 0 || ms >= 1000 {
+                    if recovered > 0 || ms >= 250 {
                         info!(%pg, epoch, recovered, ms, "peered");
                     } else {
                         debug!(%pg, epoch, ms, "peered");
@@ -825,7 +829,7 @@ impl OsdService {
         // `pg_temp`) and this OSD is recovered in the background like any other member.
         let big = match p.members.get(&me) {
             Some(MemberPlan::Backfill) => true,
-            Some(MemberPlan::Recover { objects, .. }) => objects.len() > FINAL_ROUND_OBJECTS,
+            Some(MemberPlan::Recover { objects, .. }) => objects.len() > PRIMARY_SYNC_MAX_OBJECTS,
             _ => false,
         };
         if big && let Some(link) = self.mon_link() {
@@ -1094,6 +1098,7 @@ impl OsdService {
                 return;
             }
             st.recovery = None;
+            self.stats.state_changed.notify_one();
         }
         self.drop_pg_temp_when_done(pg, &handle, interval).await;
     }
@@ -1121,7 +1126,10 @@ impl OsdService {
         }
     }
 
-    /// Copies `objects` to `osd` in throttled batches (the first carrying `keep_only`).
+    /// Copies `objects` to `osd` in batches of `osd_recovery_max_active` (the first carrying
+    /// `keep_only`), pausing between batches as the throttles say when `throttled` (round one;
+    /// the catch-up rounds run unthrottled, since the longer a round takes the more objects
+    /// clients change during it, and the next round copies those again).
     #[allow(clippy::too_many_arguments)]
     async fn copy_objects(
         &self,
@@ -1130,6 +1138,7 @@ impl OsdService {
         interval: u64,
         osd: i32,
         in_acting: bool,
+        throttled: bool,
         objects: &[(String, String)],
         mut keep_only: Option<Vec<(String, String)>>,
     ) -> Result<(), RecoveryError> {
@@ -1172,7 +1181,7 @@ impl OsdService {
                 return Ok(());
             }
             let pause = cfg.yield_after(started.elapsed(), self.clients_busy());
-            if !pause.is_zero() {
+            if throttled && !pause.is_zero() {
                 tokio::time::sleep(pause).await;
             }
         }
@@ -1205,8 +1214,17 @@ impl OsdService {
                 log_tail,
                 base,
             } => {
-                self.copy_objects(pg, handle, interval, l.osd, l.in_acting, objects, None)
-                    .await?;
+                self.copy_objects(
+                    pg,
+                    handle,
+                    interval,
+                    l.osd,
+                    l.in_acting,
+                    true,
+                    objects,
+                    None,
+                )
+                .await?;
                 self.send_log(
                     pg,
                     l.osd,
@@ -1229,6 +1247,7 @@ impl OsdService {
                     interval,
                     l.osd,
                     l.in_acting,
+                    true,
                     &listing,
                     Some(listing.clone()),
                 )
@@ -1244,7 +1263,7 @@ impl OsdService {
                 break;
             }
             let next = log.last_update;
-            self.copy_objects(pg, handle, interval, l.osd, false, &objects, None)
+            self.copy_objects(pg, handle, interval, l.osd, false, false, &objects, None)
                 .await?;
             self.send_log(pg, l.osd, log).await?;
             base = next;
@@ -1295,6 +1314,7 @@ impl OsdService {
                 if !st.write_to.contains(&l.osd) {
                     st.write_to.push(l.osd);
                 }
+                self.stats.state_changed.notify_one();
                 Ok(())
             }
             Ok(Err(e)) => Err(e),

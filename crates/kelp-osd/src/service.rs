@@ -454,6 +454,7 @@ impl OsdService {
         state.failed_replicas.clear();
         state.left_behind = left_behind.to_vec();
         state.recovery_flags = recovery_flags;
+        self.stats.state_changed.notify_one();
         Some(state.interval)
     }
 

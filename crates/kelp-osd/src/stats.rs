@@ -70,6 +70,10 @@ pub struct OsdStats {
     /// (when, used/total in millionths) of the last look at the store's usage.
     space_seen: Mutex<Option<(Instant, u32)>>,
     counts: Mutex<HashMap<PgId, PgCount>>,
+    /// Notified when a PG of this OSD changes state (activated, a member recovered): the
+    /// daemon then reports soon instead of at the next interval, so the monitors' view of
+    /// short states (peering) is as short as the states themselves.
+    pub(crate) state_changed: tokio::sync::Notify,
 }
 
 impl Default for OsdStats {
@@ -84,6 +88,7 @@ impl Default for OsdStats {
             full_ratio_ppm: AtomicU32::new(DEFAULT_FULL_RATIO_PPM),
             space_seen: Mutex::new(None),
             counts: Mutex::new(HashMap::new()),
+            state_changed: tokio::sync::Notify::new(),
         }
     }
 }
