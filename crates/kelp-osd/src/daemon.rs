@@ -273,6 +273,7 @@ pub async fn run(
 async fn report_stats(service: Arc<OsdService>, mon: Arc<MonClient>) {
     let mut interval = Duration::from_secs(2);
     loop {
+        service.settle_peering(PEERING_REPORT_WAIT).await;
         let report = service.stats_report().await;
         let sent =
             tokio::time::timeout(interval.max(Duration::from_secs(5)), mon.osd_stats(&report));
@@ -294,6 +295,9 @@ async fn report_stats(service: Arc<OsdService>, mon: Arc<MonClient>) {
         }
     }
 }
+
+/// How long a report waits for PGs that are peering to finish.
+const PEERING_REPORT_WAIT: Duration = Duration::from_secs(1);
 
 /// How long after a PG state change the OSD reports it.
 const STATE_REPORT_DELAY: Duration = Duration::from_millis(100);

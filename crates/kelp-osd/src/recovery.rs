@@ -54,8 +54,11 @@ use crate::peering::{MemberPlan, MemberReport, plan_with_authority};
 use crate::pglog::{INTERNAL_NAMESPACE, LogEntry};
 use crate::service::{OsdService, PgHandle};
 
-/// Objects copied per store transaction during a sync.
+/// Objects copied per store transaction during a sync, at most…
 const SYNC_BATCH: usize = 32;
+/// …and at most about this many bytes: a large recovery transaction would hold up the client
+/// writes committed behind it in the store.
+const SYNC_BATCH_BYTES: u64 = 1 << 20;
 /// A primary that misses more objects than this asks for a `pg_temp` instead of copying them
 /// before it serves.
 const PRIMARY_SYNC_MAX_OBJECTS: usize = 32;
@@ -397,6 +400,15 @@ fn names(objects: impl IntoIterator<Item = kelp_proto::ObjectLocator>) -> Vec<(S
     set.into_iter().collect()
 }
 
+/// Counts a PG as peering until dropped.
+struct PeeringCount<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for PeeringCount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Clears a PG's `recovery_block` if the final hand-over is abandoned (cancelled task).
 struct BlockGuard {
     handle: Option<PgHandle>,
@@ -580,7 +592,7 @@ impl OsdService {
                     }
                 })
                 .buffered(s.parallel.clamp(1, 64) as usize);
-            let mut in_txn = 0;
+            let (mut in_txn, mut txn_bytes) = (0, 0u64);
             let (mut objects, mut bytes) = (0u64, 0u64);
             while let Some((ns, name, pulled)) = pulls.next().await {
                 let (remote, data) = pulled?;
@@ -591,12 +603,13 @@ impl OsdService {
                 let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
                 objects += 1;
                 bytes += data.len() as u64;
+                txn_bytes += data.len() as u64;
                 self.stats.count_recovered(1, data.len() as u64);
                 apply_state(&mut txn, coll, &oid, local_exists, remote, data);
                 in_txn += 1;
-                if in_txn >= SYNC_BATCH {
+                if in_txn >= SYNC_BATCH || txn_bytes >= SYNC_BATCH_BYTES {
                     self.commit(std::mem::take(&mut txn)).await?;
-                    in_txn = 0;
+                    (in_txn, txn_bytes) = (0, 0);
                 }
             }
             debug!(%pg, objects, bytes, "copied from osd.{source}");
@@ -659,6 +672,9 @@ impl OsdService {
     ) {
         let mut attempt = 0u32;
         let started = Instant::now();
+        self.peering
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _peering = PeeringCount(&self.peering);
         loop {
             let map = self.map();
             if map.epoch != epoch {

@@ -187,6 +187,8 @@ pub struct OsdService {
     /// When this OSD last served a client op (ms since `started`), for recovery's scheduler.
     last_client_op_ms: AtomicU64,
     started: Instant,
+    /// PGs this OSD is peering right now (as their primary).
+    pub(crate) peering: std::sync::atomic::AtomicUsize,
 }
 
 /// Clients count as busy on an OSD for this long after their last op.
@@ -231,6 +233,7 @@ impl OsdService {
             mon_link: std::sync::OnceLock::new(),
             last_client_op_ms: AtomicU64::new(u64::MAX),
             started: Instant::now(),
+            peering: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -243,6 +246,16 @@ impl OsdService {
         &self,
     ) -> Option<&tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>> {
         self.mon_link.get()
+    }
+
+    /// Waits (at most `limit`) until no PG of this OSD is peering, so that a statistics report
+    /// shows the states peering settles on rather than the few milliseconds of peering after a
+    /// map change (a PG still peering after `limit` is reported as peering).
+    pub async fn settle_peering(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.peering.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Whether clients used this OSD in the last `CLIENTS_BUSY_FOR`.

@@ -267,7 +267,7 @@ async fn failure_detection_down_out_and_flags() {
         io.write_full(&name, data.clone()).await.unwrap();
         acked.lock().unwrap().insert(name, data);
     }
-    let recovered_before = count_in_osd_logs(&c, "peered and recovered");
+    let recovered_before = count_in_osd_logs(&c, " recovered in ");
     c.start("osd.0");
     wait_until("osd.0 up", Duration::from_secs(30), || {
         osd_state(&rados, 0).0
@@ -286,7 +286,7 @@ async fn failure_detection_down_out_and_flags() {
         io.write_full(&name, data.clone()).await.unwrap();
         acked.lock().unwrap().insert(name, data);
     }
-    let recovered_paused = count_in_osd_logs(&c, "peered and recovered");
+    let recovered_paused = count_in_osd_logs(&c, " recovered in ");
     t(&format!(
         "norecover: osd.0 left behind ({} recoveries before, {} now)",
         recovered_before, recovered_paused
@@ -295,7 +295,7 @@ async fn failure_detection_down_out_and_flags() {
     wait_until(
         "PGs recover osd.0 once norecover is unset",
         Duration::from_secs(20),
-        || count_in_osd_logs(&c, "peered and recovered") > recovered_paused,
+        || count_in_osd_logs(&c, " recovered in ") > recovered_paused,
     )
     .await;
     t("recovered after unset");
