@@ -101,8 +101,8 @@ pub const KNOWN_KEYS: &[KeyDef] = &[
     KeyDef {
         name: "osd_recovery_op_priority",
         kind: ValueKind::U64,
-        default: "20",
-        help: "(OSD, runtime) 1-63, against the clients' 63: while clients use an OSD, recovery takes about p/(p+63) of its time (63: no limit)",
+        default: "12",
+        help: "(OSD, runtime) 1-63, against the clients' 63: while clients use an OSD, recovery takes about p/63 of its time (each PG member's recovery that took t is followed by a pause of t*(63/p-1)); 63: no pause",
     },
     KeyDef {
         name: "osd_heartbeat_interval",

@@ -274,7 +274,12 @@ async fn report_stats(service: Arc<OsdService>, mon: Arc<MonClient>) {
     let mut interval = Duration::from_secs(2);
     loop {
         service.settle_peering(PEERING_REPORT_WAIT).await;
-        let report = service.stats_report().await;
+        let mut report = service.stats_report().await;
+        if service.is_peering() {
+            // A map arrived while the report was being made: report what peering settles on.
+            service.settle_peering(PEERING_REPORT_WAIT).await;
+            report = service.stats_report().await;
+        }
         let sent =
             tokio::time::timeout(interval.max(Duration::from_secs(5)), mon.osd_stats(&report));
         match sent.await {

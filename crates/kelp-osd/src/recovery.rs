@@ -84,8 +84,8 @@ pub struct RecoveryConfig {
     /// `osd_recovery_sleep`: pause after every batch of copied objects.
     pub sleep: Duration,
     /// `osd_recovery_op_priority` (1–63): while clients use this OSD, recovery takes about
-    /// `p / (p + 63)` of the time (a batch that took `t` is followed by a pause of
-    /// `t * 63 / p - t`); 63 or more means no pause.
+    /// `p / 63` of the time: a PG member's recovery that took `t` is followed by a pause of
+    /// `t * 63 / p - t` before the slot goes to the next PG; 63 or more means no pause.
     pub op_priority: u32,
 }
 
@@ -95,7 +95,7 @@ impl Default for RecoveryConfig {
             max_backfills: 2,
             max_active: 4,
             sleep: Duration::ZERO,
-            op_priority: 20,
+            op_priority: 12,
         }
     }
 }
@@ -138,14 +138,15 @@ impl RecoveryConfig {
         out
     }
 
-    /// The pause after a batch that took `took`, when clients are busy on this OSD.
-    pub fn yield_after(&self, took: Duration, clients_busy: bool) -> Duration {
-        let share = if clients_busy && self.op_priority < CLIENT_OP_PRIORITY {
+    /// The pause after recovery work that took `took`, when clients are busy on this OSD.
+    /// (The work itself runs at full speed: the longer a member's copy takes, the more objects
+    /// clients change meanwhile, which the catch-up rounds then copy again.)
+    pub fn priority_pause(&self, took: Duration, clients_busy: bool) -> Duration {
+        if clients_busy && self.op_priority < CLIENT_OP_PRIORITY {
             took.mul_f64(f64::from(CLIENT_OP_PRIORITY) / f64::from(self.op_priority) - 1.0)
         } else {
             Duration::ZERO
-        };
-        self.sleep + share
+        }
     }
 }
 
@@ -334,6 +335,9 @@ fn list_all(store: &dyn ObjectStore, coll: CollectionId) -> Result<Vec<ObjectId>
     }
 }
 
+/// Object → the PG version its copy on the member being recovered is at least as new as.
+type CopiedAt = BTreeMap<(String, String), u64>;
+
 /// What a member left behind needs.
 #[derive(Debug, Clone)]
 enum Job {
@@ -401,11 +405,13 @@ fn names(objects: impl IntoIterator<Item = kelp_proto::ObjectLocator>) -> Vec<(S
 }
 
 /// Counts a PG as peering until dropped.
-struct PeeringCount<'a>(&'a std::sync::atomic::AtomicUsize);
+struct PeeringCount(Arc<OsdService>);
 
-impl Drop for PeeringCount<'_> {
+impl Drop for PeeringCount {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0
+            .peering
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -658,23 +664,36 @@ impl OsdService {
     }
 
     /// Peers a PG as its primary at `epoch`, retrying until it succeeds or the map moves on.
-    pub(crate) async fn peer(self: Arc<Self>, pg: PgId, epoch: u32) {
-        self.peer_with_authority(pg, epoch, None).await
+    /// The PG counts as peering (for the stats reports) from this call on, so call it before
+    /// deactivating the PG, then spawn the future.
+    pub(crate) fn peer(
+        self: Arc<Self>,
+        pg: PgId,
+        epoch: u32,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.peer_with_authority(pg, epoch, None)
     }
 
     /// Peers a PG taking `authority`'s history as authoritative (see
     /// `peering::plan_with_authority`): rolls back writes that member refused.
-    pub(crate) async fn peer_with_authority(
+    pub(crate) fn peer_with_authority(
         self: Arc<Self>,
         pg: PgId,
         epoch: u32,
         authority: Option<i32>,
-    ) {
-        let mut attempt = 0u32;
-        let started = Instant::now();
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.peering
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let _peering = PeeringCount(&self.peering);
+        let counted = PeeringCount(self.clone());
+        async move {
+            let _counted = counted;
+            self.peer_now(pg, epoch, authority).await
+        }
+    }
+
+    async fn peer_now(self: Arc<Self>, pg: PgId, epoch: u32, authority: Option<i32>) {
+        let mut attempt = 0u32;
+        let started = Instant::now();
         loop {
             let map = self.map();
             if map.epoch != epoch {
@@ -1087,6 +1106,7 @@ impl OsdService {
             let started = Instant::now();
             for mut l in lagging {
                 let mut failures = 0u32;
+                let member_started = Instant::now();
                 loop {
                     match self.recover_member(pg, &handle, interval, &mut l).await {
                         Ok(()) => break,
@@ -1108,6 +1128,14 @@ impl OsdService {
                     }
                 }
                 info!(%pg, "osd.{} recovered in {:.1} s", l.osd, started.elapsed().as_secs_f64());
+                // Leave clients their share before the slot goes to the next member or PG.
+                let pause = self
+                    .recovery
+                    .cfg()
+                    .priority_pause(member_started.elapsed(), self.clients_busy());
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
             }
             let mut st = handle.write().await;
             if st.interval != interval {
@@ -1143,9 +1171,11 @@ impl OsdService {
     }
 
     /// Copies `objects` to `osd` in batches of `osd_recovery_max_active` (the first carrying
-    /// `keep_only`), pausing between batches as the throttles say when `throttled` (round one;
+    /// `keep_only`), with `osd_recovery_sleep` between batches when `throttled` (round one;
     /// the catch-up rounds run unthrottled, since the longer a round takes the more objects
-    /// clients change during it, and the next round copies those again).
+    /// clients change during it, and the next round copies those again). Records in
+    /// `copied_at` the PG version each object's copy is at least as new as (the version before
+    /// its batch was sent: the copy is read later, after every write up to it).
     #[allow(clippy::too_many_arguments)]
     async fn copy_objects(
         &self,
@@ -1157,12 +1187,17 @@ impl OsdService {
         throttled: bool,
         objects: &[(String, String)],
         mut keep_only: Option<Vec<(String, String)>>,
+        copied_at: &mut CopiedAt,
     ) -> Result<(), RecoveryError> {
         let mut done = 0;
         loop {
-            if !Self::current(handle, interval).await {
-                return Err(RecoveryError::Interrupted);
-            }
+            let at = {
+                let st = handle.read().await;
+                if st.interval != interval {
+                    return Err(RecoveryError::Interrupted);
+                }
+                st.meta.info.last_update.1
+            };
             let cfg = self.recovery.cfg();
             let left = objects.len() - done;
             let slots = self
@@ -1171,7 +1206,6 @@ impl OsdService {
                 .acquire(left.min(cfg.max_active), || self.recovery.cfg().max_active)
                 .await;
             let n = slots.count().min(left);
-            let started = Instant::now();
             self.send_sync(
                 osd,
                 PgSync {
@@ -1186,6 +1220,9 @@ impl OsdService {
             )
             .await?;
             drop(slots);
+            for o in &objects[done..done + n] {
+                copied_at.insert(o.clone(), at);
+            }
             done += n;
             if in_acting && n > 0 {
                 let mut st = handle.write().await;
@@ -1196,9 +1233,8 @@ impl OsdService {
             if done >= objects.len() {
                 return Ok(());
             }
-            let pause = cfg.yield_after(started.elapsed(), self.clients_busy());
-            if throttled && !pause.is_zero() {
-                tokio::time::sleep(pause).await;
+            if throttled && !cfg.sleep.is_zero() {
+                tokio::time::sleep(cfg.sleep).await;
             }
         }
     }
@@ -1221,6 +1257,7 @@ impl OsdService {
                 p.backfill = matches!(l.job, Job::Backfill);
             }
         }
+        let mut copied_at = CopiedAt::new();
         // Round one: what peering found missing, or everything.
         let mut base = match &l.job {
             Job::Recover {
@@ -1239,6 +1276,7 @@ impl OsdService {
                     true,
                     objects,
                     None,
+                    &mut copied_at,
                 )
                 .await?;
                 self.send_log(
@@ -1266,6 +1304,7 @@ impl OsdService {
                     true,
                     &listing,
                     Some(listing.clone()),
+                    &mut copied_at,
                 )
                 .await?;
                 self.send_log(pg, l.osd, log).await?;
@@ -1274,13 +1313,25 @@ impl OsdService {
         };
         // Catch-up rounds for what clients changed meanwhile, without holding writes back.
         for _ in 0..MAX_CATCH_UP_ROUNDS {
-            let (log, objects) = self.changes_since(handle, interval, base.1).await?;
+            let (log, objects) = self
+                .changes_since(handle, interval, base.1, &copied_at)
+                .await?;
             if objects.len() <= FINAL_ROUND_OBJECTS {
                 break;
             }
             let next = log.last_update;
-            self.copy_objects(pg, handle, interval, l.osd, false, false, &objects, None)
-                .await?;
+            self.copy_objects(
+                pg,
+                handle,
+                interval,
+                l.osd,
+                false,
+                false,
+                &objects,
+                None,
+                &mut copied_at,
+            )
+            .await?;
             self.send_log(pg, l.osd, log).await?;
             base = next;
         }
@@ -1299,7 +1350,9 @@ impl OsdService {
         let handed = tokio::time::timeout(FINAL_ROUND_TIMEOUT, async {
             // Writes admitted before the block settle first.
             drop(OsdService::settled_read(handle).await);
-            let (log, objects) = self.changes_since(handle, interval, base.1).await?;
+            let (log, objects) = self
+                .changes_since(handle, interval, base.1, &copied_at)
+                .await?;
             let epoch = self.map().epoch;
             self.send_sync(
                 l.osd,
@@ -1342,12 +1395,14 @@ impl OsdService {
         }
     }
 
-    /// The log entries after `version` (as a sync log) and the objects they touch.
+    /// The log entries after `version` (as a sync log) and the objects they changed after their
+    /// last copy (`copied_at`; objects never copied, after `version`).
     async fn changes_since(
         &self,
         handle: &PgHandle,
         interval: u64,
         version: u64,
+        copied_at: &CopiedAt,
     ) -> Result<(SyncLog, Vec<(String, String)>), RecoveryError> {
         let st = handle.read().await;
         if st.interval != interval {
@@ -1357,7 +1412,15 @@ impl OsdService {
             .meta
             .entries_after(version)
             .ok_or(RecoveryError::LogTrimmed)?;
-        let objects = names(entries.iter().map(|e| e.object.clone()));
+        let objects = names(
+            entries
+                .iter()
+                .filter(|e| {
+                    let key = (e.object.namespace.clone(), e.object.name.clone());
+                    copied_at.get(&key).is_none_or(|&at| e.version > at)
+                })
+                .map(|e| e.object.clone()),
+        );
         Ok((
             SyncLog {
                 keep_through: Some(version),
@@ -1400,13 +1463,11 @@ mod tests {
         let mut c = RecoveryConfig::default();
         let t = Duration::from_millis(100);
         c.op_priority = 63;
-        assert_eq!(c.yield_after(t, true), Duration::ZERO);
+        assert_eq!(c.priority_pause(t, true), Duration::ZERO);
         c.op_priority = 21;
-        assert_eq!(c.yield_after(t, true), Duration::from_millis(200));
-        // idle clients: no pause beyond the sleep
-        c.sleep = Duration::from_millis(5);
-        assert_eq!(c.yield_after(t, false), Duration::from_millis(5));
-        assert_eq!(c.yield_after(t, true), Duration::from_millis(205));
+        assert_eq!(c.priority_pause(t, true), Duration::from_millis(200));
+        // idle clients: no pause
+        assert_eq!(c.priority_pause(t, false), Duration::ZERO);
     }
 
     #[test]

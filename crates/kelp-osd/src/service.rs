@@ -258,6 +258,11 @@ impl OsdService {
         }
     }
 
+    /// Whether any PG of this OSD is peering right now.
+    pub fn is_peering(&self) -> bool {
+        self.peering.load(Ordering::Relaxed) > 0
+    }
+
     /// Whether clients used this OSD in the last `CLIENTS_BUSY_FOR`.
     pub(crate) fn clients_busy(&self) -> bool {
         let last = self.last_client_op_ms.load(Ordering::Relaxed);
@@ -321,8 +326,9 @@ impl OsdService {
                             && st.recovery_flags != crate::recovery::recovery_flags(&map))
                 };
                 if repeer {
+                    let peering = self.clone().peer(pg, map.epoch);
                     handle.write().await.deactivate();
-                    tokio::spawn(self.clone().peer(pg, map.epoch));
+                    tokio::spawn(peering);
                 }
             }
         }
