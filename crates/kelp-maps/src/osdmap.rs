@@ -923,6 +923,45 @@ mod tests {
     }
 
     #[test]
+    fn pg_temp_overrides_the_acting_set_until_removed() {
+        let mut map = cluster(6, "host");
+        let (pool, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "p".into(),
+                pg_num: Some(8),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        map.apply(&inc).unwrap();
+        let pg = PgId::new(pool, 3);
+        let up = map.pg_mapping(pg).unwrap().up;
+        let temp = vec![up[1], up[2]];
+        map.apply(&map.propose_pg_temp(pg, &temp).unwrap().unwrap())
+            .unwrap();
+        let m = map.pg_mapping(pg).unwrap();
+        assert_eq!((m.up.clone(), m.acting.clone()), (up.clone(), temp.clone()));
+        assert_eq!(m.acting_primary, up[1]);
+        assert!(
+            map.propose_pg_temp(pg, &temp).unwrap().is_none(),
+            "unchanged: no epoch"
+        );
+        // a member that goes down leaves the temporary acting set
+        map.apply(&map.propose_osd_down(up[1]).unwrap().unwrap())
+            .unwrap();
+        assert_eq!(map.pg_mapping(pg).unwrap().acting, vec![up[2]]);
+        // members must be up; the PG must exist
+        assert!(map.propose_pg_temp(pg, &[up[1]]).is_err());
+        assert!(map.propose_pg_temp(PgId::new(pool, 99), &[up[2]]).is_err());
+        // empty removes it: the acting set is the up set again
+        map.apply(&map.propose_pg_temp(pg, &[]).unwrap().unwrap())
+            .unwrap();
+        let m = map.pg_mapping(pg).unwrap();
+        assert_eq!(m.acting, m.up);
+        // a list equal to the up set stores nothing
+        assert!(map.propose_pg_temp(pg, &m.up).unwrap().is_none());
+    }
+
+    #[test]
     fn down_osds_leave_the_up_set_and_out_osds_leave_crush() {
         let mut map = cluster(6, "host");
         let (pool, inc) = map
