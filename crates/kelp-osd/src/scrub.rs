@@ -758,14 +758,16 @@ impl OsdService {
         }
         let now = now_secs();
         let load = load_ok(cfg.load_threshold);
-        // Only PGs that serve I/O now (a busy lock just means "not this tick").
+        // Only PGs that serve I/O now with every member in sync (a member still being
+        // recovered holds stale copies; a busy lock just means "not this tick").
         let active = |pg: PgId| {
             let Ok(m) = map.pg_mapping(pg) else {
                 return false;
             };
             self.pg_handle(pg).is_some_and(|h| {
-                h.try_read()
-                    .is_ok_and(|st| st.active.as_deref() == Some(&m.acting[..]))
+                h.try_read().is_ok_and(|st| {
+                    st.active.as_deref() == Some(&m.acting[..]) && st.left_behind.is_empty()
+                })
             })
         };
         let mut due: Vec<(u64, PgId, bool)> = pgs
@@ -900,8 +902,17 @@ impl OsdService {
         let handle = self
             .pg_handle(pg)
             .ok_or_else(|| format!("PG {pg} is not open here"))?;
-        if handle.read().await.active.as_deref() != Some(&m.acting[..]) {
-            return Err(format!("PG {pg} is not active"));
+        {
+            let st = handle.read().await;
+            if st.active.as_deref() != Some(&m.acting[..]) {
+                return Err(format!("PG {pg} is not active"));
+            }
+            if !st.left_behind.is_empty() {
+                return Err(format!(
+                    "PG {pg} is recovering members {:?}: scrub it once they are in sync",
+                    st.left_behind
+                ));
+            }
         }
         Ok((map, m.acting, handle))
     }
