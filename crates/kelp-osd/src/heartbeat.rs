@@ -15,7 +15,10 @@
 //! - [`run`]: the task that pings every `osd_heartbeat_interval` over the OSD's messenger
 //!   (`OSD_PING`, at most one ping in flight per peer) and sends the reports through the
 //!   `MonClient` (a standing report is resent every interval until the peer answers or is
-//!   marked down; an answer after a report sends a withdrawal).
+//!   marked down; an answer after a report sends a withdrawal). A peer whose address refuses
+//!   the connection (the process is gone, nothing listens) is reported at once, without waiting
+//!   for the grace (Ceph's `osd_fast_fail_on_connection_refused`): a killed OSD is marked down
+//!   in about a heartbeat interval instead of a grace.
 //!
 //! Settings come from the monitors' central config (`osd.N`, then `osd`, then `global`),
 //! re-read every few seconds.
@@ -155,6 +158,20 @@ impl PeerHealth {
         })
     }
 
+    /// A peer refused our connection (nothing listens at its address: the process is gone):
+    /// the failure report to send now, without waiting for the grace.
+    pub fn refused(&mut self, osd: i32, now: Instant) -> Option<OsdFailure> {
+        let p = self.peers.get_mut(&osd)?;
+        p.reported = true;
+        Some(OsdFailure {
+            reporter: self.me,
+            target: osd,
+            target_up_from: p.up_from,
+            failed_for_ms: now.saturating_duration_since(p.last_rx).as_millis() as u64,
+            alive: false,
+        })
+    }
+
     /// One heartbeat period has passed: the failure reports to send (standing ones again).
     pub fn tick(&mut self, now: Instant, cfg: &HeartbeatConfig) -> Vec<OsdFailure> {
         let stalled = self.last_tick.is_some_and(|t| {
@@ -217,15 +234,34 @@ async fn fetch_config(mon: &MonClient, id: i32, min_peers: usize) -> Option<Hear
     })
 }
 
-async fn ping(msgr: &Messenger, me: i32, epoch: u32, addr: SocketAddr, timeout: Duration) -> bool {
+/// How a ping ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pong {
+    Answered,
+    /// The connection was refused: nothing listens at the peer's address.
+    Refused,
+    /// No (valid) answer: a timeout, a lost connection, a frozen peer.
+    Silent,
+}
+
+async fn ping(msgr: &Messenger, me: i32, epoch: u32, addr: SocketAddr, timeout: Duration) -> Pong {
     let meta = kelp_proto::encode(&OsdPing { from: me, epoch });
     match msgr
         .connection(addr)
         .call(msg_type::OSD_PING, meta, Bytes::new(), timeout)
         .await
     {
-        Ok(resp) => kelp_proto::decode::<OsdPingReply>(&resp.meta, "OsdPingReply").is_ok(),
-        Err(_) => false,
+        Ok(resp) if kelp_proto::decode::<OsdPingReply>(&resp.meta, "OsdPingReply").is_ok() => {
+            Pong::Answered
+        }
+        Ok(_) => Pong::Silent,
+        // The messenger keeps the OS error's text ("Connection refused (os error 111)").
+        Err(kelp_msgr::MsgrError::ConnectFailed { reason, .. })
+            if reason.to_ascii_lowercase().contains("connection refused") =>
+        {
+            Pong::Refused
+        }
+        Err(_) => Pong::Silent,
     }
 }
 
@@ -257,7 +293,7 @@ pub async fn run(service: Arc<OsdService>, msgr: Messenger, mon: Arc<MonClient>)
     let mut cfg = HeartbeatConfig::default();
     let mut health = PeerHealth::new(me);
     let mut in_flight: BTreeSet<i32> = BTreeSet::new();
-    let (tx, mut rx) = mpsc::unbounded_channel::<(i32, bool)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(i32, Pong)>();
     let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut last_config = None::<Instant>;
     let mut next_tick = Instant::now();
@@ -268,11 +304,25 @@ pub async fn run(service: Arc<OsdService>, msgr: Messenger, mon: Arc<MonClient>)
         loop {
             tokio::select! {
                 () = &mut sleep => break,
-                Some((osd, ok)) = rx.recv() => {
+                Some((osd, pong)) = rx.recv() => {
                     in_flight.remove(&osd);
-                    if ok && let Some(cancel) = health.answered(osd, Instant::now()) {
-                        info!(osd, "heartbeat peer answers again; withdrawing the failure report");
-                        send_reports(&mon, vec![cancel], &busy, cfg.grace);
+                    match pong {
+                        Pong::Answered => {
+                            if let Some(cancel) = health.answered(osd, Instant::now()) {
+                                info!(
+                                    osd,
+                                    "heartbeat peer answers again; withdrawing the failure report"
+                                );
+                                send_reports(&mon, vec![cancel], &busy, cfg.grace);
+                            }
+                        }
+                        Pong::Refused => {
+                            if let Some(report) = health.refused(osd, Instant::now()) {
+                                debug!(osd, "heartbeat peer refuses connections; reporting it");
+                                send_reports(&mon, vec![report], &busy, cfg.grace);
+                            }
+                        }
+                        Pong::Silent => {}
                     }
                 }
             }
@@ -312,8 +362,8 @@ pub async fn run(service: Arc<OsdService>, msgr: Messenger, mon: Arc<MonClient>)
             in_flight.insert(osd);
             let (msgr, tx, epoch, timeout) = (msgr.clone(), tx.clone(), map.epoch, cfg.grace);
             tokio::spawn(async move {
-                let ok = ping(&msgr, me, epoch, addr, timeout).await;
-                let _ = tx.send((osd, ok));
+                let pong = ping(&msgr, me, epoch, addr, timeout).await;
+                let _ = tx.send((osd, pong));
             });
         }
         next_tick = Instant::now() + cfg.interval;
@@ -407,6 +457,23 @@ mod tests {
         h.set_peers(&BTreeMap::from([(1, 5), (2, 9)]), t0 + s(20));
         h.answered(1, t0 + s(20));
         assert!(h.tick(t0 + s(20), &cfg).is_empty());
+    }
+
+    #[test]
+    fn a_refused_connection_is_reported_at_once() {
+        let cfg = HeartbeatConfig::default();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut h = PeerHealth::new(0);
+        h.set_peers(&BTreeMap::from([(1, 5)]), t0);
+        h.answered(1, t0 + s(1));
+        let r = h.refused(1, t0 + s(2)).expect("a report before the grace");
+        assert_eq!((r.target, r.target_up_from, r.alive), (1, 5, false));
+        assert_eq!(r.failed_for_ms, 1000);
+        assert!(h.refused(9, t0).is_none(), "not a peer");
+        // It comes back: the report is withdrawn.
+        assert!(h.answered(1, t0 + s(3)).is_some_and(|c| c.alive));
+        assert!(h.tick(t0 + s(3), &cfg).is_empty());
     }
 
     #[test]
