@@ -354,6 +354,13 @@ enum Job {
     Backfill,
 }
 
+/// Round one of bringing a member up to date (see `first_round`).
+struct FirstRound {
+    objects: Vec<(String, String)>,
+    keep_only: Option<Vec<(String, String)>>,
+    log: SyncLog,
+}
+
 /// A member left behind at activation.
 #[derive(Debug, Clone)]
 struct Lagging {
@@ -986,10 +993,10 @@ impl OsdService {
         Ok(Peered::Active { recovered, lagging })
     }
 
-    /// One sync that brings a member all the way to this primary's history (while the PG is not
-    /// serving).
-    async fn full_sync(&self, pg: PgId, epoch: u32, job: &Job) -> Result<PgSync, String> {
-        let parallel = self.recovery.cfg().max_active as u32;
+    /// What brings a member left behind to this primary's history as of now: the objects to
+    /// copy, for a backfill the listing to keep (everything else is removed), and the log to
+    /// adopt afterwards.
+    async fn first_round(&self, handle: &PgHandle, job: &Job) -> Result<FirstRound, String> {
         Ok(match job {
             Job::Recover {
                 keep_through,
@@ -997,33 +1004,40 @@ impl OsdService {
                 entries,
                 log_tail,
                 base,
-            } => PgSync {
-                pg,
-                epoch,
-                source: self.id(),
+            } => FirstRound {
                 objects: objects.clone(),
                 keep_only: None,
-                parallel,
-                log: Some(SyncLog {
+                log: SyncLog {
                     keep_through: Some(*keep_through),
                     entries: entries.iter().cloned().map(Into::into).collect(),
                     log_tail: *log_tail,
                     last_update: *base,
-                }),
+                },
             },
             Job::Backfill => {
-                let handle = self.pg_handle(pg).ok_or("PG not open")?;
-                let (log, listing) = self.snapshot(&handle).await?;
-                PgSync {
-                    pg,
-                    epoch,
-                    source: self.id(),
+                let (log, listing) = self.snapshot(handle).await?;
+                FirstRound {
                     objects: listing.clone(),
                     keep_only: Some(listing),
-                    parallel,
-                    log: Some(log),
+                    log,
                 }
             }
+        })
+    }
+
+    /// One sync that brings a member all the way to this primary's history (while the PG is not
+    /// serving).
+    async fn full_sync(&self, pg: PgId, epoch: u32, job: &Job) -> Result<PgSync, String> {
+        let handle = self.pg_handle(pg).ok_or("PG not open")?;
+        let round = self.first_round(&handle, job).await?;
+        Ok(PgSync {
+            pg,
+            epoch,
+            source: self.id(),
+            objects: round.objects,
+            keep_only: round.keep_only,
+            parallel: self.recovery.cfg().max_active as u32,
+            log: Some(round.log),
         })
     }
 
@@ -1259,58 +1273,21 @@ impl OsdService {
         }
         let mut copied_at = CopiedAt::new();
         // Round one: what peering found missing, or everything.
-        let mut base = match &l.job {
-            Job::Recover {
-                keep_through,
-                objects,
-                entries,
-                log_tail,
-                base,
-            } => {
-                self.copy_objects(
-                    pg,
-                    handle,
-                    interval,
-                    l.osd,
-                    l.in_acting,
-                    true,
-                    objects,
-                    None,
-                    &mut copied_at,
-                )
-                .await?;
-                self.send_log(
-                    pg,
-                    l.osd,
-                    SyncLog {
-                        keep_through: Some(*keep_through),
-                        entries: entries.iter().cloned().map(Into::into).collect(),
-                        log_tail: *log_tail,
-                        last_update: *base,
-                    },
-                )
-                .await?;
-                *base
-            }
-            Job::Backfill => {
-                let (log, listing) = self.snapshot(handle).await?;
-                let base = log.last_update;
-                self.copy_objects(
-                    pg,
-                    handle,
-                    interval,
-                    l.osd,
-                    l.in_acting,
-                    true,
-                    &listing,
-                    Some(listing.clone()),
-                    &mut copied_at,
-                )
-                .await?;
-                self.send_log(pg, l.osd, log).await?;
-                base
-            }
-        };
+        let round = self.first_round(handle, &l.job).await?;
+        let mut base = round.log.last_update;
+        self.copy_objects(
+            pg,
+            handle,
+            interval,
+            l.osd,
+            l.in_acting,
+            true,
+            &round.objects,
+            round.keep_only,
+            &mut copied_at,
+        )
+        .await?;
+        self.send_log(pg, l.osd, round.log).await?;
         // Catch-up rounds for what clients changed meanwhile, without holding writes back.
         for _ in 0..MAX_CATCH_UP_ROUNDS {
             let (log, objects) = self
