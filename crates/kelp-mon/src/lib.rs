@@ -19,6 +19,7 @@ mod error;
 pub mod liveness;
 pub mod monitor;
 pub mod network;
+pub mod pg_history;
 pub mod pgmap;
 pub mod state;
 pub mod store;

@@ -563,7 +563,10 @@ impl Inner {
     async fn command(&self, cmd: MonCommand, from: &Peer) -> MonReply {
         let forwarded = from.entity().starts_with("mon.");
         match &cmd {
-            MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
+            MonCommand::Status
+            | MonCommand::ConfigDump
+            | MonCommand::AuthList
+            | MonCommand::PgRecordGet { .. } => {
                 if self.is_leader() && self.raft.ensure_linearizable().await.is_ok() {
                     self.read_only(&cmd)
                 } else {

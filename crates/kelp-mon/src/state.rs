@@ -18,7 +18,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 
 use kelp_maps::{Change, ClusterFlag, Incremental, OsdMap, PoolSpec};
-use kelp_proto::{ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot};
+use kelp_proto::{
+    ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
+    PgRecord,
+};
+use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
 
 use crate::central_config;
@@ -27,9 +31,9 @@ use crate::error::MonError;
 /// In/out weight meaning "fully in" (16.16 fixed point).
 const WEIGHT_IN: u32 = 0x1_0000;
 
-/// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`; format 1 is
-/// still read (as "no OSD was marked out automatically").
-pub const STATE_FORMAT: u8 = 2;
+/// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`;
+/// older formats are still read (as "no OSD was marked out automatically", "no PG records").
+pub const STATE_FORMAT: u8 = 3;
 
 /// One monitor of the monitor map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -89,6 +93,8 @@ pub struct MonState {
     /// or `osd in` removes an OSD from this set, so an OSD an operator marked out stays out
     /// (Ceph's `mon_osd_auto_mark_auto_out_in`).
     auto_out: BTreeSet<i32>,
+    /// Each PG's latest activation record (`crate::pg_history`).
+    pg_history: BTreeMap<PgId, PgRecord>,
 }
 
 /// Format 1 of the encoded state.
@@ -103,7 +109,7 @@ struct StateWireV1 {
 
 /// Format 2: format 1 plus `auto_out`.
 #[derive(Serialize, Deserialize)]
-struct StateWire {
+struct StateWireV2 {
     osdmap: Option<Vec<u8>>,
     incrementals: Vec<(u32, Vec<u8>)>,
     config: Vec<(String, String, String)>,
@@ -112,15 +118,41 @@ struct StateWire {
     auto_out: Vec<i32>,
 }
 
-impl From<StateWireV1> for StateWire {
-    fn from(v1: StateWireV1) -> StateWire {
-        StateWire {
+/// Format 3: format 2 plus `pg_history`.
+#[derive(Serialize, Deserialize)]
+struct StateWire {
+    osdmap: Option<Vec<u8>>,
+    incrementals: Vec<(u32, Vec<u8>)>,
+    config: Vec<(String, String, String)>,
+    auth: Vec<(String, String)>,
+    monmap: Vec<MonInfo>,
+    auto_out: Vec<i32>,
+    pg_history: Vec<(PgId, PgRecord)>,
+}
+
+impl From<StateWireV1> for StateWireV2 {
+    fn from(v1: StateWireV1) -> StateWireV2 {
+        StateWireV2 {
             osdmap: v1.osdmap,
             incrementals: v1.incrementals,
             config: v1.config,
             auth: v1.auth,
             monmap: v1.monmap,
             auto_out: Vec::new(),
+        }
+    }
+}
+
+impl From<StateWireV2> for StateWire {
+    fn from(v2: StateWireV2) -> StateWire {
+        StateWire {
+            osdmap: v2.osdmap,
+            incrementals: v2.incrementals,
+            config: v2.config,
+            auth: v2.auth,
+            monmap: v2.monmap,
+            auto_out: v2.auto_out,
+            pg_history: Vec::new(),
         }
     }
 }
@@ -333,8 +365,49 @@ impl MonState {
                 let inc = map.propose_osd_remove(*id)?;
                 let r = self.commit(Ok(Some(inc)))?;
                 self.auto_out.remove(id);
+                // A removed OSD never comes back: PGs must not wait for it.
+                self.forget_osd(*id);
                 Ok(r)
             }
+            MonCommand::OsdLost { id } => {
+                match map.osds.get(id) {
+                    None => return Err(MonError::InvalidSpec(format!("osd.{id} does not exist"))),
+                    Some(o) if o.up => {
+                        return Err(MonError::InvalidSpec(format!(
+                            "osd.{id} is up; only a down OSD can be declared lost"
+                        )));
+                    }
+                    Some(_) => {}
+                }
+                self.forget_osd(*id);
+                Ok(MonReply::Done {
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::PgActivate { activations } => {
+                let exists: Vec<bool> = activations
+                    .iter()
+                    .map(|a| {
+                        map.pools
+                            .get(&a.pg.pool.0)
+                            .is_some_and(|p| a.pg.seed < p.pg_num)
+                    })
+                    .collect();
+                let mut verdicts = Vec::with_capacity(activations.len());
+                for (a, exists) in activations.iter().zip(exists) {
+                    if !exists {
+                        verdicts.push(ActivationVerdict::NoSuchPg);
+                        continue;
+                    }
+                    let v = crate::pg_history::check(self.pg_history.get(&a.pg), a);
+                    if v == ActivationVerdict::Recorded {
+                        self.pg_history.insert(a.pg, a.record.clone());
+                    }
+                    verdicts.push(v);
+                }
+                Ok(MonReply::PgActivated(verdicts))
+            }
+            MonCommand::PgRecordGet { .. } => Ok(self.read_only(cmd)),
             MonCommand::PoolCreate(spec) => {
                 let spec = self.pool_defaults(spec);
                 let (id, inc) = self.map()?.propose_pool_create(&spec)?;
@@ -345,8 +418,13 @@ impl MonState {
                 })
             }
             MonCommand::PoolDelete { name } => {
+                let pool = map.pool_by_name(name).map(|p| p.id);
                 let inc = map.propose_pool_delete(name)?;
-                self.commit(Ok(Some(inc)))
+                let r = self.commit(Ok(Some(inc)))?;
+                if let Some(pool) = pool {
+                    self.pg_history.retain(|pg, _| pg.pool.0 != pool);
+                }
+                Ok(r)
             }
             MonCommand::PoolSet { name, key, value } => {
                 let inc = map.propose_pool_set(name, key, value);
@@ -423,6 +501,18 @@ impl MonState {
                 })
             }
         }
+    }
+
+    /// Takes `id` out of every PG's activation record (`osd lost`, `osd rm`).
+    fn forget_osd(&mut self, id: i32) {
+        for r in self.pg_history.values_mut() {
+            r.members.retain(|&m| m != id);
+        }
+    }
+
+    /// A PG's latest activation record.
+    pub fn pg_record(&self, pg: PgId) -> Option<&PgRecord> {
+        self.pg_history.get(&pg)
     }
 
     fn pool_defaults(&self, spec: &PoolSpec) -> PoolSpec {
@@ -511,6 +601,7 @@ impl MonState {
                     .collect(),
             ),
             MonCommand::AuthList => MonReply::Entities(self.auth.keys().cloned().collect()),
+            MonCommand::PgRecordGet { pg } => MonReply::PgRecord(self.pg_history.get(pg).cloned()),
             other => refuse(format!("{other:?} is not a read-only command")),
         }
     }
@@ -585,6 +676,11 @@ impl MonState {
                 .collect(),
             monmap: self.monmap.clone(),
             auto_out: self.auto_out.iter().copied().collect(),
+            pg_history: self
+                .pg_history
+                .iter()
+                .map(|(pg, r)| (*pg, r.clone()))
+                .collect(),
         };
         let mut out = vec![STATE_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("encoding into a Vec cannot fail"));
@@ -601,7 +697,9 @@ impl MonState {
             reason: e.to_string(),
         };
         let wire: StateWire = match v {
-            1 => postcard::from_bytes::<StateWireV1>(body)
+            1 => StateWireV2::from(postcard::from_bytes::<StateWireV1>(body).map_err(corrupt)?)
+                .into(),
+            2 => postcard::from_bytes::<StateWireV2>(body)
                 .map_err(corrupt)?
                 .into(),
             STATE_FORMAT => postcard::from_bytes(body).map_err(corrupt)?,
@@ -625,6 +723,7 @@ impl MonState {
             auth: wire.auth.into_iter().collect(),
             monmap: wire.monmap,
             auto_out: wire.auto_out.into_iter().collect(),
+            pg_history: wire.pg_history.into_iter().collect(),
         })
     }
 }

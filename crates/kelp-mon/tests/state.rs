@@ -410,3 +410,91 @@ fn noin_keeps_booting_osds_out_and_noup_refuses_boots() {
     });
     assert!(osd(&s, 0).is_in());
 }
+
+fn activate(
+    s: &mut MonState,
+    pg: kelp_types::PgId,
+    epoch: u32,
+    members: &[i32],
+    heard: &[(i32, (u32, u64))],
+) -> kelp_proto::ActivationVerdict {
+    let r = s.apply(&cmd(MonCommand::PgActivate {
+        activations: vec![kelp_proto::PgActivation {
+            pg,
+            primary: members[0],
+            record: kelp_proto::PgRecord {
+                epoch,
+                members: members.to_vec(),
+                last_update: (epoch, 10),
+            },
+            heard: heard.to_vec(),
+        }],
+    }));
+    match r {
+        MonReply::PgActivated(mut v) if v.len() == 1 => v.remove(0),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn pg_activation_records_lost_osds_purges_and_pool_deletes() {
+    use kelp_proto::ActivationVerdict;
+    let mut s = MonState::default();
+    s.apply(&init());
+    booted_osds(&mut s, 3);
+    let r = s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
+        name: "p".into(),
+        pg_num: Some(4),
+        size: Some(2),
+        min_size: Some(1),
+        ..Default::default()
+    })));
+    let MonReply::PoolId { id: pool, .. } = r else {
+        panic!("{r:?}")
+    };
+    let pg = kelp_types::PgId::new(pool, 1);
+    assert_eq!(
+        activate(&mut s, pg, 5, &[0, 1], &[(0, (0, 0)), (1, (0, 0))]),
+        ActivationVerdict::Recorded
+    );
+    // osd.1 alone afterwards (heard osd.1 with the record's history)
+    assert_eq!(
+        activate(&mut s, pg, 6, &[1], &[(1, (5, 10))]),
+        ActivationVerdict::Recorded
+    );
+    // osd.0 back alone with its old copy: blocked, the record names osd.1
+    match activate(&mut s, pg, 8, &[0], &[(0, (5, 10))]) {
+        ActivationVerdict::Blocked { current } => assert_eq!(current.members, vec![1]),
+        other => panic!("{other:?}"),
+    }
+    // records survive a snapshot
+    let copy = MonState::decode(&s.encode()).unwrap();
+    assert_eq!(copy.pg_record(pg), s.pg_record(pg));
+    assert_eq!(s.pg_record(pg).unwrap().members, vec![1]);
+    // a PG of no pool
+    let bogus = kelp_types::PgId::new(pool, 99);
+    assert_eq!(
+        activate(&mut s, bogus, 8, &[0], &[(0, (0, 0))]),
+        ActivationVerdict::NoSuchPg
+    );
+    // osd lost: refused while up; once down, its PGs stop waiting for it
+    let m = err(s.apply(&cmd(MonCommand::OsdLost { id: 1 })));
+    assert!(m.contains("is up"), "{m}");
+    s.apply(&cmd(MonCommand::OsdDown { id: 1 }));
+    assert!(matches!(
+        s.apply(&cmd(MonCommand::OsdLost { id: 1 })),
+        MonReply::Done { .. }
+    ));
+    assert_eq!(
+        activate(&mut s, pg, 9, &[0], &[(0, (5, 10))]),
+        ActivationVerdict::Recorded
+    );
+    // an older peering is stale
+    assert!(matches!(
+        activate(&mut s, pg, 7, &[2], &[(2, (0, 0))]),
+        ActivationVerdict::Stale { .. }
+    ));
+    // deleting the pool drops its records
+    s.apply(&cmd(MonCommand::PoolDelete { name: "p".into() }));
+    assert_eq!(s.pg_record(pg), None);
+}

@@ -23,7 +23,7 @@ use kelp_store::{KelpStore, StoreConfig};
 use tracing::{debug, info, warn};
 
 use crate::net::{MsgrPeers, OsdDispatcher};
-use crate::service::{OsdConfig, OsdService};
+use crate::service::{ActivationRequest, OsdConfig, OsdService};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -169,6 +169,50 @@ pub async fn run(
             }
         })
     };
+    // PG activation records (`MonCommand::PgActivate`), batched: while one command is on its
+    // way, the records queued meanwhile wait and go together in the next.
+    let (act_tx, mut act_rx) = tokio::sync::mpsc::unbounded_channel::<ActivationRequest>();
+    service.set_activation_link(act_tx);
+    let activation_batcher = {
+        let mon = mon.clone();
+        tokio::spawn(async move {
+            while let Some(first) = act_rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < ACTIVATION_BATCH {
+                    match act_rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+                let (activations, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+                let n = activations.len();
+                let cmd = MonCommand::PgActivate { activations };
+                let answer = match tokio::time::timeout(ACTIVATION_TIMEOUT, mon.command(&cmd)).await
+                {
+                    Ok(Ok(MonReply::PgActivated(v))) if v.len() == n => Ok(v),
+                    Ok(Ok(MonReply::Error { message })) => Err(message),
+                    Ok(Ok(other)) => Err(format!("unexpected answer {other:?}")),
+                    Ok(Err(e)) => Err(format!("monitors unreachable: {e}")),
+                    Err(_) => Err(format!(
+                        "no answer from the monitors in {} s",
+                        ACTIVATION_TIMEOUT.as_secs()
+                    )),
+                };
+                match answer {
+                    Ok(verdicts) => {
+                        for (reply, v) in replies.into_iter().zip(verdicts) {
+                            let _ = reply.send(Ok(v));
+                        }
+                    }
+                    Err(e) => {
+                        for reply in replies {
+                            let _ = reply.send(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+        })
+    };
     service
         .set_map((*first).clone())
         .await
@@ -243,6 +287,7 @@ pub async fn run(
     scrubber.abort();
     config_follower.abort();
     mon_forwarder.abort();
+    activation_batcher.abort();
     let down = MonCommand::OsdDown { id };
     match tokio::time::timeout(Duration::from_secs(3), mon.command(&down)).await {
         Ok(Ok(_)) => info!(%entity, "marked down"),
@@ -339,6 +384,12 @@ async fn follow_scrub_config(
 
 /// How often a down OSD asks to be marked up again while its boots are refused (`noup`).
 const BOOT_RETRY: Duration = Duration::from_secs(2);
+
+/// Most PG activation records sent in one `PgActivate` command.
+const ACTIVATION_BATCH: usize = 512;
+
+/// How long a `PgActivate` command may take before its PGs retry their peering.
+const ACTIVATION_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn needs_boot(map: &OsdMap, id: i32, addr: SocketAddr) -> bool {
     match map.osds.get(&id) {

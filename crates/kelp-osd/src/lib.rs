@@ -23,4 +23,4 @@ pub mod stats;
 pub use exec::{ExecError, Executed, Limits, Stamp, execute, object_id};
 pub use pglog::{LogEntry, PgInfo, PgMeta};
 pub use scrub::ScrubConfig;
-pub use service::{OsdConfig, OsdService, Peers};
+pub use service::{ActivationRequest, OsdConfig, OsdService, Peers};

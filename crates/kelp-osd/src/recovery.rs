@@ -380,6 +380,24 @@ enum Peered {
     /// This primary needs a backfill and asked the monitors for a `pg_temp`; the map that brings
     /// it makes another member primary.
     AwaitingPgTemp,
+    /// The monitors' activation record names members this peering did not hear from with
+    /// their history (`kelp_mon::pg_history`): ask `probe` (up, not yet asked), or wait
+    /// (`blocked`: none of them is up, or those that answered lost their copy).
+    Blocked {
+        probe: Vec<i32>,
+        blocked: Option<PeeringBlocked>,
+        record: kelp_proto::PgRecord,
+    },
+}
+
+/// Why a PG cannot go active, as Ceph names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PeeringBlocked {
+    /// Every OSD with the PG's latest acknowledged writes is down.
+    Down,
+    /// The OSDs that should have the PG's latest writes answered without them (their copy
+    /// was lost, e.g. a recreated store).
+    Incomplete,
 }
 
 /// Why a background recovery step stopped.
@@ -469,7 +487,7 @@ impl OsdService {
                 format!("osd.{} has not seen epoch {} yet", self.id(), q.epoch),
             );
         }
-        let Some(pg) = self.pg_handle(q.pg) else {
+        let Some(pg) = self.pg_or_stray(q.pg).await else {
             return fail(
                 ErrorCode::Misdirected,
                 format!("osd.{} does not hold PG {}", self.id(), q.pg),
@@ -517,7 +535,7 @@ impl OsdService {
                 Bytes::new(),
             )
         };
-        let Some(pg) = self.pg_handle(p.pg) else {
+        let Some(pg) = self.pg_or_stray(p.pg).await else {
             return fail(
                 ErrorCode::Misdirected,
                 format!("osd.{} does not hold PG {}", self.id(), p.pg),
@@ -701,6 +719,9 @@ impl OsdService {
     async fn peer_now(self: Arc<Self>, pg: PgId, epoch: u32, authority: Option<i32>) {
         let mut attempt = 0u32;
         let started = Instant::now();
+        // OSDs outside the PG's sets that the monitors' record says hold its history.
+        let mut strays: Vec<i32> = Vec::new();
+        let mut blocked_logged = None;
         loop {
             let map = self.map();
             if map.epoch != epoch {
@@ -710,14 +731,22 @@ impl OsdService {
             if m.acting_primary != self.id() {
                 return;
             }
-            match self.try_peer(pg, epoch, &m.acting, &m.up, authority).await {
+            match self
+                .try_peer(pg, epoch, &m.acting, &m.up, &strays, authority)
+                .await
+            {
                 Ok(Peered::Active { recovered, lagging }) => {
                     let flags = recovery_flags(&map);
                     let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
-                    let Some(interval) = self.activate(pg, &m.acting, &m.up, &left, flags).await
+                    let Some(interval) = self
+                        .activate(pg, &m.acting, &m.up, &left, flags, epoch)
+                        .await
                     else {
                         return;
                     };
+                    if blocked_logged.is_some() {
+                        info!(%pg, epoch, "unblocked: peered with the PG's latest history");
+                    }
                     let ms = started.elapsed().as_millis();
                     if recovered > 0 || ms >= 250 {
                         info!(%pg, epoch, recovered, ms, "peered");
@@ -741,6 +770,46 @@ impl OsdService {
                 }
                 Ok(Peered::AwaitingPgTemp) => {
                     tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Ok(Peered::Blocked {
+                    probe,
+                    blocked,
+                    record,
+                }) => {
+                    if let Some(h) = self.pg_handle(pg) {
+                        let mut st = h.write().await;
+                        if st.blocked != blocked {
+                            st.blocked = blocked;
+                            self.stats.state_changed.notify_one();
+                        }
+                    }
+                    if blocked != blocked_logged {
+                        match blocked {
+                            Some(PeeringBlocked::Down) => warn!(
+                                %pg, epoch, members = ?record.members,
+                                "down: every OSD with the PG's latest writes is down; waiting \
+                                 for one of them (or `kelp osd lost`)"
+                            ),
+                            Some(PeeringBlocked::Incomplete) => warn!(
+                                %pg, epoch, members = ?record.members,
+                                "incomplete: the OSDs that should have the PG's latest writes \
+                                 answered without them; waiting (or `kelp osd lost`)"
+                            ),
+                            None => {}
+                        }
+                        blocked_logged = blocked;
+                    }
+                    if probe.is_empty() {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    } else {
+                        debug!(%pg, epoch, ?probe, "asking the OSDs of the PG's last record");
+                        for o in probe {
+                            if !strays.contains(&o) {
+                                strays.push(o);
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                 }
                 Err(e) => {
                     attempt += 1;
@@ -803,6 +872,7 @@ impl OsdService {
         epoch: u32,
         acting: &[i32],
         up: &[i32],
+        strays: &[i32],
         authority: Option<i32>,
     ) -> Result<Peered, String> {
         let map = self.map();
@@ -849,6 +919,21 @@ impl OsdService {
                     debug!(%pg, "backfill target osd.{osd} did not answer: {e}");
                     unanswered.push(osd);
                 }
+            }
+        }
+        // OSDs outside the PG's sets that hold its history (the monitors' record named them):
+        // their logs take part in choosing the authoritative history; they get no writes.
+        let mut stray_reports = Vec::new();
+        for &osd in strays {
+            if osd == me || acting.contains(&osd) || up.contains(&osd) || !map.is_up(osd) {
+                continue;
+            }
+            match self.query_member(&map, pg, epoch, osd, have, false).await {
+                Ok(r) => {
+                    reports.push(report(osd, r, &mine));
+                    stray_reports.push(osd);
+                }
+                Err(e) => debug!(%pg, "stray osd.{osd} did not answer: {e}"),
             }
         }
         let Some(p) = plan_with_authority(&reports, authority) else {
@@ -949,6 +1034,7 @@ impl OsdService {
         for (&osd, plan) in &p.members {
             let job = match plan {
                 _ if osd == me => continue,
+                _ if stray_reports.contains(&osd) => continue,
                 MemberPlan::UpToDate => continue,
                 MemberPlan::Recover {
                     common_version,
@@ -989,6 +1075,77 @@ impl OsdService {
                 acting.len() - behind,
                 acting.len()
             ));
+        }
+        // Before serving, the monitors record who has every acknowledged write from now on;
+        // they refuse if this peering heard from none of the previous record's members. A PG
+        // below min_size serves nothing, so it neither needs nor changes a record.
+        if acting.len() >= min_size {
+            let members: Vec<i32> = std::iter::once(me)
+                .chain(
+                    acting
+                        .iter()
+                        .chain(up)
+                        .copied()
+                        .filter(|&o| o != me && !lagging.iter().any(|l| l.osd == o)),
+                )
+                .fold(Vec::new(), |mut v, o| {
+                    if !v.contains(&o) {
+                        v.push(o);
+                    }
+                    v
+                });
+            let activation = kelp_proto::PgActivation {
+                pg,
+                primary: me,
+                record: kelp_proto::PgRecord {
+                    epoch,
+                    members,
+                    last_update: p.last_update,
+                },
+                heard: reports.iter().map(|r| (r.osd, r.last_update)).collect(),
+            };
+            let verdict = self
+                .send_activation(activation)
+                .await
+                .map_err(|_| "the monitor link dropped the activation".to_string())?
+                .map_err(|e| format!("recording the activation: {e}"))?;
+            match verdict {
+                kelp_proto::ActivationVerdict::Recorded => {}
+                kelp_proto::ActivationVerdict::Blocked { current } => {
+                    let heard: Vec<i32> = reports.iter().map(|r| r.osd).collect();
+                    let probe: Vec<i32> = current
+                        .members
+                        .iter()
+                        .copied()
+                        .filter(|&o| map.is_up(o) && !heard.contains(&o) && !strays.contains(&o))
+                        .collect();
+                    // Up members already asked (strays) that did not answer with a copy
+                    // count as answered: the PG is incomplete, not down (it keeps retrying).
+                    let any_up = current.members.iter().any(|&o| map.is_up(o));
+                    let blocked = if !probe.is_empty() {
+                        None
+                    } else if any_up {
+                        Some(PeeringBlocked::Incomplete)
+                    } else {
+                        Some(PeeringBlocked::Down)
+                    };
+                    return Ok(Peered::Blocked {
+                        probe,
+                        blocked,
+                        record: current,
+                    });
+                }
+                kelp_proto::ActivationVerdict::Stale { current } => {
+                    return Err(format!(
+                        "the monitors hold a newer activation (epoch {}) than this peering's \
+                         epoch {epoch}",
+                        current.epoch
+                    ));
+                }
+                kelp_proto::ActivationVerdict::NoSuchPg => {
+                    return Err("the monitors say the PG no longer exists".into());
+                }
+            }
         }
         Ok(Peered::Active { recovered, lagging })
     }
@@ -1361,6 +1518,29 @@ impl OsdService {
                     st.write_to.push(l.osd);
                 }
                 self.stats.state_changed.notify_one();
+                // Record the bigger write set (queued under the PG lock, so before any later
+                // peering's record): the PG stays available while any of them is up.
+                let me = self.id();
+                let members: Vec<i32> = std::iter::once(me)
+                    .chain(st.write_to.iter().copied())
+                    .collect();
+                let verdict = self.send_activation(kelp_proto::PgActivation {
+                    pg,
+                    primary: me,
+                    record: kelp_proto::PgRecord {
+                        epoch: st.record_epoch,
+                        members,
+                        last_update: st.meta.info.last_update,
+                    },
+                    heard: vec![(me, st.meta.info.last_update)],
+                });
+
+                tokio::spawn(async move {
+                    match verdict.await {
+                        Ok(Ok(kelp_proto::ActivationVerdict::Recorded)) => {}
+                        other => debug!(%pg, "recording the grown write set: {other:?}"),
+                    }
+                });
                 Ok(())
             }
             Ok(Err(e)) => Err(e),

@@ -144,6 +144,11 @@ pub(crate) struct PgState {
     pub(crate) changed: Arc<Notify>,
     /// Set while the primary scrubs a chunk: client writes to objects in it wait.
     pub(crate) scrub_block: Option<crate::scrub::ScrubBlock>,
+    /// Why peering cannot go active (`down`, `incomplete`), while it waits.
+    pub(crate) blocked: Option<crate::recovery::PeeringBlocked>,
+    /// The map epoch of the activation record the monitors hold for this PG's current
+    /// interval (members joining the write set are recorded under it).
+    pub(crate) record_epoch: u32,
 }
 
 impl PgState {
@@ -161,6 +166,7 @@ impl PgState {
     /// Stops serving the PG (until it is peered again) and ends its background recovery.
     pub(crate) fn deactivate(&mut self) {
         self.active = None;
+        self.blocked = None;
         self.interval += 1;
         self.recovery = None;
         if std::mem::take(&mut self.recovery_block) {
@@ -170,6 +176,12 @@ impl PgState {
 }
 
 pub(crate) type PgHandle = Arc<RwLock<PgState>>;
+
+/// An activation record on its way to the monitors, with where their verdict goes.
+pub type ActivationRequest = (
+    kelp_proto::PgActivation,
+    tokio::sync::oneshot::Sender<Result<kelp_proto::ActivationVerdict, String>>,
+);
 
 pub struct OsdService {
     cfg: OsdConfig,
@@ -184,6 +196,9 @@ pub struct OsdService {
     pub(crate) recovery: crate::recovery::RecoveryCtl,
     /// Commands to the monitors (a `pg_temp` request); unset in tests without monitors.
     mon_link: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>>,
+    /// PG activation records to the monitors (`PgActivate`, batched by the daemon); unset in
+    /// tests without monitors, where every activation is accepted.
+    activation_link: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ActivationRequest>>,
     /// When this OSD last served a client op (ms since `started`), for recovery's scheduler.
     last_client_op_ms: AtomicU64,
     started: Instant,
@@ -231,6 +246,7 @@ impl OsdService {
             stats: crate::stats::OsdStats::default(),
             recovery: crate::recovery::RecoveryCtl::default(),
             mon_link: std::sync::OnceLock::new(),
+            activation_link: std::sync::OnceLock::new(),
             last_client_op_ms: AtomicU64::new(u64::MAX),
             started: Instant::now(),
             peering: std::sync::atomic::AtomicUsize::new(0),
@@ -240,6 +256,31 @@ impl OsdService {
     /// Where this OSD sends commands for the monitors (the daemon forwards them).
     pub fn set_mon_link(&self, tx: tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>) {
         let _ = self.mon_link.set(tx);
+    }
+
+    /// Where activation records go (see `ActivationRequest`).
+    pub fn set_activation_link(&self, tx: tokio::sync::mpsc::UnboundedSender<ActivationRequest>) {
+        let _ = self.activation_link.set(tx);
+    }
+
+    /// Queues an activation record for the monitors; the receiver gets their verdict. Without
+    /// monitors (tests) the verdict is `Recorded` at once.
+    pub(crate) fn send_activation(
+        &self,
+        a: kelp_proto::PgActivation,
+    ) -> tokio::sync::oneshot::Receiver<Result<kelp_proto::ActivationVerdict, String>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        match self.activation_link.get() {
+            Some(link) => {
+                if let Err(e) = link.send((a, tx)) {
+                    let _ = e.0.1.send(Err("the monitor link is closed".into()));
+                }
+            }
+            None => {
+                let _ = tx.send(Ok(kelp_proto::ActivationVerdict::Recorded));
+            }
+        }
+        rx
     }
 
     pub(crate) fn mon_link(
@@ -372,6 +413,8 @@ impl OsdService {
                     in_flight: BTreeMap::new(),
                     changed: Arc::new(Notify::new()),
                     scrub_block: None,
+                    blocked: None,
+                    record_epoch: 0,
                 }))
             });
         }
@@ -383,6 +426,24 @@ impl OsdService {
     }
 
     pub(crate) fn pg_handle(&self, pg: PgId) -> Option<PgHandle> {
+        self.pg(pg)
+    }
+
+    /// The PG, opened from the store if this OSD holds a copy it has not opened (a stray: no
+    /// longer mapped here, but asked for its history by a primary).
+    pub(crate) async fn pg_or_stray(&self, pg: PgId) -> Option<PgHandle> {
+        if let Some(h) = self.pg(pg) {
+            return Some(h);
+        }
+        // Rare (a peering after a restart) and small (one PG's log): opened inline.
+        let opened = match self.store.collection_exists(CollectionId(pg)) {
+            Ok(true) => self.open_pgs(&[pg]),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = opened {
+            tracing::warn!(%pg, "opening a stray copy: {}", e.message);
+        }
         self.pg(pg)
     }
 
@@ -448,6 +509,7 @@ impl OsdService {
         up: &[i32],
         left_behind: &[i32],
         recovery_flags: (bool, bool),
+        record_epoch: u32,
     ) -> Option<u64> {
         let map = self.map();
         let still = map
@@ -473,6 +535,7 @@ impl OsdService {
         state.failed_replicas.clear();
         state.left_behind = left_behind.to_vec();
         state.recovery_flags = recovery_flags;
+        state.record_epoch = record_epoch;
         self.stats.state_changed.notify_one();
         Some(state.interval)
     }

@@ -228,13 +228,20 @@ pub struct PgFacts {
     pub recovering: Option<bool>,
     /// Background recovery waits for an `osd_max_backfills` slot: `Some(backfill)`.
     pub recovery_waiting: Option<bool>,
+    /// Peering is blocked: `Some(true)` down (every OSD with the latest writes is down),
+    /// `Some(false)` incomplete (those that answered lost their copy).
+    pub blocked: Option<bool>,
 }
 
 /// The PG's states, as Ceph names them, from what its primary knows.
 pub fn pg_state_flags(f: &PgFacts) -> Vec<PgStateFlag> {
     let mut s = Vec::new();
     if !f.peered {
-        s.push(PgStateFlag::Peering);
+        s.push(match f.blocked {
+            Some(true) => PgStateFlag::Down,
+            Some(false) => PgStateFlag::Incomplete,
+            None => PgStateFlag::Peering,
+        });
     } else if (f.acting as u32) < f.min_size {
         s.push(PgStateFlag::Peered);
     } else {
@@ -294,7 +301,7 @@ impl OsdService {
             let Some(pool) = map.pools.get(&pg.pool.0) else {
                 continue;
             };
-            let (peered, behind, coll, last_update, recovery) = {
+            let (peered, behind, coll, last_update, recovery, blocked) = {
                 let state = handle.read().await;
                 // replicas that missed a write, and acting members left behind (recovering,
                 // waiting, or paused by norecover/nobackfill): both hold degraded copies
@@ -313,6 +320,9 @@ impl OsdService {
                     state.meta.coll,
                     state.meta.info.last_update,
                     state.recovery,
+                    state
+                        .blocked
+                        .map(|b| b == crate::recovery::PeeringBlocked::Down),
                 )
             };
             let (objects, bytes) = match self.stats.cached_count(pg, last_update) {
@@ -338,6 +348,7 @@ impl OsdService {
                 remapped: m.acting != m.up,
                 recovering: recovery.filter(|r| !r.waiting).map(|r| r.backfill),
                 recovery_waiting: recovery.filter(|r| r.waiting).map(|r| r.backfill),
+                blocked,
             };
             // Copies the members left behind still miss: what background recovery counts down,
             // or (paused, or a replica that missed a write) every object, at least one each.
@@ -424,6 +435,7 @@ mod tests {
             remapped: false,
             recovering: None,
             recovery_waiting: None,
+            blocked: None,
         }
     }
 
@@ -449,6 +461,11 @@ mod tests {
         let name = |f: &PgFacts| pg_state_name(&pg_state_flags(f));
         assert_eq!(name(&facts(true, 3)), "active+clean");
         assert_eq!(name(&facts(false, 3)), "peering");
+        let mut f = facts(false, 1);
+        f.blocked = Some(true);
+        assert_eq!(name(&f), "down+undersized+degraded");
+        f.blocked = Some(false);
+        assert_eq!(name(&f), "undersized+degraded+incomplete");
         assert_eq!(name(&facts(true, 2)), "active+undersized+degraded");
         assert_eq!(name(&facts(true, 1)), "undersized+degraded+peered");
         let mut f = facts(true, 3);

@@ -16,7 +16,8 @@ mod stats;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{
-    ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot, OsdFailure, Subscribe,
+    ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
+    OsdFailure, PgActivation, PgRecord, Subscribe,
 };
 pub use osd::{
     CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, OsdPing,

@@ -78,6 +78,65 @@ pub enum MonCommand {
         pg: kelp_types::PgId,
         osds: Vec<i32>,
     },
+    /// PG primaries, before a PG serves (or after a member joined its write set): record who
+    /// holds every acknowledged write of the PG from now on. The monitors keep the latest
+    /// record per PG and accept a new one only from a peering that heard from a member of the
+    /// previous one (see `PgActivation`). Answered with `PgActivated`, one verdict per entry.
+    PgActivate {
+        activations: Vec<PgActivation>,
+    },
+    /// A PG's latest activation record (`PgRecord`), if any.
+    PgRecordGet {
+        pg: kelp_types::PgId,
+    },
+    /// Gives up on the data only `id` had (`kelp osd lost`): the OSD, which must be down, is
+    /// taken out of every PG's activation record, so PGs waiting for it (`down`) peer with
+    /// what the other OSDs have. Writes only it held are lost.
+    OsdLost {
+        id: i32,
+    },
+}
+
+/// The members that held every acknowledged write of a PG when it last went active (the
+/// monitors' `pg_history`). Written by the PG's primary through `PgActivate` before the PG
+/// serves: any member of it has the PG's whole history from then on (every write a primary
+/// acknowledges is on every member of its write set), so a later peering that hears from one
+/// of them cannot miss an acknowledged write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgRecord {
+    /// OSD map epoch the primary peered at.
+    pub epoch: u32,
+    /// The write set: the primary and the members in sync with it. Empty once every member
+    /// was declared lost.
+    pub members: Vec<i32>,
+    /// The PG's `last_update` (epoch, version) when it went active: every member had at least
+    /// this much.
+    pub last_update: (u32, u64),
+}
+
+/// One primary's request to record a PG's new write set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgActivation {
+    pub pg: kelp_types::PgId,
+    pub primary: i32,
+    /// The new record.
+    pub record: PgRecord,
+    /// The members whose logs this peering used, with their `last_update`.
+    pub heard: Vec<(i32, (u32, u64))>,
+}
+
+/// The monitors' answer to one `PgActivation`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActivationVerdict {
+    /// Recorded: the PG may serve.
+    Recorded,
+    /// The peering heard from no member of the current record with its history: the PG must
+    /// find one of them (or wait for one to come back) before it serves.
+    Blocked { current: PgRecord },
+    /// A record from a newer peering exists (this primary's map is old).
+    Stale { current: PgRecord },
+    /// The PG does not exist (pool deleted).
+    NoSuchPg,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +197,10 @@ pub enum MonReply {
     PgStats(Box<PgMapDigest>),
     /// A stats report was taken (`MON_OSD_STATS`).
     StatsAck(StatsAck),
+    /// `PgActivate`'s verdicts, in request order.
+    PgActivated(Vec<ActivationVerdict>),
+    /// `PgRecordGet`.
+    PgRecord(Option<PgRecord>),
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be

@@ -35,6 +35,11 @@ pub enum OsdCommand {
     /// and every PG is active+clean (drain it first with `kelp osd out N` and wait for the
     /// PGs to settle); `--force` removes it anyway, losing whatever only it held.
     Purge(PurgeArgs),
+    /// Give up on a dead OSD's data (like `ceph osd lost`): PGs that are `down` or
+    /// `incomplete` waiting for it (it was the last to hold their latest writes) stop waiting
+    /// and serve what the other OSDs have. Writes only it held are lost for good. The OSD must
+    /// be down; needs --yes-i-really-mean-it.
+    Lost(LostArgs),
     /// Per-OSD capacity and usage from the OSDs' latest statistics reports (like
     /// `ceph osd df`): SIZE, USE, AVAIL, %USE, PGS (PGs whose acting set holds the OSD),
     /// STATUS (up/down, plus nearfull/backfillfull/full against the mon_osd_*_ratios).
@@ -108,6 +113,17 @@ pub struct PurgeArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct LostArgs {
+    /// OSD id (`3` or `osd.3`).
+    pub id: kelp_types::OsdId,
+    /// Confirms that the writes only this OSD held may be lost.
+    #[arg(long)]
+    pub yes_i_really_mean_it: bool,
+    #[command(flatten)]
+    pub conf: ConfArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct IdsArgs {
     /// OSD ids (`3` or `osd.3`).
     #[arg(required = true)]
@@ -129,6 +145,29 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
         OsdCommand::Scrub(a) => crate::cmd::scrub::run_osd_scrub(a, false),
         OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true),
         OsdCommand::Df(a) => df(a),
+        OsdCommand::Lost(a) => {
+            if !a.yes_i_really_mean_it {
+                bail!(
+                    "marking osd.{} lost gives up on every write only it held; if that is \
+                     what you want, add --yes-i-really-mean-it",
+                    a.id.0
+                );
+            }
+            let rt = common::runtime()?;
+            rt.block_on(async {
+                let rados = a.conf.connect().await?;
+                match rados
+                    .mon_command(MonCommand::OsdLost { id: a.id.0 })
+                    .await?
+                {
+                    MonReply::Done { .. } => {}
+                    MonReply::Error { message } => bail!("osd.{}: {message}", a.id.0),
+                    other => bail!("osd.{}: unexpected reply {other:?}", a.id.0),
+                }
+                eprintln!("osd.{}: marked lost", a.id.0);
+                Ok(ExitCode::SUCCESS)
+            })
+        }
         OsdCommand::Purge(a) => {
             let rt = common::runtime()?;
             rt.block_on(async {

@@ -432,6 +432,57 @@ pub fn health_checks(map: &OsdMap, digest: Option<&PgMapDigest>) -> Vec<Check> {
     checks
 }
 
+/// Adds to `PG_AVAILABILITY`'s detail, for each `down` or `incomplete` PG, the OSDs it waits
+/// for: the members of its activation record (the last OSDs known to hold all its writes).
+async fn explain_blocked_pgs(
+    rados: &kelp_client::Rados,
+    map: &OsdMap,
+    d: &PgMapDigest,
+    checks: &mut [Check],
+) {
+    let Some(check) = checks.iter_mut().find(|c| c.name == "PG_AVAILABILITY") else {
+        return;
+    };
+    for p in &d.pgs {
+        let states: Vec<&str> = p.state_name.split('+').collect();
+        let down = states.contains(&"down");
+        if !down && !states.contains(&"incomplete") {
+            continue;
+        }
+        let Ok(MonReply::PgRecord(Some(r))) = rados
+            .mon_command(MonCommand::PgRecordGet { pg: p.stat.pg })
+            .await
+        else {
+            continue;
+        };
+        let prefix = format!("pg {} is {}", p.stat.pg, p.state_name);
+        let osds: Vec<String> = r
+            .members
+            .iter()
+            .map(|o| {
+                let state = if map.is_up(*o) { "up" } else { "down" };
+                format!("osd.{o} ({state})")
+            })
+            .collect();
+        let why = if down {
+            "waiting for one of the OSDs that held its latest writes"
+        } else {
+            "the OSDs that held its latest writes answered without them"
+        };
+        let line = format!(
+            "{prefix}, acting {:?}: {why}: {}; bring one back, or give up on its data with \
+             `kelp osd lost ID --yes-i-really-mean-it`",
+            p.stat.acting,
+            osds.join(", ")
+        );
+        if let Some(l) = check.detail.iter_mut().find(|l| l.starts_with(&prefix)) {
+            *l = line;
+        } else {
+            check.detail.push(line);
+        }
+    }
+}
+
 /// Gathers the map, the monitor status and the statistics digest, and evaluates the health
 /// checks.
 pub async fn report(conf: &ConfArgs) -> Result<Report> {
@@ -454,6 +505,9 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
     }
     let map = rados.osd_map();
     let mut checks = health_checks(&map, digest.as_ref());
+    if let Some(d) = &digest {
+        explain_blocked_pgs(&rados, &map, d, &mut checks).await;
+    }
     // scrub states and errors come from the primaries themselves (one request per up OSD)
     let scrubs =
         crate::cmd::scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
