@@ -407,6 +407,9 @@ enum RecoveryError {
     Interrupted,
     /// The log no longer reaches back to the member's copy: backfill instead.
     LogTrimmed,
+    /// These objects could not be copied: every in-sync copy is unreadable. The member
+    /// stays behind (the rest was copied) until they are overwritten, removed or repaired.
+    Unfound(Vec<(String, String)>),
     Failed(String),
 }
 
@@ -554,10 +557,48 @@ impl OsdService {
         let store = self.store();
         let coll = state.meta.coll;
         let oid = oid_for(p.pg, &p.namespace, &p.name);
-        let result = tokio::task::spawn_blocking(move || read_state(&*store, coll, &oid)).await;
+        let read = {
+            let (store, oid) = (store.clone(), oid.clone());
+            move || read_state(&*store, coll, &oid)
+        };
+        let result = tokio::task::spawn_blocking(read.clone()).await;
+        drop(state);
+        let damaged = match result {
+            Ok(Ok(r)) => return r,
+            Ok(Err(e @ StoreError::ChecksumMismatch { .. })) => e.to_string(),
+            Ok(Err(e)) => return fail(ErrorCode::Io, e.to_string()),
+            Err(e) => return fail(ErrorCode::Io, e.to_string()),
+        };
+        // This copy failed its checksum. The primary repairs it from a member in sync and
+        // serves the good copy; a replica (or a primary without a good copy anywhere) answers
+        // `Corrupt`, and the puller counts the object as unfound.
+        let primary = self
+            .map()
+            .pg_mapping(p.pg)
+            .is_ok_and(|m| m.acting_primary == self.id());
+        if !primary {
+            return fail(ErrorCode::Corrupt, format!("osd.{}: {damaged}", self.id()));
+        }
+        let object = kelp_proto::ObjectLocator {
+            pool: p.pg.pool.0,
+            namespace: p.namespace.clone(),
+            key: None,
+            name: p.name.clone(),
+        };
+        if let Err(why) = self.repair_from_replica(p.pg, &object).await {
+            return fail(
+                ErrorCode::Corrupt,
+                format!("osd.{}: {damaged}; {why}", self.id()),
+            );
+        }
+        let state = pg.read().await;
+        let result = tokio::task::spawn_blocking(read).await;
         drop(state);
         match result {
             Ok(Ok(r)) => r,
+            Ok(Err(e @ StoreError::ChecksumMismatch { .. })) => {
+                fail(ErrorCode::Corrupt, e.to_string())
+            }
             Ok(Err(e)) => fail(ErrorCode::Io, e.to_string()),
             Err(e) => fail(ErrorCode::Io, e.to_string()),
         }
@@ -566,14 +607,20 @@ impl OsdService {
     /// Brings this member's copy of a PG closer to the authoritative history (see `PgSync`).
     pub async fn pg_sync(&self, s: PgSync) -> PgSyncReply {
         match self.sync_pg(s).await {
-            Ok(()) => PgSyncReply { error: None },
+            Ok(unfound) => PgSyncReply {
+                error: None,
+                unfound,
+            },
             Err(e) => PgSyncReply {
                 error: Some((ErrorCode::Io, e)),
+                unfound: Vec::new(),
             },
         }
     }
 
-    async fn sync_pg(&self, s: PgSync) -> Result<(), String> {
+    /// Applies a sync; returns the objects the source could not deliver (every in-sync copy
+    /// damaged): they are skipped and the sync's log is not adopted.
+    async fn sync_pg(&self, s: PgSync) -> Result<Vec<(String, String)>, String> {
         let map = self.map_at_least(s.epoch).await;
         let handle = self
             .pg_handle(s.pg)
@@ -600,6 +647,7 @@ impl OsdService {
             }
         }
         let mut txn = Transaction::new();
+        let mut unfound = Vec::new();
         if !s.objects.is_empty() {
             let source = s.source;
             let source_addr = map
@@ -627,8 +675,16 @@ impl OsdService {
             let (mut objects, mut bytes) = (0u64, 0u64);
             while let Some((ns, name, pulled)) = pulls.next().await {
                 let (remote, data) = pulled?;
-                if let Some((_, msg)) = remote.error {
-                    return Err(format!("pulling '{name}' from osd.{source}: {msg}"));
+                match remote.error {
+                    Some((ErrorCode::Corrupt, msg)) => {
+                        warn!(%pg, object = %name, "unfound: no readable copy at osd.{source}: {msg}");
+                        unfound.push((ns, name));
+                        continue;
+                    }
+                    Some((_, msg)) => {
+                        return Err(format!("pulling '{name}' from osd.{source}: {msg}"));
+                    }
+                    None => {}
                 }
                 let oid = oid_for(pg, &ns, &name);
                 let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
@@ -645,7 +701,7 @@ impl OsdService {
             }
             debug!(%pg, objects, bytes, "copied from osd.{source}");
         }
-        if let Some(log) = s.log {
+        if let Some(log) = s.log.filter(|_| unfound.is_empty()) {
             let entries: Vec<LogEntry> = log.entries.into_iter().map(Into::into).collect();
             let mut meta = state.meta.clone();
             meta.rewrite(
@@ -660,7 +716,7 @@ impl OsdService {
         } else if !txn.is_empty() {
             self.commit(txn).await?;
         }
-        Ok(())
+        Ok(unfound)
     }
 
     async fn commit(&self, txn: Transaction) -> Result<(), String> {
@@ -851,7 +907,27 @@ impl OsdService {
         }
     }
 
+    /// Sends a sync that must apply in full: objects found unreadable on every in-sync copy
+    /// (unfound) make it fail.
     async fn send_sync(&self, osd: i32, sync: PgSync) -> Result<(), String> {
+        let unfound = self.send_sync_unfound(osd, sync).await?;
+        if unfound.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} object(s) unfound (every in-sync copy unreadable), e.g. '{}'",
+                unfound.len(),
+                unfound[0].1
+            ))
+        }
+    }
+
+    /// Sends a sync; returns the objects the member skipped as unfound.
+    async fn send_sync_unfound(
+        &self,
+        osd: i32,
+        sync: PgSync,
+    ) -> Result<Vec<(String, String)>, String> {
         let map = self.map();
         let addr = map
             .osds
@@ -861,7 +937,7 @@ impl OsdService {
         let reply = self.peers().sync(osd, addr, sync).await?;
         match reply.error {
             Some((_, msg)) => Err(format!("osd.{osd} could not sync: {msg}")),
-            None => Ok(()),
+            None => Ok(reply.unfound),
         }
     }
 
@@ -974,53 +1050,84 @@ impl OsdService {
                 return Ok(Peered::AwaitingPgTemp);
             }
         }
-        match p.members.get(&me) {
+        let own_unfound = match p.members.get(&me) {
             Some(MemberPlan::Backfill) => {
                 let listing = self
                     .query_member(&map, pg, epoch, auth.osd, (0, 0), true)
                     .await?
                     .objects
                     .unwrap_or_default();
-                self.sync_pg(PgSync {
-                    pg,
-                    epoch,
-                    source: auth.osd,
-                    objects: listing.clone(),
-                    keep_only: Some(listing),
-                    parallel: self.recovery.cfg().max_active as u32,
-                    log: Some(SyncLog {
-                        keep_through: None,
-                        entries: auth.entries.iter().cloned().map(Into::into).collect(),
-                        log_tail: auth.log_tail,
-                        last_update: p.last_update,
-                    }),
-                })
-                .await?;
+                let unfound = self
+                    .sync_pg(PgSync {
+                        pg,
+                        epoch,
+                        source: auth.osd,
+                        objects: listing.clone(),
+                        keep_only: Some(listing),
+                        parallel: self.recovery.cfg().max_active as u32,
+                        log: Some(SyncLog {
+                            keep_through: None,
+                            entries: auth.entries.iter().cloned().map(Into::into).collect(),
+                            log_tail: auth.log_tail,
+                            last_update: p.last_update,
+                        }),
+                    })
+                    .await?;
                 recovered += 1;
+                unfound
             }
             Some(MemberPlan::Recover {
                 common_version,
                 objects,
                 entries,
             }) => {
-                self.sync_pg(PgSync {
-                    pg,
-                    epoch,
-                    source: auth.osd,
-                    objects: names(objects.iter().cloned()),
-                    keep_only: None,
-                    parallel: self.recovery.cfg().max_active as u32,
-                    log: Some(SyncLog {
-                        keep_through: Some(*common_version),
-                        entries: entries.iter().cloned().map(Into::into).collect(),
-                        log_tail: auth.log_tail,
-                        last_update: p.last_update,
-                    }),
-                })
-                .await?;
+                let unfound = self
+                    .sync_pg(PgSync {
+                        pg,
+                        epoch,
+                        source: auth.osd,
+                        objects: names(objects.iter().cloned()),
+                        keep_only: None,
+                        parallel: self.recovery.cfg().max_active as u32,
+                        log: Some(SyncLog {
+                            keep_through: Some(*common_version),
+                            entries: entries.iter().cloned().map(Into::into).collect(),
+                            log_tail: auth.log_tail,
+                            last_update: p.last_update,
+                        }),
+                    })
+                    .await?;
                 recovered += 1;
+                unfound
             }
-            _ => {}
+            _ => Vec::new(),
+        };
+        if !own_unfound.is_empty() {
+            // Objects no member in sync can deliver readable: this primary cannot complete its
+            // copy. The authoritative member serves the PG meanwhile (reads of those objects
+            // fail with a checksum error there, never with other data) and this OSD is
+            // recovered in the background, which reports them as unfound.
+            let temp: Vec<i32> = std::iter::once(auth.osd)
+                .chain(acting.iter().copied().filter(|&o| o != auth.osd && o != me))
+                .collect();
+            warn!(
+                %pg, epoch, unfound = own_unfound.len(), ?temp,
+                "objects unfound while bringing the primary up to date; asking for a pg_temp"
+            );
+            match self.mon_link() {
+                Some(link) if temp.len() >= min_size && temp.as_slice() != acting => {
+                    link.send(MonCommand::PgTemp { pg, osds: temp })
+                        .map_err(|_| "the monitor link is closed".to_string())?;
+                    return Ok(Peered::AwaitingPgTemp);
+                }
+                _ => {
+                    return Err(format!(
+                        "{} object(s) unfound (every in-sync copy unreadable), e.g. '{}'",
+                        own_unfound.len(),
+                        own_unfound[0].1
+                    ));
+                }
+            }
         }
 
         // The others: in sync, or left behind for background recovery — unless fewer than
@@ -1277,10 +1384,44 @@ impl OsdService {
             let started = Instant::now();
             for mut l in lagging {
                 let mut failures = 0u32;
+                let mut reported_unfound = 0;
                 let member_started = Instant::now();
                 loop {
                     match self.recover_member(pg, &handle, interval, &mut l).await {
-                        Ok(()) => break,
+                        Ok(()) => {
+                            let mut st = handle.write().await;
+                            if st.interval == interval && !st.unfound.is_empty() {
+                                info!(%pg, "osd.{}: the unfound objects were found", l.osd);
+                                st.unfound.clear();
+                                self.stats.state_changed.notify_one();
+                            }
+                            break;
+                        }
+                        Err(RecoveryError::Unfound(objects)) => {
+                            // Nothing to copy them from: report them, and retry now and then
+                            // (a client may overwrite or remove them, a repair may fix one).
+                            if objects.len() != reported_unfound {
+                                let names: Vec<&str> =
+                                    objects.iter().take(20).map(|o| o.1.as_str()).collect();
+                                warn!(
+                                    %pg, count = objects.len(), ?names,
+                                    "osd.{}: objects unfound (every in-sync copy unreadable); \
+                                     the member stays behind until they are overwritten, \
+                                     removed or repaired",
+                                    l.osd
+                                );
+                                reported_unfound = objects.len();
+                            }
+                            {
+                                let mut st = handle.write().await;
+                                if st.interval != interval {
+                                    return;
+                                }
+                                st.unfound = objects.into_iter().collect();
+                                self.stats.state_changed.notify_one();
+                            }
+                            tokio::time::sleep(UNFOUND_RETRY).await;
+                        }
                         Err(RecoveryError::Interrupted) => return,
                         Err(RecoveryError::LogTrimmed) => {
                             debug!(%pg, "osd.{}: the log moved past it; backfilling", l.osd);
@@ -1361,6 +1502,7 @@ impl OsdService {
         copied_at: &mut CopiedAt,
     ) -> Result<(), RecoveryError> {
         let mut done = 0;
+        let mut unfound = Vec::new();
         loop {
             let at = {
                 let st = handle.read().await;
@@ -1377,19 +1519,20 @@ impl OsdService {
                 .acquire(left.min(cfg.max_active), || self.recovery.cfg().max_active)
                 .await;
             let n = slots.count().min(left);
-            self.send_sync(
-                osd,
-                PgSync {
-                    pg,
-                    epoch: self.map().epoch,
-                    source: self.id(),
-                    objects: objects[done..done + n].to_vec(),
-                    keep_only: keep_only.take(),
-                    parallel: n as u32,
-                    log: None,
-                },
-            )
-            .await?;
+            let missed = self
+                .send_sync_unfound(
+                    osd,
+                    PgSync {
+                        pg,
+                        epoch: self.map().epoch,
+                        source: self.id(),
+                        objects: objects[done..done + n].to_vec(),
+                        keep_only: keep_only.take(),
+                        parallel: n as u32,
+                        log: None,
+                    },
+                )
+                .await?;
             drop(slots);
             for o in &objects[done..done + n] {
                 copied_at.insert(o.clone(), at);
@@ -1401,8 +1544,13 @@ impl OsdService {
                     p.degraded = p.degraded.saturating_sub(n as u64);
                 }
             }
+            unfound.extend(missed);
             if done >= objects.len() {
-                return Ok(());
+                return if unfound.is_empty() {
+                    Ok(())
+                } else {
+                    Err(RecoveryError::Unfound(unfound))
+                };
             }
             if throttled && !cfg.sleep.is_zero() {
                 tokio::time::sleep(cfg.sleep).await;
@@ -1488,19 +1636,23 @@ impl OsdService {
                 .changes_since(handle, interval, base.1, &copied_at)
                 .await?;
             let epoch = self.map().epoch;
-            self.send_sync(
-                l.osd,
-                PgSync {
-                    pg,
-                    epoch,
-                    source: self.id(),
-                    parallel: objects.len().clamp(1, 64) as u32,
-                    objects,
-                    keep_only: None,
-                    log: Some(log),
-                },
-            )
-            .await?;
+            let unfound = self
+                .send_sync_unfound(
+                    l.osd,
+                    PgSync {
+                        pg,
+                        epoch,
+                        source: self.id(),
+                        parallel: objects.len().clamp(1, 64) as u32,
+                        objects,
+                        keep_only: None,
+                        log: Some(log),
+                    },
+                )
+                .await?;
+            if !unfound.is_empty() {
+                return Err(RecoveryError::Unfound(unfound));
+            }
             Ok::<(), RecoveryError>(())
         })
         .await;
@@ -1602,6 +1754,9 @@ impl OsdService {
         Ok(self.send_sync(osd, sync).await?)
     }
 }
+
+/// How often recovery tries again to copy objects that were unfound.
+const UNFOUND_RETRY: Duration = Duration::from_secs(5);
 
 /// `(norecover, nobackfill)` in `map`.
 pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> (bool, bool) {

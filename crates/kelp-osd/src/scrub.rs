@@ -1334,13 +1334,13 @@ impl OsdService {
         }
     }
 
-    /// A client read found this primary's copy of `object` damaged: copy it from another
-    /// acting member (writes to the PG wait meanwhile), so the read can be answered from a good
-    /// copy. Errors if no member has a good copy.
+    /// A client read (or a recovery pull) found this primary's copy of `object` damaged: copy
+    /// it from another member in sync (writes to the PG wait meanwhile; members left behind
+    /// for recovery may hold an older version and are never used), so the read can be answered
+    /// from a good copy. Errors if no member has a good copy.
     pub(crate) async fn repair_from_replica(
         &self,
         pg: PgId,
-        acting: &[i32],
         object: &kelp_proto::ObjectLocator,
     ) -> Result<i32, String> {
         if object.key.is_some() {
@@ -1360,7 +1360,11 @@ impl OsdService {
         };
         let oid = crate::exec::object_id(object);
         let mut why = Vec::new();
-        for &osd in acting.iter().filter(|&&o| o != self.id()) {
+        let in_sync = state.write_to.clone();
+        if in_sync.is_empty() {
+            why.push("no other member is in sync".to_string());
+        }
+        for &osd in in_sync.iter().filter(|&&o| o != self.id()) {
             let Some(addr) = map.osds.get(&osd).and_then(|o| o.addr) else {
                 continue;
             };

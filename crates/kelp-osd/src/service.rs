@@ -146,6 +146,9 @@ pub(crate) struct PgState {
     pub(crate) scrub_block: Option<crate::scrub::ScrubBlock>,
     /// Why peering cannot go active (`down`, `incomplete`), while it waits.
     pub(crate) blocked: Option<crate::recovery::PeeringBlocked>,
+    /// Objects background recovery could not copy because every in-sync copy is unreadable
+    /// (`(namespace, name)`); reported as unfound until a recovery round copies them.
+    pub(crate) unfound: std::collections::BTreeSet<(String, String)>,
     /// The map epoch of the activation record the monitors hold for this PG's current
     /// interval (members joining the write set are recorded under it).
     pub(crate) record_epoch: u32,
@@ -167,6 +170,7 @@ impl PgState {
     pub(crate) fn deactivate(&mut self) {
         self.active = None;
         self.blocked = None;
+        self.unfound.clear();
         self.interval += 1;
         self.recovery = None;
         if std::mem::take(&mut self.recovery_block) {
@@ -414,6 +418,7 @@ impl OsdService {
                     changed: Arc::new(Notify::new()),
                     scrub_block: None,
                     blocked: None,
+                    unfound: Default::default(),
                     record_epoch: 0,
                 }))
             });
@@ -733,10 +738,7 @@ impl OsdService {
             {
                 // This copy failed its checksum: never answer from it. Fetch a good copy from
                 // another member (which also repairs this one) and read again.
-                if let Err(why) = self
-                    .repair_from_replica(pgid, &mapping.acting, &object)
-                    .await
-                {
+                if let Err(why) = self.repair_from_replica(pgid, &object).await {
                     return reply_err(
                         ErrorCode::Corrupt,
                         format!("osd.{}: {}; {why}", self.cfg.id, e.message),

@@ -301,7 +301,7 @@ impl OsdService {
             let Some(pool) = map.pools.get(&pg.pool.0) else {
                 continue;
             };
-            let (peered, behind, coll, last_update, recovery, blocked) = {
+            let (peered, behind, coll, last_update, recovery, blocked, unfound) = {
                 let state = handle.read().await;
                 // replicas that missed a write, and acting members left behind (recovering,
                 // waiting, or paused by norecover/nobackfill): both hold degraded copies
@@ -323,6 +323,7 @@ impl OsdService {
                     state
                         .blocked
                         .map(|b| b == crate::recovery::PeeringBlocked::Down),
+                    state.unfound.len() as u64,
                 )
             };
             let (objects, bytes) = match self.stats.cached_count(pg, last_update) {
@@ -366,7 +367,7 @@ impl OsdService {
                 num_bytes: bytes,
                 num_objects_degraded: degraded,
                 num_objects_misplaced: misplaced,
-                num_objects_unfound: 0,
+                num_objects_unfound: unfound,
                 last_update,
                 reported_epoch: map.epoch,
                 scrub: None,

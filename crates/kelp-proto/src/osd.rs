@@ -362,6 +362,10 @@ pub struct SyncLog {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgSyncReply {
     pub error: Option<(ErrorCode, String)>,
+    /// Objects the source could not deliver because every in-sync copy failed its checksum
+    /// (unfound). They were skipped, and the sync's log was not adopted (the member stays
+    /// behind until they are found, overwritten or removed).
+    pub unfound: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

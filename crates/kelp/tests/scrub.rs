@@ -432,3 +432,116 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
     c.cli_ok(&["config", "rm", "osd", "osd_scrub_max_interval"]);
     eprintln!("[{:?}] done", started.elapsed());
 }
+
+/// Unfound (issue 6): an object whose every in-sync copy is unreadable when a member that
+/// missed its last write comes back. Recovery copies everything else, reports the object as
+/// unfound (`kelp status`, `kelp health detail`), clients get an error for it — never other
+/// data — and once a client overwrites it the member is recovered and the PG is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_with_no_readable_copy_is_reported_unfound_never_invented() {
+    let started = Instant::now();
+    let c = Cluster::up();
+    c.cli_ok(&["osd", "set", "noout"]);
+    let rados = c.connect().await;
+    let io = rados.ioctx("data").await.unwrap();
+    let mut written: BTreeMap<String, Bytes> = BTreeMap::new();
+    for i in 0..12u64 {
+        let name = format!("obj-{i}");
+        let data = body(i, 256 << 10);
+        io.write_full(&name, data.clone()).await.unwrap();
+        written.insert(name, data);
+    }
+    let victim = "obj-3".to_string();
+    let (pg, acting) = pg_of(&rados, &victim);
+    assert_eq!(acting.len(), 3);
+    let (primary, replica, behind) = (acting[0], acting[1], acting[2]);
+    eprintln!(
+        "[{:?}] {victim} in pg {pg}, acting {acting:?}",
+        started.elapsed()
+    );
+
+    // osd.behind misses the victim's new version (and other writes).
+    c.daemon("stop", &format!("osd.{behind}"));
+    let v2 = body(500, 256 << 10);
+    io.write_full(&victim, v2.clone()).await.unwrap();
+    written.insert(victim.clone(), v2.clone());
+    for i in 12..20u64 {
+        let name = format!("obj-{i}");
+        let data = body(i, 64 << 10);
+        io.write_full(&name, data.clone()).await.unwrap();
+        written.insert(name, data);
+    }
+    // Both copies of the new version rot (each OSD stopped while its file is changed).
+    let needle = &v2[100_000..100_064];
+    for osd in [replica, primary] {
+        let name = format!("osd.{osd}");
+        c.daemon("stop", &name);
+        let at = flip(&c.dir.join(&name).join("block"), needle);
+        eprintln!("[{:?}] flipped {name}/block at {at}", started.elapsed());
+        c.daemon("start", &name);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !rados.osd_map().is_up(osd) {
+            assert!(Instant::now() < deadline, "{name} did not come back");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    c.daemon("start", &format!("osd.{behind}"));
+
+    // Recovery cannot copy the victim: it is reported unfound.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let s: serde_json::Value =
+            serde_json::from_str(&c.cli_ok(&["status", "--format", "json"])).unwrap();
+        if s["pgmap"]["unfound_objects"] == 1 {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no unfound object reported: {s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!("[{:?}] unfound reported", started.elapsed());
+    assert!(
+        status["health"]["checks"]["OBJECT_UNFOUND"].is_object(),
+        "{status:#}"
+    );
+    let detail = c.cli_ok(&["health", "detail"]);
+    assert!(
+        detail.contains(&format!("pg {pg} has 1 unfound objects")),
+        "{detail}"
+    );
+    // Clients get an error for it, and every other object as written.
+    let err = io
+        .read(&victim, 0, 0)
+        .await
+        .expect_err("a read of an object with no readable copy must fail");
+    eprintln!("[{:?}] reading the victim: {err}", started.elapsed());
+    for (name, want) in written.iter().filter(|(n, _)| **n != victim) {
+        let got = io.read(name, 0, 0).await.unwrap();
+        assert!(got == *want, "{name}: wrong data");
+    }
+
+    // The PG still takes writes; overwriting the victim lets recovery finish.
+    let v3 = body(600, 200 << 10);
+    io.write_full(&victim, v3.clone()).await.unwrap();
+    written.insert(victim.clone(), v3);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s: serde_json::Value =
+            serde_json::from_str(&c.cli_ok(&["status", "--format", "json"])).unwrap();
+        let clean = s["pgmap"]["pgs_by_state"]
+            .as_array()
+            .is_some_and(|a| a.len() == 1 && a[0]["state_name"] == "active+clean");
+        if clean && s["pgmap"]["unfound_objects"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not clean: {s:#}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("[{:?}] clean again", started.elapsed());
+    for (name, want) in &written {
+        let got = io.read(name, 0, 0).await.unwrap();
+        assert!(got == *want, "{name}: wrong data");
+    }
+}

@@ -410,7 +410,20 @@ pub fn health_checks(map: &OsdMap, digest: Option<&PgMapDigest>) -> Vec<Check> {
                 name: "OBJECT_UNFOUND",
                 severity: "HEALTH_WARN",
                 summary: format!("{} objects unfound", t.unfound_objects),
-                detail: vec![],
+                detail: d
+                    .pgs
+                    .iter()
+                    .filter(|p| p.stat.num_objects_unfound > 0)
+                    .map(|p| {
+                        format!(
+                            "pg {} has {} unfound objects (every in-sync copy unreadable; \
+                             names in the primary osd.{}'s log): overwrite or remove them",
+                            p.stat.pg,
+                            p.stat.num_objects_unfound,
+                            p.stat.acting.first().copied().unwrap_or(-1)
+                        )
+                    })
+                    .collect(),
             });
         }
     } else if map.pools.values().any(|p| p.pg_num > 0) {
