@@ -1360,7 +1360,12 @@ impl OsdService {
         };
         let oid = crate::exec::object_id(object);
         let mut why = Vec::new();
-        let in_sync = state.write_to.clone();
+        let in_sync: Vec<i32> = state
+            .write_to
+            .iter()
+            .copied()
+            .filter(|o| !state.failed_replicas.contains(o))
+            .collect();
         if in_sync.is_empty() {
             why.push("no other member is in sync".to_string());
         }

@@ -61,18 +61,7 @@ fn writer(
 async fn verify(rados: &Rados, acked: &Acked) {
     let io = rados.ioctx("data").await.unwrap();
     let all = acked.lock().unwrap().clone();
-    for (name, want) in &all {
-        let got = io
-            .read(name, 0, 0)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            got == *want,
-            "{name}: {} bytes, {} expected",
-            got.len(),
-            want.len()
-        );
-    }
+    heal_support::read_back(&io, &all).await;
 }
 
 fn count_in_osd_logs(c: &Cluster, needle: &str) -> usize {

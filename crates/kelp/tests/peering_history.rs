@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use heal_support::{Cluster, all_active_clean, content, kelp, osd_state, wait_until};
+use heal_support::{
+    Cluster, all_active_clean, content, kelp, osd_state, read_back as verify, wait_until,
+};
 use kelp_client::{ClientConfig, IoCtx, Rados};
 use kelp_types::PgId;
 
@@ -42,21 +44,6 @@ async fn write_all(io: &IoCtx, objects: &BTreeMap<String, Bytes>) {
         io.write_full(name, data.clone())
             .await
             .unwrap_or_else(|e| panic!("writing {name}: {e}"));
-    }
-}
-
-async fn verify(io: &IoCtx, objects: &BTreeMap<String, Bytes>) {
-    for (name, want) in objects {
-        let got = io
-            .read(name, 0, 0)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            got == *want,
-            "{name}: {} bytes read do not match the {} acknowledged",
-            got.len(),
-            want.len()
-        );
     }
 }
 

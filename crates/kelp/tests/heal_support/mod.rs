@@ -216,6 +216,26 @@ pub fn content(seed: u64, len: usize) -> bytes::Bytes {
     bytes::Bytes::from(v)
 }
 
+/// Reads every object of `objects` back through `io` and asserts it is exactly the recorded
+/// content.
+pub async fn read_back(
+    io: &kelp_client::IoCtx,
+    objects: &std::collections::BTreeMap<String, bytes::Bytes>,
+) {
+    for (name, want) in objects {
+        let got = io
+            .read(name, 0, 0)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            got == *want,
+            "{name}: {} bytes read do not match the {} acknowledged",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
 /// Every PG reported `active+clean` by its primary (`kelp status`, from the OSDs' reports).
 pub fn all_active_clean(c: &Cluster) -> bool {
     let out = kelp(&["status", "--format", "json", "-c", &c.conf()]);
