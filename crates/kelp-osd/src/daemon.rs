@@ -70,9 +70,23 @@ pub async fn run(
         .secret_for(&entity)
         .ok_or_else(|| DaemonError::Setup(format!("the keyring has no key for {entity}")))?;
     let data = opts.data.clone();
-    let store = tokio::task::spawn_blocking(move || KelpStore::mount(&data, opts.store))
-        .await
-        .map_err(|e| DaemonError::Setup(format!("mount task failed: {e}")))??;
+    // A previous instance that is still exiting (a thread finishing a disk flush) holds the
+    // store's lock for a moment: wait for it rather than fail a restart.
+    let store = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + STORE_LOCK_WAIT;
+        loop {
+            match KelpStore::mount(&data, opts.store.clone()) {
+                Err(kelp_store::StoreError::Locked { .. })
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+    .map_err(|e| DaemonError::Setup(format!("mount task failed: {e}")))??;
     let uuid = store.superblock().store_id.clone();
     let store = Arc::new(store);
     info!(%entity, %uuid, data = %opts.data.display(), "store mounted");
@@ -384,6 +398,9 @@ async fn follow_scrub_config(
 
 /// How often a down OSD asks to be marked up again while its boots are refused (`noup`).
 const BOOT_RETRY: Duration = Duration::from_secs(2);
+
+/// How long a starting OSD waits for a previous instance to release the store's lock.
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(15);
 
 /// Most PG activation records sent in one `PgActivate` command.
 const ACTIVATION_BATCH: usize = 512;

@@ -825,17 +825,20 @@ impl Inner {
     fn onode_for_read(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
         match self.get(&keys::obj_key(coll, oid))? {
             Some(v) => Onode::decode(&v, self.geo.bpu),
-            None => {
-                if self.get(&keys::coll_key(coll))?.is_none() {
-                    Err(StoreError::CollectionNotFound { coll })
-                } else {
-                    Err(StoreError::ObjectNotFound {
-                        coll,
-                        object: oid.clone(),
-                    })
-                }
-            }
+            None => Err(self.absent(coll, oid)?),
         }
+    }
+
+    /// The error for an object that is not there: its collection's, if that is missing too.
+    fn absent(&self, coll: CollectionId, oid: &ObjectId) -> Result<StoreError> {
+        Ok(if self.get(&keys::coll_key(coll))?.is_none() {
+            StoreError::CollectionNotFound { coll }
+        } else {
+            StoreError::ObjectNotFound {
+                coll,
+                object: oid.clone(),
+            }
+        })
     }
 
     /// Like `onode_for_read`, through the onode cache. The caller must hold `reuse` shared.
@@ -861,7 +864,9 @@ impl Inner {
                     self.onode_cache.insert(key, on.clone(), v.len());
                     Ok(on)
                 }
-                None => self.onode_for_read(coll, oid).map(Arc::new),
+                // Neither pending nor committed (a write's stat of a new object): only the
+                // collection is left to look up.
+                None => Err(self.absent(coll, oid)?),
             },
         }
     }
@@ -2310,7 +2315,8 @@ impl ObjectStore for KelpStore {
     }
 
     fn stat(&self, coll: CollectionId, oid: &ObjectId) -> Result<ObjectStat> {
-        let on = self.inner.onode_for_read(coll, oid)?;
+        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let on = self.inner.onode_cached(coll, oid)?;
         Ok(ObjectStat { size: on.size })
     }
 
@@ -2323,7 +2329,10 @@ impl ObjectStore for KelpStore {
     }
 
     fn xattrs(&self, coll: CollectionId, oid: &ObjectId) -> Result<BTreeMap<String, Vec<u8>>> {
-        Ok(self.inner.onode_for_read(coll, oid)?.xattrs)
+        // Through the onode cache, like `read`: a client read op asks for the xattrs (version)
+        // and then the data, and the uncached lookup was ~8% of a 4 KiB-read OSD's CPU.
+        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        Ok(self.inner.onode_cached(coll, oid)?.xattrs.clone())
     }
 
     fn omap_header(&self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Vec<u8>>> {

@@ -381,12 +381,21 @@ fn signal(pid: i32, sig: i32) -> bool {
 }
 
 fn alive(pid: i32) -> bool {
-    // A zombie child still answers kill(pid, 0); look at its state too.
+    // A zombie child still answers kill(pid, 0); look at its state too. The main thread of an
+    // exiting process turns zombie before its other threads are gone (one blocked in a disk
+    // flush can take seconds), and those still hold its files — an OSD's store lock among
+    // them — so it is alive while any other thread is listed.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Ok(stat) => {
+            let zombie = stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'));
+            !zombie
+                || std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .map(|d| d.count() > 1)
+                    .unwrap_or(false)
+        }
         Err(_) => false,
     }
 }
