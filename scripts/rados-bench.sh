@@ -6,7 +6,8 @@
 # client CPU and the host load average; then each daemon's RSS and peak RSS.
 #
 # Usage: scripts/rados-bench.sh DIR [SECONDS]   Env: KELP=path/to/kelp, OSD_SIZE=4GiB,
-#        TESTS="w4m r4m w4k r4k", KEEP=1 (leave the cluster running)
+#        TESTS="w4m r4m w4k r4k", KEEP=1 (leave the cluster running; otherwise it is stopped
+#        and its data directory DIR/kelp deleted, the result files in DIR stay)
 set -euo pipefail
 {
 DIR=${1:?usage: rados-bench.sh DIR [SECONDS]}
@@ -18,7 +19,8 @@ TCK=$(getconf CLK_TCK)
 mkdir -p "$DIR"
 "$KELP" up --dir "$DIR/kelp" --detach --osd-size "$OSD_SIZE" >"$DIR/up.log" 2>&1
 CONF=$DIR/kelp/kelp.conf
-[[ ${KEEP:-0} == 1 ]] || trap '"$KELP" down --dir "$DIR/kelp" >/dev/null 2>&1' EXIT
+# The cluster's OSD files are OSD_SIZE each, fallocated: remove them at the end (results stay).
+[[ ${KEEP:-0} == 1 ]] || trap '"$KELP" down --dir "$DIR/kelp" >/dev/null 2>&1; rm -rf "$DIR/kelp"' EXIT
 pids() { cat "$DIR"/kelp/run/*.pid; }
 cpu_ticks() { local t=0 p; for p in $(pids); do t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done; echo $t; }
 run() { # run NAME BYTES_PER_OP ARGS...
