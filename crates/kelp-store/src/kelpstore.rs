@@ -344,6 +344,10 @@ pub(crate) struct Inner {
     pending_len: AtomicUsize,
     inflight_len: AtomicUsize,
     onode_cache: OnodeCache,
+    /// Aligned read buffers kept for reuse: a read fills its buffer from the device, so a
+    /// reused one needs no zeroing (zeroing fresh 4 MiB buffers was ~19% of an OSD's CPU on
+    /// 4 MiB reads, with the zeroing of the output).
+    read_bufs: Mutex<Vec<AlignedBuf>>,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
     /// Readers hold it shared while they use an extent map; the committer holds it exclusively
@@ -757,6 +761,30 @@ impl Inner {
         r.map_err(|e| StoreError::io(format!("writing the data file at {off}"), e))
     }
 
+    /// A buffer of `len` bytes whose content will be overwritten: a recycled one if one is
+    /// big enough, else a new (zeroed) one.
+    fn read_buf(&self, len: usize) -> AlignedBuf {
+        let mut pool = lock(&self.read_bufs);
+        if let Some(i) = pool.iter().position(|b| b.raw.len() - b.start >= len) {
+            let mut b = pool.swap_remove(i);
+            b.len = len;
+            return b;
+        }
+        drop(pool);
+        AlignedBuf::zeroed(len)
+    }
+
+    /// Keeps a read buffer for [`Inner::read_buf`] (a few, of at most 8 MiB).
+    fn recycle(&self, b: AlignedBuf) {
+        const KEEP: usize = 8;
+        if b.raw.len() <= (8 << 20) + DIO_ALIGN {
+            let mut pool = lock(&self.read_bufs);
+            if pool.len() < KEEP {
+                pool.push(b);
+            }
+        }
+    }
+
     /// Read `units` physical units starting at `punit` and verify them against `csums`
     /// (one per checksum block). `staged` overrides (current transaction's deferred units) and
     /// `pending_blocks` take precedence over the device. `lunit` only names the error offset.
@@ -770,7 +798,7 @@ impl Inner {
         staged: Option<Staged<'_>>,
     ) -> Result<AlignedBuf> {
         let u = self.geo.unit as usize;
-        let mut buf = AlignedBuf::zeroed(units as usize * u);
+        let mut buf = self.read_buf(units as usize * u);
         self.read_raw(punit * self.geo.unit, &mut buf)?;
         let (st_def, st_cow) = staged.unwrap_or((&EMPTY_DEFERRED, &[]));
         if self.pending_len.load(Ordering::Acquire) > 0
@@ -880,7 +908,8 @@ impl Inner {
         len: u64,
         staged: Option<Staged<'_>>,
     ) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; len as usize];
+        // Filled in order, zeros only where no extent is (holes, or past the last extent).
+        let mut out = Vec::with_capacity(len as usize);
         if len == 0 {
             return Ok(out);
         }
@@ -898,12 +927,25 @@ impl Inner {
             let csums =
                 &e.csums[(k * self.geo.bpu) as usize..((t - e.lunit) * self.geo.bpu) as usize];
             let data = self.read_units(oid, s, e.punit + k, t - s, csums, staged)?;
-            // Copy the overlap of [s*u, t*u) and [off, off+len).
+            // Append the overlap of [s*u, t*u) and [off, off+len).
             let a = (s * u).max(off);
             let b = (t * u).min(off + len);
-            out[(a - off) as usize..(b - off) as usize]
-                .copy_from_slice(&data[(a - s * u) as usize..(b - s * u) as usize]);
+            let at = (a - off) as usize;
+            let src = &data[(a - s * u) as usize..(b - s * u) as usize];
+            if out.len() <= at {
+                out.resize(at, 0);
+                out.extend_from_slice(src);
+            } else {
+                // Extents never overlap; if they did, the later one wins, as before.
+                let end = at + src.len();
+                if out.len() < end {
+                    out.resize(end, 0);
+                }
+                out[at..end].copy_from_slice(src);
+            }
+            self.recycle(data);
         }
+        out.resize(len as usize, 0);
         Ok(out)
     }
 }
@@ -1571,6 +1613,7 @@ impl KelpStore {
             pending_len: AtomicUsize::new(0),
             inflight_len: AtomicUsize::new(0),
             onode_cache,
+            read_bufs: Mutex::new(Vec::new()),
             alloc: Mutex::new(alloc),
             apply: Mutex::new(ApplyState {
                 next_seq: 1,
