@@ -774,9 +774,9 @@ impl Inner {
         AlignedBuf::zeroed(len)
     }
 
-    /// Keeps a read buffer for [`Inner::read_buf`] (a few, of at most 8 MiB).
+    /// Keeps a read buffer for [`Inner::read_buf`] (up to 6, of at most 8 MiB).
     fn recycle(&self, b: AlignedBuf) {
-        const KEEP: usize = 8;
+        const KEEP: usize = 6;
         if b.raw.len() <= (8 << 20) + DIO_ALIGN {
             let mut pool = lock(&self.read_bufs);
             if pool.len() < KEEP {
