@@ -1174,8 +1174,11 @@ impl OsdService {
             job: Job::Backfill,
             in_acting: false,
         }));
+        // A PG with fewer acting members than min_size goes active as `peered`: it serves no
+        // I/O (client ops are refused with `Inactive` and retried), but it is reported as Ceph
+        // does (`undersized+degraded+peered`), not as forever `peering`.
         let behind = lagging.iter().filter(|l| l.in_acting).count();
-        if acting.len() - behind < min_size {
+        if acting.len() >= min_size && acting.len() - behind < min_size {
             return Err(format!(
                 "recovery paused (norecover/nobackfill) and only {} of {} members are up to \
                  date, fewer than min_size {min_size}; waiting",
