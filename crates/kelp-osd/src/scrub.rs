@@ -1360,6 +1360,11 @@ impl OsdService {
         };
         let oid = crate::exec::object_id(object);
         let mut why = Vec::new();
+        // While the PG peers, its write set is the previous interval's, and a member being
+        // synced now holds its copy locked until this pull answers: never ask then.
+        if state.active.is_none() {
+            return Err("the PG is peering".into());
+        }
         let in_sync: Vec<i32> = state
             .write_to
             .iter()
