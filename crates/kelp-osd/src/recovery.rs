@@ -914,11 +914,7 @@ impl OsdService {
         if unfound.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "{} object(s) unfound (every in-sync copy unreadable), e.g. '{}'",
-                unfound.len(),
-                unfound[0].1
-            ))
+            Err(unfound_error(&unfound))
         }
     }
 
@@ -1121,11 +1117,7 @@ impl OsdService {
                     return Ok(Peered::AwaitingPgTemp);
                 }
                 _ => {
-                    return Err(format!(
-                        "{} object(s) unfound (every in-sync copy unreadable), e.g. '{}'",
-                        own_unfound.len(),
-                        own_unfound[0].1
-                    ));
+                    return Err(unfound_error(&own_unfound));
                 }
             }
         }
@@ -1190,20 +1182,11 @@ impl OsdService {
         // they refuse if this peering heard from none of the previous record's members. A PG
         // below min_size serves nothing, so it neither needs nor changes a record.
         if acting.len() >= min_size {
+            // The write set `activate` will give the PG, with this primary.
+            let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
             let members: Vec<i32> = std::iter::once(me)
-                .chain(
-                    acting
-                        .iter()
-                        .chain(up)
-                        .copied()
-                        .filter(|&o| o != me && !lagging.iter().any(|l| l.osd == o)),
-                )
-                .fold(Vec::new(), |mut v, o| {
-                    if !v.contains(&o) {
-                        v.push(o);
-                    }
-                    v
-                });
+                .chain(crate::service::write_targets(me, acting, up, &left))
+                .collect();
             let activation = kelp_proto::PgActivation {
                 pg,
                 primary: me,
@@ -1756,6 +1739,15 @@ impl OsdService {
         };
         Ok(self.send_sync(osd, sync).await?)
     }
+}
+
+/// The error for a sync that could not copy `unfound` (non-empty).
+fn unfound_error(unfound: &[(String, String)]) -> String {
+    format!(
+        "{} object(s) unfound (every in-sync copy unreadable), e.g. '{}'",
+        unfound.len(),
+        unfound.first().map_or("", |o| o.1.as_str())
+    )
 }
 
 /// How often recovery tries again to copy objects that were unfound.

@@ -181,6 +181,18 @@ impl PgState {
 
 pub(crate) type PgHandle = Arc<RwLock<PgState>>;
 
+/// The members besides the primary `me` that get a PG's writes once it is activated for
+/// `acting` and `up` with `left_behind` not in sync (each once, in set order).
+pub(crate) fn write_targets(me: i32, acting: &[i32], up: &[i32], left_behind: &[i32]) -> Vec<i32> {
+    let mut to: Vec<i32> = Vec::new();
+    for &o in acting.iter().chain(up) {
+        if o != me && !left_behind.contains(&o) && !to.contains(&o) {
+            to.push(o);
+        }
+    }
+    to
+}
+
 /// An activation record on its way to the monitors, with where their verdict goes.
 pub type ActivationRequest = (
     kelp_proto::PgActivation,
@@ -528,14 +540,7 @@ impl OsdService {
         state.deactivate();
         state.active = Some(acting.to_vec());
         state.peered_up = up.to_vec();
-        let me = self.cfg.id;
-        let mut write_to: Vec<i32> = Vec::new();
-        for &o in acting.iter().chain(up) {
-            if o != me && !left_behind.contains(&o) && !write_to.contains(&o) {
-                write_to.push(o);
-            }
-        }
-        state.write_to = write_to;
+        state.write_to = write_targets(self.cfg.id, acting, up, left_behind);
         // Peering brought every member to one history: nobody has a missed write any more.
         state.failed_replicas.clear();
         state.left_behind = left_behind.to_vec();

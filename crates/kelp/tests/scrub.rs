@@ -154,6 +154,21 @@ fn flip(file: &Path, needle: &[u8]) -> u64 {
     at
 }
 
+/// Writes `obj-I` with `body(I, len)` for each I, recording each in `written`.
+async fn write_objects(
+    io: &kelp_client::IoCtx,
+    ids: std::ops::Range<u64>,
+    len: usize,
+    written: &mut BTreeMap<String, Bytes>,
+) {
+    for i in ids {
+        let name = format!("obj-{i}");
+        let data = body(i, len);
+        io.write_full(&name, data.clone()).await.unwrap();
+        written.insert(name, data);
+    }
+}
+
 fn pg_of(rados: &Rados, name: &str) -> (PgId, Vec<i32>) {
     let map = rados.osd_map();
     let pool = map.pool_by_name("data").unwrap();
@@ -200,12 +215,7 @@ async fn deep_scrub_finds_flipped_bytes_and_repair_fixes_them() {
     // Objects with known content (256 KiB: whole allocation units, written straight to the
     // data file rather than deferred).
     let mut written: BTreeMap<String, Bytes> = BTreeMap::new();
-    for i in 0..24u64 {
-        let name = format!("obj-{i}");
-        let data = body(i, 256 << 10);
-        io.write_full(&name, data.clone()).await.unwrap();
-        written.insert(name, data);
-    }
+    write_objects(&io, 0..24u64, 256 << 10, &mut written).await;
     let victim = "obj-3".to_string();
     let (pg, acting) = pg_of(&rados, &victim);
     assert_eq!(acting.len(), 3);
@@ -445,12 +455,7 @@ async fn an_object_with_no_readable_copy_is_reported_unfound_never_invented() {
     let rados = c.connect().await;
     let io = rados.ioctx("data").await.unwrap();
     let mut written: BTreeMap<String, Bytes> = BTreeMap::new();
-    for i in 0..12u64 {
-        let name = format!("obj-{i}");
-        let data = body(i, 256 << 10);
-        io.write_full(&name, data.clone()).await.unwrap();
-        written.insert(name, data);
-    }
+    write_objects(&io, 0..12u64, 256 << 10, &mut written).await;
     let victim = "obj-3".to_string();
     let (pg, acting) = pg_of(&rados, &victim);
     assert_eq!(acting.len(), 3);
@@ -465,12 +470,7 @@ async fn an_object_with_no_readable_copy_is_reported_unfound_never_invented() {
     let v2 = body(500, 256 << 10);
     io.write_full(&victim, v2.clone()).await.unwrap();
     written.insert(victim.clone(), v2.clone());
-    for i in 12..20u64 {
-        let name = format!("obj-{i}");
-        let data = body(i, 64 << 10);
-        io.write_full(&name, data.clone()).await.unwrap();
-        written.insert(name, data);
-    }
+    write_objects(&io, 12..20u64, 64 << 10, &mut written).await;
     // Both copies of the new version rot (each OSD stopped while its file is changed).
     let needle = &v2[100_000..100_064];
     for osd in [replica, primary] {
