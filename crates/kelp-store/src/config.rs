@@ -45,8 +45,10 @@ pub struct StoreConfig {
     /// Whole-unit writes up to this size are also deferred (carried in the metadata commit)
     /// instead of being written to new extents and flushed before the commit; saves one device
     /// flush per commit for small writes. They still go to freshly allocated units, never over
-    /// live data. 0 disables. Default 64 KiB (measured: 2-5x more small-write IOPS on the
-    /// reference VM, whose flushes are expensive; see docs/BENCHMARKS.md).
+    /// live data. 0 disables. Default 8 KiB (measured on the reference VM: deferring 4 KiB
+    /// writes gives 2-5x the IOPS of writing them to new extents, while from 16 KiB on new
+    /// extents win, 2x at 64 KiB, since deferred data is written twice and fills the log;
+    /// see docs/BENCHMARKS.md).
     pub prefer_deferred_size: ByteSize,
     /// Most transactions that share one group commit (one flush). Default 512.
     pub max_batch_txns: usize,
@@ -59,7 +61,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             cache_budget: ByteSize(256 << 20),
-            prefer_deferred_size: ByteSize(64 << 10),
+            prefer_deferred_size: ByteSize(8 << 10),
             max_batch_txns: 512,
             deferred_cleanup_ms: 200,
         }

@@ -78,7 +78,7 @@ pub struct BenchArgs {
     pub cache_budget: ByteSize,
     /// Whole-unit writes up to this size are carried in the metadata commit instead of being
     /// flushed to new extents before it (0: never).
-    #[arg(long, default_value = "64KiB")]
+    #[arg(long, default_value = "8KiB")]
     pub prefer_deferred_size: ByteSize,
     /// Only reserve the benchmark stores' data files (fallocate) instead of writing them with
     /// zeros at mkfs: every commit that wrote new extents then flushes the data file and the
