@@ -151,7 +151,7 @@ impl KeyRead {
 }
 
 /// One atomic change to a key's shard: guards, then sets and removals.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Txn {
     guards: Vec<(String, Option<Vec<u8>>)>,
     present: Vec<String>,
@@ -402,12 +402,32 @@ impl Rgw {
             since_ns: now_ns(),
         }));
         let pk = pending_key(inst);
-        self.key_update(b, key, &[], &[], |_| {
-            let mut t = Txn::default();
-            t.set(pk.clone(), p.to_vec());
-            Ok(Step::Write(t, ()))
-        })
-        .await?;
+        let mut t = Txn::default();
+        t.set(pk.clone(), p.to_vec());
+        if b.reshard.is_none() {
+            // The bucket's record names no reshard, so the key's shard is almost always
+            // unmarked: write guarded on that, without reading the shard first. Any marker
+            // (resharding, frozen, moved) or a missing shard fails the guard, and the general
+            // path below reads the shard and acts on what it finds.
+            let shard = KeyShard {
+                obj: shard_obj(&b.id, b.generation, shard_of(key, b.shards)),
+                marker: None,
+                log: false,
+                frozen: false,
+            };
+            match self
+                .inner
+                .index
+                .operate(t.clone().build(&shard, key), &shard.obj)
+                .await
+            {
+                Ok(_) => return Ok(p),
+                Err(ClientError::Canceled { .. } | ClientError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.key_update(b, key, &[], &[], |_| Ok(Step::Write(t.clone(), ())))
+            .await?;
         Ok(p)
     }
 
