@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
-use kelp_client::IoCtx;
+use kelp_client::{ClientError, IoCtx};
 use kelp_types::ByteSize;
 
 use crate::cmd::OutputFormat;
@@ -796,13 +796,34 @@ async fn remove_prefix(io: &IoCtx, prefix: &str, count: u64) -> Result<u64> {
     Ok(removed.load(Ordering::Relaxed))
 }
 
+/// Removes the benchmark's objects, 16 at a time (one per round trip took minutes for the tens
+/// of thousands a small-object run leaves); the metadata object goes last, so an interrupted
+/// cleanup can be run again.
 async fn cleanup(io: &IoCtx) -> Result<u64> {
-    let mut n = 0;
-    for name in io.list_objects().await? {
-        if name.starts_with(BENCH_PREFIX) || name == BENCH_META {
-            io.remove(&name).await?;
-            n += 1;
-        }
+    use futures::StreamExt;
+    let names: Vec<String> = io
+        .list_objects()
+        .await?
+        .into_iter()
+        .filter(|n| n.starts_with(BENCH_PREFIX))
+        .collect();
+    let mut removals = futures::stream::iter(names.iter())
+        .map(|name| async move {
+            match io.remove(name).await {
+                // removed meanwhile (a concurrent cleanup): that is what we want
+                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .buffer_unordered(16);
+    while let Some(r) = removals.next().await {
+        r?;
+    }
+    let mut n = names.len() as u64;
+    match io.remove(BENCH_META).await {
+        Ok(()) => n += 1,
+        Err(ClientError::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
     }
     Ok(n)
 }
