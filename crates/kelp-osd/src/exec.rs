@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use kelp_proto::{CmpOp, ErrorCode, ObjectLocator, OpKind, OpResult};
 use kelp_store::Op;
 use kelp_store::{CollectionId, ObjectId, ObjectStore, StoreError, Transaction};
@@ -89,6 +90,47 @@ pub struct Stamp {
     pub mtime_ns: u64,
 }
 
+/// The read payloads of an op, in op order. A single data read keeps the store's buffer as it
+/// came (a large one is the store's own read buffer, sent without a copy); anything more is
+/// gathered into one buffer.
+#[derive(Debug, Default)]
+pub struct OutData {
+    whole: Option<Bytes>,
+    gathered: Vec<u8>,
+}
+
+impl OutData {
+    fn push(&mut self, b: Bytes) {
+        if self.whole.is_none() && self.gathered.is_empty() {
+            self.whole = Some(b);
+        } else {
+            self.extend_from_slice(&b);
+        }
+    }
+
+    fn extend_from_slice(&mut self, d: &[u8]) {
+        if let Some(w) = self.whole.take() {
+            self.gathered.extend_from_slice(&w);
+        }
+        self.gathered.extend_from_slice(d);
+    }
+
+    pub fn len(&self) -> usize {
+        self.whole.as_ref().map_or(0, Bytes::len) + self.gathered.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn into_bytes(self) -> Bytes {
+        match self.whole {
+            Some(w) => w,
+            None => Bytes::from(self.gathered),
+        }
+    }
+}
+
 /// The outcome of an op.
 #[derive(Debug, Default)]
 pub struct Executed {
@@ -100,7 +142,7 @@ pub struct Executed {
     pub exists_after: bool,
     pub outs: Vec<OpResult>,
     /// Read payloads, in op order.
-    pub out_data: Vec<u8>,
+    pub out_data: OutData,
     /// The object's version after the op (0 if it does not exist).
     pub version: u64,
 }
@@ -424,7 +466,7 @@ pub fn execute(
                         format!("read of {want} bytes is too large"),
                     );
                 }
-                let bytes = store.read(coll, &oid, *offset, want)?;
+                let bytes = store.read_bytes(coll, &oid, *offset, want)?;
                 if bytes.len() as u64 > limits.max_write_size {
                     return err(
                         ErrorCode::TooBig,
@@ -434,12 +476,7 @@ pub fn execute(
                 out.outs.push(OpResult::Data {
                     len: bytes.len() as u64,
                 });
-                if out.out_data.is_empty() {
-                    // The common single read: hand the store's buffer on instead of copying it.
-                    out.out_data = bytes;
-                } else {
-                    out.out_data.extend_from_slice(&bytes);
-                }
+                out.out_data.push(bytes);
             }
             OpKind::Stat => {
                 if !exists {

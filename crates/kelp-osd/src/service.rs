@@ -1282,6 +1282,6 @@ fn ok_reply(done: Executed, epoch: u32) -> (OsdOpReply, Bytes) {
             epoch,
             outs: done.outs,
         },
-        Bytes::from(done.out_data),
+        done.out_data.into_bytes(),
     )
 }

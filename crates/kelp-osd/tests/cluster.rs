@@ -242,7 +242,7 @@ impl Cluster {
             &Limits::default(),
         )
         .ok()
-        .map(|d| d.out_data)
+        .map(|d| d.out_data.into_bytes().to_vec())
     }
 }
 

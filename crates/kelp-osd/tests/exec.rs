@@ -69,7 +69,7 @@ fn read(
         },
         &Limits::default(),
     )
-    .map(|d| (d.outs, d.out_data))
+    .map(|d| (d.outs, d.out_data.into_bytes().to_vec()))
     .map_err(|e| e.code)
 }
 
@@ -622,7 +622,7 @@ fn whole_object_reads_respect_osd_max_write_size() {
                 ..Limits::default()
             },
         )
-        .map(|d| (d.out_data, d.version))
+        .map(|d| (d.out_data.into_bytes().to_vec(), d.version))
         .map_err(|e| e.code)
     };
     assert_eq!(read_with(10, 0), Ok((vec![7u8; 10], 1)));

@@ -348,10 +348,8 @@ pub(crate) struct Inner {
     /// Filled and emptied only under `apply` (transactions and publishing), so it never
     /// lists a collection whose removal was published.
     known_colls: Mutex<HashSet<Vec<u8>>>,
-    /// Aligned read buffers kept for reuse: a read fills its buffer from the device, so a
-    /// reused one needs no zeroing (zeroing fresh 4 MiB buffers was ~19% of an OSD's CPU on
-    /// 4 MiB reads, with the zeroing of the output).
-    read_bufs: Mutex<Vec<AlignedBuf>>,
+    /// Read buffers for reuse; large reads lend theirs out as `Bytes` ([`BufPool`]).
+    read_bufs: Arc<BufPool>,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
     /// Readers hold it shared while they use an extent map; the committer holds it exclusively
@@ -768,25 +766,45 @@ impl Inner {
     /// A buffer of `len` bytes whose content will be overwritten: a recycled one if one is
     /// big enough, else a new (zeroed) one.
     fn read_buf(&self, len: usize) -> AlignedBuf {
-        let mut pool = lock(&self.read_bufs);
-        if let Some(i) = pool.iter().position(|b| b.raw.len() - b.start >= len) {
-            let mut b = pool.swap_remove(i);
-            b.len = len;
-            return b;
-        }
-        drop(pool);
-        AlignedBuf::zeroed(len)
+        self.read_bufs.take(len)
     }
 
-    /// Keeps a read buffer for [`Inner::read_buf`] (up to 6, of at most 8 MiB).
     fn recycle(&self, b: AlignedBuf) {
-        const KEEP: usize = 6;
-        if b.raw.len() <= (8 << 20) + DIO_ALIGN {
-            let mut pool = lock(&self.read_bufs);
-            if pool.len() < KEEP {
-                pool.push(b);
-            }
+        self.read_bufs.keep(b);
+    }
+
+    /// A read of `[off, off+len)` that lies inside one extent, as `Bytes` over the read
+    /// buffer itself (it returns to the pool when the last `Bytes` is dropped); `None` if the
+    /// range spans extents or holes (the caller assembles it with [`Inner::read_onode`]).
+    fn read_in_extent(
+        &self,
+        oid: &ObjectId,
+        on: &Onode,
+        off: u64,
+        len: u64,
+    ) -> Result<Option<bytes::Bytes>> {
+        let u = self.geo.unit;
+        let first = off / u;
+        let last = (off + len).div_ceil(u);
+        let i0 = on.extents.partition_point(|e| e.lunit + e.units <= first);
+        let Some(e) = on.extents.get(i0) else {
+            return Ok(None);
+        };
+        if len == 0 || e.lunit > first || e.lunit + e.units < last {
+            return Ok(None);
         }
+        let k = first - e.lunit;
+        let csums =
+            &e.csums[(k * self.geo.bpu) as usize..((last - e.lunit) * self.geo.bpu) as usize];
+        let data = self.read_units(oid, first, e.punit + k, last - first, csums, None)?;
+        let at = (off - first * u) as usize;
+        let owner = PooledBuf {
+            buf: Some(data),
+            pool: Arc::downgrade(&self.read_bufs),
+        };
+        Ok(Some(
+            bytes::Bytes::from_owner(owner).slice(at..at + len as usize),
+        ))
     }
 
     /// Read `units` physical units starting at `punit` and verify them against `csums`
@@ -873,6 +891,12 @@ impl Inner {
         })
     }
 
+    /// `onode_cached` for callers that read no extents (omap reads): takes `reuse` itself.
+    fn onode_locked(&self, coll: CollectionId, oid: &ObjectId) -> Result<Arc<Onode>> {
+        let _g = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+        self.onode_cached(coll, oid)
+    }
+
     /// Like `onode_for_read`, through the onode cache. The caller must hold `reuse` shared.
     fn onode_cached(&self, coll: CollectionId, oid: &ObjectId) -> Result<Arc<Onode>> {
         let key = keys::obj_key(coll, oid);
@@ -951,6 +975,57 @@ impl Inner {
         }
         out.resize(len as usize, 0);
         Ok(out)
+    }
+}
+
+/// Aligned read buffers kept for reuse: a read fills its buffer from the device, so a reused
+/// one needs no zeroing (zeroing fresh 4 MiB buffers was ~19% of an OSD's CPU on 4 MiB reads).
+#[derive(Default)]
+pub(crate) struct BufPool(Mutex<Vec<AlignedBuf>>);
+
+impl BufPool {
+    /// Buffers kept, and the largest kept.
+    const KEEP: usize = 6;
+    const MAX: usize = 8 << 20;
+
+    fn take(&self, len: usize) -> AlignedBuf {
+        let mut pool = lock(&self.0);
+        if let Some(i) = pool.iter().position(|b| b.raw.len() - b.start >= len) {
+            let mut b = pool.swap_remove(i);
+            b.len = len;
+            return b;
+        }
+        drop(pool);
+        AlignedBuf::zeroed(len)
+    }
+
+    fn keep(&self, b: AlignedBuf) {
+        if b.raw.len() <= Self::MAX + DIO_ALIGN {
+            let mut pool = lock(&self.0);
+            if pool.len() < Self::KEEP {
+                pool.push(b);
+            }
+        }
+    }
+}
+
+/// A read buffer lent out as the owner of a `Bytes`; back to its pool when dropped.
+struct PooledBuf {
+    buf: Option<AlignedBuf>,
+    pool: std::sync::Weak<BufPool>,
+}
+
+impl AsRef<[u8]> for PooledBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_deref().unwrap_or(&[])
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let (Some(b), Some(pool)) = (self.buf.take(), self.pool.upgrade()) {
+            pool.keep(b);
+        }
     }
 }
 
@@ -1646,7 +1721,7 @@ impl KelpStore {
             inflight_len: AtomicUsize::new(0),
             onode_cache,
             known_colls: Mutex::new(HashSet::new()),
-            read_bufs: Mutex::new(Vec::new()),
+            read_bufs: Arc::new(BufPool::default()),
             alloc: Mutex::new(alloc),
             apply: Mutex::new(ApplyState {
                 next_seq: 1,
@@ -2406,6 +2481,29 @@ impl ObjectStore for KelpStore {
         self.inner.read_onode(oid, &on, start, end - start, None)
     }
 
+    fn read_bytes(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        offset: u64,
+        len: u64,
+    ) -> Result<bytes::Bytes> {
+        /// Below this a copy costs less than lending the buffer out.
+        const LEND_MIN: u64 = 64 << 10;
+        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let on = self.inner.onode_cached(coll, oid)?;
+        let start = offset.min(on.size);
+        let len = offset.saturating_add(len).min(on.size) - start;
+        if len >= LEND_MIN
+            && let Some(b) = self.inner.read_in_extent(oid, &on, start, len)?
+        {
+            return Ok(b);
+        }
+        self.inner
+            .read_onode(oid, &on, start, len, None)
+            .map(bytes::Bytes::from)
+    }
+
     fn xattrs(&self, coll: CollectionId, oid: &ObjectId) -> Result<BTreeMap<String, Vec<u8>>> {
         // Through the onode cache, like `read`: a client read op asks for the xattrs (version)
         // and then the data, and the uncached lookup was ~8% of a 4 KiB-read OSD's CPU.
@@ -2414,7 +2512,7 @@ impl ObjectStore for KelpStore {
     }
 
     fn omap_header(&self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Vec<u8>>> {
-        let on = self.inner.onode_for_read(coll, oid)?;
+        let on = self.inner.onode_locked(coll, oid)?;
         if !on.has_omap {
             return Ok(None);
         }
@@ -2430,7 +2528,7 @@ impl ObjectStore for KelpStore {
         oid: &ObjectId,
         keys_wanted: &[Vec<u8>],
     ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
-        let on = self.inner.onode_for_read(coll, oid)?;
+        let on = self.inner.onode_locked(coll, oid)?;
         let mut out = BTreeMap::new();
         if !on.has_omap {
             return Ok(out);
@@ -2450,7 +2548,7 @@ impl ObjectStore for KelpStore {
         after: Option<&[u8]>,
         max: usize,
     ) -> Result<OmapPage> {
-        let on = self.inner.onode_for_read(coll, oid)?;
+        let on = self.inner.onode_locked(coll, oid)?;
         if !on.has_omap {
             return Ok(OmapPage {
                 entries: Vec::new(),

@@ -80,6 +80,18 @@ pub trait ObjectStore: Send + Sync {
     /// Read `[offset, offset + len)`, clipped to the object size (short or empty past the end).
     fn read(&self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>>;
 
+    /// Like [`ObjectStore::read`], as `Bytes`: a store may hand out its own read buffer
+    /// instead of copying it (the OSD sends a large read's reply straight from it).
+    fn read_bytes(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        offset: u64,
+        len: u64,
+    ) -> Result<bytes::Bytes> {
+        self.read(coll, oid, offset, len).map(bytes::Bytes::from)
+    }
+
     /// All extended attributes of an object.
     fn xattrs(&self, coll: CollectionId, oid: &ObjectId) -> Result<BTreeMap<String, Vec<u8>>>;
 

@@ -126,6 +126,60 @@ fn check_data_ops(s: &dyn ObjectStore) {
     );
 }
 
+/// `read_bytes` returns what `read` does, for large reads inside one extent (which the durable
+/// store lends out of its read buffers), across extents and holes, and past the end; a lent
+/// buffer stays intact while later reads and writes reuse the store's buffers.
+fn check_read_bytes(s: &dyn ObjectStore) {
+    with_coll(s, C);
+    let o = oid("big");
+    let mut r = Rng::new(11);
+    let mut model = r.bytes(1 << 20);
+    run(s, Transaction::new().write(C, &o, 0, model.clone())).unwrap();
+    let ranges: [(u64, u64); 7] = [
+        (0, 1 << 20),
+        (0, u64::MAX),
+        (4096, 65536),
+        (1000, 200_000),
+        ((1 << 20) - 70_000, 100_000),
+        (5, 10),
+        ((1 << 20) + 5, 10),
+    ];
+    let check = |s: &dyn ObjectStore, model: &[u8], what: &str| {
+        for (off, len) in ranges {
+            let a = (off as usize).min(model.len());
+            let b = (off.saturating_add(len) as usize).min(model.len());
+            let got = s.read_bytes(C, &o, off, len).unwrap();
+            assert_eq!(&got[..], &model[a..b], "{what}: read_bytes {off}+{len}");
+            assert_eq!(
+                s.read(C, &o, off, len).unwrap(),
+                &model[a..b],
+                "{what}: read"
+            );
+        }
+    };
+    check(s, &model, "one extent");
+    // Lend more buffers than the pool keeps, then read and write meanwhile.
+    let lent: Vec<_> = (0..10u64)
+        .map(|i| s.read_bytes(C, &o, i * 65536, 128 << 10).unwrap())
+        .collect();
+    let patch = r.bytes(8192);
+    model[300_000..308_192].copy_from_slice(&patch);
+    run(s, Transaction::new().write(C, &o, 300_000, patch)).unwrap();
+    check(s, &model, "after a patch");
+    run(s, Transaction::new().zero(C, &o, 600_000, 100_000)).unwrap();
+    model[600_000..700_000].fill(0);
+    check(s, &model, "after a zero");
+    let first = Rng::new(11).bytes(1 << 20);
+    for (i, b) in lent.iter().enumerate() {
+        let at = i * 65536;
+        assert_eq!(
+            &b[..],
+            &first[at..at + (128 << 10)],
+            "lent buffer {i} changed"
+        );
+    }
+}
+
 fn check_ordering_and_listing(s: &dyn ObjectStore) {
     with_coll(s, C);
     let mut all: Vec<ObjectId> = (0..50)
@@ -626,6 +680,7 @@ macro_rules! conformance {
 conformance!(
     check_collections,
     check_data_ops,
+    check_read_bytes,
     check_ordering_and_listing,
     check_atomicity,
     check_submission_order,
