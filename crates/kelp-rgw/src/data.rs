@@ -17,15 +17,29 @@ use crate::layout::{
 };
 use crate::rgw::Rgw;
 
-/// Tail stripes of one upload written at the same time. The garbage collector deletes an
-/// abandoned instance of unknown size by probing stripes until this many in a row are absent.
+/// Most stripes of one upload written at the same time, by any gateway version. The garbage
+/// collector deletes an abandoned instance of unknown size by probing stripes until this many
+/// in a row are absent.
 pub const MAX_INFLIGHT_STRIPES: usize = 4;
 
-/// Writes one instance: the head stripe is kept until [`InstanceWriter::finish`], tail stripes
-/// are written as soon as they are full, a few at a time.
+/// Stripes one upload writes at the same time. With the stripe being filled, an upload holds at
+/// most this many + 1 stripes of memory (16 uploads of 32 MiB objects peaked at 480 MiB of
+/// gateway memory with 4 in flight and the head stripe held to the end).
+const WRITE_WINDOW: usize = 2;
+const _: () = assert!(WRITE_WINDOW <= MAX_INFLIGHT_STRIPES);
+
+/// Reads of a body are at most this long, [`READ_AHEAD`] at a time: a GET holds about
+/// `READ_AHEAD + 2` pieces of memory (in flight, queued, being sent).
+const READ_PIECE: u64 = 2 << 20;
+const READ_AHEAD: usize = 2;
+
+/// Writes one instance. A one-stripe object (the common small one) is written at
+/// [`InstanceWriter::finish`] in one operation with its meta; a larger one has every stripe
+/// written as soon as it is full, a few at a time, and gets its meta at the end.
 pub struct InstanceWriter {
     data: IoCtx,
     inst: String,
+    /// The head stripe, until a second stripe shows that the object is larger.
     head: Option<Bytes>,
     cur: BytesMut,
     next_stripe: u64,
@@ -87,7 +101,16 @@ impl InstanceWriter {
             self.head = Some(stripe);
             return Ok(());
         }
-        while self.tails.len() >= MAX_INFLIGHT_STRIPES {
+        if let Some(head) = self.head.take() {
+            // More than one stripe: the head's data goes now too (unreferenced until the
+            // index commit, so nobody reads it early), its meta at `finish`.
+            self.spawn_write(0, head).await?;
+        }
+        self.spawn_write(n, stripe).await
+    }
+
+    async fn spawn_write(&mut self, n: u64, stripe: Bytes) -> Result<()> {
+        while self.tails.len() >= WRITE_WINDOW {
             self.join_one().await?;
         }
         let data = self.data.clone();
@@ -122,12 +145,20 @@ impl InstanceWriter {
             size: self.size,
             md5: self.md5.finalize_reset().into(),
         };
-        let mut op = WriteOp::new()
-            .create(true)
-            .write_full(self.head.take().unwrap_or_default());
-        if let Some(m) = meta(&written) {
-            op = op.set_xattr(META_XATTR, encode(&m));
-        }
+        let op = match (self.head.take(), meta(&written)) {
+            (Some(head), m) => {
+                let op = WriteOp::new().create(true).write_full(head);
+                match m {
+                    Some(m) => op.set_xattr(META_XATTR, encode(&m)),
+                    None => op,
+                }
+            }
+            // the head's data went with the other stripes
+            (None, Some(m)) => WriteOp::new()
+                .assert_exists()
+                .set_xattr(META_XATTR, encode(&m)),
+            (None, None) => return Ok(written),
+        };
         self.data.operate(op, &self.inst).await?;
         Ok(written)
     }
@@ -179,7 +210,25 @@ fn segments(inst: &str, meta: &ObjectMeta, start: u64, end: u64) -> Vec<Segment>
     out
 }
 
-/// A body being streamed out of RADOS (a reader task feeds it, two stripes ahead).
+/// `segs` cut into reads of at most [`READ_PIECE`] bytes.
+fn pieces(segs: Vec<Segment>) -> Vec<Segment> {
+    let mut out = Vec::with_capacity(segs.len());
+    for s in segs {
+        let mut at = 0;
+        while at < s.len {
+            let len = READ_PIECE.min(s.len - at);
+            out.push(Segment {
+                obj: s.obj.clone(),
+                offset: s.offset + at,
+                len,
+            });
+            at += len;
+        }
+    }
+    out
+}
+
+/// A body being streamed out of RADOS (a reader task feeds it, a few pieces ahead).
 pub struct BodyStream {
     rx: mpsc::Receiver<Result<Bytes, RgwError>>,
 }
@@ -265,7 +314,7 @@ impl Rgw {
         end: u64,
         first: Bytes,
     ) -> BodyStream {
-        let (tx, rx) = mpsc::channel(2);
+        let (tx, rx) = mpsc::channel(1);
         let data = self.inner.data.clone();
         let mut segs = segments(inst, meta, start, end);
         let mut skip = first.len() as u64;
@@ -284,7 +333,7 @@ impl Rgw {
                 skip -= cut;
                 s.len > 0
             });
-            let mut reads = futures::stream::iter(segs.into_iter().map(|s| {
+            let mut reads = futures::stream::iter(pieces(segs).into_iter().map(|s| {
                 let data = data.clone();
                 async move {
                     let got = data.read(&s.obj, s.offset, s.len).await?;
@@ -302,7 +351,7 @@ impl Rgw {
                     Ok(got)
                 }
             }))
-            .buffered(2);
+            .buffered(READ_AHEAD);
             use futures::StreamExt;
             while let Some(r) = reads.next().await {
                 let failed = r.is_err();
@@ -387,6 +436,26 @@ mod tests {
                 .collect(),
             ..ObjectMeta::default()
         }
+    }
+
+    #[test]
+    fn reads_are_cut_into_pieces() {
+        let seg = |obj: &str, offset, len| Segment {
+            obj: obj.to_string(),
+            offset,
+            len,
+        };
+        let p = pieces(vec![seg("a", 10, READ_PIECE * 2 + 5), seg("b", 0, 3)]);
+        assert_eq!(
+            p,
+            vec![
+                seg("a", 10, READ_PIECE),
+                seg("a", 10 + READ_PIECE, READ_PIECE),
+                seg("a", 10 + 2 * READ_PIECE, 5),
+                seg("b", 0, 3),
+            ]
+        );
+        assert!(pieces(vec![seg("c", 0, 0)]).is_empty());
     }
 
     #[test]

@@ -73,6 +73,15 @@ assert s3.get_object(Bucket="alpha", Key="dir/one.bin", Range="bytes=-5")["Body"
 assert s3.get_object(Bucket="alpha", Key="dir/one.bin", Range="bytes=99990-")["Body"].read() == body[99990:]
 expect_error("InvalidRange", s3.get_object, Bucket="alpha", Key="dir/one.bin", Range="bytes=200000-")
 
+step("a single PUT of several stripes, read whole and across stripe and read-piece boundaries")
+big = os.urandom(9 * 1024 * 1024 + 123)
+s3.put_object(Bucket="alpha", Key="big.bin", Body=big)
+assert s3b.get_object(Bucket="alpha", Key="big.bin")["Body"].read() == big
+for a, b in [(2097150, 2097160), (4194300, 8388700), (1, 9437000), (9437180, 9437306)]:
+    got = s3.get_object(Bucket="alpha", Key="big.bin", Range=f"bytes={a}-{b}")["Body"].read()
+    assert got == big[a:b + 1], (a, b)
+s3.delete_object(Bucket="alpha", Key="big.bin")
+
 step("conditional requests")
 expect_error("PreconditionFailed", s3.get_object, Bucket="alpha", Key="dir/one.bin", IfMatch='"0000"')
 expect_error("304", s3.get_object, Bucket="alpha", Key="dir/one.bin", IfNoneMatch=f'"{md5}"')
