@@ -25,8 +25,12 @@ pub enum ConfigCommand {
 
 #[derive(Args, Debug)]
 pub struct SetArgs {
+    /// Who the option applies to: `global`, a daemon type (`osd`, `mon`) or one daemon
+    /// (`osd.2`).
     pub who: String,
+    /// The option's name.
     pub key: String,
+    /// The new value.
     pub value: String,
     #[command(flatten)]
     pub conf: ConfArgs,
@@ -34,7 +38,9 @@ pub struct SetArgs {
 
 #[derive(Args, Debug)]
 pub struct GetArgs {
+    /// Whose value: `global`, a daemon type (`osd`, `mon`) or one daemon (`osd.2`).
     pub who: String,
+    /// The option's name.
     pub key: String,
     #[command(flatten)]
     pub conf: ConfArgs,

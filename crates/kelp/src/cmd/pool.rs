@@ -26,6 +26,7 @@ pub enum PoolCommand {
 
 #[derive(Args, Debug)]
 pub struct CreateArgs {
+    /// The new pool's name.
     pub name: String,
     /// Number of placement groups (default 32).
     #[arg(long)]
@@ -53,6 +54,7 @@ pub struct ListArgs {
 
 #[derive(Args, Debug)]
 pub struct RmArgs {
+    /// The pool to delete.
     pub name: String,
     /// Confirms that every object of the pool is to be deleted.
     #[arg(long)]
@@ -63,6 +65,7 @@ pub struct RmArgs {
 
 #[derive(Args, Debug)]
 pub struct GetArgs {
+    /// The pool.
     pub name: String,
     /// One of: size, min_size, pg_num, pgp_num, crush_rule, id (default: all).
     pub key: Option<String>,
@@ -74,9 +77,11 @@ pub struct GetArgs {
 
 #[derive(Args, Debug)]
 pub struct SetArgs {
+    /// The pool.
     pub name: String,
     /// size, min_size or crush_rule.
     pub key: String,
+    /// The new value (a number; for crush_rule the rule's name or id).
     pub value: String,
     #[command(flatten)]
     pub conf: ConfArgs,

@@ -158,13 +158,16 @@ pub struct AdminArgs {
 pub enum UserCommand {
     /// Create a user with one key pair (generated unless given) and print it.
     Create {
+        /// The user id.
         #[arg(long)]
         uid: String,
+        /// The user's display name (shown as the owner in listings).
         #[arg(long, default_value = "")]
         display_name: String,
         /// Use this access key instead of a generated one (needs --secret-key).
         #[arg(long, requires = "secret_key")]
         access_key: Option<String>,
+        /// Use this secret key instead of a generated one (needs --access-key).
         #[arg(long, requires = "access_key")]
         secret_key: Option<String>,
         #[command(flatten)]
@@ -177,6 +180,7 @@ pub enum UserCommand {
     },
     /// Show a user and its keys.
     Info {
+        /// The user id.
         #[arg(long)]
         uid: String,
         #[command(flatten)]
@@ -184,6 +188,7 @@ pub enum UserCommand {
     },
     /// Remove a user that owns no buckets.
     Rm {
+        /// The user id.
         #[arg(long)]
         uid: String,
         #[command(flatten)]
@@ -195,10 +200,13 @@ pub enum UserCommand {
 pub enum KeyCommand {
     /// Add a key pair to a user (generated unless given) and print it.
     Create {
+        /// The user id.
         #[arg(long)]
         uid: String,
+        /// Use this access key instead of a generated one (needs --secret-key).
         #[arg(long, requires = "secret_key")]
         access_key: Option<String>,
+        /// Use this secret key instead of a generated one (needs --access-key).
         #[arg(long, requires = "access_key")]
         secret_key: Option<String>,
         #[command(flatten)]
@@ -206,6 +214,7 @@ pub enum KeyCommand {
     },
     /// Remove an access key.
     Rm {
+        /// The access key to remove.
         #[arg(long)]
         access_key: String,
         #[command(flatten)]
@@ -217,6 +226,7 @@ pub enum KeyCommand {
 pub enum BucketCommand {
     /// List buckets (all, or one user's).
     Ls {
+        /// Only this user's buckets.
         #[arg(long)]
         uid: Option<String>,
         #[command(flatten)]
@@ -224,6 +234,7 @@ pub enum BucketCommand {
     },
     /// A bucket's owner, id, shards, object count and bytes.
     Stats {
+        /// The bucket name.
         #[arg(long)]
         bucket: String,
         #[command(flatten)]
@@ -232,10 +243,13 @@ pub enum BucketCommand {
     /// Create a bucket for a user, optionally with a given number of index shards (pre-sized
     /// for a large bucket).
     Create {
+        /// The bucket name.
         #[arg(long)]
         bucket: String,
+        /// The user id.
         #[arg(long)]
         uid: String,
+        /// Index shards to create the bucket with (default: `--default-shards`).
         #[arg(long)]
         num_shards: Option<u32>,
         #[command(flatten)]
@@ -243,8 +257,10 @@ pub enum BucketCommand {
     },
     /// Reshard a bucket's index to N shards while it keeps serving reads and writes.
     Reshard {
+        /// The bucket name.
         #[arg(long)]
         bucket: String,
+        /// The new number of index shards.
         #[arg(long)]
         num_shards: u32,
         #[command(flatten)]
@@ -252,6 +268,7 @@ pub enum BucketCommand {
     },
     /// Delete a bucket; refused while it holds objects unless --purge-objects.
     Rm {
+        /// The bucket name.
         #[arg(long)]
         bucket: String,
         /// Delete every object in the bucket first.
