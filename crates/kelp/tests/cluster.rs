@@ -430,7 +430,14 @@ async fn three_monitors_keep_serving_when_the_leader_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_osd_is_added_then_another_drained_and_removed_without_losing_a_byte() {
     let started = Instant::now();
-    let cluster = Cluster::up();
+    // Prewritten data files (`--prewrite`): the stores say so, the added one too.
+    let cluster = Cluster::up_with(&["--prewrite"]);
+    let prewritten = |osd: u32| {
+        kelp_store::Superblock::read(&cluster.dir.join(format!("osd.{osd}")))
+            .unwrap()
+            .data_prewritten
+    };
+    assert!(prewritten(0) && prewritten(2));
     let d = cluster.dir.display().to_string();
     let conf = cluster.conf().display().to_string();
     let rados = cluster.connect().await;
@@ -444,12 +451,21 @@ async fn an_osd_is_added_then_another_drained_and_removed_without_losing_a_byte(
     }
 
     // a fourth OSD joins: CRUSH moves a share of the PGs onto it
-    let out = kelp(&["daemon", "add-osd", "--dir", &d, "--osd-size", "1GiB"]);
+    let out = kelp(&[
+        "daemon",
+        "add-osd",
+        "--dir",
+        &d,
+        "--osd-size",
+        "1GiB",
+        "--prewrite",
+    ]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(prewritten(3));
     for i in 0..100 {
         let name = format!("during-{i}");
         let data = body(8, i);

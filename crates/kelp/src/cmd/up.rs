@@ -42,6 +42,12 @@ pub struct UpArgs {
     /// N times this much disk.
     #[arg(long, default_value = "8GiB")]
     pub osd_size: kelp_types::ByteSize,
+    /// Write each new OSD's data file with zeros when it is created (`kelp store mkfs
+    /// --prewrite`) instead of only reserving it: creating the cluster takes one sequential
+    /// write of N × --osd-size, and large writes then cost one device flush per commit instead
+    /// of a filesystem journal commit (see docs/STORE.md).
+    #[arg(long)]
+    pub prewrite: bool,
     /// Placement groups of the default pool.
     #[arg(long, default_value_t = 64)]
     pub pg_num: u32,
@@ -118,6 +124,10 @@ pub struct AddOsdArgs {
     /// Size of the new OSD's data file (reserved on disk now).
     #[arg(long, default_value = "8GiB")]
     pub osd_size: kelp_types::ByteSize,
+    /// Write the data file with zeros now instead of only reserving it (as `kelp up
+    /// --prewrite`).
+    #[arg(long)]
+    pub prewrite: bool,
 }
 
 #[derive(Args, Debug)]
@@ -241,15 +251,24 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
         run_quiet(&args)?;
     }
     for i in 0..a.osds {
-        run_quiet(&[
-            "store".into(),
-            "mkfs".into(),
-            dir.join(format!("osd.{i}")).display().to_string(),
-            "--size".into(),
-            a.osd_size.0.to_string(),
-        ])?;
+        mkfs_osd(&dir.join(format!("osd.{i}")), a.osd_size, a.prewrite)?;
     }
     Ok(())
+}
+
+/// Makes an OSD's store in `dir` (`kelp store mkfs`).
+fn mkfs_osd(dir: &Path, size: kelp_types::ByteSize, prewrite: bool) -> Result<()> {
+    let mut args = vec![
+        "store".to_string(),
+        "mkfs".into(),
+        dir.display().to_string(),
+        "--size".into(),
+        size.0.to_string(),
+    ];
+    if prewrite {
+        args.push("--prewrite".into());
+    }
+    run_quiet(&args)
 }
 
 /// The daemons of the cluster in `dir`, monitors first.
@@ -829,13 +848,7 @@ fn add_osd(a: AddOsdArgs) -> Result<ExitCode> {
         Ok::<_, anyhow::Error>(next)
     })?;
     let name = format!("osd.{id}");
-    run_quiet(&[
-        "store".into(),
-        "mkfs".into(),
-        dir.join(&name).display().to_string(),
-        "--size".into(),
-        a.osd_size.0.to_string(),
-    ])?;
+    mkfs_osd(&dir.join(&name), a.osd_size, a.prewrite)?;
     let d = daemons(&dir)?
         .into_iter()
         .find(|d| d.name == name)
