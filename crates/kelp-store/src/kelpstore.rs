@@ -477,14 +477,30 @@ fn take_lock(dir: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(|e| StoreError::io(format!("opening {}", path.display()), e))?;
-    match f.try_lock() {
-        Ok(()) => Ok(f),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
-            path: dir.to_path_buf(),
-        }),
-        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io("locking the store", e)),
+    // A store closed a moment ago can still look locked: a process forking a child at that
+    // moment lends the child its descriptors until the child's exec, and the lock goes with
+    // them. So a held lock is retried for a short while before it is reported.
+    let deadline = std::time::Instant::now() + LOCK_RETRY;
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(f),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked {
+                    path: dir.to_path_buf(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::io("locking the store", e));
+            }
+        }
     }
 }
+
+/// How long a held store lock is retried before mounting fails with `Locked`.
+const LOCK_RETRY: Duration = Duration::from_secs(1);
 
 fn now_unix() -> u64 {
     SystemTime::now()
