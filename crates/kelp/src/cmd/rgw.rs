@@ -333,6 +333,7 @@ fn print_user(u: &kelp_rgw::UserRecord, format: OutputFormat) -> Result<()> {
 /// resident although idle. Making glibc map and unmap each such buffer instead (a fixed mmap
 /// threshold) returned it at once but cost 50% more CPU on large GETs (page faults), so the
 /// heaps are trimmed in the background instead.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn trim_heap_periodically() {
     tokio::spawn(async {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -344,6 +345,10 @@ fn trim_heap_periodically() {
         }
     });
 }
+
+/// Other C libraries have no `malloc_trim` (and different heaps): nothing to do.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap_periodically() {}
 
 pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
     common::init_logging("warn");
