@@ -779,16 +779,6 @@ impl Inner {
         r.map_err(|e| StoreError::io(format!("writing the data file at {off}"), e))
     }
 
-    /// A buffer of `len` bytes whose content will be overwritten: a recycled one if one is
-    /// big enough, else a new (zeroed) one.
-    fn read_buf(&self, len: usize) -> AlignedBuf {
-        self.read_bufs.take(len)
-    }
-
-    fn recycle(&self, b: AlignedBuf) {
-        self.read_bufs.keep(b);
-    }
-
     /// A read of `[off, off+len)` that lies inside one extent, as `Bytes` over the read
     /// buffer itself (it returns to the pool when the last `Bytes` is dropped); `None` if the
     /// range spans extents or holes (the caller assembles it with [`Inner::read_onode`]).
@@ -809,10 +799,7 @@ impl Inner {
         if len == 0 || e.lunit > first || e.lunit + e.units < last {
             return Ok(None);
         }
-        let k = first - e.lunit;
-        let csums =
-            &e.csums[(k * self.geo.bpu) as usize..((last - e.lunit) * self.geo.bpu) as usize];
-        let data = self.read_units(oid, first, e.punit + k, last - first, csums, None)?;
+        let data = self.read_extent_units(oid, e, first, last, None)?;
         let at = (off - first * u) as usize;
         let owner = PooledBuf {
             buf: Some(data),
@@ -821,6 +808,21 @@ impl Inner {
         Ok(Some(
             bytes::Bytes::from_owner(owner).slice(at..at + len as usize),
         ))
+    }
+
+    /// Logical units `[s, t)` of object `oid`, all inside extent `e`, read and verified.
+    fn read_extent_units(
+        &self,
+        oid: &ObjectId,
+        e: &Extent,
+        s: u64,
+        t: u64,
+        staged: Option<Staged<'_>>,
+    ) -> Result<AlignedBuf> {
+        let k = s - e.lunit;
+        let bpu = self.geo.bpu;
+        let csums = &e.csums[(k * bpu) as usize..((t - e.lunit) * bpu) as usize];
+        self.read_units(oid, s, e.punit + k, t - s, csums, staged)
     }
 
     /// Read `units` physical units starting at `punit` and verify them against `csums`
@@ -836,7 +838,7 @@ impl Inner {
         staged: Option<Staged<'_>>,
     ) -> Result<AlignedBuf> {
         let u = self.geo.unit as usize;
-        let mut buf = self.read_buf(units as usize * u);
+        let mut buf = self.read_bufs.take(units as usize * u);
         self.read_raw(punit * self.geo.unit, &mut buf)?;
         let (st_def, st_cow) = staged.unwrap_or((&EMPTY_DEFERRED, &[]));
         if self.pending_len.load(Ordering::Acquire) > 0
@@ -967,10 +969,7 @@ impl Inner {
             }
             let s = e.lunit.max(first);
             let t = (e.lunit + e.units).min(last);
-            let k = s - e.lunit;
-            let csums =
-                &e.csums[(k * self.geo.bpu) as usize..((t - e.lunit) * self.geo.bpu) as usize];
-            let data = self.read_units(oid, s, e.punit + k, t - s, csums, staged)?;
+            let data = self.read_extent_units(oid, e, s, t, staged)?;
             // Append the overlap of [s*u, t*u) and [off, off+len).
             let a = (s * u).max(off);
             let b = (t * u).min(off + len);
@@ -987,11 +986,17 @@ impl Inner {
                 }
                 out[at..end].copy_from_slice(src);
             }
-            self.recycle(data);
+            self.read_bufs.keep(data);
         }
         out.resize(len as usize, 0);
         Ok(out)
     }
+}
+
+/// `[offset, offset+len)` clipped to the object's size, as (start, length).
+fn clip(on: &Onode, offset: u64, len: u64) -> (u64, u64) {
+    let start = offset.min(on.size);
+    (start, offset.saturating_add(len).min(on.size) - start)
 }
 
 /// Aligned read buffers kept for reuse: a read fills its buffer from the device, so a reused
@@ -2492,9 +2497,8 @@ impl ObjectStore for KelpStore {
     fn read(&self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>> {
         let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
         let on = self.inner.onode_cached(coll, oid)?;
-        let start = offset.min(on.size);
-        let end = offset.saturating_add(len).min(on.size);
-        self.inner.read_onode(oid, &on, start, end - start, None)
+        let (start, len) = clip(&on, offset, len);
+        self.inner.read_onode(oid, &on, start, len, None)
     }
 
     fn read_bytes(
@@ -2508,8 +2512,7 @@ impl ObjectStore for KelpStore {
         const LEND_MIN: u64 = 64 << 10;
         let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
         let on = self.inner.onode_cached(coll, oid)?;
-        let start = offset.min(on.size);
-        let len = offset.saturating_add(len).min(on.size) - start;
+        let (start, len) = clip(&on, offset, len);
         if len >= LEND_MIN
             && let Some(b) = self.inner.read_in_extent(oid, &on, start, len)?
         {
