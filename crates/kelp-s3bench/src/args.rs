@@ -109,6 +109,19 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub objects: Option<usize>,
 
+    /// put only: upload exactly N new objects and stop when all are acknowledged, instead of
+    /// running for --duration (an ingest test, e.g. --count 5000000 --size 1KiB). For large N add
+    /// --keep and remove the bucket afterwards (`kelp s3 bucket rm --purge-objects`): the
+    /// clean-up would otherwise delete the objects one request at a time.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+
+    /// Also time each block of N consecutive successful requests (with --count 5000000,
+    /// --segment 1000000 gives the rate of every million) and compare the last complete block
+    /// with the first: the test for slow-downs as a bucket grows.
+    #[arg(long, value_name = "N")]
+    pub segment: Option<u64>,
+
     /// Fraction of requests that are GETs in mixed mode (0.0 to 1.0).
     #[arg(long, default_value_t = 0.8, value_name = "RATIO")]
     pub mixed_get_ratio: f64,

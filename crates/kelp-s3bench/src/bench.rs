@@ -7,6 +7,10 @@
 //! `s3bench.py` of the Ceph anchor uses, unbiased even for large objects whose latency is a
 //! sizeable part of the window); requests still in flight at the end are awaited, so that
 //! clean-up knows every key, but not counted. Errors are counted whenever they happen.
+//!
+//! With `--count N` (put only) there is no time window: the run ends when N objects are
+//! acknowledged and its length is the time to the last one. `--segment M` also times each block
+//! of M consecutive successes, so an ingest shows whether it slows down as the bucket grows.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -21,7 +25,7 @@ use tokio::task::JoinSet;
 use crate::args::{BenchArgs, Format, Mode};
 use crate::client::{Endpoint, Payload, S3Client};
 use crate::error::BenchError;
-use crate::report::{OpKind, Recorder, Report};
+use crate::report::{OpKind, Recorder, Report, SegmentReport};
 
 /// How many errors are kept (and shown) with their message; the rest are only counted.
 const SHOWN_ERRORS: usize = 5;
@@ -34,6 +38,8 @@ const DEFAULT_SET_BYTES: u64 = 256 << 20;
 const DEFAULT_MAX_OBJECTS: usize = 1000;
 /// The region when neither --region, AWS_REGION nor AWS_DEFAULT_REGION names one.
 const DEFAULT_REGION: &str = "us-east-1";
+/// The end of the "window" of a `--count` run, which ends when its objects are written.
+const NO_END: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// The arguments, checked and resolved (environment fallbacks applied, defaults computed).
 #[derive(Debug)]
@@ -49,6 +55,10 @@ struct Plan {
     duration: Duration,
     warmup: Duration,
     objects: usize,
+    /// put: stop after this many objects instead of after `duration`.
+    count: Option<u64>,
+    /// Time each block of this many successes.
+    segment: Option<u64>,
     get_ratio: f64,
     key_prefix: String,
     keep: bool,
@@ -126,6 +136,26 @@ impl Plan {
                 format!("{} is not between 0.0 and 1.0", args.mixed_get_ratio),
             ));
         }
+        if let Some(n) = args.count {
+            if args.mode != Mode::Put {
+                return Err(invalid(
+                    "count",
+                    format!("applies to put only, not {}", args.mode),
+                ));
+            }
+            if n == 0 {
+                return Err(invalid("count", "must be at least 1".into()));
+            }
+            if !args.warmup.is_zero() {
+                return Err(invalid(
+                    "count",
+                    "cannot be combined with --warmup (every counted object is timed)".into(),
+                ));
+            }
+        }
+        if args.segment == Some(0) {
+            return Err(invalid("segment", "must be at least 1".into()));
+        }
         let objects = match (args.mode, args.objects) {
             (Mode::Put, _) => 0,
             (_, Some(0)) => return Err(invalid("objects", "must be at least 1".into())),
@@ -152,6 +182,8 @@ impl Plan {
             duration: args.duration,
             warmup: args.warmup,
             objects,
+            count: args.count,
+            segment: args.segment,
             get_ratio: args.mixed_get_ratio,
             key_prefix: format!("{}{run_id}/", args.prefix),
             keep: args.keep,
@@ -205,6 +237,8 @@ struct Shared {
     objects: usize,
     get_ratio: f64,
     next_put: AtomicU64,
+    /// put: the key numbers end here (`--count`).
+    put_limit: u64,
 }
 
 impl Shared {
@@ -219,7 +253,7 @@ impl Shared {
     /// The keys this run may have written, for clean-up.
     fn written_keys(&self) -> Vec<String> {
         match self.mode {
-            Mode::Put => (0..self.next_put.load(Ordering::Relaxed))
+            Mode::Put => (0..self.next_put.load(Ordering::Relaxed).min(self.put_limit))
                 .map(|n| self.put_key(n))
                 .collect(),
             Mode::Get | Mode::Mixed => (0..self.objects).map(|n| self.set_key(n)).collect(),
@@ -275,10 +309,13 @@ async fn worker(
     let mut rng = Rng::new(seed ^ (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     while Instant::now() < end {
         let (kind, key) = match shared.mode {
-            Mode::Put => (
-                OpKind::Put,
-                shared.put_key(shared.next_put.fetch_add(1, Ordering::Relaxed)),
-            ),
+            Mode::Put => {
+                let n = shared.next_put.fetch_add(1, Ordering::Relaxed);
+                if n >= shared.put_limit {
+                    return;
+                }
+                (OpKind::Put, shared.put_key(n))
+            }
             Mode::Get => (OpKind::Get, shared.set_key(rng.below(shared.objects))),
             Mode::Mixed => {
                 let kind = if rng.unit() < shared.get_ratio {
@@ -385,10 +422,13 @@ pub async fn run(args: &BenchArgs, out: impl Write) -> Result<Report, BenchError
     if text {
         writeln!(
             out,
-            "kelp s3 bench: {} {size_name} objects, {} in flight, {:?}{} against {}, bucket {}, keys {}*",
+            "kelp s3 bench: {} {size_name} objects, {} in flight, {}{} against {}, bucket {}, keys {}*",
             plan.mode,
             plan.concurrency,
-            plan.duration,
+            match plan.count {
+                Some(n) => format!("until {n} are written"),
+                None => format!("{:?}", plan.duration),
+            },
             if plan.warmup.is_zero() {
                 String::new()
             } else {
@@ -421,6 +461,7 @@ pub async fn run(args: &BenchArgs, out: impl Write) -> Result<Report, BenchError
         objects: plan.objects,
         get_ratio: plan.get_ratio,
         next_put: AtomicU64::new(0),
+        put_limit: plan.count.unwrap_or(u64::MAX),
     });
 
     if plan.objects > 0 {
@@ -492,7 +533,7 @@ async fn measure(
 ) -> Result<Report, BenchError> {
     let t0 = Instant::now();
     let window_start = t0 + plan.warmup;
-    let window_end = window_start + plan.duration;
+    let window_end = window_start + plan.count.map_or(plan.duration, |_| NO_END);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut workers = JoinSet::new();
     for id in 0..plan.concurrency {
@@ -519,6 +560,10 @@ async fn measure(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticking = text;
     let mut second = 0u64;
+    let mut last_success = window_start;
+    let mut segments: Vec<SegmentReport> = Vec::new();
+    let mut segment = Interval::default();
+    let mut segment_start = window_start;
     if text {
         writeln!(
             out,
@@ -543,12 +588,30 @@ async fn measure(
                             rec.success(bytes, latency);
                             window_ops += 1;
                             window_bytes += bytes;
+                            last_success = last_success.max(c.finished);
+                            segment.ops += 1;
+                            segment.bytes += bytes;
+                            if plan.segment == Some(segment.ops) {
+                                let s = SegmentReport::new(
+                                    segments.len(),
+                                    (segment.ops, segment.bytes, segment.errors),
+                                    c.finished - segment_start,
+                                    false,
+                                );
+                                if text {
+                                    writeln!(out, "{}", s.line())?;
+                                }
+                                segments.push(s);
+                                segment = Interval::default();
+                                segment_start = c.finished;
+                            }
                         }
                     }
                     Err(e) => {
                         errors += 1;
                         rec.errors += 1;
                         interval.errors += 1;
+                        segment.errors += 1;
                         if shown.len() < SHOWN_ERRORS {
                             if text {
                                 writeln!(out, "error: {e}")?;
@@ -608,7 +671,23 @@ async fn measure(
         });
     }
 
-    let seconds = plan.duration.as_secs_f64();
+    if plan.segment.is_some() && segment.ops > 0 {
+        let s = SegmentReport::new(
+            segments.len(),
+            (segment.ops, segment.bytes, segment.errors),
+            last_success - segment_start,
+            true,
+        );
+        if text {
+            writeln!(out, "{}", s.line())?;
+        }
+        segments.push(s);
+    }
+    let seconds = match plan.count {
+        // the time it took to write them all
+        Some(_) => (last_success - window_start).as_secs_f64(),
+        None => plan.duration.as_secs_f64(),
+    };
     let mut total = Recorder::default();
     let mut by_op = BTreeMap::new();
     for (kind, rec) in &mut by_kind {
@@ -633,6 +712,7 @@ async fn measure(
         latency_ms: t.latency_ms,
         by_op,
         first_errors: shown.iter().map(ToString::to_string).collect(),
+        segments,
     })
 }
 
@@ -740,6 +820,10 @@ mod tests {
             (&["--objects", "0", "get"][..], "objects"),
             (&["--size", "6GiB", "put"][..], "size"),
             (&["--bucket", "a/b", "put"][..], "bucket"),
+            (&["--count", "10", "get"][..], "count"),
+            (&["--count", "0", "put"][..], "count"),
+            (&["--count", "10", "--warmup", "1s", "put"][..], "count"),
+            (&["--segment", "0", "put"][..], "segment"),
         ] {
             match Plan::new(&args(extra)) {
                 Err(BenchError::InvalidOption { option: o, .. }) => assert_eq!(o, option),

@@ -149,6 +149,74 @@ pub struct Report {
     pub by_op: BTreeMap<String, OpReport>,
     /// The first few errors, as messages.
     pub first_errors: Vec<String>,
+    /// With `--segment N`: each block of N consecutive successes, in order; the last one may
+    /// be shorter (`partial`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<SegmentReport>,
+}
+
+/// One block of consecutive successful requests (`--segment`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentReport {
+    /// 0 for the first block.
+    pub index: usize,
+    /// Successes in the block (the segment size, except in a partial last block).
+    pub ops: u64,
+    /// Requests that failed while the block was written.
+    pub errors: u64,
+    /// From the block's first request's start (the previous block's last completion) to its
+    /// last completion.
+    pub seconds: f64,
+    pub ops_per_s: f64,
+    pub mib_per_s: f64,
+    /// The run ended before the block was complete.
+    pub partial: bool,
+}
+
+impl SegmentReport {
+    pub(crate) fn new(
+        index: usize,
+        (ops, bytes, errors): (u64, u64, u64),
+        elapsed: Duration,
+        partial: bool,
+    ) -> Self {
+        let seconds = elapsed.as_secs_f64();
+        let per_s = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
+        SegmentReport {
+            index,
+            ops,
+            errors,
+            seconds,
+            ops_per_s: per_s(ops as f64),
+            mib_per_s: per_s(bytes as f64 / MIB),
+            partial,
+        }
+    }
+
+    /// The progress line printed when the block completes.
+    pub(crate) fn line(&self) -> String {
+        format!(
+            "segment {:>3}{}: {} ops in {:.1} s, {:.1} ops/s, {:.2} MiB/s, {} errors",
+            self.index + 1,
+            if self.partial { " (partial)" } else { "" },
+            self.ops,
+            self.seconds,
+            self.ops_per_s,
+            self.mib_per_s,
+            self.errors
+        )
+    }
+}
+
+impl Report {
+    /// The rate of the last complete segment relative to the first, as a signed fraction
+    /// (-0.05: 5% slower); `None` with fewer than two complete segments.
+    pub fn last_vs_first(&self) -> Option<f64> {
+        let mut full = self.segments.iter().filter(|s| !s.partial);
+        let first = full.next()?;
+        let last = full.next_back()?;
+        (first.ops_per_s > 0.0).then(|| last.ops_per_s / first.ops_per_s - 1.0)
+    }
 }
 
 impl Report {
@@ -194,6 +262,19 @@ impl Report {
         if self.by_op.len() > 1 {
             for (name, r) in &self.by_op {
                 line(name, r)?;
+            }
+        }
+        if !self.segments.is_empty() {
+            writeln!(w, "  segments:")?;
+            for s in &self.segments {
+                writeln!(w, "    {}", s.line())?;
+            }
+            if let Some(d) = self.last_vs_first() {
+                writeln!(
+                    w,
+                    "  last complete segment vs first: {:+.1}% ops/s",
+                    d * 100.0
+                )?;
             }
         }
         if !self.first_errors.is_empty() {
@@ -295,7 +376,39 @@ mod tests {
                 ("get".to_string(), get.report(1.0)),
             ]),
             first_errors: vec!["GetObject x: boom".into()],
+            segments: Vec::new(),
         }
+    }
+
+    #[test]
+    fn segments_compare_the_last_complete_block_with_the_first() {
+        let mut r = sample();
+        assert_eq!(r.last_vs_first(), None);
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert!(v.get("segments").is_none(), "{v}");
+        let seg = |i, secs: u64, partial| {
+            SegmentReport::new(i, (1000, 1000 << 10, 0), Duration::from_secs(secs), partial)
+        };
+        r.segments = vec![seg(0, 10, false)];
+        assert_eq!(r.last_vs_first(), None);
+        // the partial last block does not count
+        r.segments = vec![seg(0, 10, false), seg(1, 8, false), seg(2, 50, true)];
+        assert!((r.last_vs_first().unwrap() - 0.25).abs() < 1e-9);
+        assert_eq!(r.segments[0].ops_per_s, 100.0);
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(v["segments"][1]["ops_per_s"], 125.0);
+        assert_eq!(v["segments"][2]["partial"], true);
+        let mut out = Vec::new();
+        r.write_summary(&mut out).unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(
+            s.contains("segment   3 (partial): 1000 ops in 50.0 s"),
+            "{s}"
+        );
+        assert!(
+            s.contains("last complete segment vs first: +25.0% ops/s"),
+            "{s}"
+        );
     }
 
     #[test]

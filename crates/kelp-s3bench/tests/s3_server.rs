@@ -260,6 +260,50 @@ async fn large_objects_json_and_keep() {
     );
 }
 
+/// `--count` writes exactly that many objects and ends; `--segment` times blocks of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counted_ingest_with_segments() {
+    let _one_at_a_time = MEASURING.lock().await;
+    let server = start_fs_server().await;
+    let bucket_dir = server.dir.path().join(BUCKET);
+
+    let (r, out) = bench(
+        server.addr,
+        &[
+            "-c",
+            "3",
+            "--size",
+            "1KiB",
+            "--count",
+            "25",
+            "--segment",
+            "10",
+            "--keep",
+            "--prefix",
+            "ingest/",
+            "put",
+        ],
+    )
+    .await;
+    let r = r.unwrap();
+    check_report(&r, Mode::Put, 1024, 3);
+    assert_eq!(r.ops, 25, "{out}");
+    assert_eq!(count_files(&bucket_dir.join("ingest")), 25, "{out}");
+    assert!(out.contains("until 25 are written"), "{out}");
+    let seg: Vec<(u64, bool)> = r.segments.iter().map(|s| (s.ops, s.partial)).collect();
+    assert_eq!(seg, [(10, false), (10, false), (5, true)], "{out}");
+    let seconds: f64 = r.segments.iter().map(|s| s.seconds).sum();
+    assert!(
+        (seconds - r.seconds).abs() < 1e-6,
+        "{seconds} vs {}",
+        r.seconds
+    );
+    assert!(r.last_vs_first().is_some());
+    assert!(out.contains("segment   2: 10 ops in"), "{out}");
+    assert!(out.contains("last complete segment vs first:"), "{out}");
+    assert!(out.contains("kept 25 objects under ingest/"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_secret_key_is_refused_clearly() {
     let server = start_fs_server().await;
