@@ -145,6 +145,16 @@ pub struct Executed {
     pub out_data: OutData,
     /// The object's version after the op (0 if it does not exist).
     pub version: u64,
+    /// How a write changed its PG's object and byte counts.
+    pub stat_delta: StatDelta,
+}
+
+/// A write's change to its PG's statistics: objects created (+1) or removed (-1), and the
+/// change of the object's size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatDelta {
+    pub objects: i64,
+    pub bytes: i64,
 }
 
 /// Runs `ops` on object `loc` in collection `coll`. Writes get `stamp` on the object. `data` holds the ops' payloads in order.
@@ -226,6 +236,7 @@ pub fn execute(
             Err(e) => missing(e)?,
         }
     }
+    let (existed, size_before) = (exists, size);
     let version = match &attrs {
         Some(a) => u64_attr(a.get(VERSION_ATTR), VERSION_ATTR)?,
         None if exists
@@ -594,6 +605,11 @@ pub fn execute(
     out.is_write = writes > 0;
     out.exists_after = exists;
     if out.is_write {
+        let bytes = |there: bool, size: u64| if there { size as i64 } else { 0 };
+        out.stat_delta = StatDelta {
+            objects: i64::from(exists) - i64::from(existed),
+            bytes: bytes(exists, size) - bytes(existed, size_before),
+        };
         if exists {
             out.txn.push(Op::SetXattrs {
                 coll,

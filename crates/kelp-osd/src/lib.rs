@@ -20,7 +20,7 @@ pub mod scrub;
 pub mod service;
 pub mod stats;
 
-pub use exec::{ExecError, Executed, Limits, Stamp, execute, object_id};
+pub use exec::{ExecError, Executed, Limits, Stamp, StatDelta, execute, object_id};
 pub use pglog::{LogEntry, PgInfo, PgMeta};
 pub use scrub::ScrubConfig;
 pub use service::{ActivationRequest, OsdConfig, OsdService, Peers};

@@ -853,7 +853,10 @@ impl OsdService {
             Ok(Applied::NotAWrite(done)) => return ok_reply(done, epoch),
             Err(e) => return reply_err(e.code, e.message, epoch),
         };
+        let prev = state.meta.info.last_update;
         state.meta.commit_append(plan, entry);
+        self.stats
+            .count_write(op.pg, prev, state.meta.info.last_update, done.stat_delta);
         state.in_flight.insert(stamp.version, op.object.clone());
         state.changed.notify_waiters();
         let guard = InFlight::new(pg.clone(), stamp.version);

@@ -7,9 +7,14 @@
 //!   recovered object (once per object applied, with its data length), so summed over OSDs
 //!   they count each copy made once ([`OsdStats::count_recovered`]).
 //! - Per PG this OSD is the acting primary of: its state ([`pg_state_flags`], a pure function
-//!   of what the OSD knows), object and byte counts (recounted from the store only when the
-//!   PG's log has advanced since the last count, and for a PG that keeps changing at most
-//!   every [`recount_after`]), degraded and misplaced copies.
+//!   of what the OSD knows), object and byte counts, degraded and misplaced copies. A PG is
+//!   counted from the store once (holding its write lock, so the count is exact at its
+//!   `last_update`); from then on every write the primary applies adds its delta
+//!   ([`OsdStats::count_write`]), so a PG of millions of objects under load is never listed
+//!   again. The chain breaks when the PG's history moves any other way (peering, a sync from
+//!   another member): then it is recounted, for a PG that keeps changing at most every
+//!   [`recount_after`], and every count is refreshed after [`refresh_after`] in case some
+//!   path changed objects without a delta.
 //! - Failsafe: a client write is refused with `Full` when this OSD's own store is at or past
 //!   the full ratio (which the leader sends back with every report), even before the map's
 //!   `full` flag arrives. The store's usage is looked at most every
@@ -44,17 +49,29 @@ struct PgCount {
 }
 
 impl PgCount {
-    /// Whether the count can be reused: the PG has not changed since, or it was counted less
-    /// than [`recount_after`] ago (big PGs under a write load are not rescanned every report).
+    /// Whether the count can be reused: it is current (counted, or kept up by write deltas, up
+    /// to the PG's `last_update`), or it was counted less than [`recount_after`] ago (big PGs
+    /// whose history moves without deltas are not rescanned every report); and in any case it
+    /// is younger than [`refresh_after`].
     fn reusable(&self, last_update: (u32, u64)) -> bool {
-        self.last_update == last_update || self.at.elapsed() < recount_after(self.objects)
+        let age = self.at.elapsed();
+        // `>=`: the report read `last_update` before this look, and writes since may have
+        // carried the count further
+        age < refresh_after(self.objects)
+            && (self.last_update >= last_update || age < recount_after(self.objects))
     }
 }
 
-/// How long a count of a PG that keeps changing is reused: 2 s plus 1 s per 1000 objects (a
-/// recount lists and stats every object).
+/// How long a count of a PG whose history moved without deltas is reused: 2 s plus 1 s per
+/// 1000 objects (a recount lists and stats every object).
 pub fn recount_after(objects: u64) -> Duration {
     Duration::from_secs(2) + Duration::from_millis(objects)
+}
+
+/// The age at which even a current count is recounted: 10 minutes plus 10 s per 1000 objects,
+/// a bound on the drift of a path that changes objects without a delta.
+pub fn refresh_after(objects: u64) -> Duration {
+    Duration::from_secs(600) + Duration::from_millis(objects.saturating_mul(10))
 }
 
 /// Counters and caches behind the reports (one per OSD service).
@@ -196,6 +213,39 @@ impl OsdStats {
             .map(|c| (c.objects, c.bytes))
     }
 
+    /// Adds one write's delta to `pg`'s count, if the count is current up to `prev` (the PG's
+    /// `last_update` before the write) and moves it to `now`. The primary calls this under the
+    /// PG's write lock, in version order.
+    pub(crate) fn count_write(
+        &self,
+        pg: PgId,
+        prev: (u32, u64),
+        now: (u32, u64),
+        delta: crate::exec::StatDelta,
+    ) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = counts.get_mut(&pg)
+            && c.last_update == prev
+        {
+            c.objects = c.objects.saturating_add_signed(delta.objects);
+            c.bytes = c.bytes.saturating_add_signed(delta.bytes);
+            c.last_update = now;
+        }
+    }
+
+    /// The `last_update` `pg`'s count is current at (tests).
+    #[cfg(test)]
+    fn count_write_probe(&self, pg: PgId) -> Option<(u32, u64)> {
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.get(&pg).map(|c| c.last_update)
+    }
+
+    /// Drops `pg`'s count: its objects changed without deltas (a sync from another member).
+    pub(crate) fn forget_count(&self, pg: PgId) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.remove(&pg);
+    }
+
     fn store_count(&self, pg: PgId, last_update: (u32, u64), objects: u64, bytes: u64) {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         counts.insert(
@@ -329,10 +379,17 @@ impl OsdService {
             let (objects, bytes) = match self.stats.cached_count(pg, last_update) {
                 Some(c) => c,
                 None => {
+                    // Counted with the PG's writes held back, so that the count is exact at
+                    // its last_update and the writes' deltas can carry it on from there.
+                    let state = handle.write().await;
+                    let last_update = state.meta.info.last_update;
                     let st = store.clone();
-                    match tokio::task::spawn_blocking(move || count_objects(&*st, coll)).await {
+                    let counted =
+                        tokio::task::spawn_blocking(move || count_objects(&*st, coll)).await;
+                    match counted {
                         Ok(Ok((o, b))) => {
                             self.stats.store_count(pg, last_update, o, b);
+                            drop(state);
                             (o, b)
                         }
                         _ => (0, 0),
@@ -455,6 +512,36 @@ mod tests {
         );
         // client I/O counters are separate
         assert_eq!(s.io(), IoCounters::default());
+    }
+
+    #[test]
+    fn write_deltas_carry_a_count_only_while_it_is_current() {
+        use crate::exec::StatDelta;
+        let s = OsdStats::default();
+        let pg = PgId::new(1, 3);
+        let d = |objects, bytes| StatDelta { objects, bytes };
+        // nothing counted yet: deltas have nothing to carry
+        s.count_write(pg, (1, 0), (1, 1), d(1, 10));
+        assert_eq!(s.cached_count(pg, (1, 1)), None);
+        s.store_count(pg, (1, 1), 5, 100);
+        s.count_write(pg, (1, 1), (1, 2), d(1, 10));
+        s.count_write(pg, (1, 2), (2, 3), d(0, -30));
+        s.count_write(pg, (2, 3), (2, 4), d(-1, -4));
+        assert_eq!(s.cached_count(pg, (2, 4)), Some((5, 76)));
+        // a gap (the history moved without deltas): the count stops following ...
+        s.count_write(pg, (2, 9), (2, 10), d(1, 1));
+        assert_eq!(s.count_write_probe(pg), Some((2, 4)));
+        // ... and is reused only while young, then recounted
+        assert_eq!(s.cached_count(pg, (2, 10)), Some((5, 76)));
+        s.forget_count(pg);
+        assert_eq!(s.cached_count(pg, (2, 4)), None);
+        // saturating, never wrapping below zero
+        s.store_count(pg, (3, 1), 0, 0);
+        s.count_write(pg, (3, 1), (3, 2), d(-1, -5));
+        assert_eq!(s.cached_count(pg, (3, 2)), Some((0, 0)));
+        for n in [0, 1_000, 1_000_000] {
+            assert!(refresh_after(n) > recount_after(n));
+        }
     }
 
     #[test]

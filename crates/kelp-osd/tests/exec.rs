@@ -630,3 +630,118 @@ fn whole_object_reads_respect_osd_max_write_size() {
     assert_eq!(read_with(9, 9), Ok((vec![7u8; 9], 1)));
     assert_eq!(read_with(9, 10), Err(ErrorCode::TooBig));
 }
+
+/// The per-write statistics deltas, summed, equal a recount of the PG (what lets the primary
+/// keep its PG's object and byte counts without listing it).
+#[test]
+fn stat_deltas_add_up_to_a_recount() {
+    let (s, c) = setup();
+    let mut v = 0;
+    let (mut objects, mut bytes) = (0i64, 0i64);
+    /// (object, ops, data, expected (objects, bytes) delta)
+    type Step = (&'static str, Vec<OpKind>, Vec<u8>, (i64, i64));
+    let steps: Vec<Step> = vec![
+        (
+            "a",
+            vec![OpKind::WriteFull { len: 5 }],
+            b"hello".to_vec(),
+            (1, 5),
+        ),
+        (
+            "a",
+            vec![OpKind::Write { offset: 10, len: 2 }],
+            b"xy".to_vec(),
+            (0, 7),
+        ),
+        ("a", vec![OpKind::Truncate { size: 3 }], vec![], (0, -9)),
+        (
+            "b",
+            vec![OpKind::Create { exclusive: true }],
+            vec![],
+            (1, 0),
+        ),
+        (
+            "b",
+            vec![OpKind::Append { len: 4 }],
+            b"abcd".to_vec(),
+            (0, 4),
+        ),
+        (
+            "b",
+            vec![OpKind::Zero { offset: 0, len: 2 }],
+            vec![],
+            (0, 0),
+        ),
+        (
+            "c",
+            vec![OpKind::SetXattr {
+                name: "k".into(),
+                len: 1,
+            }],
+            b"v".to_vec(),
+            (1, 0),
+        ),
+        (
+            "d",
+            vec![OpKind::OmapSet {
+                entries: vec![("k".into(), 2)],
+            }],
+            b"vv".to_vec(),
+            (1, 0),
+        ),
+        ("a", vec![OpKind::Remove], vec![], (-1, -3)),
+        // removed and written again in one op: still there, with the new size
+        (
+            "b",
+            vec![OpKind::Remove, OpKind::WriteFull { len: 1 }],
+            b"z".to_vec(),
+            (0, -3),
+        ),
+        ("a", vec![OpKind::WriteFull { len: 0 }], vec![], (1, 0)),
+    ];
+    for (name, ops, data, want) in steps {
+        v += 1;
+        let done = execute(
+            &s,
+            c,
+            &loc(name),
+            &ops,
+            &data,
+            Stamp {
+                version: v,
+                mtime_ns: v,
+            },
+            &Limits::default(),
+        )
+        .unwrap();
+        let d = done.stat_delta;
+        assert_eq!((d.objects, d.bytes), want, "{name} {ops:?}");
+        (objects, bytes) = (objects + d.objects, bytes + d.bytes);
+        s.submit(done.txn).unwrap().wait().unwrap();
+    }
+    // a failed write changes nothing and carries no delta
+    assert!(
+        execute(
+            &s,
+            c,
+            &loc("gone"),
+            &[OpKind::Remove],
+            &[],
+            Stamp {
+                version: v + 1,
+                mtime_ns: 0
+            },
+            &Limits::default()
+        )
+        .is_err()
+    );
+    let listed = s.list_objects(c, None, 1000).unwrap();
+    let user: Vec<_> = listed
+        .objects
+        .iter()
+        .filter(|o| !o.namespace.starts_with('\u{1f}'))
+        .collect();
+    let size: u64 = user.iter().map(|o| s.stat(c, o).unwrap().size).sum();
+    assert_eq!((objects, bytes), (user.len() as i64, size as i64));
+    assert_eq!((objects, bytes), (4, 1));
+}
