@@ -458,6 +458,34 @@ impl Rgw {
         let vp = versions_prefix(key);
         let due = self.gc_due();
         let mode = b.versioning;
+        if mode.is_none() && b.reshard.is_none() && cond.if_etag.is_none() {
+            // Most writes in a bucket without versioning create a new key (an ingest, a
+            // backup): commit guarded on the key being absent and the shard unmarked, without
+            // reading the shard first. An existing key (whose instance must go to the garbage
+            // collector), a lost pending entry or any reshard marker fails a guard, and the
+            // general path below reads the shard and decides.
+            let shard = KeyShard {
+                obj: shard_obj(&b.id, b.generation, shard_of(key, b.shards)),
+                marker: None,
+                log: false,
+                frozen: false,
+            };
+            let mut t = Txn::default();
+            t.expect(&pk, Some(pending))
+                .rm(pk.clone())
+                .expect(&k, None)
+                .set(k.clone(), encode(entry));
+            match self
+                .inner
+                .index
+                .operate(t.build(&shard, key), &shard.obj)
+                .await
+            {
+                Ok(_) => return Ok(Made::default()),
+                Err(ClientError::Canceled { .. } | ClientError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         self.key_update(
             b,
             key,

@@ -51,6 +51,8 @@ const FREEZE_AT_LOG: usize = 64;
 const FROZEN_STALE: Duration = Duration::from_secs(30);
 /// Log entries read (and replayed) at a time.
 const LOG_PAGE: u32 = 1000;
+/// Entries per listing when counting a shard's objects (the OSD's default `max_omap_entries`).
+const COUNT_PAGE: u64 = 10_000;
 
 /// What a reshard did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -534,18 +536,10 @@ impl Rgw {
                 continue;
             }
             let obj = shard_obj(&b.id, b.generation, 0);
-            let (page, more) = match self
-                .inner
-                .index
-                .omap_get_vals(&obj, "", OBJ_PREFIX, max_per_shard.min(100_000) as u32)
-                .await
-            {
-                Ok(p) => p,
-                Err(ClientError::NotFound { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            if (page.len() as u64) < max_per_shard && !more {
-                continue;
+            match self.shard_holds_at_least(&obj, max_per_shard).await {
+                Ok(true) => {}
+                Ok(false) | Err(RgwError::Rados(ClientError::NotFound { .. })) => continue,
+                Err(e) => return Err(e),
             }
             let target = (b.shards.saturating_mul(2) + 1).min(MAX_SHARDS);
             if target > b.shards {
@@ -558,6 +552,29 @@ impl Rgw {
 }
 
 impl Rgw {
+    /// Whether index shard `obj` holds at least `n` object entries, counted page by page (an
+    /// OSD answers at most `max_omap_entries` entries per listing, 10 000 by default: a page
+    /// that says "more" is not yet `n`).
+    async fn shard_holds_at_least(&self, obj: &str, n: u64) -> Result<bool> {
+        let (mut counted, mut after) = (0u64, String::new());
+        loop {
+            let want = (n - counted).min(COUNT_PAGE) as u32;
+            let (page, more) = self
+                .inner
+                .index
+                .omap_get_vals(obj, &after, OBJ_PREFIX, want)
+                .await?;
+            counted += page.len() as u64;
+            if counted >= n {
+                return Ok(true);
+            }
+            match page.last() {
+                Some((k, _)) if more => after = k.clone(),
+                _ => return Ok(false),
+            }
+        }
+    }
+
     /// Whether one of `b`'s shards has been frozen for longer than [`FROZEN_STALE`]: its
     /// resharder died in the final step.
     async fn stale_freeze(&self, b: &BucketRecord) -> Result<bool> {

@@ -594,5 +594,89 @@ fn reshard_finishes_under_sustained_writes() {
         checked.trim(),
         took.as_secs_f64()
     );
+
+    // Automatic resharding counts a shard's entries past the OSD's 10 000-entry page: a
+    // one-shard bucket of 10 300 objects is left alone under a threshold of 20 000 (it was
+    // resharded: a full page that said "more" counted as over any threshold) and resharded
+    // under 10 200.
+    ok(
+        &admin(&[
+            "bucket",
+            "create",
+            "--bucket",
+            "grow",
+            "--uid",
+            "kelp",
+            "--num-shards",
+            "1",
+        ]),
+        "bucket create",
+    );
+    let fill = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args([
+            "s3",
+            "bench",
+            "put",
+            "--endpoint",
+            &other,
+            "--bucket",
+            "grow",
+            "--size",
+            "0",
+            "--concurrency",
+            "32",
+            "--count",
+            "10300",
+            "--keep",
+            "--format",
+            "json",
+        ])
+        .envs(&env)
+        .output()
+        .unwrap();
+    let filled: serde_json::Value = serde_json::from_str(&ok(&fill, "fill grow")).unwrap();
+    assert_eq!(filled["ops"].as_u64(), Some(10_300), "{filled}");
+    let shards_of_grow = || -> u64 {
+        let stats: serde_json::Value = serde_json::from_str(&ok(
+            &admin(&["bucket", "stats", "--bucket", "grow", "--format", "json"]),
+            "bucket stats",
+        ))
+        .unwrap();
+        stats["num_shards"].as_u64().unwrap()
+    };
+    let maintainer = |threshold: &str, dir: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kelp"))
+            .args([
+                "rgw",
+                "-c",
+                &conf,
+                "--port",
+                "0",
+                "--data",
+                &c._tmp.path().join(dir).display().to_string(),
+                "--gc-interval-secs",
+                "1",
+                "--reshard-max-objects-per-shard",
+                threshold,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut gw = maintainer("20000", "gw3");
+    wait_addr(&c._tmp.path().join("gw3/addr"));
+    std::thread::sleep(Duration::from_secs(4));
+    let _ = gw.kill();
+    let _ = gw.wait();
+    assert_eq!(shards_of_grow(), 1, "resharded below the threshold");
+    let mut gw = maintainer("10200", "gw4");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while shards_of_grow() == 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = gw.kill();
+    let _ = gw.wait();
+    assert_eq!(shards_of_grow(), 3, "not resharded above the threshold");
     let _ = &mut c;
 }
