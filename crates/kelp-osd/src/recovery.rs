@@ -626,8 +626,8 @@ impl OsdService {
             .pg_handle(s.pg)
             .ok_or_else(|| format!("osd.{} does not hold PG {}", self.id(), s.pg))?;
         let mut state = OsdService::settled_write(&handle).await;
-        // Objects come and go here without write deltas: the PG is recounted (once this sync
-        // releases the PG) if this member is or becomes its primary.
+        // Objects come and go here without write deltas: the PG's count stops following writes
+        // and is recounted (after this sync releases the PG) if this member is its primary.
         self.stats.forget_count(s.pg);
         let coll = state.meta.coll;
         let store = self.store();

@@ -43,6 +43,8 @@ pub const DEFAULT_FULL_RATIO_PPM: u32 = 950_000;
 #[derive(Debug, Clone, Copy)]
 struct PgCount {
     last_update: (u32, u64),
+    /// The count follows the PG's writes (false once objects changed without deltas).
+    current: bool,
     objects: u64,
     bytes: u64,
     at: Instant,
@@ -58,7 +60,8 @@ impl PgCount {
         // `>=`: the report read `last_update` before this look, and writes since may have
         // carried the count further
         age < refresh_after(self.objects)
-            && (self.last_update >= last_update || age < recount_after(self.objects))
+            && ((self.current && self.last_update >= last_update)
+                || age < recount_after(self.objects))
     }
 }
 
@@ -225,6 +228,7 @@ impl OsdStats {
     ) {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = counts.get_mut(&pg)
+            && c.current
             && c.last_update == prev
         {
             c.objects = c.objects.saturating_add_signed(delta.objects);
@@ -240,10 +244,14 @@ impl OsdStats {
         counts.get(&pg).map(|c| c.last_update)
     }
 
-    /// Drops `pg`'s count: its objects changed without deltas (a sync from another member).
+    /// Marks `pg`'s count stale: its objects changed without deltas (a sync from another
+    /// member). It is still shown until [`recount_after`] (a recovery syncing a PG over and
+    /// over does not make every report recount it, holding its writes), then recounted.
     pub(crate) fn forget_count(&self, pg: PgId) {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        counts.remove(&pg);
+        if let Some(c) = counts.get_mut(&pg) {
+            c.current = false;
+        }
     }
 
     fn store_count(&self, pg: PgId, last_update: (u32, u64), objects: u64, bytes: u64) {
@@ -252,6 +260,7 @@ impl OsdStats {
             pg,
             PgCount {
                 last_update,
+                current: true,
                 objects,
                 bytes,
                 at: Instant::now(),
@@ -533,8 +542,23 @@ mod tests {
         assert_eq!(s.count_write_probe(pg), Some((2, 4)));
         // ... and is reused only while young, then recounted
         assert_eq!(s.cached_count(pg, (2, 10)), Some((5, 76)));
+        let old = Instant::now() - recount_after(5) - Duration::from_millis(1);
+        s.counts.lock().unwrap().get_mut(&pg).unwrap().at = old;
+        assert_eq!(s.cached_count(pg, (2, 10)), None);
+        assert_eq!(
+            s.cached_count(pg, (2, 4)),
+            Some((5, 76)),
+            "still current at (2, 4)"
+        );
+        // a sync changed objects: stale even at its own last_update, and deltas stop
         s.forget_count(pg);
         assert_eq!(s.cached_count(pg, (2, 4)), None);
+        s.count_write(pg, (2, 4), (2, 5), d(1, 1));
+        assert_eq!(s.count_write_probe(pg), Some((2, 4)));
+        // while young, a stale count is still shown
+        s.store_count(pg, (2, 4), 5, 76);
+        s.forget_count(pg);
+        assert_eq!(s.cached_count(pg, (2, 4)), Some((5, 76)));
         // saturating, never wrapping below zero
         s.store_count(pg, (3, 1), 0, 0);
         s.count_write(pg, (3, 1), (3, 2), d(-1, -5));
