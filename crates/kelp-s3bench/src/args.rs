@@ -109,8 +109,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub objects: Option<usize>,
 
-    /// put only: upload exactly N new objects and stop when all are acknowledged, instead of
-    /// running for --duration (an ingest test, e.g. --count 5000000 --size 1KiB). For large N add
+    /// put only: send N PUTs of new keys and stop when all have been answered, instead of
+    /// running for --duration (an ingest test, e.g. --count 5000000 --size 1KiB); a failed PUT
+    /// counts as an error and is not retried. For large N add
     /// --keep and remove the bucket afterwards (`kelp s3 bucket rm --purge-objects`): the
     /// clean-up would otherwise delete the objects one request at a time.
     #[arg(long, value_name = "N")]
