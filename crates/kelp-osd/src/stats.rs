@@ -398,7 +398,6 @@ impl OsdService {
                     match counted {
                         Ok(Ok((o, b))) => {
                             self.stats.store_count(pg, last_update, o, b);
-                            drop(state);
                             (o, b)
                         }
                         _ => (0, 0),

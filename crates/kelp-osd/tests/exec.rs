@@ -1,6 +1,6 @@
 //! Op execution and PG-log semantics against the in-memory store.
 
-use kelp_osd::{Limits, LogEntry, PgMeta, Stamp, execute};
+use kelp_osd::{Executed, Limits, LogEntry, PgMeta, Stamp, execute};
 use kelp_proto::{CmpOp, ErrorCode, ObjectLocator, OpKind, OpResult};
 use kelp_store::{CollectionId, MemStore, ObjectStore, Transaction};
 
@@ -22,16 +22,16 @@ fn loc(name: &str) -> ObjectLocator {
     }
 }
 
-/// Runs a write op and commits it; returns the new version or the error code.
-fn write(
+/// Executes a write op as version `v` (not committed).
+fn execute_write(
     store: &MemStore,
     coll: CollectionId,
     name: &str,
     ops: &[OpKind],
     data: &[u8],
     v: u64,
-) -> Result<u64, ErrorCode> {
-    match execute(
+) -> Result<Executed, ErrorCode> {
+    execute(
         store,
         coll,
         &loc(name),
@@ -42,13 +42,22 @@ fn write(
             mtime_ns: 1_000 + v,
         },
         &Limits::default(),
-    ) {
-        Ok(done) => {
-            store.submit(done.txn).unwrap().wait().unwrap();
-            Ok(done.version)
-        }
-        Err(e) => Err(e.code),
-    }
+    )
+    .map_err(|e| e.code)
+}
+
+/// Runs a write op and commits it; returns the new version or the error code.
+fn write(
+    store: &MemStore,
+    coll: CollectionId,
+    name: &str,
+    ops: &[OpKind],
+    data: &[u8],
+    v: u64,
+) -> Result<u64, ErrorCode> {
+    let done = execute_write(store, coll, name, ops, data, v)?;
+    store.submit(done.txn).unwrap().wait().unwrap();
+    Ok(done.version)
 }
 
 fn read(
@@ -701,40 +710,14 @@ fn stat_deltas_add_up_to_a_recount() {
     ];
     for (name, ops, data, want) in steps {
         v += 1;
-        let done = execute(
-            &s,
-            c,
-            &loc(name),
-            &ops,
-            &data,
-            Stamp {
-                version: v,
-                mtime_ns: v,
-            },
-            &Limits::default(),
-        )
-        .unwrap();
+        let done = execute_write(&s, c, name, &ops, &data, v).unwrap();
         let d = done.stat_delta;
         assert_eq!((d.objects, d.bytes), want, "{name} {ops:?}");
         (objects, bytes) = (objects + d.objects, bytes + d.bytes);
         s.submit(done.txn).unwrap().wait().unwrap();
     }
     // a failed write changes nothing and carries no delta
-    assert!(
-        execute(
-            &s,
-            c,
-            &loc("gone"),
-            &[OpKind::Remove],
-            &[],
-            Stamp {
-                version: v + 1,
-                mtime_ns: 0
-            },
-            &Limits::default()
-        )
-        .is_err()
-    );
+    assert!(execute_write(&s, c, "gone", &[OpKind::Remove], &[], v + 1).is_err());
     let listed = s.list_objects(c, None, 1000).unwrap();
     let user: Vec<_> = listed
         .objects

@@ -395,6 +395,33 @@ impl Rgw {
             .transpose()
     }
 
+    /// Writes `t` to `key`'s shard without reading the shard first, guarded on the shard being
+    /// unmarked, when the bucket's record names no reshard (then the shard almost always is).
+    /// `false` if it was not written: a reshard, any marker (resharding, frozen, moved), a
+    /// missing shard or one of `t`'s own guards failing; the caller then takes the general
+    /// read-decide-write path ([`Rgw::key_update`]), which acts on what it finds.
+    async fn try_unread(&self, b: &BucketRecord, key: &str, t: Txn) -> Result<bool> {
+        if b.reshard.is_some() {
+            return Ok(false);
+        }
+        let shard = KeyShard {
+            obj: shard_obj(&b.id, b.generation, shard_of(key, b.shards)),
+            marker: None,
+            log: false,
+            frozen: false,
+        };
+        match self
+            .inner
+            .index
+            .operate(t.build(&shard, key), &shard.obj)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(ClientError::Canceled { .. } | ClientError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Records that `inst` is being written for `key` (before any of its data).
     pub async fn begin_write(&self, b: &BucketRecord, key: &str, inst: &str) -> Result<Bytes> {
         let p = Bytes::from(encode(&Pending {
@@ -404,27 +431,8 @@ impl Rgw {
         let pk = pending_key(inst);
         let mut t = Txn::default();
         t.set(pk.clone(), p.to_vec());
-        if b.reshard.is_none() {
-            // The bucket's record names no reshard, so the key's shard is almost always
-            // unmarked: write guarded on that, without reading the shard first. Any marker
-            // (resharding, frozen, moved) or a missing shard fails the guard, and the general
-            // path below reads the shard and acts on what it finds.
-            let shard = KeyShard {
-                obj: shard_obj(&b.id, b.generation, shard_of(key, b.shards)),
-                marker: None,
-                log: false,
-                frozen: false,
-            };
-            match self
-                .inner
-                .index
-                .operate(t.clone().build(&shard, key), &shard.obj)
-                .await
-            {
-                Ok(_) => return Ok(p),
-                Err(ClientError::Canceled { .. } | ClientError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+        if self.try_unread(b, key, t.clone()).await? {
+            return Ok(p);
         }
         self.key_update(b, key, &[], &[], |_| Ok(Step::Write(t.clone(), ())))
             .await?;
@@ -458,32 +466,18 @@ impl Rgw {
         let vp = versions_prefix(key);
         let due = self.gc_due();
         let mode = b.versioning;
-        if mode.is_none() && b.reshard.is_none() && cond.if_etag.is_none() {
+        if mode.is_none() && cond.if_etag.is_none() {
             // Most writes in a bucket without versioning create a new key (an ingest, a
-            // backup): commit guarded on the key being absent and the shard unmarked, without
-            // reading the shard first. An existing key (whose instance must go to the garbage
-            // collector), a lost pending entry or any reshard marker fails a guard, and the
-            // general path below reads the shard and decides.
-            let shard = KeyShard {
-                obj: shard_obj(&b.id, b.generation, shard_of(key, b.shards)),
-                marker: None,
-                log: false,
-                frozen: false,
-            };
+            // backup): commit guarded on the key being absent, without reading the shard. An
+            // existing key (whose instance must go to the garbage collector) or a lost pending
+            // entry fails a guard, and the general path below reads the shard and decides.
             let mut t = Txn::default();
             t.expect(&pk, Some(pending))
                 .rm(pk.clone())
                 .expect(&k, None)
                 .set(k.clone(), encode(entry));
-            match self
-                .inner
-                .index
-                .operate(t.build(&shard, key), &shard.obj)
-                .await
-            {
-                Ok(_) => return Ok(Made::default()),
-                Err(ClientError::Canceled { .. } | ClientError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
+            if self.try_unread(b, key, t).await? {
+                return Ok(Made::default());
             }
         }
         self.key_update(

@@ -592,17 +592,8 @@ async fn measure(
                             segment.ops += 1;
                             segment.bytes += bytes;
                             if plan.segment == Some(segment.ops) {
-                                let s = SegmentReport::new(
-                                    segments.len(),
-                                    (segment.ops, segment.bytes, segment.errors),
-                                    c.finished - segment_start,
-                                    false,
-                                );
-                                if text {
-                                    writeln!(out, "{}", s.line())?;
-                                }
-                                segments.push(s);
-                                segment = Interval::default();
+                                let done = std::mem::take(&mut segment);
+                                close_segment(&mut segments, &done, c.finished - segment_start, false, text, out)?;
                                 segment_start = c.finished;
                             }
                         }
@@ -672,16 +663,14 @@ async fn measure(
     }
 
     if plan.segment.is_some() && segment.ops > 0 {
-        let s = SegmentReport::new(
-            segments.len(),
-            (segment.ops, segment.bytes, segment.errors),
+        close_segment(
+            &mut segments,
+            &segment,
             last_success - segment_start,
             true,
-        );
-        if text {
-            writeln!(out, "{}", s.line())?;
-        }
-        segments.push(s);
+            text,
+            out,
+        )?;
     }
     let seconds = match plan.count {
         // the time it took to write them all
@@ -714,6 +703,29 @@ async fn measure(
         first_errors: shown.iter().map(ToString::to_string).collect(),
         segments,
     })
+}
+
+/// Adds the block of successes `seg` (which took `elapsed`) to `segments`, printing its line in
+/// text mode.
+fn close_segment(
+    segments: &mut Vec<SegmentReport>,
+    seg: &Interval,
+    elapsed: Duration,
+    partial: bool,
+    text: bool,
+    out: &mut impl Write,
+) -> Result<(), BenchError> {
+    let s = SegmentReport::new(
+        segments.len(),
+        (seg.ops, seg.bytes, seg.errors),
+        elapsed,
+        partial,
+    );
+    if text {
+        writeln!(out, "{}", s.line())?;
+    }
+    segments.push(s);
+    Ok(())
 }
 
 /// Deletes every object the run wrote, unless `--keep`. Failures are reported, not fatal.

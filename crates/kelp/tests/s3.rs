@@ -69,6 +69,19 @@ fn wait_addr(file: &Path) -> String {
 }
 
 /// Creates a bucket with boto3 (the gateway in `env`).
+/// Starts a gateway of the cluster `conf` on a free port, writing its address to
+/// `data/addr` (see [`wait_addr`]); `extra` adds options.
+fn spawn_gateway(conf: &str, data: &Path, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args(["rgw", "-c", conf, "--port", "0", "--data"])
+        .arg(data)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn aws_like_mb(env: &BTreeMap<String, String>, bucket: &str) {
     let out = Command::new("python3")
         .args([
@@ -128,22 +141,7 @@ fn s3_gateway_with_real_clients() {
 
     // a second gateway on the same cluster
     let gw2 = c._tmp.path().join("gw2");
-    c.second = Some(
-        Command::new(env!("CARGO_BIN_EXE_kelp"))
-            .args([
-                "rgw",
-                "-c",
-                &conf,
-                "--port",
-                "0",
-                "--data",
-                &gw2.display().to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    c.second = Some(spawn_gateway(&conf, &gw2, &[]));
     let other = format!("http://{}", wait_addr(&gw2.join("addr")));
 
     // boto3: every operation, error codes, both gateways
@@ -461,22 +459,7 @@ fn reshard_finishes_under_sustained_writes() {
     let env = env_of(&dir);
     let conf = dir.join("kelp.conf").display().to_string();
     let gw2 = c._tmp.path().join("gw2");
-    c.second = Some(
-        Command::new(env!("CARGO_BIN_EXE_kelp"))
-            .args([
-                "rgw",
-                "-c",
-                &conf,
-                "--port",
-                "0",
-                "--data",
-                &gw2.display().to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    c.second = Some(spawn_gateway(&conf, &gw2, &[]));
     let other = format!("http://{}", wait_addr(&gw2.join("addr")));
     let admin = |args: &[&str]| {
         let mut all = vec!["s3"];
@@ -645,24 +628,16 @@ fn reshard_finishes_under_sustained_writes() {
         stats["num_shards"].as_u64().unwrap()
     };
     let maintainer = |threshold: &str, dir: &str| {
-        Command::new(env!("CARGO_BIN_EXE_kelp"))
-            .args([
-                "rgw",
-                "-c",
-                &conf,
-                "--port",
-                "0",
-                "--data",
-                &c._tmp.path().join(dir).display().to_string(),
+        spawn_gateway(
+            &conf,
+            &c._tmp.path().join(dir),
+            &[
                 "--gc-interval-secs",
                 "1",
                 "--reshard-max-objects-per-shard",
                 threshold,
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
+            ],
+        )
     };
     let mut gw = maintainer("20000", "gw3");
     wait_addr(&c._tmp.path().join("gw3/addr"));
