@@ -18,13 +18,13 @@
 //!
 //! Invariants kept here:
 //! - nothing is allocated for a segment before its length has been checked against the limits;
-//! - each segment is read into exactly one `BytesMut` of its final size and frozen, so the data
+//! - each segment is read into exactly one `BytesMut` (large ones starting 4 KiB-aligned) and frozen, so the data
 //!   segment handed to the user is the buffer the socket wrote into (no copy);
 //! - a frame is handed out only after its crc32c has been verified.
 
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::error::FrameError;
@@ -258,14 +258,29 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     })
 }
 
-/// Reads exactly `len` bytes into one allocation of exactly that capacity (no zero-fill, no
-/// later copy).
+/// Segments at least this large start at a [`SEGMENT_ALIGN`]-aligned address.
+const ALIGN_FROM: usize = 64 << 10;
+/// Alignment of large received segments: the object store writes a payload that starts on a
+/// 4 KiB boundary straight to the device (`O_DIRECT`) instead of copying it to an aligned
+/// buffer first.
+pub const SEGMENT_ALIGN: usize = 4096;
+
+/// Reads exactly `len` bytes into one allocation (no zero-fill, no later copy). Segments of
+/// [`ALIGN_FROM`] bytes or more start on a [`SEGMENT_ALIGN`] boundary of their allocation.
 async fn read_segment<R: AsyncRead + Unpin>(
     r: &mut R,
     len: usize,
     what: &'static str,
 ) -> Result<BytesMut, FrameError> {
-    let mut buf = BytesMut::with_capacity(len);
+    let mut buf = if len >= ALIGN_FROM {
+        let mut b = BytesMut::with_capacity(len + SEGMENT_ALIGN);
+        let pad = b.as_ptr().align_offset(SEGMENT_ALIGN);
+        b.resize(pad, 0);
+        b.advance(pad);
+        b
+    } else {
+        BytesMut::with_capacity(len)
+    };
     while buf.len() < len {
         let remaining = len - buf.len();
         let n = r.read_buf(&mut (&mut buf).limit(remaining)).await?;
@@ -330,6 +345,21 @@ mod tests {
         assert_eq!((f.msg_type, f.tid), (7, 42));
         assert_eq!(&f.meta[..], b"meta");
         assert_eq!(&f.data[..], b"some data");
+    }
+
+    #[tokio::test]
+    async fn large_data_segments_start_aligned() {
+        for len in [ALIGN_FROM, 300_001, 1 << 20] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let wire = encode(FrameKind::Request, b"m", &data);
+            let f = read(&wire).await.unwrap().unwrap();
+            assert_eq!(
+                f.data.as_ptr().align_offset(SEGMENT_ALIGN),
+                0,
+                "{len} bytes"
+            );
+            assert_eq!(&f.data[..], &data[..]);
+        }
     }
 
     #[tokio::test]

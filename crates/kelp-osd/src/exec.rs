@@ -163,7 +163,7 @@ pub fn execute(
     coll: CollectionId,
     loc: &ObjectLocator,
     ops: &[OpKind],
-    data: &[u8],
+    data: &Bytes,
     stamp: Stamp,
     limits: &Limits,
 ) -> Result<Executed, ExecError> {
@@ -254,10 +254,11 @@ pub fn execute(
         ..Executed::default()
     };
     let mut cursor = 0usize;
-    let mut take = |len: u64| -> &[u8] {
+    // Payloads are slices of the op's data segment: written data reaches the store uncopied.
+    let mut take = |len: u64| -> Bytes {
         let start = cursor;
         cursor += len as usize;
-        &data[start..cursor]
+        data.slice(start..cursor)
     };
     // xattrs set earlier in this op, for guards that follow them
     let mut pending_xattrs: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
@@ -304,7 +305,7 @@ pub fn execute(
                     None if exists => store.xattr(coll, &oid, &user_attr(name))?,
                     None => None,
                 };
-                let equal = current.as_deref() == Some(value);
+                let equal = current.as_deref() == Some(&value[..]);
                 let holds = match op {
                     CmpOp::Eq => equal,
                     CmpOp::Ne => !equal,
@@ -327,7 +328,7 @@ pub fn execute(
                 } else {
                     None
                 };
-                let equal = current.as_deref() == want;
+                let equal = current.as_deref() == want.as_deref();
                 let holds = match op {
                     CmpOp::Eq => equal,
                     CmpOp::Ne => !equal,
@@ -354,7 +355,7 @@ pub fn execute(
                 let bytes = take(*len);
                 txn.truncate(coll, &oid, 0);
                 if !bytes.is_empty() {
-                    txn.write(coll, &oid, 0, bytes.to_vec());
+                    txn.write(coll, &oid, 0, bytes);
                 }
                 exists = true;
                 size = *len;
@@ -365,7 +366,7 @@ pub fn execute(
                 if bytes.is_empty() {
                     txn.touch(coll, &oid);
                 } else {
-                    txn.write(coll, &oid, *offset, bytes.to_vec());
+                    txn.write(coll, &oid, *offset, bytes);
                 }
                 exists = true;
                 size = size.max(offset + len);
@@ -376,7 +377,7 @@ pub fn execute(
                 if bytes.is_empty() {
                     txn.touch(coll, &oid);
                 } else {
-                    txn.write(coll, &oid, size, bytes.to_vec());
+                    txn.write(coll, &oid, size, bytes);
                 }
                 exists = true;
                 size += len;

@@ -234,7 +234,7 @@ impl Cluster {
             CollectionId(pg),
             &loc,
             &[OpKind::Read { offset: 0, len: 0 }],
-            &[],
+            &Bytes::new(),
             Stamp {
                 version: 0,
                 mtime_ns: 0,

@@ -1,5 +1,6 @@
 //! Op execution and PG-log semantics against the in-memory store.
 
+use bytes::Bytes;
 use kelp_osd::{Executed, Limits, LogEntry, PgMeta, Stamp, execute};
 use kelp_proto::{CmpOp, ErrorCode, ObjectLocator, OpKind, OpResult};
 use kelp_store::{CollectionId, MemStore, ObjectStore, Transaction};
@@ -36,7 +37,7 @@ fn execute_write(
         coll,
         &loc(name),
         ops,
-        data,
+        &Bytes::copy_from_slice(data),
         Stamp {
             version: v,
             mtime_ns: 1_000 + v,
@@ -71,7 +72,7 @@ fn read(
         coll,
         &loc(name),
         ops,
-        &[],
+        &Bytes::new(),
         Stamp {
             version: 0,
             mtime_ns: 0,
@@ -292,7 +293,7 @@ fn bad_ops_are_refused() {
             c,
             l,
             ops,
-            data,
+            &Bytes::copy_from_slice(data),
             Stamp {
                 version: 1,
                 mtime_ns: 1,
@@ -345,7 +346,7 @@ fn bad_ops_are_refused() {
             other,
             &loc("x"),
             &[OpKind::Stat],
-            b"",
+            &Bytes::new(),
             Stamp {
                 version: 1,
                 mtime_ns: 1
@@ -621,7 +622,7 @@ fn whole_object_reads_respect_osd_max_write_size() {
             c,
             &loc("big"),
             &[OpKind::Read { offset: 0, len }],
-            &[],
+            &Bytes::new(),
             Stamp {
                 version: 0,
                 mtime_ns: 0,

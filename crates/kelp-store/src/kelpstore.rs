@@ -36,6 +36,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use fjall::{Keyspace, PartitionCreateOptions, PartitionHandle, PersistMode};
 use tokio::sync::oneshot;
 
@@ -121,6 +122,12 @@ impl std::ops::Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
     }
 }
 
@@ -227,11 +234,12 @@ impl DataDone {
     }
 }
 
-/// Data of new extents: the caller's buffer (copied to an aligned buffer when written), or an
-/// aligned copy made with its checksums before the apply lock ([`PreCopied`]).
+/// Data of new extents: the caller's buffer (written as it is when it is aligned for
+/// `O_DIRECT`, copied to an aligned buffer otherwise), or an aligned copy made with its
+/// checksums before the apply lock ([`PreCopied`]).
 #[derive(Clone)]
 pub(crate) enum CowData {
-    Shared(Arc<Vec<u8>>),
+    Shared(Bytes),
     Aligned(Arc<AlignedBuf>),
 }
 
@@ -254,12 +262,14 @@ pub(crate) struct CowWrite {
     start: usize,
 }
 
-/// The whole units at the start of a large, unit-aligned write, copied to an aligned buffer
-/// with one crc32c per checksum block, in one pass over the caller's data and before the apply
-/// lock is taken (the copy is needed for `O_DIRECT` anyway; checksumming each block right
-/// after copying it reads it from cache, and keeps 4 MiB of crc out of the serialised section).
+/// The whole units at the start of a large, unit-aligned write with one crc32c per checksum
+/// block, computed before the apply lock is taken (keeps 4 MiB of crc out of the serialised
+/// section). A caller's buffer that starts on a `DIO_ALIGN` boundary (the messenger aligns
+/// large received payloads) is kept as it is and written straight from; any other is copied
+/// to an aligned buffer in the same pass as the checksums (checksumming each block right after
+/// copying it reads it from cache).
 pub(crate) struct PreCopied {
-    buf: Arc<AlignedBuf>,
+    data: CowData,
     csums: Vec<u32>,
 }
 
@@ -1227,7 +1237,7 @@ impl Txc<'_> {
         &mut self,
         on: &mut Onode,
         lunit: u64,
-        data: &Arc<Vec<u8>>,
+        data: &Bytes,
         start: usize,
         end: usize,
         pre: Option<PreCopied>,
@@ -1259,7 +1269,7 @@ impl Txc<'_> {
                     let first = at / u * bpu;
                     (
                         p.csums[first..first + units as usize * bpu].to_vec(),
-                        CowData::Aligned(p.buf.clone()),
+                        p.data.clone(),
                         at,
                     )
                 }
@@ -1287,13 +1297,7 @@ impl Txc<'_> {
         Ok(())
     }
 
-    fn write(
-        &mut self,
-        coll: CollectionId,
-        oid: &ObjectId,
-        off: u64,
-        data: Arc<Vec<u8>>,
-    ) -> Result<()> {
+    fn write(&mut self, coll: CollectionId, oid: &ObjectId, off: u64, data: Bytes) -> Result<()> {
         let end = Self::check_range(off, data.len() as u64)?;
         let mut on = self.onode_or_new(coll, oid)?;
         if !data.is_empty() {
@@ -1320,7 +1324,10 @@ impl Txc<'_> {
             if full_s < full_e {
                 let s = (full_s * u - off) as usize;
                 let e = (full_e * u - off) as usize;
-                let pre = self.pre.take().filter(|p| s == 0 && p.buf.len() == e);
+                let pre = self
+                    .pre
+                    .take()
+                    .filter(|p| s == 0 && p.data.bytes().len() == e);
                 self.write_new_units(&mut on, full_s, &data, s, e, pre)?;
             }
             on.size = on.size.max(end);
@@ -1394,7 +1401,7 @@ impl Txc<'_> {
                 oid,
                 offset,
                 data,
-            } => self.write(coll, &oid, offset, Arc::new(data)),
+            } => self.write(coll, &oid, offset, data),
             other => self.apply_ref(&other),
         }
     }
@@ -1457,7 +1464,7 @@ impl Txc<'_> {
                 oid,
                 offset,
                 data,
-            } => self.write(*coll, oid, *offset, Arc::new(data.clone()))?,
+            } => self.write(*coll, oid, *offset, data.clone())?,
             Op::Zero {
                 coll,
                 oid,
@@ -1561,7 +1568,14 @@ impl Txc<'_> {
                         Some((&self.deferred, &self.cow)),
                     )?;
                     let len = data.len();
-                    self.write_new_units(&mut d, e.lunit, &Arc::new(data.to_vec()), 0, len, None)?;
+                    self.write_new_units(
+                        &mut d,
+                        e.lunit,
+                        &Bytes::copy_from_slice(&data),
+                        0,
+                        len,
+                        None,
+                    )?;
                 }
                 if s.has_omap {
                     let p = keys::omap_prefix(s.nid);
@@ -1924,23 +1938,31 @@ fn committer(inner: Arc<Inner>) {
                         .0;
                 }
             }
-            // Wait (without the queue lock) for the head's data writes, then take the longest
-            // prefix whose data is on the device: transactions still writing join a later
-            // batch instead of holding this one back, so data writes overlap with flushes.
-            let head = q.items.front().and_then(|p| p.data_done.clone());
-            if let Some(dd) = head {
-                drop(q);
-                let _ = dd.wait();
-                q = lock(&inner.queue);
-            }
             let max = q.items.len().min(inner.cfg.max_batch_txns.max(1));
-            let n = q
-                .items
-                .iter()
-                .take(max)
-                .position(|p| p.data_done.as_ref().is_some_and(|d| !d.is_done()))
-                .unwrap_or(max)
-                .max(usize::from(max > 0));
+            let n = if inner.sb.data_prewritten {
+                // One flush covers data and record: take everything queued, and write the
+                // record while the data writes still run (`commit_batch`), so the record's
+                // write does not queue on the device behind them.
+                max
+            } else {
+                // The data file is flushed before the record: wait (without the queue lock)
+                // for the head's data writes, then take the longest prefix whose data is on
+                // the device; transactions still writing join a later batch instead of
+                // holding this one back, so data writes overlap with flushes.
+                let head = q.items.front().and_then(|p| p.data_done.clone());
+                if let Some(dd) = head {
+                    drop(q);
+                    let _ = dd.wait();
+                    q = lock(&inner.queue);
+                }
+                let max = q.items.len().min(inner.cfg.max_batch_txns.max(1));
+                q.items
+                    .iter()
+                    .take(max)
+                    .position(|p| p.data_done.as_ref().is_some_and(|d| !d.is_done()))
+                    .unwrap_or(max)
+                    .max(usize::from(max > 0))
+            };
             let batch: Vec<Prepared> = q.items.drain(..n).collect();
             (batch, q.shutdown)
         };
@@ -1981,12 +2003,23 @@ fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
 /// Commit one metadata batch: durable in the write-ahead log (one `O_DIRECT` write and one
 /// device flush), then applied to the database without a sync. A batch too large for the log
 /// is committed to the database directly, synced, after a checkpoint (so no older logged batch
-/// can be replayed over it).
-fn commit_kv(inner: &Inner, wal: &mut Wal, verify: &[NewRun], ops: Vec<KvOp>) -> Result<()> {
+/// can be replayed over it). `wait_data` returns once the batch's new extents are written: a
+/// logged record is written while they may still be in flight, and flushed after them.
+fn commit_kv(
+    inner: &Inner,
+    wal: &mut Wal,
+    verify: &[NewRun],
+    ops: Vec<KvOp>,
+    wait_data: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     let payload = wal::encode_record(verify, &ops);
     let logged = wal.ever_fits(payload.len());
     if !wal.fits(payload.len()) {
         checkpoint(inner, wal)?;
+    }
+    let mut wait_data = Some(wait_data);
+    if !logged && let Some(w) = wait_data.take() {
+        w()?;
     }
     if !logged && !verify.is_empty() {
         // Not logged, so not verifiable at replay: the new extents must be durable first.
@@ -1996,7 +2029,7 @@ fn commit_kv(inner: &Inner, wal: &mut Wal, verify: &[NewRun], ops: Vec<KvOp>) ->
             .map_err(|e| StoreError::io("flushing the data file", e))?;
     }
     if logged {
-        wal.append(&payload)?;
+        wal.append_then_sync(&payload, || wait_data.take().map_or(Ok(()), |w| w()))?;
     }
     drop(payload);
     let mut b = inner.kv.batch();
@@ -2045,7 +2078,7 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
         .map(|k| (PART_DEFERRED, k, None))
         .collect();
     st.unsynced_bytes = 0;
-    commit_kv(inner, &mut st.wal, &[], ops)
+    commit_kv(inner, &mut st.wal, &[], ops, || Ok(()))
 }
 
 /// Deferred-write records are dropped (after a data-file flush) at the latest once this many
@@ -2067,14 +2100,20 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
     let dkey = keys::deferred_key(last_seq);
     let result = (|| -> Result<Vec<Vec<u8>>> {
         inner.check_failed()?;
-        // 1. New extents reach the device before the metadata that points at them.
-        for p in &batch {
-            if let Some(dd) = &p.data_done {
-                dd.wait().map_err(|reason| StoreError::Failed {
-                    reason: format!("data write failed: {reason}"),
-                })?;
+        // 1. New extents reach the device before the metadata that points at them is durable:
+        //    with a data-file flush, they are written before it; otherwise (prewritten data
+        //    file) the log record is written while they are still in flight and the log's
+        //    flush follows them (see `wait_data` in `commit_kv`).
+        let wait_data = || -> Result<()> {
+            for p in &batch {
+                if let Some(dd) = &p.data_done {
+                    dd.wait().map_err(|reason| StoreError::Failed {
+                        reason: format!("data write failed: {reason}"),
+                    })?;
+                }
             }
-        }
+            Ok(())
+        };
         let wrote = batch.iter().any(|p| p.wrote_data);
         let cleanup = !st.unsynced.is_empty()
             && (wrote
@@ -2087,6 +2126,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         // so dropping their records still needs a real data-file sync.
         let data_flush = cleanup || (wrote && !inner.sb.data_prewritten);
         if data_flush {
+            wait_data()?;
             inner
                 .data
                 .sync_data()
@@ -2153,7 +2193,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             }
             st.unsynced_bytes = 0;
         }
-        commit_kv(inner, &mut st.wal, &verify, ops)?;
+        commit_kv(inner, &mut st.wal, &verify, ops, wait_data)?;
         Ok(merged.keys().map(|k| k.to_vec()).collect())
     })();
     let merged = match result {
@@ -2248,8 +2288,8 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
 }
 
 impl KelpStore {
-    /// Aligned copies with checksums of the large unit-aligned writes of `txn` (see
-    /// [`PreCopied`]), one entry per operation.
+    /// Checksums, and aligned copies where needed, of the large unit-aligned writes of `txn`
+    /// (see [`PreCopied`]), one entry per operation.
     fn precopy(&self, txn: &Transaction) -> Vec<Option<PreCopied>> {
         let geo = self.inner.geo;
         let min = self.inner.cfg.prefer_deferred_size.0.max(geo.unit);
@@ -2260,10 +2300,17 @@ impl KelpStore {
                     if offset % geo.unit == 0 && data.len() as u64 > min =>
                 {
                     let full = (data.len() as u64 / geo.unit * geo.unit) as usize;
+                    if data.as_ptr().align_offset(DIO_ALIGN) == 0 {
+                        let data = data.slice(..full);
+                        return Some(PreCopied {
+                            csums: geo.csums(&data),
+                            data: CowData::Shared(data),
+                        });
+                    }
                     let (buf, csums) =
                         AlignedBuf::copy_with_csums(&data[..full], geo.csum_block as usize);
                     Some(PreCopied {
-                        buf: Arc::new(buf),
+                        data: CowData::Aligned(Arc::new(buf)),
                         csums,
                     })
                 }

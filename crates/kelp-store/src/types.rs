@@ -13,6 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use kelp_types::{PgId, PoolId};
 use tokio::sync::oneshot;
 
@@ -112,12 +113,13 @@ pub enum Op {
     },
     /// Create the object if missing; no-op otherwise.
     Touch { coll: CollectionId, oid: ObjectId },
-    /// Write `data` at `offset` (creating the object, extending its size).
+    /// Write `data` at `offset` (creating the object, extending its size). `Bytes`, so that a
+    /// payload received from the network reaches the store without a copy.
     Write {
         coll: CollectionId,
         oid: ObjectId,
         offset: u64,
-        data: Vec<u8>,
+        data: Bytes,
     },
     /// Make `[offset, offset + len)` read as zeros (creating the object, extending its size).
     Zero {
@@ -222,13 +224,13 @@ impl Transaction {
         coll: CollectionId,
         oid: &ObjectId,
         offset: u64,
-        data: Vec<u8>,
+        data: impl Into<Bytes>,
     ) -> &mut Self {
         self.push(Op::Write {
             coll,
             oid: oid.clone(),
             offset,
-            data,
+            data: data.into(),
         })
     }
     pub fn zero(&mut self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> &mut Self {

@@ -302,7 +302,19 @@ impl Wal {
     }
 
     /// Append one record and make it durable (the commit point of a batch).
+    #[cfg(test)]
     pub fn append(&mut self, payload: &[u8]) -> Result<()> {
+        self.append_then_sync(payload, || Ok(()))
+    }
+
+    /// Write a record, run `before_sync` (the committer waits there for the batch's data
+    /// writes, which proceed while the record is written), then flush: the one device flush
+    /// makes the record and everything written before it durable.
+    pub fn append_then_sync(
+        &mut self,
+        payload: &[u8],
+        before_sync: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         debug_assert!(self.fits(payload.len()));
         let total = (REC_HEADER + payload.len()).div_ceil(BLOCK as usize) * BLOCK as usize;
         let mut hdr = [0u8; REC_HEADER];
@@ -315,8 +327,11 @@ impl Wal {
         let rec = AlignedBuf::from_parts(&[&hdr, payload], total);
         self.file
             .write_all_at(&rec, self.pos)
-            .and_then(|_| self.file.sync_data())
             .map_err(|e| StoreError::io("writing the write-ahead log", e))?;
+        before_sync()?;
+        self.file
+            .sync_data()
+            .map_err(|e| StoreError::io("flushing the write-ahead log", e))?;
         self.pos += total as u64;
         self.next_seq += 1;
         Ok(())
