@@ -230,7 +230,11 @@ fn check_aligned_payloads(s: &dyn ObjectStore) {
         assert_eq!(&p[..], &data[..], "the caller's buffer changed");
     }
     for (name, m) in &objects {
-        assert_eq!(s.stat(C, &oid(name)).unwrap().size, m.len() as u64, "{name}");
+        assert_eq!(
+            s.stat(C, &oid(name)).unwrap().size,
+            m.len() as u64,
+            "{name}"
+        );
         assert_eq!(&s.read(C, &oid(name), 0, u64::MAX).unwrap(), m, "{name}");
     }
 }
