@@ -5,8 +5,9 @@
 # ops, from utime+stime of every kelp daemon in /proc/PID/stat before and after the test),
 # client CPU and the host load average; then each daemon's RSS and peak RSS.
 #
-# Usage: scripts/rados-bench.sh DIR [SECONDS]   Env: KELP=path/to/kelp, OSD_SIZE=4GiB, PREWRITE=1
-#        (kelp up --prewrite: data files written with zeros at creation),
+# Usage: scripts/rados-bench.sh DIR [SECONDS]   Env: KELP=path/to/kelp, OSD_SIZE=16GiB (20 s of
+#        4 MiB writes put ~12 GiB on each OSD of a quiet VM; 3 x OSD_SIZE must be free),
+#        PREWRITE=0 (kelp up --no-prewrite: data files only reserved, not written with zeros),
 #        TESTS="w4m r4m w4k r4k", KEEP=1 (leave the cluster running; otherwise it is stopped
 #        and its data directory DIR/kelp deleted, the result files in DIR stay)
 set -euo pipefail
@@ -14,11 +15,11 @@ set -euo pipefail
 DIR=${1:?usage: rados-bench.sh DIR [SECONDS]}
 DUR=${2:-20}
 KELP=${KELP:-$(cd "$(dirname "$0")/.." && pwd)/target/release/kelp}
-OSD_SIZE=${OSD_SIZE:-4GiB}
+OSD_SIZE=${OSD_SIZE:-16GiB}
 TESTS=${TESTS:-w4m r4m w4k r4k}
 TCK=$(getconf CLK_TCK)
 mkdir -p "$DIR"
-"$KELP" up --dir "$DIR/kelp" --detach --osd-size "$OSD_SIZE" ${PREWRITE:+--prewrite} >"$DIR/up.log" 2>&1
+"$KELP" up --dir "$DIR/kelp" --detach --osd-size "$OSD_SIZE" $([[ ${PREWRITE:-1} == 0 ]] && echo --no-prewrite) >"$DIR/up.log" 2>&1
 CONF=$DIR/kelp/kelp.conf
 # The cluster's OSD files are OSD_SIZE each, fallocated: remove them at the end (results stay).
 [[ ${KEEP:-0} == 1 ]] || trap '"$KELP" down --dir "$DIR/kelp" >/dev/null 2>&1; rm -rf "$DIR/kelp"' EXIT

@@ -43,11 +43,16 @@ pub struct UpArgs {
     #[arg(long, default_value = "8GiB")]
     pub osd_size: kelp_types::ByteSize,
     /// Write each new OSD's data file with zeros when it is created (`kelp store mkfs
-    /// --prewrite`) instead of only reserving it: creating the cluster takes one sequential
-    /// write of N × --osd-size, and large writes then cost one device flush per commit instead
-    /// of a filesystem journal commit (see docs/STORE.md).
-    #[arg(long)]
+    /// --prewrite`). This is the default; the flag is accepted for scripts that name it.
+    #[arg(long, conflicts_with = "no_prewrite")]
     pub prewrite: bool,
+    /// Only reserve each new OSD's data file (fallocate) instead of writing it with zeros.
+    /// Creating the cluster is then instant instead of one sequential write of N ×
+    /// --osd-size (the OSDs are written in parallel), but every commit that writes new
+    /// data to a reserved file costs a filesystem journal commit and a second flush: large
+    /// writes are about 1.5-2.5× slower (docs/STORE.md, docs/BENCHMARKS.md).
+    #[arg(long)]
+    pub no_prewrite: bool,
     /// Placement groups of the default pool.
     #[arg(long, default_value_t = 64)]
     pub pg_num: u32,
@@ -124,10 +129,14 @@ pub struct AddOsdArgs {
     /// Size of the new OSD's data file (reserved on disk now).
     #[arg(long, default_value = "8GiB")]
     pub osd_size: kelp_types::ByteSize,
-    /// Write the data file with zeros now instead of only reserving it (as `kelp up
-    /// --prewrite`).
-    #[arg(long)]
+    /// Write the data file with zeros now (the default, as `kelp up`); accepted for
+    /// scripts that name it.
+    #[arg(long, conflicts_with = "no_prewrite")]
     pub prewrite: bool,
+    /// Only reserve the data file instead of writing it with zeros (as `kelp up
+    /// --no-prewrite`: quick to create, slower large writes).
+    #[arg(long)]
+    pub no_prewrite: bool,
 }
 
 #[derive(Args, Debug)]
@@ -250,10 +259,28 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
         }
         run_quiet(&args)?;
     }
-    for i in 0..a.osds {
-        mkfs_osd(&dir.join(format!("osd.{i}")), a.osd_size, a.prewrite)?;
+    let prewrite = !a.no_prewrite;
+    if prewrite {
+        eprintln!(
+            "writing {} OSD data files of {} with zeros (once, at creation: commits then need \
+             one device flush; --no-prewrite skips this)…",
+            a.osds, a.osd_size
+        );
     }
-    Ok(())
+    // The OSDs' stores are made in parallel: writing their files is most of a new cluster's
+    // set-up time, and the device takes several streams at once.
+    std::thread::scope(|s| {
+        let made: Vec<_> = (0..a.osds)
+            .map(|i| {
+                let d = dir.join(format!("osd.{i}"));
+                s.spawn(move || mkfs_osd(&d, a.osd_size, prewrite))
+            })
+            .collect();
+        made.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("creating an OSD's store panicked"))?
+        })
+    })
 }
 
 /// Makes an OSD's store in `dir` (`kelp store mkfs`).
@@ -848,7 +875,7 @@ fn add_osd(a: AddOsdArgs) -> Result<ExitCode> {
         Ok::<_, anyhow::Error>(next)
     })?;
     let name = format!("osd.{id}");
-    mkfs_osd(&dir.join(&name), a.osd_size, a.prewrite)?;
+    mkfs_osd(&dir.join(&name), a.osd_size, !a.no_prewrite)?;
     let d = daemons(&dir)?
         .into_iter()
         .find(|d| d.name == name)
