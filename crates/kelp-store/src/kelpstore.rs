@@ -1908,6 +1908,9 @@ struct CommitterState {
     unsynced: Vec<Vec<u8>>,
     /// Bytes of deferred data in `unsynced` records.
     unsynced_bytes: u64,
+    /// Deferred records put into the database (by batches too large for the log; see
+    /// `commit_kv`): their deletions must reach it too.
+    kv_deferred: HashSet<Vec<u8>>,
 }
 
 fn committer(inner: Arc<Inner>) {
@@ -1922,6 +1925,7 @@ fn committer(inner: Arc<Inner>) {
         wal,
         unsynced: Vec::new(),
         unsynced_bytes: 0,
+        kv_deferred: HashSet::new(),
     };
     let idle = Duration::from_millis(inner.cfg.deferred_cleanup_ms.max(1));
     loop {
@@ -1992,7 +1996,15 @@ fn committer(inner: Arc<Inner>) {
 }
 
 /// Make every batch applied to the database durable there, then start the log over.
+///
+/// The data file is flushed first: deferred write-backs of logged batches may be only in the
+/// page cache, and their `D` records only in the log (not in the database), so once the log
+/// starts over nothing could replay them.
 fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
+    inner
+        .data
+        .sync_data()
+        .map_err(|e| StoreError::io("flushing the data file", e))?;
     inner
         .kv
         .persist(PersistMode::SyncAll)
@@ -2005,9 +2017,17 @@ fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
 /// is committed to the database directly, synced, after a checkpoint (so no older logged batch
 /// can be replayed over it). `wait_data` returns once the batch's new extents are written: a
 /// logged record is written while they may still be in flight, and flushed after them.
+///
+/// Deferred-write records (`D`) of a logged batch stay in the log only: they are large (every
+/// deferred unit's content), short-lived, and needed only to replay write-backs after a crash,
+/// which replaying the log does (it puts them into the database, and their deletions, in
+/// order); a checkpoint flushes the data file before the log starts over. Only a batch too
+/// large for the log puts its `D` record into the database; `kv_deferred` names those
+/// records, so that their deletions reach the database too.
 fn commit_kv(
     inner: &Inner,
     wal: &mut Wal,
+    kv_deferred: &mut HashSet<Vec<u8>>,
     verify: &[NewRun],
     ops: Vec<KvOp>,
     wait_data: impl FnOnce() -> Result<()>,
@@ -2039,7 +2059,14 @@ fn commit_kv(
     for (part, k, v) in ops {
         let p = if part == PART_META {
             &inner.meta
+        } else if logged && (v.is_some() || !kv_deferred.remove(&k)) {
+            continue;
         } else {
+            if v.is_some() {
+                kv_deferred.insert(k.clone());
+            } else {
+                kv_deferred.remove(&k);
+            }
             &inner.deferred_part
         };
         match v {
@@ -2078,7 +2105,7 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
         .map(|k| (PART_DEFERRED, k, None))
         .collect();
     st.unsynced_bytes = 0;
-    commit_kv(inner, &mut st.wal, &[], ops, || Ok(()))
+    commit_kv(inner, &mut st.wal, &mut st.kv_deferred, &[], ops, || Ok(()))
 }
 
 /// Deferred-write records are dropped (after a data-file flush) at the latest once this many
@@ -2193,7 +2220,14 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             }
             st.unsynced_bytes = 0;
         }
-        commit_kv(inner, &mut st.wal, &verify, ops, wait_data)?;
+        commit_kv(
+            inner,
+            &mut st.wal,
+            &mut st.kv_deferred,
+            &verify,
+            ops,
+            wait_data,
+        )?;
         Ok(merged.keys().map(|k| k.to_vec()).collect())
     })();
     let merged = match result {
