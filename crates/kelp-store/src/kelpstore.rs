@@ -2110,10 +2110,13 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
 
 /// Deferred-write records are dropped (after a data-file flush) at the latest once this many
 /// batches have accumulated; earlier if a batch flushes the data file anyway or when idle.
-const CLEANUP_BATCHES: usize = 64;
-/// ... or once they hold this much data (bounds the live deferred data in the database, which
-/// would otherwise be flushed into tables and compacted away later).
-const CLEANUP_BYTES: u64 = 1 << 20;
+/// Each drop costs a data-file flush; the records themselves live in the log (bounded by its
+/// size, and a checkpoint flushes the data file anyway), so the bound is loose: 64 batches /
+/// 1 MiB here cost 5-20 % of a 4 KiB ingest (docs/BENCHMARKS.md, session 9).
+const CLEANUP_BATCHES: usize = 1024;
+/// ... or once they hold this much data (bounds the dirty write-back in the page cache that the
+/// flush then has to write).
+const CLEANUP_BYTES: u64 = 16 << 20;
 
 fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) -> Result<()> {
     let last_seq = batch.last().map_or(0, |p| p.seq);

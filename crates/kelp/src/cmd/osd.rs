@@ -310,7 +310,10 @@ fn run_daemon(a: RunArgs) -> Result<ExitCode> {
         osd: kelp_osd::OsdConfig::new(a.id),
     };
     let rt = common::runtime()?;
-    let result = rt.block_on(kelp_osd::daemon::run(opts, common::shutdown_signal()));
+    let result = rt.block_on(async {
+        common::trim_heap_periodically();
+        kelp_osd::daemon::run(opts, common::shutdown_signal()).await
+    });
     if let Some(p) = &a.pid_file {
         let _ = std::fs::remove_file(p);
     }

@@ -91,7 +91,7 @@ pub fn run_gateway(a: RgwArgs) -> Result<ExitCode> {
     common::init_logging("info");
     let rt = common::runtime()?;
     rt.block_on(async {
-        trim_heap_periodically();
+        common::trim_heap_periodically();
         let rados = a.conf.connect().await?;
         let cfg = RgwConfig {
             lc_interval: Duration::from_secs(a.lc_interval_secs),
@@ -326,29 +326,6 @@ fn print_user(u: &kelp_rgw::UserRecord, format: OutputFormat) -> Result<()> {
     }
     Ok(())
 }
-
-/// Every few seconds, hands the allocator's free memory back to the system. The gateway's large
-/// allocations are the stripes of bodies in flight (4 MiB, read in 2 MiB pieces); glibc keeps
-/// freed ones in its heaps, so after 16 uploads of 32 MiB objects the gateway kept 321 MiB
-/// resident although idle. Making glibc map and unmap each such buffer instead (a fixed mmap
-/// threshold) returned it at once but cost 50% more CPU on large GETs (page faults), so the
-/// heaps are trimmed in the background instead.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim_heap_periodically() {
-    tokio::spawn(async {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            // SAFETY: malloc_trim only returns free heap pages to the system.
-            let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
-        }
-    });
-}
-
-/// Other C libraries have no `malloc_trim` (and different heaps): nothing to do.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap_periodically() {}
 
 pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
     common::init_logging("warn");
