@@ -10,7 +10,7 @@
 //!    reused space.
 //! 2. **Deferred writes** (a write that covers only part of an allocation unit, and optionally
 //!    small whole-unit writes) carry the full new unit content inside the metadata commit
-//!    (`D` record). After the commit the committer writes them to the data file; the `D`
+//!    (`D` record). After the commit the finisher thread writes them to the data file; the `D`
 //!    record is deleted in a later commit, after a data-file flush. Mount replays any `D`
 //!    records still present, so a crash between commit and write-back loses nothing. A unit is
 //!    released only after the deferred writes of its batch were written back, so replay can
@@ -18,7 +18,8 @@
 //! 3. **One metadata batch per group commit**: the committer thread takes every prepared
 //!    transaction in the queue (in submission order), flushes the data file once, writes one
 //!    atomic batch (object records, omap, bitmap chunks, deferred record) and syncs the journal
-//!    once, then acknowledges all of them. A crash leaves a prefix of the batches.
+//!    once, then acknowledges all of them (itself, or through the finisher thread, in commit
+//!    order). A crash leaves a prefix of the batches.
 //! 4. **Prepared-but-not-durable state is readable**: the `overlay` holds the metadata of
 //!    transactions between `submit` and their commit, and `pending_blocks` the unit contents of
 //!    deferred writes not yet written back; reads consult both before the database/data file.
@@ -32,7 +33,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -362,8 +363,9 @@ pub(crate) struct Inner {
     read_bufs: Arc<BufPool>,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
-    /// Readers hold it shared while they use an extent map; the committer holds it exclusively
-    /// while it writes back deferred units and releases freed units.
+    /// Readers hold it shared while they use an extent map; the finisher (or the committer,
+    /// `release_and_ack`) holds it exclusively while it writes back deferred units and releases
+    /// freed units.
     reuse: RwLock<()>,
     queue: Mutex<Queue>,
     queue_cv: Condvar,
@@ -1901,18 +1903,47 @@ fn replay_deferred(inner: &Inner) -> Result<()> {
     Ok(())
 }
 
-struct CommitterState {
+struct CommitterState<'a> {
     bitmap: Bitmap,
     wal: Wal,
-    /// Deferred records whose units were written back but not yet flushed.
-    unsynced: Vec<Vec<u8>>,
-    /// Bytes of deferred data in `unsynced` records.
-    unsynced_bytes: u64,
+    /// Deferred records whose units were written back but not yet flushed (filled by the
+    /// finisher, drained by the committer).
+    unsynced: &'a Mutex<Unsynced>,
+    /// Sequence number of the last batch committed (durable); the finisher has handled every
+    /// batch up to `Queue::durable_seq`.
+    committed_seq: u64,
+    /// Durable batches go to the finisher through this channel.
+    finish: mpsc::Sender<DurableBatch>,
     /// Deferred records put into the database (by batches too large for the log; see
     /// `commit_kv`): their deletions must reach it too.
     kv_deferred: HashSet<Vec<u8>>,
 }
 
+#[derive(Default)]
+struct Unsynced {
+    keys: Vec<Vec<u8>>,
+    /// Bytes of deferred data in the records of `keys`.
+    bytes: u64,
+}
+
+/// A batch whose commit is durable, handed to the finisher thread, which releases its freed
+/// units, acknowledges its transactions and writes its deferred units back.
+struct DurableBatch {
+    batch: Vec<Prepared>,
+    /// Filled when the committer acknowledged the batch itself (see `commit_batch`): the
+    /// freed units still to release after the write-back, and the batch's in-flight bytes.
+    acked: Option<(Vec<(u64, u64)>, u64)>,
+    deferred: BTreeMap<u64, Arc<Vec<u8>>>,
+    dkey: Vec<u8>,
+    /// Metadata keys of the batch (their overlay entries are dropped).
+    merged: Vec<Vec<u8>>,
+    last_seq: u64,
+}
+
+/// The commit thread: groups queued transactions into batches and makes each durable (see
+/// `commit_batch`); a second thread, the finisher, takes the durable batches in order and does
+/// what follows the commit point (`finish_batch`: acknowledgements, deferred write-back,
+/// releasing freed units), so the next batch's log write overlaps with it.
 fn committer(inner: Arc<Inner>) {
     let Some(bitmap) = lock(&inner.bitmap).take() else {
         return;
@@ -1920,19 +1951,62 @@ fn committer(inner: Arc<Inner>) {
     let Some(wal) = lock(&inner.wal).take() else {
         return;
     };
+    let unsynced = Mutex::new(Unsynced::default());
+    let (tx, rx) = mpsc::channel::<DurableBatch>();
     let mut st = CommitterState {
         bitmap,
         wal,
-        unsynced: Vec::new(),
-        unsynced_bytes: 0,
+        unsynced: &unsynced,
+        committed_seq: 0,
+        finish: tx,
         kv_deferred: HashSet::new(),
     };
+    let (bitmap, mut wal) = std::thread::scope(|s| {
+        let fin = {
+            let inner = &*inner;
+            let unsynced = &unsynced;
+            std::thread::Builder::new()
+                .name("kelp-store-fin".into())
+                .spawn_scoped(s, move || {
+                    for d in rx {
+                        finish_batch(inner, unsynced, d);
+                    }
+                })
+        };
+        match fin {
+            Ok(_) => commit_loop(&inner, &mut st),
+            Err(e) => fail(&inner, &format!("starting the finisher thread: {e}")),
+        }
+        // Dropping the sender ends the finisher once it has handled every durable batch; the
+        // scope joins it.
+        let CommitterState {
+            bitmap,
+            wal,
+            finish,
+            ..
+        } = st;
+        drop(finish);
+        (bitmap, wal)
+    });
+    // Clean unmount: make the database durable on its own, so the next mount replays nothing.
+    if lock(&inner.failed).is_none()
+        && let Err(e) = checkpoint(&inner, &mut wal, u64::MAX)
+    {
+        fail(&inner, &e.to_string());
+    }
+    *lock(&inner.bitmap) = Some(bitmap);
+    *lock(&inner.wal) = Some(wal);
+}
+
+fn commit_loop(inner: &Inner, st: &mut CommitterState) {
     let idle = Duration::from_millis(inner.cfg.deferred_cleanup_ms.max(1));
     loop {
         let (batch, shutdown) = {
             let mut q = lock(&inner.queue);
             if q.items.is_empty() && !q.shutdown {
-                if st.unsynced.is_empty() {
+                // Written-back deferred records (or batches still being finished, which will
+                // add some) are dropped after `idle` without new commits.
+                if lock(st.unsynced).keys.is_empty() && q.durable_seq >= st.committed_seq {
                     q = inner.queue_cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 } else {
                     q = inner
@@ -1971,28 +2045,33 @@ fn committer(inner: Arc<Inner>) {
             (batch, q.shutdown)
         };
         if batch.is_empty() {
-            if !st.unsynced.is_empty()
-                && let Err(e) = cleanup_deferred(&inner, &mut st)
-            {
-                fail(&inner, &e.to_string());
-            }
             if shutdown {
                 break;
             }
+            let idle_cleanup = {
+                let q = lock(&inner.queue);
+                q.durable_seq >= st.committed_seq && !lock(st.unsynced).keys.is_empty()
+            };
+            if idle_cleanup && let Err(e) = cleanup_deferred(inner, st) {
+                fail(inner, &e.to_string());
+            }
             continue;
         }
-        if let Err(e) = commit_batch(&inner, &mut st, batch) {
-            fail(&inner, &e.to_string());
+        if let Err(e) = commit_batch(inner, st, batch) {
+            fail(inner, &e.to_string());
         }
     }
-    // Clean unmount: make the database durable on its own, so the next mount replays nothing.
-    if lock(&inner.failed).is_none()
-        && let Err(e) = checkpoint(&inner, &mut st.wal)
-    {
-        fail(&inner, &e.to_string());
+}
+
+/// Wait until the finisher has handled every batch up to `seq` (so their deferred units are
+/// written back, at least to the page cache).
+fn wait_finished(inner: &Inner, seq: u64) -> Result<()> {
+    let mut q = lock(&inner.queue);
+    while q.durable_seq < seq {
+        inner.check_failed()?;
+        q = inner.durable_cv.wait(q).unwrap_or_else(|p| p.into_inner());
     }
-    *lock(&inner.bitmap) = Some(st.bitmap);
-    *lock(&inner.wal) = Some(st.wal);
+    Ok(())
 }
 
 /// Make every batch applied to the database durable there, then start the log over.
@@ -2000,7 +2079,13 @@ fn committer(inner: Arc<Inner>) {
 /// The data file is flushed first: deferred write-backs of logged batches may be only in the
 /// page cache, and their `D` records only in the log (not in the database), so once the log
 /// starts over nothing could replay them.
-fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
+///
+/// `committed` is the last batch committed: the finisher must have written back its deferred
+/// units (and every earlier batch's) before the flush (`u64::MAX` once the finisher has stopped).
+fn checkpoint(inner: &Inner, wal: &mut Wal, committed: u64) -> Result<()> {
+    if committed != u64::MAX {
+        wait_finished(inner, committed)?;
+    }
     inner
         .data
         .sync_data()
@@ -2027,6 +2112,7 @@ fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
 fn commit_kv(
     inner: &Inner,
     wal: &mut Wal,
+    committed: u64,
     kv_deferred: &mut HashSet<Vec<u8>>,
     verify: &[NewRun],
     ops: Vec<KvOp>,
@@ -2035,7 +2121,7 @@ fn commit_kv(
     let payload = wal::encode_record(verify, &ops);
     let logged = wal.ever_fits(payload.len());
     if !wal.fits(payload.len()) {
-        checkpoint(inner, wal)?;
+        checkpoint(inner, wal, committed)?;
     }
     let mut wait_data = Some(wait_data);
     if !logged && let Some(w) = wait_data.take() {
@@ -2095,17 +2181,22 @@ fn fail(inner: &Inner, reason: &str) {
 }
 
 fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
+    // Taken before the flush: their write-backs are done, so the flush covers them.
+    let keys = std::mem::take(&mut *lock(st.unsynced)).keys;
     inner
         .data
         .sync_data()
         .map_err(|e| StoreError::io("flushing the data file", e))?;
-    let ops = st
-        .unsynced
-        .drain(..)
-        .map(|k| (PART_DEFERRED, k, None))
-        .collect();
-    st.unsynced_bytes = 0;
-    commit_kv(inner, &mut st.wal, &mut st.kv_deferred, &[], ops, || Ok(()))
+    let ops = keys.into_iter().map(|k| (PART_DEFERRED, k, None)).collect();
+    commit_kv(
+        inner,
+        &mut st.wal,
+        st.committed_seq,
+        &mut st.kv_deferred,
+        &[],
+        ops,
+        || Ok(()),
+    )
 }
 
 /// Deferred-write records are dropped (after a data-file flush) at the latest once this many
@@ -2145,10 +2236,18 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             Ok(())
         };
         let wrote = batch.iter().any(|p| p.wrote_data);
-        let cleanup = !st.unsynced.is_empty()
-            && (wrote
-                || st.unsynced.len() >= CLEANUP_BATCHES
-                || st.unsynced_bytes >= CLEANUP_BYTES);
+        // Records to drop: taken before the data flush below, which then covers their
+        // write-backs (the finisher lists a record only once its units are written back).
+        let dropped = {
+            let mut u = lock(st.unsynced);
+            let due = wrote || u.keys.len() >= CLEANUP_BATCHES || u.bytes >= CLEANUP_BYTES;
+            if due {
+                std::mem::take(&mut *u).keys
+            } else {
+                Vec::new()
+            }
+        };
+        let cleanup = !dropped.is_empty();
         // On a prewritten data file the new extents need no separate flush: the log's flush
         // (one device cache flush, after the data writes completed) makes both durable, and
         // replay verifies the last record's new extents (a crash during that flush may have
@@ -2217,15 +2316,13 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
                 Some(codec::encode_deferred(&list)),
             ));
         }
-        if cleanup {
-            for k in st.unsynced.drain(..) {
-                ops.push((PART_DEFERRED, k, None));
-            }
-            st.unsynced_bytes = 0;
+        for k in dropped {
+            ops.push((PART_DEFERRED, k, None));
         }
         commit_kv(
             inner,
             &mut st.wal,
+            st.committed_seq,
             &mut st.kv_deferred,
             &verify,
             ops,
@@ -2245,11 +2342,41 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
             return Err(e);
         }
     };
-    // 3. Durable. Freed units that no deferred write of this batch targets can be reused at
-    //    once (earlier batches' write-backs are complete); the others wait for write-back.
-    //    Releasing before acknowledging means a client that waited for a delete finds the
-    //    space free. Then acknowledge: what follows only makes the data file catch up with
-    //    the metadata (and is replayed from the `D` record after a crash).
+    // With nothing left for the finisher (always so at queue depth 1), the committer releases
+    // and acknowledges at once, saving a thread hand-off per commit; otherwise the finisher
+    // does, after the batches before, so acknowledgements stay in commit order.
+    let caught_up = lock(&inner.queue).durable_seq >= st.committed_seq;
+    st.committed_seq = last_seq;
+    let (batch, acked) = if caught_up {
+        (Vec::new(), Some(release_and_ack(inner, batch, &deferred)))
+    } else {
+        (batch, None)
+    };
+    let d = DurableBatch {
+        batch,
+        acked,
+        deferred,
+        dkey,
+        merged,
+        last_seq,
+    };
+    if let Err(mpsc::SendError(d)) = st.finish.send(d) {
+        // The finisher is gone (it only stops when the committer does): finish here.
+        finish_batch(inner, st.unsynced, d);
+    }
+    Ok(())
+}
+
+/// Release the units freed by a durable batch that none of its deferred writes targets (every
+/// earlier batch's write-back is complete, so no later write-back can clobber them), then
+/// acknowledge its transactions; releasing first means a client that waited for a delete
+/// finds the space free. Returns the freed units that must wait for the batch's write-back,
+/// and the batch's in-flight bytes.
+fn release_and_ack(
+    inner: &Inner,
+    batch: Vec<Prepared>,
+    deferred: &BTreeMap<u64, Arc<Vec<u8>>>,
+) -> (Vec<(u64, u64)>, u64) {
     let mut freed = Vec::new();
     let mut bytes = 0;
     {
@@ -2269,8 +2396,29 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         bytes += p.bytes;
         let _ = p.done.send(Ok(()));
     }
-    // 4. Write back deferred units (contiguous units in one write) and release freed space,
-    //    excluding readers that may be using old extent maps.
+    (freed, bytes)
+}
+
+/// After a batch's commit is durable (the finisher thread, batches in commit order): release
+/// and acknowledge (`release_and_ack`, unless the committer did), write the deferred units
+/// back, release the remaining freed units, and publish the batch as done (`durable_seq`).
+fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
+    let DurableBatch {
+        batch,
+        acked,
+        deferred,
+        dkey,
+        merged,
+        last_seq,
+    } = d;
+    let (freed, bytes) = match acked {
+        Some(a) => a,
+        None => release_and_ack(inner, batch, &deferred),
+    };
+    // What follows the acknowledgements only makes the data file catch up with the metadata
+    // (and is replayed from the `D` record after a crash).
+    // Write back deferred units (contiguous units in one write) and release freed space,
+    // excluding readers that may be using old extent maps.
     let writeback = (|| -> Result<()> {
         let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
         let u = inner.geo.unit as usize;
@@ -2303,9 +2451,10 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         }
         Ok(())
     })();
-    if !deferred.is_empty() {
-        st.unsynced.push(dkey);
-        st.unsynced_bytes += deferred.len() as u64 * inner.geo.unit;
+    if !deferred.is_empty() && writeback.is_ok() {
+        let mut u = lock(unsynced);
+        u.keys.push(dkey);
+        u.bytes += deferred.len() as u64 * inner.geo.unit;
     }
     {
         let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
@@ -2321,7 +2470,9 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         q.durable_seq = last_seq;
     }
     inner.durable_cv.notify_all();
-    writeback
+    if let Err(e) = writeback {
+        fail(inner, &e.to_string());
+    }
 }
 
 impl KelpStore {
