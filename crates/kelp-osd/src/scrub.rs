@@ -447,7 +447,7 @@ fn scrub_object(
         let mut off = 0;
         while off < o.size {
             let len = DEEP_READ.min(o.size - off);
-            match store.read(coll, oid, off, len) {
+            match store.read_from_device(coll, oid, off, len) {
                 Ok(d) if d.len() as u64 == len => crc = crc32c::crc32c_append(crc, &d),
                 Ok(d) => {
                     o.read_error = Some(format!(

@@ -72,6 +72,10 @@ pub enum StoreError {
     /// The store failed a commit earlier and refuses further work until restarted.
     #[error("store failed and is read-only until restart: {reason}")]
     Failed { reason: String },
+    /// Only inside [`crate::nowait::attempt`]: the call needs the device or the metadata
+    /// database; run it again where blocking is allowed.
+    #[error("the read needs to wait for the device (retry it on a blocking thread)")]
+    WouldBlock,
 }
 
 impl StoreError {

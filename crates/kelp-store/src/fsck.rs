@@ -20,7 +20,7 @@ use crate::alloc::Bitmap;
 use crate::codec::Onode;
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
-use crate::kelpstore::KelpStore;
+use crate::kelpstore::{KelpStore, Via};
 use crate::keys;
 use crate::store::ObjectStore;
 
@@ -164,7 +164,15 @@ impl KelpStore {
                         let n = (e.units - done).min(256);
                         let cs =
                             &e.csums[(done * geo.bpu) as usize..((done + n) * geo.bpu) as usize];
-                        match inner.read_units(&oid, e.lunit + done, e.punit + done, n, cs, None) {
+                        match inner.read_units_via(
+                            &oid,
+                            e.lunit + done,
+                            e.punit + done,
+                            n,
+                            cs,
+                            None,
+                            Via::Device,
+                        ) {
                             Ok(_) => rep.blocks_verified += n * geo.bpu,
                             Err(err @ StoreError::ChecksumMismatch { .. }) => {
                                 rep.problem("checksum", err.to_string());

@@ -46,6 +46,7 @@ use crate::codec::{self, Extent, Onode};
 use crate::config::{MkfsOptions, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::keys;
+use crate::nowait;
 use crate::store::{ObjectStore, StoreSpace};
 use crate::superblock::{self, FORMAT_VERSION, Superblock};
 use crate::types::{
@@ -73,6 +74,20 @@ type KvSource<'a> = Box<dyn Iterator<Item = Result<(Vec<u8>, Option<Value>)>> + 
 
 /// Alignment of buffers, offsets and lengths for O_DIRECT I/O on the data file.
 const DIO_ALIGN: usize = 4096;
+
+/// Reads of at most this many bytes go through the page cache (deferred write-back fills it
+/// too): the kernel's cache is the store's data cache, outside the store's own memory budget
+/// and reclaimed under pressure. Larger reads go straight to the device (`O_DIRECT`).
+const CACHED_READ_MAX: u64 = 64 << 10;
+
+/// Where a read may take its data from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Via {
+    /// The page cache for small reads, the device otherwise.
+    Cache,
+    /// Always the device: fsck and deep scrubs look for damaged blocks a cached copy hides.
+    Device,
+}
 
 /// A heap buffer whose usable part starts at a `DIO_ALIGN`-aligned address (O_DIRECT needs
 /// aligned memory). Built from a `Vec` with slack, so no `unsafe` is needed.
@@ -710,10 +725,26 @@ impl Inner {
     }
 
     fn kv_get(&self, key: &[u8]) -> Result<Option<Value>> {
+        if nowait::active() {
+            return Err(nowait::blocked());
+        }
         self.meta
             .get(key)
             .map(|v| v.map(|s| Value::from(&s[..])))
             .map_err(|e| StoreError::kv("reading metadata", e))
+    }
+
+    /// `reuse` held shared, as readers hold it; in non-blocking mode only if it is free now
+    /// (a publishing committer holds it exclusively for a moment).
+    fn reuse_shared(&self) -> Result<std::sync::RwLockReadGuard<'_, ()>> {
+        if nowait::active() {
+            return match self.reuse.try_read() {
+                Ok(g) => Ok(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => Err(nowait::blocked()),
+            };
+        }
+        Ok(self.reuse.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Committed-or-pending value of `key` (readers' view).
@@ -737,6 +768,9 @@ impl Inner {
     ) -> Result<Vec<(Vec<u8>, Value)>> {
         if start >= end {
             return Ok(Vec::new());
+        }
+        if nowait::active() {
+            return Err(nowait::blocked());
         }
         let range = (
             std::ops::Bound::Included(start.to_vec()),
@@ -768,9 +802,29 @@ impl Inner {
         merge_sources(sources, limit)
     }
 
-    fn read_raw(&self, off: u64, buf: &mut [u8]) -> Result<()> {
-        self.data
-            .read_exact_at(buf, off)
+    /// Read `buf.len()` bytes at `off`: through the page cache if `cached`, else directly
+    /// from the device. In non-blocking mode ([`nowait`]) only what the page cache holds, with
+    /// `RWF_NOWAIT`: a miss, a partly cached range or any error is "would block", and the
+    /// caller retries on a thread that may wait.
+    fn read_raw(&self, off: u64, buf: &mut [u8], cached: bool) -> Result<()> {
+        if nowait::active() {
+            let flags = rustix::io::ReadWriteFlags::NOWAIT;
+            return match rustix::io::preadv2(
+                &self.data_buffered,
+                &mut [std::io::IoSliceMut::new(buf)],
+                off,
+                flags,
+            ) {
+                Ok(n) if n == buf.len() => Ok(()),
+                _ => Err(nowait::blocked()),
+            };
+        }
+        let file = if cached {
+            &self.data_buffered
+        } else {
+            &self.data
+        };
+        file.read_exact_at(buf, off)
             .map_err(|e| StoreError::io(format!("reading the data file at {off}"), e))
     }
 
@@ -811,7 +865,7 @@ impl Inner {
         if len == 0 || e.lunit > first || e.lunit + e.units < last {
             return Ok(None);
         }
-        let data = self.read_extent_units(oid, e, first, last, None)?;
+        let data = self.read_extent_units(oid, e, first, last, None, Via::Cache)?;
         let at = (off - first * u) as usize;
         let owner = PooledBuf {
             buf: Some(data),
@@ -830,16 +884,21 @@ impl Inner {
         s: u64,
         t: u64,
         staged: Option<Staged<'_>>,
+        via: Via,
     ) -> Result<AlignedBuf> {
         let k = s - e.lunit;
         let bpu = self.geo.bpu;
         let csums = &e.csums[(k * bpu) as usize..((t - e.lunit) * bpu) as usize];
-        self.read_units(oid, s, e.punit + k, t - s, csums, staged)
+        self.read_units_via(oid, s, e.punit + k, t - s, csums, staged, via)
     }
 
     /// Read `units` physical units starting at `punit` and verify them against `csums`
     /// (one per checksum block). `staged` overrides (current transaction's deferred units) and
     /// `pending_blocks` take precedence over the device. `lunit` only names the error offset.
+    ///
+    /// Reads of at most [`CACHED_READ_MAX`] go through the page cache (which deferred
+    /// write-back also fills); a checksum mismatch there is read again from the device before
+    /// it is reported, so a stale cached page can never pass for corruption.
     pub(crate) fn read_units(
         &self,
         oid: &ObjectId,
@@ -849,44 +908,87 @@ impl Inner {
         csums: &[u32],
         staged: Option<Staged<'_>>,
     ) -> Result<AlignedBuf> {
+        self.read_units_via(oid, lunit, punit, units, csums, staged, Via::Cache)
+    }
+
+    /// [`Inner::read_units`], choosing whether a small read may come from the page cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn read_units_via(
+        &self,
+        oid: &ObjectId,
+        lunit: u64,
+        punit: u64,
+        units: u64,
+        csums: &[u32],
+        staged: Option<Staged<'_>>,
+        via: Via,
+    ) -> Result<AlignedBuf> {
         let u = self.geo.unit as usize;
+        let cached = via == Via::Cache && units * self.geo.unit <= CACHED_READ_MAX;
+        if nowait::active() && !cached {
+            return Err(nowait::blocked());
+        }
         let mut buf = self.read_bufs.take(units as usize * u);
-        self.read_raw(punit * self.geo.unit, &mut buf)?;
+        self.read_raw(punit * self.geo.unit, &mut buf, cached)?;
+        self.apply_unwritten(punit, &mut buf, staged);
+        match self.verify_units(oid, lunit, &buf, csums) {
+            Ok(()) => Ok(buf),
+            // Possibly a stale page-cache copy: only the direct read may call it corrupt.
+            Err(_) if nowait::active() => Err(nowait::blocked()),
+            Err(_) if cached && self.direct => {
+                self.read_raw(punit * self.geo.unit, &mut buf, false)?;
+                self.apply_unwritten(punit, &mut buf, staged);
+                self.verify_units(oid, lunit, &buf, csums).map(|()| buf)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Overwrite the units of `buf` (starting at `punit`) whose newest content is not on the
+    /// device yet. Newest first: this transaction's deferred units, then deferred units of
+    /// prepared transactions, then new-extent data still being written.
+    fn apply_unwritten(&self, punit: u64, buf: &mut [u8], staged: Option<Staged<'_>>) {
+        let u = self.geo.unit as usize;
+        let units = (buf.len() / u) as u64;
         let (st_def, st_cow) = staged.unwrap_or((&EMPTY_DEFERRED, &[]));
-        if self.pending_len.load(Ordering::Acquire) > 0
-            || self.inflight_len.load(Ordering::Acquire) > 0
-            || !st_def.is_empty()
-            || !st_cow.is_empty()
+        if self.pending_len.load(Ordering::Acquire) == 0
+            && self.inflight_len.load(Ordering::Acquire) == 0
+            && st_def.is_empty()
+            && st_cow.is_empty()
         {
-            // Newest first: this transaction's deferred units, then deferred units of prepared
-            // transactions, then new-extent data still being written.
-            let pending = lock(&self.pending_blocks);
-            let cow = lock(&self.inflight_cow);
-            if !pending.is_empty() || !cow.is_empty() || !st_def.is_empty() || !st_cow.is_empty() {
-                let from_cow = |w: &CowWrite, p: u64| -> Option<Vec<u8>> {
-                    (p >= w.punit && p < w.punit + w.units).then(|| {
-                        let at = w.start + ((p - w.punit) as usize) * u;
-                        w.data.bytes()[at..at + u].to_vec()
-                    })
-                };
-                for i in 0..units {
-                    let p = punit + i;
-                    let found = st_def
-                        .get(&p)
-                        .map(|d| d.to_vec())
-                        .or_else(|| st_cow.iter().rev().find_map(|w| from_cow(w, p)))
-                        .or_else(|| pending.get(&p).map(|(_, d)| d.to_vec()))
-                        .or_else(|| {
-                            cow.range(..=p)
-                                .next_back()
-                                .and_then(|(_, w)| from_cow(w, p))
-                        });
-                    if let Some(d) = found {
-                        buf[i as usize * u..(i as usize + 1) * u].copy_from_slice(&d);
-                    }
-                }
+            return;
+        }
+        let pending = lock(&self.pending_blocks);
+        let cow = lock(&self.inflight_cow);
+        if pending.is_empty() && cow.is_empty() && st_def.is_empty() && st_cow.is_empty() {
+            return;
+        }
+        let from_cow = |w: &CowWrite, p: u64| -> Option<Vec<u8>> {
+            (p >= w.punit && p < w.punit + w.units).then(|| {
+                let at = w.start + ((p - w.punit) as usize) * u;
+                w.data.bytes()[at..at + u].to_vec()
+            })
+        };
+        for i in 0..units {
+            let p = punit + i;
+            let found = st_def
+                .get(&p)
+                .map(|d| d.to_vec())
+                .or_else(|| st_cow.iter().rev().find_map(|w| from_cow(w, p)))
+                .or_else(|| pending.get(&p).map(|(_, d)| d.to_vec()))
+                .or_else(|| {
+                    cow.range(..=p)
+                        .next_back()
+                        .and_then(|(_, w)| from_cow(w, p))
+                });
+            if let Some(d) = found {
+                buf[i as usize * u..(i as usize + 1) * u].copy_from_slice(&d);
             }
         }
+    }
+
+    /// Check `buf` (units from logical unit `lunit` on) against `csums`.
+    fn verify_units(&self, oid: &ObjectId, lunit: u64, buf: &[u8], csums: &[u32]) -> Result<()> {
         let cb = self.geo.csum_block as usize;
         for (i, (block, &expected)) in buf.chunks(cb).zip(csums).enumerate() {
             let actual = crc32c::crc32c(block);
@@ -899,7 +1001,7 @@ impl Inner {
                 });
             }
         }
-        Ok(buf)
+        Ok(())
     }
 
     fn onode_for_read(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
@@ -923,7 +1025,7 @@ impl Inner {
 
     /// `onode_cached` for callers that read no extents (omap reads): takes `reuse` itself.
     fn onode_locked(&self, coll: CollectionId, oid: &ObjectId) -> Result<Arc<Onode>> {
-        let _g = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let _g = self.reuse_shared()?;
         self.onode_cached(coll, oid)
     }
 
@@ -940,6 +1042,7 @@ impl Inner {
         match pending {
             Some(Some(v)) => Ok(Arc::new(Onode::decode(&v, self.geo.bpu)?)),
             Some(None) => self.onode_for_read(coll, oid).map(Arc::new),
+            None if nowait::active() => Err(nowait::blocked()),
             None => match self
                 .meta
                 .get(&key)
@@ -965,6 +1068,7 @@ impl Inner {
         off: u64,
         len: u64,
         staged: Option<Staged<'_>>,
+        via: Via,
     ) -> Result<Vec<u8>> {
         // Filled in order, zeros only where no extent is (holes, or past the last extent).
         let mut out = Vec::with_capacity(len as usize);
@@ -981,7 +1085,7 @@ impl Inner {
             }
             let s = e.lunit.max(first);
             let t = (e.lunit + e.units).min(last);
-            let data = self.read_extent_units(oid, e, s, t, staged)?;
+            let data = self.read_extent_units(oid, e, s, t, staged, via)?;
             // Append the overlap of [s*u, t*u) and [off, off+len).
             let a = (s * u).max(off);
             let b = (t * u).min(off + len);
@@ -1628,6 +1732,9 @@ impl KelpStore {
         // (which syncs the inode, whichever descriptor wrote). Linux keeps O_DIRECT reads
         // coherent with them (dirty pages in the range are written first).
         let data_buffered = open(0).map_err(|e| StoreError::io("opening the data file", e))?;
+        // Small reads go through this descriptor too, at random offsets: no read-ahead (it
+        // would fill the cache with neighbouring units nobody asked for). Advisory only.
+        let _ = rustix::fs::fadvise(&data_buffered, 0, None, rustix::fs::Advice::Random);
         let len = data
             .metadata()
             .map_err(|e| StoreError::io("inspecting the data file", e))?
@@ -2724,16 +2831,31 @@ impl ObjectStore for KelpStore {
     }
 
     fn stat(&self, coll: CollectionId, oid: &ObjectId) -> Result<ObjectStat> {
-        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let _g = self.inner.reuse_shared()?;
         let on = self.inner.onode_cached(coll, oid)?;
         Ok(ObjectStat { size: on.size })
     }
 
     fn read(&self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let _g = self.inner.reuse_shared()?;
         let on = self.inner.onode_cached(coll, oid)?;
         let (start, len) = clip(&on, offset, len);
-        self.inner.read_onode(oid, &on, start, len, None)
+        self.inner
+            .read_onode(oid, &on, start, len, None, Via::Cache)
+    }
+
+    fn read_from_device(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        let _g = self.inner.reuse_shared()?;
+        let on = self.inner.onode_cached(coll, oid)?;
+        let (start, len) = clip(&on, offset, len);
+        self.inner
+            .read_onode(oid, &on, start, len, None, Via::Device)
     }
 
     fn read_bytes(
@@ -2745,7 +2867,7 @@ impl ObjectStore for KelpStore {
     ) -> Result<bytes::Bytes> {
         /// Below this a copy costs less than lending the buffer out.
         const LEND_MIN: u64 = 64 << 10;
-        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let _g = self.inner.reuse_shared()?;
         let on = self.inner.onode_cached(coll, oid)?;
         let (start, len) = clip(&on, offset, len);
         if len >= LEND_MIN
@@ -2754,14 +2876,14 @@ impl ObjectStore for KelpStore {
             return Ok(b);
         }
         self.inner
-            .read_onode(oid, &on, start, len, None)
+            .read_onode(oid, &on, start, len, None, Via::Cache)
             .map(bytes::Bytes::from)
     }
 
     fn xattrs(&self, coll: CollectionId, oid: &ObjectId) -> Result<BTreeMap<String, Vec<u8>>> {
         // Through the onode cache, like `read`: a client read op asks for the xattrs (version)
         // and then the data, and the uncached lookup was ~8% of a 4 KiB-read OSD's CPU.
-        let _g = self.inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+        let _g = self.inner.reuse_shared()?;
         Ok(self.inner.onode_cached(coll, oid)?.xattrs.clone())
     }
 

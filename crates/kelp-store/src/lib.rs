@@ -25,6 +25,7 @@ mod fsck;
 mod kelpstore;
 mod keys;
 mod memstore;
+pub mod nowait;
 mod store;
 mod superblock;
 mod types;

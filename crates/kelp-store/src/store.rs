@@ -80,6 +80,19 @@ pub trait ObjectStore: Send + Sync {
     /// Read `[offset, offset + len)`, clipped to the object size (short or empty past the end).
     fn read(&self, coll: CollectionId, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>>;
 
+    /// Like [`ObjectStore::read`], but every byte comes from the device, none from a cache (a
+    /// small read may otherwise be served from the page cache): deep scrubs use it to find
+    /// damaged blocks that a cached good copy would hide.
+    fn read_from_device(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        self.read(coll, oid, offset, len)
+    }
+
     /// Like [`ObjectStore::read`], as `Bytes`: a store may hand out its own read buffer
     /// instead of copying it (the OSD sends a large read's reply straight from it).
     fn read_bytes(

@@ -326,3 +326,48 @@ fn concurrent_submitters_read_their_own_writes() {
     let rep = s.fsck(true).unwrap();
     assert!(rep.is_clean(), "{:?}", rep.problems);
 }
+
+/// `nowait::attempt` (reads on an OSD's async worker): answered from memory when the onode is
+/// cached and the data is in the page cache (deferred write-back puts it there), refused
+/// (`None`) otherwise, and never a checksum error: only the direct read may call data corrupt.
+#[test]
+fn nonblocking_reads_answer_from_memory_or_refuse() {
+    use kelp_store::nowait::attempt;
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 64 << 20);
+    let small = b"small deferred object".to_vec();
+    let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("small"), 0, small.clone())
+            .write(C, &oid("big"), 0, big.clone())
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    // Durable and written back: the small object's unit is in the page cache.
+    s.flush().unwrap();
+    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
+    let got = attempt(|| s.read(C, &oid("small"), 0, 100));
+    assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
+    let got = attempt(|| s.xattrs(C, &oid("small")));
+    assert!(got.is_some_and(|r| r.unwrap().is_empty()));
+    // Longer than nowait's limit: always the blocking path.
+    assert!(attempt(|| s.read(C, &oid("big"), 0, 1 << 20)).is_none());
+    // Absent objects and uncached onodes need the database.
+    assert!(attempt(|| s.read(C, &oid("missing"), 0, 1)).is_none());
+    let small_ext = s.object_extents(C, &oid("small")).unwrap();
+    s.close().unwrap();
+
+    let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
+    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
+    // A damaged block (here also in the page cache): refused, then the direct read reports it.
+    flip_byte(dir.path(), small_ext[0].0 + 3);
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
+    assert!(matches!(
+        s.read(C, &oid("small"), 0, 100),
+        Err(StoreError::ChecksumMismatch { .. })
+    ));
+}
