@@ -156,13 +156,15 @@ impl std::ops::DerefMut for AlignedBuf {
 const ONODE_CACHE_SHARDS: usize = 8;
 
 /// Decoded object records of committed objects, so hot reads skip the database lookup and the
-/// decode (a 4 MiB object's record carries 1024 checksums). Filled only by readers holding
-/// `reuse` shared, from committed values (never from the overlay); entries are dropped when a
-/// transaction touching them is published (under `reuse` exclusively), so it never serves a
-/// stale record. Bounded in bytes; when full, an arbitrary quarter is evicted.
+/// decode (a 4 MiB object's record carries 1024 checksums), and objects known to be absent
+/// (`None`: a write to a new object looks it up twice, once to execute the op and once to
+/// prepare the transaction). Filled only by readers holding `reuse` shared, from committed
+/// values (never from the overlay); entries are dropped when a transaction touching them is
+/// published (under `reuse` exclusively), so it never serves a stale record. Bounded in bytes;
+/// when full, an arbitrary quarter is evicted.
 #[derive(Default)]
 struct OnodeCacheShard {
-    map: HashMap<Vec<u8>, (Arc<Onode>, usize)>,
+    map: HashMap<Vec<u8>, (Option<Arc<Onode>>, usize)>,
     bytes: usize,
 }
 
@@ -183,10 +185,11 @@ impl OnodeCache {
     fn shard(&self, key: &[u8]) -> &Mutex<OnodeCacheShard> {
         &self.shards[crc32c::crc32c(key) as usize % ONODE_CACHE_SHARDS]
     }
-    fn get(&self, key: &[u8]) -> Option<Arc<Onode>> {
+    /// `Some(None)`: known to be absent.
+    fn get(&self, key: &[u8]) -> Option<Option<Arc<Onode>>> {
         lock(self.shard(key)).map.get(key).map(|(o, _)| o.clone())
     }
-    fn insert(&self, key: Vec<u8>, onode: Arc<Onode>, encoded_len: usize) {
+    fn insert(&self, key: Vec<u8>, onode: Option<Arc<Onode>>, encoded_len: usize) {
         let cost = key.len() + encoded_len + 96;
         if cost > self.shard_cap {
             return;
@@ -371,8 +374,9 @@ pub(crate) struct Inner {
     inflight_len: AtomicUsize,
     onode_cache: OnodeCache,
     /// Keys of collections a transaction found to exist, so the next ones skip the lookup.
-    /// Filled and emptied only under `apply` (transactions and publishing), so it never
-    /// lists a collection whose removal was published.
+    /// Filled and emptied only under `apply` (transactions and publishing; removals also under
+    /// `reuse` exclusively), so it never lists a collection whose removal was published, and a
+    /// reader holding `reuse` shared may trust it too.
     known_colls: Mutex<HashSet<Vec<u8>>>,
     /// Read buffers for reuse; large reads lend theirs out as `Bytes` ([`BufPool`]).
     read_bufs: Arc<BufPool>,
@@ -1013,7 +1017,9 @@ impl Inner {
 
     /// The error for an object that is not there: its collection's, if that is missing too.
     fn absent(&self, coll: CollectionId, oid: &ObjectId) -> Result<StoreError> {
-        Ok(if self.get(&keys::coll_key(coll))?.is_none() {
+        let key = keys::coll_key(coll);
+        let known = lock(&self.known_colls).contains(&key);
+        Ok(if !known && self.get(&key)?.is_none() {
             StoreError::CollectionNotFound { coll }
         } else {
             StoreError::ObjectNotFound {
@@ -1032,8 +1038,10 @@ impl Inner {
     /// Like `onode_for_read`, through the onode cache. The caller must hold `reuse` shared.
     fn onode_cached(&self, coll: CollectionId, oid: &ObjectId) -> Result<Arc<Onode>> {
         let key = keys::obj_key(coll, oid);
-        if let Some(o) = self.onode_cache.get(&key) {
-            return Ok(o);
+        match self.onode_cache.get(&key) {
+            Some(Some(o)) => return Ok(o),
+            Some(None) => return Err(self.absent(coll, oid)?),
+            None => {}
         }
         let pending = {
             let ov = self.overlay.read().unwrap_or_else(|p| p.into_inner());
@@ -1050,12 +1058,15 @@ impl Inner {
             {
                 Some(v) => {
                     let on = Arc::new(Onode::decode(&v, self.geo.bpu)?);
-                    self.onode_cache.insert(key, on.clone(), v.len());
+                    self.onode_cache.insert(key, Some(on.clone()), v.len());
                     Ok(on)
                 }
                 // Neither pending nor committed (a write's stat of a new object): only the
                 // collection is left to look up.
-                None => Err(self.absent(coll, oid)?),
+                None => {
+                    self.onode_cache.insert(key, None, 0);
+                    Err(self.absent(coll, oid)?)
+                }
             },
         }
     }
@@ -1227,8 +1238,38 @@ impl Txc<'_> {
                 // The cache holds only the newest published record: publishing invalidates it,
                 // and readers fill it (holding `reuse` shared) only from the database when the
                 // overlay has nothing newer.
-                Some(on) => return Ok(Some(on.as_ref().clone())),
-                None => self.inner.get(&key)?,
+                Some(Some(on)) => return Ok(Some(on.as_ref().clone())),
+                Some(None) => None,
+                None => {
+                    let pending = {
+                        let ov = self.inner.overlay.read().unwrap_or_else(|p| p.into_inner());
+                        ov.get(&key).map(|(_, v)| v.clone())
+                    };
+                    match pending {
+                        Some(v) => v,
+                        None => {
+                            // Committed, and nothing newer pending: fill the cache as a reader
+                            // would (`prepare` holds `reuse` shared, and nothing is published
+                            // while it holds `apply`). Objects a transaction touches without
+                            // changing their record (a PG's log object, whose omap every write
+                            // appends to) are then found without a database lookup.
+                            let v = self.inner.kv_get(&key)?;
+                            match &v {
+                                Some(b) => {
+                                    let on = Onode::decode(b, self.inner.geo.bpu)?;
+                                    self.inner.onode_cache.insert(
+                                        key,
+                                        Some(Arc::new(on.clone())),
+                                        b.len(),
+                                    );
+                                    return Ok(Some(on));
+                                }
+                                None => self.inner.onode_cache.insert(key, None, 0),
+                            }
+                            v
+                        }
+                    }
+                }
             },
         };
         match raw {

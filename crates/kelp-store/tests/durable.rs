@@ -371,3 +371,52 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
         Err(StoreError::ChecksumMismatch { .. })
     ));
 }
+
+/// The onode cache also remembers absent objects (a new object's write looks it up twice):
+/// such an entry must never hide the object once written, nor outlive its collection.
+#[test]
+fn absent_objects_cached_then_written_then_collection_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 16 << 20);
+    for round in 0..3 {
+        assert!(matches!(
+            s.stat(C, &oid("late")),
+            Err(StoreError::ObjectNotFound { .. })
+        ));
+        let commit = s
+            .submit(
+                Transaction::new()
+                    .write(C, &oid("late"), 0, vec![round; 100])
+                    .clone(),
+            )
+            .unwrap();
+        // Visible at once (pending), and after it is durable.
+        assert_eq!(s.read(C, &oid("late"), 0, 100).unwrap(), vec![round; 100]);
+        commit.wait().unwrap();
+        assert_eq!(s.stat(C, &oid("late")).unwrap().size, 100);
+        s.submit(Transaction::new().remove(C, &oid("late")).clone())
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let d = CollectionId(kelp_types::PgId {
+        pool: kelp_types::PoolId(9),
+        seed: 3,
+    });
+    s.submit(Transaction::new().create_collection(d).clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(matches!(
+        s.read(d, &oid("x"), 0, 1),
+        Err(StoreError::ObjectNotFound { .. })
+    ));
+    s.submit(Transaction::new().remove_collection(d).clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(matches!(
+        s.read(d, &oid("x"), 0, 1),
+        Err(StoreError::CollectionNotFound { .. })
+    ));
+}
