@@ -62,20 +62,28 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Short-lived commands behave like other Unix tools when their reader goes away
-    // (`kelp rados ls | head`). Daemons and the `kelp up` supervisor keep SIGPIPE ignored:
-    // a peer closing a socket must give them an error to handle, not kill them silently.
-    let long_running = match &cli.command {
-        Command::Up(_) | Command::Mon(_) | Command::Rgw(_) => true,
-        Command::Osd(c) => matches!(c, cmd::osd::OsdCommand::Run(_)),
-        _ => false,
-    };
-    if !long_running {
-        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    // SIGPIPE stays ignored (Rust's default) in every command: a peer closing a socket (an
+    // OSD restarting, a gateway answering an upload early with an error) must be an error to
+    // handle, not a silent death with status 141. Only a closed *stdout* ends a command the
+    // way it ends other Unix tools (`kelp rados ls | head`): printing to it then panics with
+    // a broken pipe, and this hook turns that into death by SIGPIPE, without a message.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            // SAFETY: plain libc calls; the process is meant to end here.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+            }
         }
-    }
+        default_hook(info);
+    }));
     let result = match cli.command {
         Command::Up(a) => cmd::up::run_up(a),
         Command::Rgw(a) => cmd::rgw::run_gateway(a),
