@@ -1019,21 +1019,24 @@ impl OsdService {
     ) -> Result<Applied, ExecError> {
         let store = self.store.clone();
         let limits = self.cfg.limits;
-        let (object, ops, data) = (entry.object.clone(), ops.to_vec(), data.clone());
+        // Right here if the store can take it without waiting (`kelp_store::nowait`: deferred
+        // small writes whose metadata is cached), else on a blocking thread. A refused attempt
+        // applied nothing.
+        let inline = kelp_store::nowait::attempt(|| {
+            let mut entry = entry.clone();
+            apply_now(&*store, coll, ops, data, stamp, &limits, &plan, &mut entry)
+                .map(|a| (a, entry))
+        });
+        if let Some(result) = inline {
+            let (applied, entry) = result?;
+            return Ok(applied.into_applied(entry, plan));
+        }
+        let (ops, data) = (ops.to_vec(), data.clone());
         tokio::task::spawn_blocking(move || {
-            let mut done = execute(&*store, coll, &object, &ops, &data, stamp, &limits)?;
-            if !done.is_write {
-                return Ok(Applied::NotAWrite(done));
-            }
-            entry.deleted = !done.exists_after;
-            plan.stage(&mut done.txn, &entry);
-            let commit = store.submit(std::mem::take(&mut done.txn))?;
-            Ok(Applied::Write(Box::new(AppliedWrite {
-                done,
-                entry,
-                plan,
-                commit,
-            })))
+            let applied = apply_now(
+                &*store, coll, &ops, &data, stamp, &limits, &plan, &mut entry,
+            )?;
+            Ok(applied.into_applied(entry, plan))
         })
         .await
         .map_err(|e| ExecError {
@@ -1266,6 +1269,48 @@ impl Drop for InFlight {
                 state.in_flight.remove(&version);
                 state.changed.notify_waiters();
             });
+        }
+    }
+}
+
+/// Executes a write op and submits its transaction with the log entry staged into it.
+#[allow(clippy::too_many_arguments)]
+fn apply_now(
+    store: &dyn ObjectStore,
+    coll: CollectionId,
+    ops: &[kelp_proto::OpKind],
+    data: &Bytes,
+    stamp: Stamp,
+    limits: &crate::exec::Limits,
+    plan: &LogAppend,
+    entry: &mut LogEntry,
+) -> Result<AppliedNow, ExecError> {
+    let mut done = execute(store, coll, &entry.object, ops, data, stamp, limits)?;
+    if !done.is_write {
+        return Ok(AppliedNow::NotAWrite(done));
+    }
+    entry.deleted = !done.exists_after;
+    plan.stage(&mut done.txn, entry);
+    let commit = store.submit(std::mem::take(&mut done.txn))?;
+    Ok(AppliedNow::Write(done, commit))
+}
+
+/// What `apply_now` did, before the log entry and plan are attached.
+enum AppliedNow {
+    Write(Executed, kelp_store::Commit),
+    NotAWrite(Executed),
+}
+
+impl AppliedNow {
+    fn into_applied(self, entry: LogEntry, plan: LogAppend) -> Applied {
+        match self {
+            AppliedNow::Write(done, commit) => Applied::Write(Box::new(AppliedWrite {
+                done,
+                entry,
+                plan,
+                commit,
+            })),
+            AppliedNow::NotAWrite(done) => Applied::NotAWrite(done),
         }
     }
 }

@@ -729,9 +729,6 @@ impl Inner {
     }
 
     fn kv_get(&self, key: &[u8]) -> Result<Option<Value>> {
-        if nowait::active() {
-            return Err(nowait::blocked());
-        }
         self.meta
             .get(key)
             .map(|v| v.map(|s| Value::from(&s[..])))
@@ -774,6 +771,7 @@ impl Inner {
             return Ok(Vec::new());
         }
         if nowait::active() {
+            // A range scan may read many table blocks: never on an async worker.
             return Err(nowait::blocked());
         }
         let range = (
@@ -1050,7 +1048,6 @@ impl Inner {
         match pending {
             Some(Some(v)) => Ok(Arc::new(Onode::decode(&v, self.geo.bpu)?)),
             Some(None) => self.onode_for_read(coll, oid).map(Arc::new),
-            None if nowait::active() => Err(nowait::blocked()),
             None => match self
                 .meta
                 .get(&key)
@@ -1395,8 +1392,13 @@ impl Txc<'_> {
         if n == 0 {
             return Ok(());
         }
-        let runs = self.allocate(n)?;
         let defer = ((end - start) as u64) <= self.inner.cfg.prefer_deferred_size.0;
+        if !defer && nowait::active() {
+            // New extents are written by the submitter after publishing: that waits for the
+            // device.
+            return Err(nowait::blocked());
+        }
+        let runs = self.allocate(n)?;
         let freed = on.punch(lunit, lunit + n, geo.bpu);
         self.freed.extend(freed);
         let mut done = start;
@@ -2626,6 +2628,16 @@ fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
 impl KelpStore {
     /// Checksums, and aligned copies where needed, of the large unit-aligned writes of `txn`
     /// (see [`PreCopied`]), one entry per operation.
+    /// Whether a write of `txn` is large enough to go to new extents (not deferred): its data
+    /// is written by the submitter, waiting for the device (see `prepare` and `precopy`).
+    fn writes_new_extents(&self, txn: &Transaction) -> bool {
+        let geo = self.inner.geo;
+        let min = self.inner.cfg.prefer_deferred_size.0.max(geo.unit);
+        txn.ops
+            .iter()
+            .any(|op| matches!(op, Op::Write { data, .. } if data.len() as u64 > min))
+    }
+
     fn precopy(&self, txn: &Transaction) -> Vec<Option<PreCopied>> {
         let geo = self.inner.geo;
         let min = self.inner.cfg.prefer_deferred_size.0.max(geo.unit);
@@ -2676,7 +2688,7 @@ impl KelpStore {
             bytes: 0,
         };
         let applied = {
-            let _g = inner.reuse.read().unwrap_or_else(|p| p.into_inner());
+            let _g = inner.reuse_shared()?;
             let mut pre = pre.into_iter();
             txn.ops.into_iter().try_for_each(|op| {
                 txc.pre = pre.next().flatten();
@@ -2722,13 +2734,31 @@ impl KelpStore {
 impl ObjectStore for KelpStore {
     fn submit(&self, txn: Transaction) -> Result<Commit> {
         let inner = &*self.inner;
+        // Non-blocking mode (`nowait`): only a transaction that needs no device I/O and no
+        // waiting (deferred writes, metadata) is accepted, and every refusal comes before
+        // anything is applied, so the caller can submit it again on a blocking thread.
+        let nowait = nowait::active();
+        if nowait && (nowait::has_blocked() || self.writes_new_extents(&txn)) {
+            return Err(nowait::blocked());
+        }
         inner.check_failed()?;
         let pre = self.precopy(&txn);
-        let mut st = lock(&inner.apply);
+        let mut st = if nowait {
+            match inner.apply.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Err(nowait::blocked()),
+            }
+        } else {
+            lock(&inner.apply)
+        };
         // Throttle: bound memory held by transactions that are prepared but not durable.
         {
             let mut q = lock(&inner.queue);
             while q.inflight_bytes > inner.cfg.inflight_bytes() && q.durable_seq + 1 < st.next_seq {
+                if nowait {
+                    return Err(nowait::blocked());
+                }
                 q = inner.durable_cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 if lock(&inner.failed).is_some() {
                     break;
@@ -2736,6 +2766,7 @@ impl ObjectStore for KelpStore {
             }
         }
         inner.check_failed()?;
+        let nid_before = st.next_nid;
         let (mut p, cow) = self.prepare(&mut st, txn, pre)?;
         let (tx, commit) = Commit::pending();
         p.done = tx;
@@ -2745,7 +2776,33 @@ impl ObjectStore for KelpStore {
             // Publish metadata, deferred unit contents and in-flight new-extent data together:
             // a reader (holding `reuse` shared) sees all or none of them, so checksums and
             // contents always match.
-            let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
+            let _g = if nowait {
+                // Publish only if nothing in the attempt needed to block (a caller's result is
+                // then kept) and no reader is in (a blocking one may be waiting for the
+                // device); else undo the preparation, which nobody has seen (`apply` is held
+                // throughout).
+                let guard = match inner.reuse.try_write() {
+                    Ok(g) if !nowait::has_blocked() => Some(g),
+                    Err(std::sync::TryLockError::Poisoned(p)) if !nowait::has_blocked() => {
+                        Some(p.into_inner())
+                    }
+                    _ => None,
+                };
+                match guard {
+                    Some(g) => g,
+                    None => {
+                        let mut a = lock(&inner.alloc);
+                        for &(off, len) in &p.allocated {
+                            a.release(off, len);
+                        }
+                        st.next_seq = p.seq;
+                        st.next_nid = nid_before;
+                        return Err(nowait::blocked());
+                    }
+                }
+            } else {
+                inner.reuse.write().unwrap_or_else(|p| p.into_inner())
+            };
             let mut pending = lock(&inner.pending_blocks);
             for (punit, d) in &p.deferred {
                 pending.insert(*punit, (p.seq, d.clone()));

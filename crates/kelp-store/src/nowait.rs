@@ -1,16 +1,24 @@
-//! Non-blocking attempts: reads that can be answered from memory, without waiting for the
-//! device or the metadata database, run on the caller's (async) thread.
+//! Non-blocking attempts: store calls that can be served without waiting for the device's
+//! data I/O or for another thread run on the caller's (async) thread.
 //!
-//! An OSD serves small reads on its async workers when it can: the hand-off to a blocking
-//! thread and back (two wake-ups and context switches) and an `O_DIRECT` read of a 4 KiB
-//! block cost more than the read itself when the data is in memory. But a read that does
-//! need the device must never run there: under I/O contention one slow `pread` would stall
-//! every connection the worker serves. So the caller wraps the read in [`attempt`]; inside it
-//! the store serves only from memory (the onode cache, pending deferred units, and the page
-//! cache, read with `RWF_NOWAIT`) and refuses everything else with
-//! [`StoreError::WouldBlock`], reads longer than 64 KiB included (those bypass the page
-//! cache; the blocking path lends them out without a copy). `attempt` then returns `None`
-//! and the caller runs the same read on a blocking thread, where it takes the ordinary path.
+//! An OSD serves small reads and small writes on its async workers when it can: the hand-off
+//! to a blocking thread and back (two wake-ups and context switches) costs more than a 4 KiB
+//! op itself when the data is in memory or the write is deferred. But an op that does need
+//! the device must never run there: under I/O contention one slow `pread` of data would stall
+//! every connection the worker serves (measured: reads fell 3-6x). So the caller wraps the
+//! call in [`attempt`]; inside it the store
+//!
+//! * reads data only from memory: pending deferred units and the page cache, read with
+//!   `preadv2(RWF_NOWAIT)` (a miss, a read over 64 KiB, a checksum mismatch: refused);
+//! * accepts only transactions that need no device I/O at submission (deferred writes and
+//!   metadata; a write to new extents is refused) and only if the throttle, the apply lock
+//!   and the reuse lock are free right now;
+//! * does look metadata up in its database: fjall answers point lookups from its memtables,
+//!   bloom filters and block cache, and reads its table files through the page cache, so a
+//!   lookup reaches the device only for cold metadata (range scans are refused).
+//!
+//! Everything refused returns [`StoreError::WouldBlock`] before anything is applied;
+//! `attempt` then returns `None` and the caller runs the same call on a blocking thread.
 //!
 //! A read in this mode never answers from data that fails its checksum either: a mismatch is
 //! reported as "would block" so that the authoritative path (a direct read of the device)
@@ -34,8 +42,10 @@ thread_local! {
 
 /// Runs `f` with the store in non-blocking mode on this thread: `Some(result)` if it never
 /// needed to block, `None` if any store call inside it did (the result is discarded: run `f`
-/// again on a thread that may block). Only for reads: a transaction submitted inside `f` is
-/// not affected by the mode, but a discarded result would hide its outcome.
+/// again on a thread that may block). Reads, and `submit` of transactions that need no device
+/// I/O: a submit that would block refuses before applying anything, and one that starts
+/// after something else in `f` blocked refuses too, so a discarded result never hides an
+/// applied transaction (`f` must make no other changes).
 pub fn attempt<T>(f: impl FnOnce() -> T) -> Option<T> {
     struct Restore(Mode);
     impl Drop for Restore {
@@ -53,6 +63,12 @@ pub fn attempt<T>(f: impl FnOnce() -> T) -> Option<T> {
 /// Whether the current thread is inside [`attempt`].
 pub(crate) fn active() -> bool {
     MODE.get() != Mode::Off
+}
+
+/// Whether something in the current attempt already needed to block (its result is going to
+/// be discarded: nothing with effects may start then).
+pub(crate) fn has_blocked() -> bool {
+    MODE.get() == Mode::Blocked
 }
 
 /// Marks the current attempt as needing to block; the error to return from the store call.

@@ -327,8 +327,8 @@ fn concurrent_submitters_read_their_own_writes() {
     assert!(rep.is_clean(), "{:?}", rep.problems);
 }
 
-/// `nowait::attempt` (reads on an OSD's async worker): answered from memory when the onode is
-/// cached and the data is in the page cache (deferred write-back puts it there), refused
+/// `nowait::attempt` (reads on an OSD's async worker): answered from memory when the data is
+/// in the page cache (deferred write-back puts it there; small reads fill it), refused
 /// (`None`) otherwise, and never a checksum error: only the direct read may call data corrupt.
 #[test]
 fn nonblocking_reads_answer_from_memory_or_refuse() {
@@ -348,21 +348,29 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     .unwrap();
     // Durable and written back: the small object's unit is in the page cache.
     s.flush().unwrap();
-    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
     let got = attempt(|| s.read(C, &oid("small"), 0, 100));
     assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
     let got = attempt(|| s.xattrs(C, &oid("small")));
     assert!(got.is_some_and(|r| r.unwrap().is_empty()));
-    // Longer than nowait's limit: always the blocking path.
+    // Longer than 64 KiB: always the blocking path.
     assert!(attempt(|| s.read(C, &oid("big"), 0, 1 << 20)).is_none());
-    // Absent objects and uncached onodes need the database.
-    assert!(attempt(|| s.read(C, &oid("missing"), 0, 1)).is_none());
+    // Metadata lookups are allowed: an absent object is an answer, not a refusal.
+    assert!(matches!(
+        attempt(|| s.read(C, &oid("missing"), 0, 1)),
+        Some(Err(StoreError::ObjectNotFound { .. }))
+    ));
+    // Range scans are not.
+    assert!(attempt(|| s.list_objects(C, None, 10)).is_none());
     let small_ext = s.object_extents(C, &oid("small")).unwrap();
     s.close().unwrap();
 
     let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    s.drop_data_cache().unwrap();
+    // Not in the page cache: refused; the blocking read (small: buffered) brings it in.
     assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
     assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
+    let got = attempt(|| s.read(C, &oid("small"), 0, 100));
+    assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
     // A damaged block (here also in the page cache): refused, then the direct read reports it.
     flip_byte(dir.path(), small_ext[0].0 + 3);
     assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
@@ -370,6 +378,72 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
         s.read(C, &oid("small"), 0, 100),
         Err(StoreError::ChecksumMismatch { .. })
     ));
+}
+
+/// `nowait::attempt` around `submit` (writes on an OSD's async worker): a deferred write is
+/// accepted and applied; a write to new extents, or any submit after something in the same
+/// attempt needed to block, is refused with nothing applied, so the caller's retry on a
+/// blocking thread applies it exactly once.
+#[test]
+fn nonblocking_submit_applies_all_or_nothing() {
+    use kelp_store::nowait::attempt;
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 64 << 20);
+    let small = vec![7u8; 4096];
+    let commit = attempt(|| {
+        s.submit(
+            Transaction::new()
+                .write(C, &oid("a"), 0, small.clone())
+                .clone(),
+        )
+    })
+    .expect("a deferred write needs no blocking")
+    .unwrap();
+    commit.wait().unwrap();
+    assert_eq!(s.read(C, &oid("a"), 0, 4096).unwrap(), small);
+
+    // New extents: refused, nothing applied (not even the metadata of the same transaction).
+    let big = vec![9u8; 256 << 10];
+    let t = Transaction::new()
+        .touch(C, &oid("b"))
+        .write(C, &oid("b"), 0, big.clone())
+        .clone();
+    assert!(attempt(|| s.submit(t.clone())).is_none());
+    assert!(matches!(
+        s.stat(C, &oid("b")),
+        Err(StoreError::ObjectNotFound { .. })
+    ));
+    s.submit(t).unwrap().wait().unwrap();
+    assert_eq!(s.read(C, &oid("b"), 0, 1 << 20).unwrap(), big);
+
+    // Something earlier in the attempt blocked (a range scan): the submit must not apply.
+    let got = attempt(|| {
+        let _ = s.list_objects(C, None, 10);
+        s.submit(Transaction::new().write(C, &oid("c"), 0, vec![1]).clone())
+    });
+    assert!(got.is_none());
+    assert!(matches!(
+        s.stat(C, &oid("c")),
+        Err(StoreError::ObjectNotFound { .. })
+    ));
+    // A partial-unit write into a unit that is not in the page cache needs a read: refused,
+    // and the allocator is left as it was (fsck finds no leak).
+    s.flush().unwrap();
+    s.drop_data_cache().unwrap();
+    let before = s.space().unwrap();
+    let got = attempt(|| s.submit(Transaction::new().write(C, &oid("a"), 1, vec![2]).clone()));
+    assert!(got.is_none());
+    assert_eq!(s.space().unwrap(), before);
+    s.submit(Transaction::new().write(C, &oid("a"), 1, vec![2]).clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    let mut want = small.clone();
+    want[1] = 2;
+    assert_eq!(s.read(C, &oid("a"), 0, 4096).unwrap(), want);
+    s.close().unwrap();
+    let rep = kelp_store::fsck_dir(dir.path(), true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
 }
 
 /// The onode cache also remembers absent objects (a new object's write looks it up twice):
