@@ -1007,7 +1007,8 @@ impl OsdService {
     }
 
     /// Executes a write op and submits its transaction, with the log entry staged into it, to
-    /// the store (blocking work, off the async workers). The caller holds the PG's write lock.
+    /// the store: on the async worker if the store can do it without waiting for the device,
+    /// else on a blocking thread. The caller holds the PG's write lock.
     async fn apply_locally(
         &self,
         coll: CollectionId,
@@ -1020,8 +1021,8 @@ impl OsdService {
         let store = self.store.clone();
         let limits = self.cfg.limits;
         // Right here if the store can take it without waiting (`kelp_store::nowait`: deferred
-        // small writes whose metadata is cached), else on a blocking thread. A refused attempt
-        // applied nothing.
+        // small writes, no device I/O), else on a blocking thread. A refused attempt applied
+        // nothing.
         let inline = kelp_store::nowait::attempt(|| {
             let mut entry = entry.clone();
             apply_now(&*store, coll, ops, data, stamp, &limits, &plan, &mut entry)
