@@ -294,3 +294,37 @@ fn bad_input_fails_with_a_clear_message() {
     assert!(err.contains("line 5") && err.contains("straw2"), "{err}");
     std::fs::remove_file(&tmp).ok();
 }
+
+/// A reader that goes away ends the command like any Unix tool (killed by SIGPIPE, nothing on
+/// stderr), although SIGPIPE is ignored in the process so that sockets closed by peers are
+/// errors, not deaths.
+#[test]
+fn closed_stdout_ends_the_command_quietly() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args(["crush", "build", "--hosts", "2000", "--osds-per-host", "10"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kelp");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert_eq!(first, "# begin crush map\n");
+    drop(out);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGPIPE),
+        "{status:?}, stderr: {err}"
+    );
+    assert_eq!(err, "");
+}
