@@ -55,6 +55,12 @@ pub struct StoreConfig {
     /// After this long without new commits, deferred writes already applied are flushed and
     /// their records dropped from the metadata database. Default 200 ms.
     pub deferred_cleanup_ms: u64,
+    /// Reads larger than 64 KiB go to the device (`O_DIRECT`) unless the same range was read
+    /// before within the last `hot_read_window` bytes of such reads: then they go through the
+    /// kernel's page cache, and later reads are answered from it (docs/STORE.md, "Reads").
+    /// Also bounds how much of the page cache large reads fill. 0: large reads always go to
+    /// the device. Default 1 GiB.
+    pub hot_read_window: ByteSize,
 }
 
 impl Default for StoreConfig {
@@ -64,6 +70,7 @@ impl Default for StoreConfig {
             prefer_deferred_size: ByteSize(8 << 10),
             max_batch_txns: 512,
             deferred_cleanup_ms: 200,
+            hot_read_window: ByteSize(1 << 30),
         }
     }
 }

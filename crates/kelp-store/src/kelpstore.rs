@@ -45,6 +45,7 @@ use crate::alloc::{Allocator, Bitmap};
 use crate::codec::{self, Extent, Onode};
 use crate::config::{MkfsOptions, StoreConfig};
 use crate::error::{Result, StoreError};
+use crate::hotread::{HotReads, Plan};
 use crate::keys;
 use crate::nowait;
 use crate::store::{ObjectStore, StoreSpace};
@@ -77,7 +78,8 @@ const DIO_ALIGN: usize = 4096;
 
 /// Reads of at most this many bytes go through the page cache (deferred write-back fills it
 /// too): the kernel's cache is the store's data cache, outside the store's own memory budget
-/// and reclaimed under pressure. Larger reads go straight to the device (`O_DIRECT`).
+/// and reclaimed under pressure. Larger reads go straight to the device (`O_DIRECT`) unless
+/// they are hot ([`HotReads`]).
 const CACHED_READ_MAX: u64 = 64 << 10;
 
 /// Where a read may take its data from.
@@ -380,6 +382,8 @@ pub(crate) struct Inner {
     known_colls: Mutex<HashSet<Vec<u8>>>,
     /// Read buffers for reuse; large reads lend theirs out as `Bytes` ([`BufPool`]).
     read_bufs: Arc<BufPool>,
+    /// Recent large reads: which of them go through the page cache.
+    hot_reads: HotReads,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
     /// Readers hold it shared while they use an extent map; the finisher (or the committer,
@@ -830,6 +834,24 @@ impl Inner {
             .map_err(|e| StoreError::io(format!("reading the data file at {off}"), e))
     }
 
+    /// Fill `buf` from the page cache only (`RWF_NOWAIT`): false if any of it is not cached
+    /// (the caller then reads the device).
+    fn read_cached_only(&self, off: u64, buf: &mut [u8]) -> bool {
+        let mut done = 0;
+        while done < buf.len() {
+            match rustix::io::preadv2(
+                &self.data_buffered,
+                &mut [std::io::IoSliceMut::new(&mut buf[done..])],
+                off + done as u64,
+                rustix::io::ReadWriteFlags::NOWAIT,
+            ) {
+                Ok(n) if n > 0 => done += n,
+                _ => return false,
+            }
+        }
+        true
+    }
+
     /// Deferred write-back (buffered; durable at the next data-file flush).
     fn writeback(&self, data: &[u8], off: u64) -> Result<()> {
         self.data_buffered
@@ -898,9 +920,10 @@ impl Inner {
     /// (one per checksum block). `staged` overrides (current transaction's deferred units) and
     /// `pending_blocks` take precedence over the device. `lunit` only names the error offset.
     ///
-    /// Reads of at most [`CACHED_READ_MAX`] go through the page cache (which deferred
-    /// write-back also fills); a checksum mismatch there is read again from the device before
-    /// it is reported, so a stale cached page can never pass for corruption.
+    /// Reads of at most [`CACHED_READ_MAX`], and larger reads of hot ranges ([`HotReads`]),
+    /// go through the page cache (which deferred write-back also fills); a checksum mismatch
+    /// there is read again from the device before it is reported, so a stale cached page can
+    /// never pass for corruption.
     pub(crate) fn read_units(
         &self,
         oid: &ObjectId,
@@ -913,7 +936,7 @@ impl Inner {
         self.read_units_via(oid, lunit, punit, units, csums, staged, Via::Cache)
     }
 
-    /// [`Inner::read_units`], choosing whether a small read may come from the page cache.
+    /// [`Inner::read_units`], choosing whether the read may come from the page cache.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_units_via(
         &self,
@@ -926,19 +949,36 @@ impl Inner {
         via: Via,
     ) -> Result<AlignedBuf> {
         let u = self.geo.unit as usize;
-        let cached = via == Via::Cache && units * self.geo.unit <= CACHED_READ_MAX;
-        if nowait::active() && !cached {
+        let bytes = units * self.geo.unit;
+        let small = bytes <= CACHED_READ_MAX;
+        if nowait::active() && (via == Via::Device || !small) {
             return Err(nowait::blocked());
         }
+        let plan = match via {
+            Via::Device => Plan::Direct,
+            Via::Cache if small => Plan::Fill,
+            Via::Cache => self.hot_reads.plan(punit, units, bytes),
+        };
+        let off = punit * self.geo.unit;
         let mut buf = self.read_bufs.take(units as usize * u);
-        self.read_raw(punit * self.geo.unit, &mut buf, cached)?;
+        match plan {
+            Plan::Direct => self.read_raw(off, &mut buf, false)?,
+            Plan::Fill => self.read_raw(off, &mut buf, true)?,
+            Plan::Cached => {
+                if !self.read_cached_only(off, &mut buf) {
+                    self.hot_reads.missed(punit, units);
+                    self.read_raw(off, &mut buf, false)?;
+                }
+            }
+        }
+        let cached = plan != Plan::Direct;
         self.apply_unwritten(punit, &mut buf, staged);
         match self.verify_units(oid, lunit, &buf, csums) {
             Ok(()) => Ok(buf),
             // Possibly a stale page-cache copy: only the direct read may call it corrupt.
             Err(_) if nowait::active() => Err(nowait::blocked()),
             Err(_) if cached && self.direct => {
-                self.read_raw(punit * self.geo.unit, &mut buf, false)?;
+                self.read_raw(off, &mut buf, false)?;
                 self.apply_unwritten(punit, &mut buf, staged);
                 self.verify_units(oid, lunit, &buf, csums).map(|()| buf)
             }
@@ -1889,6 +1929,7 @@ impl KelpStore {
             alloc.release(off, len);
         }
         let onode_cache = OnodeCache::new(cfg.onode_cache_bytes());
+        let hot_reads = HotReads::new(cfg.hot_read_window.0);
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             cfg,
@@ -1909,6 +1950,7 @@ impl KelpStore {
             onode_cache,
             known_colls: Mutex::new(HashSet::new()),
             read_bufs: Arc::new(BufPool::default()),
+            hot_reads,
             alloc: Mutex::new(alloc),
             apply: Mutex::new(ApplyState {
                 next_seq: 1,

@@ -22,6 +22,7 @@ mod codec;
 mod config;
 mod error;
 mod fsck;
+mod hotread;
 mod kelpstore;
 mod keys;
 mod memstore;

@@ -494,3 +494,93 @@ fn absent_objects_cached_then_written_then_collection_removed() {
         Err(StoreError::CollectionNotFound { .. })
     ));
 }
+
+/// Whether all of `[off, off+len)` of the data file is in the page cache (a `RWF_NOWAIT` read
+/// answers only from it).
+fn page_cached(dir: &Path, off: u64, len: usize) -> bool {
+    let f = std::fs::File::open(dir.join("block")).unwrap();
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        match rustix::io::preadv2(
+            &f,
+            &mut [std::io::IoSliceMut::new(&mut buf[done..])],
+            off + done as u64,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        ) {
+            Ok(n) if n > 0 => done += n,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// A large range goes through the page cache from its second read within the window on, stays
+/// correct across overwrites, and a damaged cached block is still a checksum error; with a
+/// zero window large reads never touch the cache.
+#[test]
+fn hot_large_reads_use_the_page_cache_and_stay_correct() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 64 << 20);
+    let one: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 241) as u8).collect();
+    let two: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 239) as u8).collect();
+    let write = |s: &KelpStore, data: &Vec<u8>| {
+        s.submit(
+            Transaction::new()
+                .write(C, &oid("big"), 0, data.clone())
+                .clone(),
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    };
+    write(&s, &one);
+    s.close().unwrap();
+
+    let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    s.drop_data_cache().unwrap();
+    let ext = s.object_extents(C, &oid("big")).unwrap();
+    assert_eq!(ext.len(), 1, "{ext:?}");
+    let (off, len) = (ext[0].0, ext[0].1 as usize);
+    assert_eq!(s.read(C, &oid("big"), 0, 1 << 20).unwrap(), one);
+    assert!(
+        !page_cached(dir.path(), off, len),
+        "a first large read is direct"
+    );
+    assert_eq!(s.read(C, &oid("big"), 0, 1 << 20).unwrap(), one);
+    assert!(
+        page_cached(dir.path(), off, len),
+        "a second one fills the cache"
+    );
+    for _ in 0..3 {
+        assert_eq!(s.read(C, &oid("big"), 0, 1 << 20).unwrap(), one);
+    }
+    // An overwrite goes to new extents; reads of the object follow it.
+    write(&s, &two);
+    for _ in 0..3 {
+        assert_eq!(s.read(C, &oid("big"), 0, 1 << 20).unwrap(), two);
+    }
+    let ext = s.object_extents(C, &oid("big")).unwrap();
+    assert!(page_cached(dir.path(), ext[0].0, ext[0].1 as usize));
+    // Damage under a cached range (the write goes through the page cache too).
+    flip_byte(dir.path(), ext[0].0 + 8192 + 7);
+    match s.read(C, &oid("big"), 0, 1 << 20) {
+        Err(StoreError::ChecksumMismatch { offset, .. }) => assert_eq!(offset, 8192),
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    s.close().unwrap();
+
+    // Window 0: never through the cache.
+    let cfg = StoreConfig {
+        hot_read_window: kelp_types::ByteSize(0),
+        ..StoreConfig::default()
+    };
+    let s = KelpStore::mount(dir.path(), cfg).unwrap();
+    write(&s, &one);
+    s.drop_data_cache().unwrap();
+    let ext = s.object_extents(C, &oid("big")).unwrap();
+    for _ in 0..3 {
+        assert_eq!(s.read(C, &oid("big"), 0, 1 << 20).unwrap(), one);
+    }
+    assert!(!page_cached(dir.path(), ext[0].0, ext[0].1 as usize));
+}
