@@ -7,7 +7,6 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use kelp_client::{ClientError, IoCtx, ReadOp, ReadResult, WriteOp};
-use md5::{Digest, Md5};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -15,6 +14,7 @@ use crate::error::{Result, RgwError};
 use crate::layout::{
     META_XATTR, ObjectMeta, PartRef, STRIPE, decode, encode, stripe_count, stripe_obj,
 };
+use crate::md5batch::Md5Stream;
 use crate::rgw::Rgw;
 
 /// Most stripes of one upload written at the same time, by any gateway version. The garbage
@@ -44,7 +44,8 @@ pub struct InstanceWriter {
     cur: BytesMut,
     next_stripe: u64,
     size: u64,
-    md5: Md5,
+    /// The body's MD5 (the ETag), hashed with other uploads' ([`crate::md5batch`]).
+    md5: Md5Stream,
     tails: JoinSet<Result<(), ClientError>>,
 }
 
@@ -63,7 +64,7 @@ impl InstanceWriter {
             cur: BytesMut::new(),
             next_stripe: 0,
             size: 0,
-            md5: Md5::new(),
+            md5: Md5Stream::new(&rgw.inner.md5),
             tails: JoinSet::new(),
         }
     }
@@ -74,7 +75,7 @@ impl InstanceWriter {
 
     /// Adds the next bytes of the body.
     pub async fn push(&mut self, mut chunk: Bytes) -> Result<()> {
-        self.md5.update(&chunk);
+        self.md5.push(chunk.clone()).await.map_err(hash_failed)?;
         self.size += chunk.len() as u64;
         while !chunk.is_empty() {
             let room = STRIPE as usize - self.cur.len();
@@ -143,7 +144,7 @@ impl InstanceWriter {
         }
         let written = Written {
             size: self.size,
-            md5: self.md5.finalize_reset().into(),
+            md5: self.md5.finish().await.map_err(hash_failed)?,
         };
         let op = match (self.head.take(), meta(&written)) {
             (Some(head), m) => {
@@ -162,6 +163,10 @@ impl InstanceWriter {
         self.data.operate(op, &self.inst).await?;
         Ok(written)
     }
+}
+
+fn hash_failed(_: crate::md5batch::HashFailed) -> RgwError {
+    RgwError::Internal("the MD5 hashing thread failed".into())
 }
 
 /// One piece of a read: `len` bytes at `offset` in RADOS object `obj`.

@@ -45,6 +45,9 @@ pub enum RgwError {
     Corrupt { object: String, message: String },
     #[error("the request body could not be read: {0}")]
     Body(String),
+    /// A fault of the gateway itself (not of the request or the cluster).
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error(transparent)]
     Rados(#[from] ClientError),
 }

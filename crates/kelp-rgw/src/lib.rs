@@ -14,6 +14,7 @@ pub mod gc;
 pub mod index;
 pub mod layout;
 pub mod lifecycle;
+pub mod md5batch;
 pub mod meta;
 pub mod reshard;
 pub mod rgw;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kelp_client::{ClientError, IoCtx, PoolSpec, Rados};
 
-use crate::error::Result;
+use crate::error::{Result, RgwError};
 use crate::layout::BucketRecord;
 use std::time::Instant;
 
@@ -75,6 +75,8 @@ pub(crate) struct Inner {
     pub index: IoCtx,
     pub data: IoCtx,
     pub cfg: RgwConfig,
+    /// The MD5 hashing thread shared by all uploads ([`crate::md5batch`]).
+    pub md5: crate::md5batch::Md5Batcher,
     /// Bucket records recently read, by name, with when they were read.
     pub buckets: std::sync::Mutex<std::collections::HashMap<String, (BucketRecord, Instant)>>,
 }
@@ -85,6 +87,8 @@ impl Rgw {
         let meta = ensure_pool(&rados, &cfg.meta_pool, cfg.pg_nums.0).await?;
         let index = ensure_pool(&rados, &cfg.index_pool, cfg.pg_nums.1).await?;
         let data = ensure_pool(&rados, &cfg.data_pool, cfg.pg_nums.2).await?;
+        let md5 = crate::md5batch::Md5Batcher::start()
+            .map_err(|e| RgwError::Internal(format!("starting the MD5 hashing thread: {e}")))?;
         Ok(Rgw {
             inner: Arc::new(Inner {
                 rados,
@@ -92,6 +96,7 @@ impl Rgw {
                 index,
                 data,
                 cfg,
+                md5,
                 buckets: Default::default(),
             }),
         })

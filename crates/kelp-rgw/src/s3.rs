@@ -9,7 +9,6 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use md5::{Digest, Md5};
 use s3s::auth::{Credentials, S3Auth, SecretKey};
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
@@ -70,7 +69,9 @@ pub fn s3_err(e: RgwError) -> S3Error {
             .with_status(507);
         }
         RgwError::Rados(C::Timeout { .. }) => S3ErrorCode::ServiceUnavailable,
-        RgwError::Corrupt { .. } | RgwError::Rados(_) => S3ErrorCode::InternalError,
+        RgwError::Corrupt { .. } | RgwError::Internal(_) | RgwError::Rados(_) => {
+            S3ErrorCode::InternalError
+        }
     };
     S3Error::with_message(code, msg)
 }
@@ -2062,9 +2063,9 @@ impl S3 for KelpS3 {
             .filter(|(n, _)| !used.iter().any(|(u, _)| u == *n))
             .map(|(n, p)| (*n, p.clone()))
             .collect();
-        let mut md5 = Md5::new();
+        let mut md5 = md5_many::Md5State::new();
         for (_, p) in &used {
-            md5.update(hex::decode(&p.etag).unwrap_or_default());
+            md5.update(&hex::decode(&p.etag).unwrap_or_default());
         }
         let etag_s = format!("{}-{}", hex::encode(md5.finalize()), used.len());
         let size: u64 = used.iter().map(|(_, p)| p.size).sum();
