@@ -75,7 +75,6 @@ impl InstanceWriter {
 
     /// Adds the next bytes of the body.
     pub async fn push(&mut self, mut chunk: Bytes) -> Result<()> {
-        self.md5.push(chunk.clone()).await.map_err(hash_failed)?;
         self.size += chunk.len() as u64;
         while !chunk.is_empty() {
             let room = STRIPE as usize - self.cur.len();
@@ -96,6 +95,9 @@ impl InstanceWriter {
     }
 
     async fn emit(&mut self, stripe: Bytes) -> Result<()> {
+        // Stripes are emitted in body order. Hashing slices of the stripe (not the request's
+        // own chunks, which were copied into it) keeps no extra buffers alive.
+        self.md5.push(stripe.clone()).await.map_err(hash_failed)?;
         let n = self.next_stripe;
         self.next_stripe += 1;
         if n == 0 {

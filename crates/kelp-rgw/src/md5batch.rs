@@ -10,7 +10,7 @@
 //! Concurrent uploads are such streams. Each upload cuts its body into pieces of [`PIECE`]
 //! bytes (shared `Bytes`, no copy) and sends them to one hashing thread, which keeps every
 //! open stream's state and its queue of pieces (hashed in order; at most
-//! `MAX_QUEUED_PIECES` per upload, 8 MiB, beyond which the upload waits). Whenever 8 or 16
+//! `MAX_QUEUED_PIECES` per upload, 4 MiB, beyond which the upload waits). Whenever 8 or 16
 //! streams have a piece waiting, their oldest pieces are hashed together in lanes; a piece
 //! that waited [`MAX_WAIT`] without enough company is hashed alone, as fast as inline. An
 //! upload never waits for the hashing while its body streams in: only `finish` does, for the
@@ -30,8 +30,8 @@ pub const PIECE: usize = 512 << 10;
 /// Longest a piece waits for pieces of other uploads to fill a group of lanes.
 pub const MAX_WAIT: Duration = Duration::from_millis(20);
 /// Pieces of one upload waiting to be hashed at most (the upload waits for room beyond that):
-/// bounds the memory an upload holds because of hashing to 8 MiB.
-const MAX_QUEUED_PIECES: usize = 16;
+/// one 4 MiB stripe of the gateway's.
+const MAX_QUEUED_PIECES: usize = 8;
 
 enum Msg {
     Piece {
