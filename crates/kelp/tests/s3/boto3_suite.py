@@ -75,12 +75,25 @@ expect_error("InvalidRange", s3.get_object, Bucket="alpha", Key="dir/one.bin", R
 
 step("a single PUT of several stripes, read whole and across stripe and read-piece boundaries")
 big = os.urandom(9 * 1024 * 1024 + 123)
-s3.put_object(Bucket="alpha", Key="big.bin", Body=big)
+r = s3.put_object(Bucket="alpha", Key="big.bin", Body=big)
+assert r["ETag"] == '"%s"' % hashlib.md5(big).hexdigest(), r["ETag"]
 assert s3b.get_object(Bucket="alpha", Key="big.bin")["Body"].read() == big
 for a, b in [(2097150, 2097160), (4194300, 8388700), (1, 9437000), (9437180, 9437306)]:
     got = s3.get_object(Bucket="alpha", Key="big.bin", Range=f"bytes={a}-{b}")["Body"].read()
     assert got == big[a:b + 1], (a, b)
 s3.delete_object(Bucket="alpha", Key="big.bin")
+
+step("concurrent large PUTs: each ETag is its own body's MD5 (bodies hashed together in lanes)")
+import concurrent.futures
+def put_one(n):
+    data = os.urandom(1024 * 1024 + n * 4099)
+    r = s3.put_object(Bucket="alpha", Key=f"lanes/{n}", Body=data)  # clients are thread-safe
+    return r["ETag"], '"%s"' % hashlib.md5(data).hexdigest(), len(data)
+with concurrent.futures.ThreadPoolExecutor(max_workers=10) as ex:
+    for got, want, size in ex.map(put_one, range(12)):
+        assert got == want, (got, want, size)
+for n in range(12):
+    s3.delete_object(Bucket="alpha", Key=f"lanes/{n}")
 
 step("conditional requests")
 expect_error("PreconditionFailed", s3.get_object, Bucket="alpha", Key="dir/one.bin", IfMatch='"0000"')
@@ -162,6 +175,7 @@ assert [u["UploadId"] for u in ups] == [uid], ups
 etags = []
 for n, d in enumerate(parts_data, 1):
     etags.append(s3.upload_part(Bucket="alpha", Key="mp.bin", UploadId=uid, PartNumber=n, Body=d)["ETag"])
+    assert etags[-1] == '"%s"' % hashlib.md5(d).hexdigest(), (n, etags[-1])
 # part 2 again: the second upload wins
 etags[1] = s3.upload_part(Bucket="alpha", Key="mp.bin", UploadId=uid, PartNumber=2, Body=parts_data[1])["ETag"]
 lp = s3.list_parts(Bucket="alpha", Key="mp.bin", UploadId=uid)
