@@ -12,9 +12,10 @@
 //! open stream's state and its queue of pieces (hashed in order; at most
 //! `MAX_QUEUED_PIECES` per upload, 4 MiB, beyond which the upload waits). Whenever 8 or 16
 //! streams have a piece waiting, their oldest pieces are hashed together in lanes; a piece
-//! that waited [`MAX_WAIT`] without enough company is hashed alone, as fast as inline. An
-//! upload never waits for the hashing while its body streams in: only `finish` does, for the
-//! rest of its own pieces (a small body never goes to the thread at all).
+//! that waited [`MAX_WAIT`] without enough company is hashed alone, as fast as inline. While
+//! its body streams in, an upload waits for the hashing only when a whole stripe of it is
+//! still queued; at `finish` it waits for the rest of its own pieces (a body smaller than a
+//! piece never goes to the thread at all).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

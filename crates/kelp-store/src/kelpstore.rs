@@ -814,15 +814,10 @@ impl Inner {
     /// caller retries on a thread that may wait.
     fn read_raw(&self, off: u64, buf: &mut [u8], cached: bool) -> Result<()> {
         if nowait::active() {
-            let flags = rustix::io::ReadWriteFlags::NOWAIT;
-            return match rustix::io::preadv2(
-                &self.data_buffered,
-                &mut [std::io::IoSliceMut::new(buf)],
-                off,
-                flags,
-            ) {
-                Ok(n) if n == buf.len() => Ok(()),
-                _ => Err(nowait::blocked()),
+            return if self.read_cached_only(off, buf) {
+                Ok(())
+            } else {
+                Err(nowait::blocked())
             };
         }
         let file = if cached {
@@ -961,17 +956,23 @@ impl Inner {
         };
         let off = punit * self.geo.unit;
         let mut buf = self.read_bufs.take(units as usize * u);
-        match plan {
-            Plan::Direct => self.read_raw(off, &mut buf, false)?,
-            Plan::Fill => self.read_raw(off, &mut buf, true)?,
-            Plan::Cached => {
-                if !self.read_cached_only(off, &mut buf) {
-                    self.hot_reads.missed(punit, units);
-                    self.read_raw(off, &mut buf, false)?;
-                }
+        // Whether the bytes came through the page cache (then a mismatch is re-read directly).
+        let cached = match plan {
+            Plan::Direct => {
+                self.read_raw(off, &mut buf, false)?;
+                false
             }
-        }
-        let cached = plan != Plan::Direct;
+            Plan::Fill => {
+                self.read_raw(off, &mut buf, true)?;
+                true
+            }
+            Plan::Cached if self.read_cached_only(off, &mut buf) => true,
+            Plan::Cached => {
+                self.hot_reads.missed(punit, units);
+                self.read_raw(off, &mut buf, false)?;
+                false
+            }
+        };
         self.apply_unwritten(punit, &mut buf, staged);
         match self.verify_units(oid, lunit, &buf, csums) {
             Ok(()) => Ok(buf),
