@@ -22,12 +22,14 @@
 //!   segment handed to the user is the buffer the socket wrote into (no copy);
 //! - a frame is handed out only after its crc32c has been verified.
 
+use std::ops::Deref;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::error::FrameError;
+use crate::segpool;
 
 /// First two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"KL";
@@ -231,6 +233,7 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     header: Header,
     body_timeout: Duration,
 ) -> Result<Frame, FrameError> {
+    segpool::sweep_idle();
     let body = async {
         let meta = read_segment(r, header.meta_len as usize, "meta").await?;
         let data = read_segment(r, header.data_len as usize, "data").await?;
@@ -253,8 +256,8 @@ pub async fn read_body<R: AsyncRead + Unpin>(
         kind: header.kind,
         msg_type: header.msg_type,
         tid: header.tid,
-        meta: meta.freeze(),
-        data: data.freeze(),
+        meta,
+        data,
     })
 }
 
@@ -266,33 +269,52 @@ const ALIGN_FROM: usize = 64 << 10;
 pub const SEGMENT_ALIGN: usize = 4096;
 
 /// Reads exactly `len` bytes into one allocation (no zero-fill, no later copy). Segments of
-/// [`ALIGN_FROM`] bytes or more start on a [`SEGMENT_ALIGN`] boundary of their allocation.
+/// [`ALIGN_FROM`] bytes or more start on a [`SEGMENT_ALIGN`] boundary of their allocation and
+/// are read into a reused buffer (`segpool`), which goes back to the pool when the last `Bytes`
+/// referring to it is dropped.
 async fn read_segment<R: AsyncRead + Unpin>(
     r: &mut R,
     len: usize,
     what: &'static str,
-) -> Result<BytesMut, FrameError> {
-    let mut buf = if len >= ALIGN_FROM {
-        let mut b = BytesMut::with_capacity(len + SEGMENT_ALIGN);
-        let pad = b.as_ptr().align_offset(SEGMENT_ALIGN);
-        b.resize(pad, 0);
-        b.advance(pad);
-        b
-    } else {
-        BytesMut::with_capacity(len)
-    };
-    while buf.len() < len {
-        let remaining = len - buf.len();
-        let n = r.read_buf(&mut (&mut buf).limit(remaining)).await?;
+) -> Result<Bytes, FrameError> {
+    if len >= ALIGN_FROM {
+        let mut buf = segpool::take(len + SEGMENT_ALIGN);
+        let pad = buf.as_ptr().align_offset(SEGMENT_ALIGN);
+        buf.resize(pad, 0);
+        let filled = read_into(r, &mut buf, pad + len, what).await;
+        return match filled {
+            Ok(()) => Ok(segpool::PooledSegment::into_bytes(buf, pad)),
+            Err(e) => {
+                segpool::give(buf);
+                Err(e)
+            }
+        };
+    }
+    let mut buf = BytesMut::with_capacity(len);
+    read_into(r, &mut buf, len, what).await?;
+    Ok(buf.freeze())
+}
+
+/// Reads into `buf` until it holds `total` bytes (within its capacity: no reallocation).
+async fn read_into<R: AsyncRead + Unpin, B: BufMut + Deref<Target = [u8]>>(
+    r: &mut R,
+    buf: &mut B,
+    total: usize,
+    what: &'static str,
+) -> Result<(), FrameError> {
+    let start = buf.len();
+    while buf.len() < total {
+        let remaining = total - buf.len();
+        let n = r.read_buf(&mut buf.limit(remaining)).await?;
         if n == 0 {
             return Err(FrameError::Truncated {
                 what,
-                got: buf.len(),
-                expected: len,
+                got: buf.len() - start,
+                expected: total - start,
             });
         }
     }
-    Ok(buf)
+    Ok(())
 }
 
 /// Encodes the meta segment of an error response: `code: u32 LE` + UTF-8 message.

@@ -59,6 +59,7 @@ pub mod frame;
 pub mod handshake;
 mod messenger;
 mod policy;
+mod segpool;
 mod session;
 
 pub use auth::{KeyLookup, Keyring, ReloadingKeyring, Secret, generate_secret, validate_entity};

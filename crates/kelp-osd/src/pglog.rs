@@ -10,8 +10,18 @@
 //!
 //! Invariants: versions are dense and increasing (`last_update.1` is the newest entry's
 //! version); the log holds the entries `(tail, last_update]`; at most `max_entries` are kept.
+//!
+//! Memory: every PG keeps its whole log in memory (writes consult it for resent requests,
+//! peering sends it), so with thousands of entries per PG and dozens of PGs per OSD the log is
+//! one of the OSD's largest allocations. Each entry is therefore held as its encoded bytes (the
+//! omap value, ~60 bytes for a typical name) and the resent-request index holds only versions,
+//! keyed by a hash of the request id and confirmed against the entry itself: ~130 bytes per
+//! entry instead of ~320 for decoded entries with a map of cloned request ids.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
 
 use kelp_proto::ObjectLocator;
 use kelp_store::{CollectionId, ObjectId, ObjectStore, StoreError, Transaction};
@@ -71,13 +81,30 @@ impl LogAppend {
     }
 }
 
+/// One log entry as memory keeps it: its encoded form (the omap value), plus what the write
+/// path needs without decoding.
+#[derive(Debug, Clone)]
+struct HeldEntry {
+    version: u64,
+    reqid_hash: u64,
+    encoded: Box<[u8]>,
+}
+
+impl HeldEntry {
+    fn decode(&self) -> LogEntry {
+        decode(&self.encoded, "log entry").expect("held log entries were encoded or checked here")
+    }
+}
+
 /// In-memory view of a PG's log, kept in step with the store.
 #[derive(Debug, Clone)]
 pub struct PgMeta {
     pub coll: CollectionId,
     pub info: PgInfo,
-    log: VecDeque<LogEntry>,
-    dups: HashMap<(String, u64), u64>,
+    log: VecDeque<HeldEntry>,
+    /// `(request id hash, version)` of the entries in `log`.
+    dups: HashTable<(u64, u64)>,
+    hasher: RandomState,
     max_entries: usize,
 }
 
@@ -138,11 +165,16 @@ impl PgMeta {
         txn.create_collection(coll);
         txn.touch(coll, &oid);
         txn.omap_set_header(coll, &oid, encode(&info));
+        PgMeta::empty(coll, info, max_entries)
+    }
+
+    fn empty(coll: CollectionId, info: PgInfo, max_entries: usize) -> PgMeta {
         PgMeta {
             coll,
             info,
             log: VecDeque::new(),
-            dups: HashMap::new(),
+            dups: HashTable::new(),
+            hasher: RandomState::new(),
             max_entries,
         }
     }
@@ -158,20 +190,13 @@ impl PgMeta {
             Some(h) => decode(&h, "info")?,
             None => PgInfo::default(),
         };
-        let mut meta = PgMeta {
-            coll,
-            info,
-            log: VecDeque::new(),
-            dups: HashMap::new(),
-            max_entries,
-        };
+        let mut meta = PgMeta::empty(coll, info, max_entries);
         let mut after: Option<Vec<u8>> = None;
         loop {
             let page = store.omap_iter(coll, &oid, after.as_deref(), 1024)?;
             for (_, v) in &page.entries {
                 let entry: LogEntry = decode(v, "log entry")?;
-                meta.dups.insert(entry.reqid.clone(), entry.version);
-                meta.log.push_back(entry);
+                meta.push_held(&entry, v.clone().into_boxed_slice());
             }
             match page.entries.last() {
                 Some((k, _)) if page.more => after = Some(k.clone()),
@@ -186,9 +211,69 @@ impl PgMeta {
         self.info.last_update.1 + 1
     }
 
+    fn reqid_hash(&self, reqid: &(String, u64)) -> u64 {
+        self.hasher.hash_one(reqid)
+    }
+
+    /// The held entry of `version`, if the log has it.
+    fn held(&self, version: u64) -> Option<&HeldEntry> {
+        // Versions are dense, so the position follows from the oldest one; the search is only a
+        // guard against a log that broke that invariant.
+        let first = self.log.front()?.version;
+        let at = usize::try_from(version.checked_sub(first)?).ok()?;
+        match self.log.get(at) {
+            Some(held) if held.version == version => Some(held),
+            _ => self
+                .log
+                .binary_search_by_key(&version, |h| h.version)
+                .ok()
+                .map(|i| &self.log[i]),
+        }
+    }
+
+    /// Appends an entry to the in-memory log and indexes its request id.
+    fn push_held(&mut self, entry: &LogEntry, encoded: Box<[u8]>) {
+        let reqid_hash = self.reqid_hash(&entry.reqid);
+        self.dups
+            .insert_unique(reqid_hash, (reqid_hash, entry.version), |&(h, _)| h);
+        self.log.push_back(HeldEntry {
+            version: entry.version,
+            reqid_hash,
+            encoded,
+        });
+    }
+
+    /// Drops the oldest in-memory entry and its index slot; returns its version.
+    fn pop_oldest(&mut self) -> Option<u64> {
+        let old = self.log.pop_front()?;
+        if let Ok(slot) = self
+            .dups
+            .find_entry(old.reqid_hash, |&(_, v)| v == old.version)
+        {
+            slot.remove();
+        }
+        Some(old.version)
+    }
+
+    fn reindex(&mut self) {
+        self.dups.clear();
+        for held in &self.log {
+            self.dups.insert_unique(
+                held.reqid_hash,
+                (held.reqid_hash, held.version),
+                |&(h, _)| h,
+            );
+        }
+    }
+
     /// If this request was already applied (a client resend), the version it got.
     pub fn applied_version(&self, reqid: &(String, u64)) -> Option<u64> {
-        self.dups.get(reqid).copied()
+        let hash = self.reqid_hash(reqid);
+        self.dups
+            .find(hash, |&(h, v)| {
+                h == hash && self.held(v).is_some_and(|e| e.decode().reqid == *reqid)
+            })
+            .map(|&(_, v)| v)
     }
 
     /// Adds `entry` to the log inside `txn` (the transaction that carries the write), updates
@@ -225,12 +310,9 @@ impl PgMeta {
     /// Makes the in-memory log match a staged `plan` once its transaction was submitted.
     pub fn commit_append(&mut self, plan: LogAppend, entry: LogEntry) {
         debug_assert_eq!(plan.info.last_update, (entry.epoch, entry.version));
-        self.dups.insert(entry.reqid.clone(), entry.version);
-        self.log.push_back(entry);
+        self.push_held(&entry, encode(&entry).into_boxed_slice());
         while self.log.len() > self.max_entries {
-            if let Some(old) = self.log.pop_front() {
-                self.dups.remove(&old.reqid);
-            }
+            self.pop_oldest();
         }
         self.info = plan.info;
     }
@@ -245,7 +327,7 @@ impl PgMeta {
             self.log
                 .iter()
                 .filter(|e| e.version > version)
-                .cloned()
+                .map(HeldEntry::decode)
                 .collect(),
         )
     }
@@ -262,7 +344,7 @@ impl PgMeta {
         last_update: (u32, u64),
     ) {
         let oid = Self::meta_oid(self.coll);
-        let keep = |e: &LogEntry| keep_through.is_some_and(|v| e.version <= v);
+        let keep = |e: &HeldEntry| keep_through.is_some_and(|v| e.version <= v);
         let dropped: Vec<Vec<u8>> = self
             .log
             .iter()
@@ -276,26 +358,22 @@ impl PgMeta {
         if keep_through.is_none() {
             self.info.log_tail = log_tail;
         }
+        self.reindex();
         let mut add = std::collections::BTreeMap::new();
         for e in entries {
-            add.insert(e.version.to_be_bytes().to_vec(), encode(&e));
-            self.log.push_back(e);
+            let encoded = encode(&e);
+            add.insert(e.version.to_be_bytes().to_vec(), encoded.clone());
+            self.push_held(&e, encoded.into_boxed_slice());
         }
         if !add.is_empty() {
             txn.omap_set(self.coll, &oid, add);
         }
         self.info.last_update = last_update;
-        self.dups = self
-            .log
-            .iter()
-            .map(|e| (e.reqid.clone(), e.version))
-            .collect();
         let mut trimmed = Vec::new();
         while self.log.len() > self.max_entries {
-            if let Some(old) = self.log.pop_front() {
-                self.dups.remove(&old.reqid);
-                self.info.log_tail = old.version;
-                trimmed.push(old.version.to_be_bytes().to_vec());
+            if let Some(old) = self.pop_oldest() {
+                self.info.log_tail = old;
+                trimmed.push(old.to_be_bytes().to_vec());
             }
         }
         if !trimmed.is_empty() {
@@ -306,7 +384,7 @@ impl PgMeta {
 
     /// Every entry, oldest first.
     pub fn entries(&self) -> Vec<LogEntry> {
-        self.log.iter().cloned().collect()
+        self.log.iter().map(HeldEntry::decode).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -315,5 +393,132 @@ impl PgMeta {
 
     pub fn is_empty(&self) -> bool {
         self.log.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kelp_store::MemStore;
+
+    fn entry(version: u64, client: &str, tid: u64) -> LogEntry {
+        LogEntry {
+            epoch: 3,
+            version,
+            object: ObjectLocator {
+                pool: 1,
+                namespace: String::new(),
+                key: None,
+                name: format!("obj-{version}"),
+            },
+            reqid: (client.to_string(), tid),
+            deleted: version.is_multiple_of(7),
+        }
+    }
+
+    /// Appends versions `from..=to`, each in its own committed transaction.
+    fn append_range(store: &MemStore, meta: &mut PgMeta, from: u64, to: u64) {
+        for v in from..=to {
+            let mut t = Transaction::new();
+            meta.append(&mut t, entry(v, &format!("client.{}", v % 5), v));
+            store.submit(t).unwrap().wait().unwrap();
+        }
+    }
+
+    fn fresh(max: usize) -> (MemStore, PgMeta) {
+        let store = MemStore::with_capacity(1 << 30);
+        let coll = CollectionId::new(1, 4);
+        let mut t = Transaction::new();
+        let meta = PgMeta::create(&mut t, coll, max);
+        store.submit(t).unwrap().wait().unwrap();
+        (store, meta)
+    }
+
+    #[test]
+    fn resent_requests_are_found_until_trimmed() {
+        let (store, mut meta) = fresh(50);
+        append_range(&store, &mut meta, 1, 120);
+        assert_eq!(meta.len(), 50);
+        assert_eq!(meta.info.log_tail, 70);
+        assert_eq!(meta.info.last_update, (3, 120));
+        for v in 71..=120 {
+            let reqid = (format!("client.{}", v % 5), v);
+            assert_eq!(meta.applied_version(&reqid), Some(v), "v{v}");
+        }
+        // Trimmed, another client's tid, and an unknown client are not resends.
+        assert_eq!(meta.applied_version(&("client.0".into(), 70)), None);
+        assert_eq!(meta.applied_version(&("client.1".into(), 120)), None);
+        assert_eq!(meta.applied_version(&("client.9".into(), 100)), None);
+        let all = meta.entries();
+        assert_eq!(all.len(), 50);
+        assert_eq!(all[0], entry(71, "client.1", 71));
+        assert_eq!(all[49], entry(120, "client.0", 120));
+        assert_eq!(meta.entries_after(69), None);
+        let after = meta.entries_after(110).unwrap();
+        assert_eq!(
+            after.iter().map(|e| e.version).collect::<Vec<_>>(),
+            (111..=120).collect::<Vec<_>>()
+        );
+        assert!(meta.entries_after(120).unwrap().is_empty());
+    }
+
+    #[test]
+    fn load_rebuilds_the_same_log_and_index() {
+        let (store, mut meta) = fresh(40);
+        append_range(&store, &mut meta, 1, 90);
+        let loaded = PgMeta::load(&store, meta.coll, 40).unwrap();
+        assert_eq!(loaded.info, meta.info);
+        assert_eq!(loaded.entries(), meta.entries());
+        for v in 51..=90 {
+            let reqid = (format!("client.{}", v % 5), v);
+            assert_eq!(loaded.applied_version(&reqid), Some(v));
+        }
+        assert_eq!(loaded.applied_version(&("client.0".into(), 50)), None);
+        // The store holds exactly the kept entries.
+        let page = store
+            .omap_iter(meta.coll, &PgMeta::meta_oid(meta.coll), None, 1000)
+            .unwrap();
+        assert_eq!(page.entries.len(), 40);
+    }
+
+    #[test]
+    fn rewrite_replaces_the_newest_entries_and_their_requests() {
+        let (store, mut meta) = fresh(30);
+        append_range(&store, &mut meta, 1, 20);
+        // The authority diverged after version 15: its 16..=25 came from other requests.
+        let theirs: Vec<LogEntry> = (16..=25).map(|v| entry(v, "client.other", v)).collect();
+        let mut t = Transaction::new();
+        meta.rewrite(&mut t, Some(15), theirs.clone(), 0, (4, 25));
+        store.submit(t).unwrap().wait().unwrap();
+        assert_eq!(meta.info.last_update, (4, 25));
+        assert_eq!(meta.applied_version(&("client.1".into(), 16)), None);
+        assert_eq!(meta.applied_version(&("client.other".into(), 16)), Some(16));
+        assert_eq!(meta.applied_version(&("client.0".into(), 15)), Some(15));
+        let loaded = PgMeta::load(&store, meta.coll, 30).unwrap();
+        assert_eq!(loaded.entries(), meta.entries());
+        assert_eq!(loaded.entries()[15..], theirs[..]);
+
+        // A rewrite from nothing takes the authority's tail and trims to the cap.
+        let theirs: Vec<LogEntry> = (100..=140).map(|v| entry(v, "client.x", v)).collect();
+        let mut t = Transaction::new();
+        meta.rewrite(&mut t, None, theirs, 99, (5, 140));
+        store.submit(t).unwrap().wait().unwrap();
+        assert_eq!(meta.len(), 30);
+        assert_eq!(meta.info.log_tail, 110);
+        assert_eq!(meta.applied_version(&("client.x".into(), 110)), None);
+        assert_eq!(meta.applied_version(&("client.x".into(), 111)), Some(111));
+        assert_eq!(meta.applied_version(&("client.0".into(), 15)), None);
+        let loaded = PgMeta::load(&store, meta.coll, 30).unwrap();
+        assert_eq!(loaded.entries(), meta.entries());
+        assert_eq!(loaded.info, meta.info);
+    }
+
+    #[test]
+    fn a_zero_cap_keeps_nothing() {
+        let (store, mut meta) = fresh(0);
+        append_range(&store, &mut meta, 1, 5);
+        assert!(meta.is_empty());
+        assert_eq!(meta.info.log_tail, 5);
+        assert_eq!(meta.applied_version(&("client.0".into(), 5)), None);
     }
 }
