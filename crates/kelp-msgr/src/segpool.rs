@@ -9,10 +9,13 @@
 //! not been reused for [`IDLE_FREE`], so a busy daemon reuses its buffers and an idle one shrinks.
 //!
 //! Buffers are grouped in size classes (four per power of two, so at most ~25% of a buffer is
-//! slack); at most [`MAX_RETAINED`] bytes are kept in all.
+//! slack); at most [`MAX_RETAINED`] bytes are kept in all. Idle buffers are freed by the next
+//! frame read or buffer return, and by a small thread (`segpool-sweep`, started with the first
+//! returned buffer) so that a process that stops receiving (a gateway with no requests) still
+//! gives them back.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -73,6 +76,7 @@ pub(crate) fn give(buf: Vec<u8>) {
     if idx >= CLASSES || cap != buf.capacity() {
         return;
     }
+    start_sweeper();
     let now = Instant::now();
     let mut freed = Vec::new();
     {
@@ -126,6 +130,26 @@ pub(crate) fn sweep_idle() {
         sweep(p, now, &mut freed);
     }
     drop(freed);
+}
+
+/// Starts (once per process) the thread that frees idle buffers when nothing else touches the
+/// pool. If the thread cannot be created, idle buffers are still freed by later frame reads.
+fn start_sweeper() {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("segpool-sweep".into())
+            .stack_size(64 << 10)
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(IDLE_FREE / 4);
+                    sweep_idle();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread to free idle receive buffers");
+        }
+    });
 }
 
 /// Bytes currently kept free in the pool.
@@ -218,8 +242,8 @@ mod tests {
         give(again);
         assert_eq!(pooled(), 1);
         assert!(retained() >= cap);
-        std::thread::sleep(IDLE_FREE + Duration::from_millis(50));
-        sweep_idle();
+        // Nothing touches the pool now: the sweeper thread frees the buffer once it is idle.
+        std::thread::sleep(IDLE_FREE + IDLE_FREE / 2);
         assert_eq!(pooled(), 0, "freed once idle");
         // A buffer of a capacity that is not a class's is not pooled.
         give(Vec::with_capacity(cap + 1));
