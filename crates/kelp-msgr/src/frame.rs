@@ -233,7 +233,6 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     header: Header,
     body_timeout: Duration,
 ) -> Result<Frame, FrameError> {
-    segpool::sweep_idle();
     let body = async {
         let meta = read_segment(r, header.meta_len as usize, "meta").await?;
         let data = read_segment(r, header.data_len as usize, "data").await?;

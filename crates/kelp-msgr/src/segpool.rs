@@ -9,10 +9,10 @@
 //! not been reused for [`IDLE_FREE`], so a busy daemon reuses its buffers and an idle one shrinks.
 //!
 //! Buffers are grouped in size classes (four per power of two, so at most ~25% of a buffer is
-//! slack); at most [`MAX_RETAINED`] bytes are kept in all. Idle buffers are freed by the next
-//! frame read or buffer return, and by a small thread (`segpool-sweep`, started with the first
-//! returned buffer) so that a process that stops receiving (a gateway with no requests) still
-//! gives them back.
+//! slack); at most [`MAX_RETAINED`] bytes are kept in all. Idle buffers are freed by a small
+//! thread (`segpool-sweep`, started with the first returned buffer, so also in a process that
+//! stops receiving) and by buffer returns; the frame-reading path never takes the pool's lock
+//! except to take or give a large buffer.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, Once};
@@ -100,8 +100,8 @@ pub(crate) fn give(buf: Vec<u8>) {
     drop(freed); // outside the lock
 }
 
-/// Frees pooled buffers idle for [`IDLE_FREE`]; called from `give` and periodically by
-/// [`sweep_idle`] so an idle daemon shrinks too.
+/// Frees pooled buffers idle for [`IDLE_FREE`]; called from `give` and by the sweeper thread
+/// ([`sweep_idle`]) so an idle daemon shrinks too.
 fn sweep(p: &mut Pool, now: Instant, freed: &mut Vec<Vec<u8>>) {
     for class in &mut p.free {
         while class
@@ -115,9 +115,8 @@ fn sweep(p: &mut Pool, now: Instant, freed: &mut Vec<Vec<u8>>) {
     }
 }
 
-/// Frees what has been idle for [`IDLE_FREE`]. Cheap when nothing is pooled; the messenger
-/// calls it for every frame it reads, small ones included.
-pub(crate) fn sweep_idle() {
+/// Frees what has been idle for [`IDLE_FREE`] (the sweeper thread's work).
+fn sweep_idle() {
     let now = Instant::now();
     let mut freed = Vec::new();
     {
@@ -133,7 +132,7 @@ pub(crate) fn sweep_idle() {
 }
 
 /// Starts (once per process) the thread that frees idle buffers when nothing else touches the
-/// pool. If the thread cannot be created, idle buffers are still freed by later frame reads.
+/// pool. If the thread cannot be created, idle buffers are still freed by later returns.
 fn start_sweeper() {
     static STARTED: Once = Once::new();
     STARTED.call_once(|| {
@@ -239,11 +238,19 @@ mod tests {
         let again = take(SIZE);
         assert_eq!(again.as_ptr(), ptr, "the freed buffer is reused");
         assert!(again.is_empty());
+        let given = Instant::now();
         give(again);
         assert_eq!(pooled(), 1);
         assert!(retained() >= cap);
-        // Nothing touches the pool now: the sweeper thread frees the buffer once it is idle.
-        std::thread::sleep(IDLE_FREE + IDLE_FREE / 2);
+        // Nothing touches the pool now: the sweeper thread frees the buffer once it is idle
+        // (within IDLE_FREE + IDLE_FREE / 4; polled, with room for a slow machine).
+        while pooled() != 0 && given.elapsed() < IDLE_FREE * 5 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            given.elapsed() >= IDLE_FREE,
+            "kept until idle for IDLE_FREE"
+        );
         assert_eq!(pooled(), 0, "freed once idle");
         // A buffer of a capacity that is not a class's is not pooled.
         give(Vec::with_capacity(cap + 1));
