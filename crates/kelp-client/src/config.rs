@@ -5,6 +5,10 @@
 //! fsid = "6f0c…"
 //! mon_host = ["127.0.0.1:6789"]
 //! keyring = "keyring"          # relative to this file's folder
+//!
+//! [osd]                        # optional: defaults for `kelp osd run` on this machine
+//! cache = "128MiB"             # the store's memory budget (`--cache` overrides it)
+//! threads = 1                  # async worker threads per OSD (`--threads` overrides it)
 //! ```
 //!
 //! The keyring holds one `entity base64-secret` line per entity (kelp-msgr's format).
@@ -26,11 +30,32 @@ pub struct GlobalSection {
     pub keyring: PathBuf,
 }
 
+/// Defaults for the OSD daemons that read this file (`kelp osd run`); a command-line option
+/// overrides each. Absent keys keep the daemon's own defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OsdSection {
+    /// The store's memory budget, e.g. `"128MiB"` (`kelp osd run --cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// Async worker threads per OSD process (`kelp osd run --threads`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+}
+
+impl OsdSection {
+    fn is_empty(&self) -> bool {
+        self.cache.is_none() && self.threads.is_none()
+    }
+}
+
 /// The parsed `kelp.conf`. Unknown keys are refused so typos do not pass silently.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConf {
     pub global: GlobalSection,
+    #[serde(default, skip_serializing_if = "OsdSection::is_empty")]
+    pub osd: OsdSection,
 }
 
 impl ClusterConf {
@@ -100,5 +125,38 @@ impl ClientConfig {
             ))
         })?;
         Ok(ClientConfig::new(conf.global.mon_host, entity, secret))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ClusterConf, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    const GLOBAL: &str =
+        "[global]\nfsid = \"f\"\nmon_host = [\"127.0.0.1:6789\"]\nkeyring = \"keyring\"\n";
+
+    #[test]
+    fn osd_section_is_optional_and_round_trips() {
+        let plain = parse(GLOBAL).unwrap();
+        assert_eq!(plain.osd, OsdSection::default());
+        // Written back without an empty `[osd]` table.
+        assert!(!toml::to_string(&plain).unwrap().contains("[osd]"));
+
+        let text = format!("{GLOBAL}[osd]\ncache = \"128MiB\"\nthreads = 1\n");
+        let conf = parse(&text).unwrap();
+        assert_eq!(conf.osd.cache.as_deref(), Some("128MiB"));
+        assert_eq!(conf.osd.threads, Some(1));
+        assert_eq!(parse(&toml::to_string(&conf).unwrap()).unwrap(), conf);
+    }
+
+    #[test]
+    fn unknown_osd_keys_are_refused() {
+        let text = format!("{GLOBAL}[osd]\ncahce = \"128MiB\"\n");
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains("cahce"), "{e}");
     }
 }

@@ -31,7 +31,7 @@ mod ops;
 mod rados;
 mod scrub;
 
-pub use config::{ClientConfig, ClusterConf, GlobalSection};
+pub use config::{ClientConfig, ClusterConf, GlobalSection, OsdSection};
 pub use error::ClientError;
 pub use ioctx::{IoCtx, ObjectStat};
 /// Pool parameters for [`Rados::create_pool`].

@@ -47,8 +47,16 @@ impl ConfArgs {
 
 /// A multi-threaded runtime for one command.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
+    runtime_with_threads(None)
+}
+
+/// A multi-threaded runtime with `threads` workers (`None`: one per CPU).
+pub fn runtime_with_threads(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n.max(1));
+    }
+    b.enable_all()
         .build()
         .context("cannot start the async runtime")
 }

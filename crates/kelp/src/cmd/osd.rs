@@ -85,9 +85,16 @@ pub struct RunArgs {
     /// CRUSH weight (conventionally the device size in TiB).
     #[arg(long, default_value_t = 1.0)]
     pub weight: f32,
-    /// Store cache budget.
-    #[arg(long, default_value = "256MiB")]
-    pub cache: kelp_types::ByteSize,
+    /// The store's memory budget (metadata block cache, record cache, write buffers,
+    /// transactions in flight; docs/STORE.md). Default: `cache` in the `[osd]` section of the
+    /// configuration file, else 256MiB.
+    #[arg(long)]
+    pub cache: Option<kelp_types::ByteSize>,
+    /// Async worker threads of the daemon. Default: `threads` in the `[osd]` section of the
+    /// configuration file, else one per CPU. Several OSDs sharing a machine run best with
+    /// about CPUs ÷ OSDs each (`kelp up` sets it so): fewer threads, fewer wake-ups.
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Write the daemon's pid to this file.
     #[arg(long)]
     pub pid_file: Option<PathBuf>,
@@ -293,8 +300,22 @@ fn run_daemon(a: RunArgs) -> Result<ExitCode> {
     if let Some(p) = &a.pid_file {
         common::write_pid_file(p)?;
     }
+    let cache_budget = match (a.cache, &conf.osd.cache) {
+        (Some(c), _) => c,
+        (None, Some(text)) => text.parse::<kelp_types::ByteSize>().map_err(|e| {
+            anyhow::anyhow!(
+                "{}: [osd] cache = {text:?} is not a size: {e}",
+                conf_path.display()
+            )
+        })?,
+        (None, None) => StoreConfig::default().cache_budget,
+    };
+    let threads = a.threads.or(conf.osd.threads);
+    if threads == Some(0) {
+        bail!("the OSD needs at least one worker thread (--threads / [osd] threads)");
+    }
     let store = StoreConfig {
-        cache_budget: a.cache,
+        cache_budget,
         ..StoreConfig::default()
     };
     let opts = kelp_osd::daemon::DaemonOptions {
@@ -309,7 +330,7 @@ fn run_daemon(a: RunArgs) -> Result<ExitCode> {
         store,
         osd: kelp_osd::OsdConfig::new(a.id),
     };
-    let rt = common::runtime()?;
+    let rt = common::runtime_with_threads(threads)?;
     let result = rt.block_on(async {
         common::trim_heap_periodically();
         kelp_osd::daemon::run(opts, common::shutdown_signal()).await

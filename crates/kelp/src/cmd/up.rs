@@ -230,6 +230,12 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
             mon_host: mons.iter().map(|(_, a)| *a).collect(),
             keyring: PathBuf::from("keyring"),
         },
+        // The OSDs share one machine: half the store's default memory budget each (no
+        // measured cost in `kelp rados bench`; docs/BENCHMARKS.md, session 13).
+        osd: kelp_client::OsdSection {
+            cache: Some(UP_OSD_CACHE.to_string()),
+            threads: None,
+        },
     };
     let text = toml::to_string(&conf).context("writing kelp.conf")?;
     std::fs::write(
@@ -298,6 +304,15 @@ fn mkfs_osd(dir: &Path, size: kelp_types::ByteSize, prewrite: bool) -> Result<()
     run_quiet(&args)
 }
 
+/// The store memory budget `kelp up` writes into a new cluster's `kelp.conf` (`[osd] cache`).
+const UP_OSD_CACHE: &str = "128MiB";
+
+/// Async worker threads for each of `osds` OSDs sharing this machine.
+fn osd_threads(osds: usize) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus / osds.max(1)).max(1)
+}
+
 /// The daemons of the cluster in `dir`, monitors first.
 fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
     let conf = dir.join("kelp.conf").display().to_string();
@@ -354,6 +369,19 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
                     ],
                 },
             ));
+        }
+    }
+    // The OSDs share this machine's CPUs: about CPUs / OSDs async workers each (at least one),
+    // unless kelp.conf's `[osd] threads` says otherwise. Fewer workers than CPUs per OSD means
+    // fewer cross-thread wake-ups per replicated write (docs/BENCHMARKS.md, session 13).
+    let conf_threads = kelp_client::ClusterConf::load(&dir.join("kelp.conf"))
+        .map(|c| c.osd.threads)
+        .unwrap_or(None);
+    if conf_threads.is_none() && !osds.is_empty() {
+        let threads = osd_threads(osds.len());
+        for (_, d) in &mut osds {
+            d.args.push("--threads".into());
+            d.args.push(threads.to_string());
         }
     }
     mons.sort_by(|a, b| a.name.cmp(&b.name));
