@@ -347,6 +347,12 @@ struct Queue {
     inflight_bytes: u64,
     durable_seq: u64,
     shutdown: bool,
+    /// The committer is waiting on `queue_cv` (a submitter wakes it only then: std's condvar
+    /// makes a futex system call on every notify, waiter or not, and a busy committer takes
+    /// the next batch without one).
+    committer_waiting: bool,
+    /// Threads waiting on `durable_cv` (notified only when there are some).
+    durable_waiters: usize,
 }
 
 pub(crate) struct Inner {
@@ -723,6 +729,27 @@ fn merge_sources(mut sources: Vec<KvSource<'_>>, limit: usize) -> Result<Vec<(Ve
 }
 
 impl Inner {
+    /// Waits on `durable_cv` (at most `timeout`), counted in `durable_waiters` so that a
+    /// finished batch notifies only when someone waits.
+    fn wait_durable<'a>(
+        &self,
+        mut q: MutexGuard<'a, Queue>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, Queue> {
+        q.durable_waiters += 1;
+        let mut q = match timeout {
+            None => self.durable_cv.wait(q).unwrap_or_else(|p| p.into_inner()),
+            Some(t) => {
+                self.durable_cv
+                    .wait_timeout(q, t)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+        };
+        q.durable_waiters -= 1;
+        q
+    }
+
     fn check_failed(&self) -> Result<()> {
         match &*lock(&self.failed) {
             Some(reason) => Err(StoreError::Failed {
@@ -2199,6 +2226,7 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
             if q.items.is_empty() && !q.shutdown {
                 // Written-back deferred records (or batches still being finished, which will
                 // add some) are dropped after `idle` without new commits.
+                q.committer_waiting = true;
                 if lock(st.unsynced).keys.is_empty() && q.durable_seq >= st.committed_seq {
                     q = inner.queue_cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 } else {
@@ -2208,6 +2236,7 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                 }
+                q.committer_waiting = false;
             }
             let max = q.items.len().min(inner.cfg.max_batch_txns.max(1));
             let n = if inner.sb.data_prewritten {
@@ -2262,7 +2291,7 @@ fn wait_finished(inner: &Inner, seq: u64) -> Result<()> {
     let mut q = lock(&inner.queue);
     while q.durable_seq < seq {
         inner.check_failed()?;
-        q = inner.durable_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+        q = inner.wait_durable(q, None);
     }
     Ok(())
 }
@@ -2657,12 +2686,15 @@ fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
             }
         }
     }
-    {
+    let wake = {
         let mut q = lock(&inner.queue);
         q.inflight_bytes = q.inflight_bytes.saturating_sub(bytes);
         q.durable_seq = last_seq;
+        q.durable_waiters > 0
+    };
+    if wake {
+        inner.durable_cv.notify_all();
     }
-    inner.durable_cv.notify_all();
     if let Err(e) = writeback {
         fail(inner, &e.to_string());
     }
@@ -2802,7 +2834,7 @@ impl ObjectStore for KelpStore {
                 if nowait {
                     return Err(nowait::blocked());
                 }
-                q = inner.durable_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                q = inner.wait_durable(q, None);
                 if lock(&inner.failed).is_some() {
                     break;
                 }
@@ -2866,12 +2898,15 @@ impl ObjectStore for KelpStore {
                 ov.insert(k.clone(), (p.seq, v.clone()));
             }
         }
-        {
+        let wake = {
             let mut q = lock(&inner.queue);
             q.inflight_bytes += p.bytes;
             q.items.push_back(p);
+            q.committer_waiting
+        };
+        if wake {
+            inner.queue_cv.notify_one();
         }
-        inner.queue_cv.notify_one();
         drop(st);
         // New-extent data is written outside the apply lock, so the writes of concurrent
         // submitters overlap; the committer waits for `data_done` before committing.
@@ -2917,11 +2952,7 @@ impl ObjectStore for KelpStore {
             if lock(&inner.failed).is_some() {
                 break;
             }
-            q = inner
-                .durable_cv
-                .wait_timeout(q, Duration::from_millis(100))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            q = inner.wait_durable(q, Some(Duration::from_millis(100)));
         }
         drop(q);
         inner.check_failed()
