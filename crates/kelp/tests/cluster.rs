@@ -147,6 +147,24 @@ async fn verify(rados: &Rados, acked: &BTreeMap<String, Bytes>) {
 async fn every_acknowledged_write_survives_restarts_and_a_killed_osd() {
     let started = Instant::now();
     let cluster = Cluster::up();
+    // `kelp up` sizes its OSDs for one shared machine: a store budget in kelp.conf's `[osd]`
+    // section, CPUs / OSDs async workers on each OSD's command line.
+    let conf = kelp_client::ClusterConf::load(&cluster.conf()).unwrap();
+    assert_eq!(conf.osd.cache.as_deref(), Some("128MiB"));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cpus / 3).max(1).to_string();
+    for n in 0..3 {
+        let pid = cluster.pid(&format!("osd.{n}"));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let at = args.iter().position(|a| *a == b"--threads");
+        assert_eq!(
+            at.map(|i| args[i + 1]),
+            Some(threads.as_bytes()),
+            "osd.{n}: {}",
+            String::from_utf8_lossy(&cmdline)
+        );
+    }
     let rados = cluster.connect().await;
     let acked: Arc<Mutex<BTreeMap<String, Bytes>>> = Arc::default();
 
