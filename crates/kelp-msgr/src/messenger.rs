@@ -35,6 +35,8 @@ pub(crate) struct Stats {
     pub handshake_failures: AtomicU64,
     pub auth_failures: AtomicU64,
     pub frame_errors: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub flushes: AtomicU64,
 }
 
 /// A snapshot of a messenger's counters.
@@ -50,6 +52,11 @@ pub struct MsgrStats {
     pub auth_failures: u64,
     /// Connections closed because of a malformed frame.
     pub frame_errors: u64,
+    /// Frames written to sockets (keepalives included).
+    pub frames_sent: u64,
+    /// Socket flushes: each carries one or more frames (a busy connection coalesces the
+    /// frames that become ready in one scheduler pass).
+    pub flushes: u64,
 }
 
 /// What every task of a messenger shares.
@@ -446,6 +453,8 @@ impl Messenger {
             handshake_failures: s.handshake_failures.load(Ordering::Relaxed),
             auth_failures: s.auth_failures.load(Ordering::Relaxed),
             frame_errors: s.frame_errors.load(Ordering::Relaxed),
+            frames_sent: s.frames_sent.load(Ordering::Relaxed),
+            flushes: s.flushes.load(Ordering::Relaxed),
         }
     }
 

@@ -25,7 +25,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -253,6 +253,8 @@ pub(crate) struct Session {
     /// permit or for room in the message queue, or inside a frame body), so silence is not the
     /// peer's fault and the keepalive check must not count it.
     reader_busy: AtomicBool,
+    /// Requests of this connection whose handlers are running (replies still to come).
+    serving: AtomicUsize,
 }
 
 impl Session {
@@ -280,6 +282,7 @@ impl Session {
             born: std::time::Instant::now(),
             last_rx_ms: AtomicU64::new(0),
             reader_busy: AtomicBool::new(false),
+            serving: AtomicUsize::new(0),
         });
         if let Some(policy) = &session.policy {
             policy.register_session(&session);
@@ -474,6 +477,9 @@ impl Session {
             },
             Err(e) => error_frame(self.config.max_meta_len, msg_type, tid, e.code, &e.message),
         };
+        // Counted by the reader when it started this request; done before the reply is
+        // queued, so the writer does not wait for more frames on this one's account.
+        self.serving.fetch_sub(1, Ordering::Relaxed);
         // Fails only if the connection closed meanwhile; the caller sees ConnectionLost.
         let _ = self.out.send(out).await;
     }
@@ -552,7 +558,19 @@ async fn writer_loop(session: Arc<Session>, wr: OwnedWriteHalf, mut rx: mpsc::Re
             while let Ok(m) = rx.try_recv() {
                 write_one(&session, &mut w, m).await?;
             }
+            // With other requests of this connection being served, or other calls waiting for
+            // their answers, more frames are likely ready within this scheduler pass: let those
+            // tasks run first so that one send carries them all (half the sends per replicated
+            // write in a busy cluster). Alone (one call at a time) a yield would only add a
+            // scheduler round trip to every frame.
+            if session.serving.load(Ordering::Relaxed) > 0 || session.pending().len() > 1 {
+                tokio::task::yield_now().await;
+                while let Ok(m) = rx.try_recv() {
+                    write_one(&session, &mut w, m).await?;
+                }
+            }
             w.flush().await?;
+            session.stats.flushes.fetch_add(1, Ordering::Relaxed);
         }
     }
     .await;
@@ -581,7 +599,9 @@ async fn write_one(
     }
     w.write_all(&m.header).await?;
     w.write_all(&m.meta).await?;
-    w.write_all(&m.data).await
+    w.write_all(&m.data).await?;
+    session.stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Closes through an `Arc`, so the dispatcher's `connection_closed` gets a real `Peer`.
@@ -689,6 +709,7 @@ async fn reader_loop(
                     break Some("request limiter closed".to_string());
                 };
                 let s = session.clone();
+                s.serving.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
                     s.serve_request(f).await;
                     drop(permit);

@@ -283,3 +283,60 @@ async fn connection_closed_callback_and_shutdown() {
     }
     assert!(c.server.peers().is_empty());
 }
+
+/// Replies of requests served at the same time leave in shared flushes (the writer lets ready
+/// handlers queue theirs first), while a lone call's frames are each flushed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn concurrent_replies_share_flushes_and_a_lone_call_is_flushed_at_once() {
+    let c = cluster(MsgrConfig::default()).await;
+    let client = c.client("client.a");
+    let conn = client.connect(c.addr).await.unwrap();
+
+    // One call at a time: every frame is flushed on its own (no waiting for company).
+    let before = c.server.stats();
+    for i in 0..50u64 {
+        let data = pattern(64, i);
+        let r = conn
+            .call(ECHO, Bytes::new(), data.clone(), T)
+            .await
+            .unwrap();
+        assert_eq!(r.data, data);
+    }
+    let after = c.server.stats();
+    let (frames, flushes) = (
+        after.frames_sent - before.frames_sent,
+        after.flushes - before.flushes,
+    );
+    assert!(frames >= 50, "{frames} frames for 50 replies");
+    assert_eq!(frames, flushes, "lone replies must not wait for others");
+
+    // 64 callers at once, ten rounds: replies share flushes.
+    let before = c.server.stats();
+    for round in 0..10u64 {
+        let mut calls = Vec::new();
+        for i in 0..64u64 {
+            let conn = conn.clone();
+            calls.push(tokio::spawn(async move {
+                let data = pattern(256, round * 64 + i);
+                let r = conn
+                    .call(ECHO, Bytes::new(), data.clone(), T)
+                    .await
+                    .unwrap();
+                assert_eq!(r.data, data);
+            }));
+        }
+        for t in calls {
+            t.await.unwrap();
+        }
+    }
+    let after = c.server.stats();
+    let (frames, flushes) = (
+        after.frames_sent - before.frames_sent,
+        after.flushes - before.flushes,
+    );
+    assert!(frames >= 640, "{frames} frames for 640 replies");
+    assert!(
+        flushes * 2 <= frames,
+        "{flushes} flushes for {frames} frames: concurrent replies should share sends"
+    );
+}
