@@ -260,8 +260,9 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     })
 }
 
-/// Segments at least this large start at a [`SEGMENT_ALIGN`]-aligned address.
-const ALIGN_FROM: usize = 64 << 10;
+/// Segments at least this large start at a [`SEGMENT_ALIGN`]-aligned address and come from the
+/// buffer pool (one threshold for both: the pool's).
+const ALIGN_FROM: usize = segpool::POOL_FROM;
 /// Alignment of large received segments: the object store writes a payload that starts on a
 /// 4 KiB boundary straight to the device (`O_DIRECT`) instead of copying it to an aligned
 /// buffer first.

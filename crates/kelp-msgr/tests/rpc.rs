@@ -285,14 +285,16 @@ async fn connection_closed_callback_and_shutdown() {
 }
 
 /// Replies of requests served at the same time leave in shared flushes (the writer lets ready
-/// handlers queue theirs first), while a lone call's frames are each flushed at once.
+/// handlers queue theirs first). The lone-call half only checks the counters (one flush per
+/// reply); that a lone call does not wait for a scheduler pass is a latency property, measured
+/// by `examples/msgr_bench.rs` (echo at concurrency 1), not asserted here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn concurrent_replies_share_flushes_and_a_lone_call_is_flushed_at_once() {
+async fn concurrent_replies_share_flushes() {
     let c = cluster(MsgrConfig::default()).await;
     let client = c.client("client.a");
     let conn = client.connect(c.addr).await.unwrap();
 
-    // One call at a time: every frame is flushed on its own (no waiting for company).
+    // One call at a time: every reply is its own flush.
     let before = c.server.stats();
     for i in 0..50u64 {
         let data = pattern(64, i);
@@ -308,7 +310,7 @@ async fn concurrent_replies_share_flushes_and_a_lone_call_is_flushed_at_once() {
         after.flushes - before.flushes,
     );
     assert!(frames >= 50, "{frames} frames for 50 replies");
-    assert_eq!(frames, flushes, "lone replies must not wait for others");
+    assert_eq!(frames, flushes, "one flush per lone reply");
 
     // 64 callers at once, ten rounds: replies share flushes.
     let before = c.server.stats();
