@@ -363,7 +363,7 @@ pub(crate) struct Inner {
     pub data: File,
     /// The data file is open with O_DIRECT (all buffers and offsets aligned).
     direct: bool,
-    /// The same file without O_DIRECT, for deferred write-back.
+    /// The same file without O_DIRECT, for reads through the page cache.
     data_buffered: File,
     pub kv: Keyspace,
     pub meta: PartitionHandle,
@@ -874,11 +874,13 @@ impl Inner {
         true
     }
 
-    /// Deferred write-back (buffered; durable at the next data-file flush).
+    /// Deferred write-back: straight to the device (`O_DIRECT`, durable at the next data-file
+    /// flush). Not through the page cache: every write-back there copied into a newly
+    /// allocated page-cache page (the dearest step of a 4 KiB write on a VM whose memory is
+    /// backed on first touch) and left a dirty page for the kernel's flusher to write later.
+    /// Linux invalidates cached pages of the range, so cached small reads stay coherent.
     fn writeback(&self, data: &[u8], off: u64) -> Result<()> {
-        self.data_buffered
-            .write_all_at(data, off)
-            .map_err(|e| StoreError::io(format!("writing back deferred data at {off}"), e))
+        self.dev_write(data, off)
     }
 
     /// Write whole units at `off` (copied to an aligned buffer when O_DIRECT needs it).
@@ -943,7 +945,7 @@ impl Inner {
     /// `pending_blocks` take precedence over the device. `lunit` only names the error offset.
     ///
     /// Reads of at most [`CACHED_READ_MAX`], and larger reads of hot ranges ([`HotReads`]),
-    /// go through the page cache (which deferred write-back also fills); a checksum mismatch
+    /// go through the page cache (which they fill on a miss); a checksum mismatch
     /// there is read again from the device before it is reported, so a stale cached page can
     /// never pass for corruption.
     pub(crate) fn read_units(
@@ -1838,13 +1840,11 @@ impl KelpStore {
                 false,
             ),
         };
-        // Deferred write-backs go through the page cache: they are small and scattered, must
-        // not stall the committer, and only need to be durable by the next data-file flush
-        // (which syncs the inode, whichever descriptor wrote). Linux keeps O_DIRECT reads
-        // coherent with them (dirty pages in the range are written first).
+        // Small reads (and hot large ones) go through the page cache, with this descriptor,
+        // at random offsets: no read-ahead (it would fill the cache with neighbouring units
+        // nobody asked for). Advisory only. Linux keeps it coherent with O_DIRECT writes
+        // (cached pages of the range are invalidated).
         let data_buffered = open(0).map_err(|e| StoreError::io("opening the data file", e))?;
-        // Small reads go through this descriptor too, at random offsets: no read-ahead (it
-        // would fill the cache with neighbouring units nobody asked for). Advisory only.
         let _ = rustix::fs::fadvise(&data_buffered, 0, None, rustix::fs::Advice::Random);
         let len = data
             .metadata()
@@ -2639,10 +2639,13 @@ fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
     };
     // What follows the acknowledgements only makes the data file catch up with the metadata
     // (and is replayed from the `D` record after a crash).
-    // Write back deferred units (contiguous units in one write) and release freed space,
-    // excluding readers that may be using old extent maps.
+    // Write back deferred units (contiguous units in one write), then drop them from
+    // `pending_blocks` and release freed space, excluding readers that may be using old extent
+    // maps. The writes need no exclusion: until its unit leaves `pending_blocks`, every reader
+    // takes a deferred unit from there (`apply_unwritten`, after its device read), whatever
+    // it read from the device meanwhile; and the device holds the new content before any
+    // reader can miss it there.
     let writeback = (|| -> Result<()> {
-        let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
         let u = inner.geo.unit as usize;
         let units: Vec<(&u64, &Arc<Vec<u8>>)> = deferred.iter().collect();
         let mut i = 0;
@@ -2658,6 +2661,7 @@ fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
             inner.writeback(&buf, *units[i].0 * inner.geo.unit)?;
             i = j;
         }
+        let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
         {
             let mut pending = lock(&inner.pending_blocks);
             for punit in deferred.keys() {

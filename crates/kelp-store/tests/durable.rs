@@ -328,8 +328,9 @@ fn concurrent_submitters_read_their_own_writes() {
 }
 
 /// `nowait::attempt` (reads on an OSD's async worker): answered from memory when the data is
-/// in the page cache (deferred write-back puts it there; small reads fill it), refused
-/// (`None`) otherwise, and never a checksum error: only the direct read may call data corrupt.
+/// in the page cache (small reads fill it; deferred write-back goes straight to the device),
+/// refused (`None`) otherwise, and never a checksum error: only the direct read may call data
+/// corrupt.
 #[test]
 fn nonblocking_reads_answer_from_memory_or_refuse() {
     use kelp_store::nowait::attempt;
@@ -346,8 +347,11 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     .unwrap()
     .wait()
     .unwrap();
-    // Durable and written back: the small object's unit is in the page cache.
+    // Durable and written back, with `O_DIRECT`: not in the page cache until a blocking read
+    // (small: buffered) brings it in.
     s.flush().unwrap();
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
+    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
     let got = attempt(|| s.read(C, &oid("small"), 0, 100));
     assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
     let got = attempt(|| s.xattrs(C, &oid("small")));
