@@ -38,9 +38,9 @@ impl Default for MkfsOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Hard budget for the store's memory: metadata block cache (3/8), decoded object-record
-    /// cache (1/8), metadata write buffers (1/4) and transactions prepared but not yet durable
-    /// (1/8). Default 256 MiB.
+    /// Hard budget for the store's memory: metadata block cache (1/4), decoded object-record
+    /// cache (1/4, charged at the heap the records hold), metadata write buffers (1/4) and
+    /// transactions prepared but not yet durable (1/8). Default 256 MiB.
     pub cache_budget: ByteSize,
     /// Whole-unit writes up to this size are also deferred (carried in the metadata commit)
     /// instead of being written to new extents and flushed before the commit; saves one device
@@ -77,10 +77,10 @@ impl Default for StoreConfig {
 
 impl StoreConfig {
     pub(crate) fn block_cache_bytes(&self) -> u64 {
-        self.cache_budget.0 * 3 / 8
+        self.cache_budget.0 / 4
     }
     pub(crate) fn onode_cache_bytes(&self) -> u64 {
-        self.cache_budget.0 / 8
+        self.cache_budget.0 / 4
     }
     pub(crate) fn write_buffer_bytes(&self) -> u64 {
         (self.cache_budget.0 / 4).max(4 << 20)
