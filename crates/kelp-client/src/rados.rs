@@ -24,6 +24,8 @@ pub(crate) struct Inner {
     pub(crate) cfg: ClientConfig,
     pub(crate) mon: Arc<MonClient>,
     map_rx: watch::Receiver<Arc<OsdMap>>,
+    /// PG mappings of the current map (every op needs its PG's primary).
+    mappings: kelp_maps::MappingCache,
     next_reqid: AtomicU64,
     subscription: tokio::task::JoinHandle<()>,
 }
@@ -77,6 +79,7 @@ impl Rados {
                 cfg,
                 mon,
                 map_rx,
+                mappings: kelp_maps::MappingCache::new(),
                 next_reqid: AtomicU64::new(start),
                 subscription,
             }),
@@ -162,7 +165,8 @@ impl Inner {
         let moved = rx
             .wait_for(|m| {
                 m.epoch > epoch
-                    && primary_of(m, pg).map_or(true, |(p, a)| p != primary || a != addr)
+                    && primary_of(m, &self.mappings, pg)
+                        .map_or(true, |(p, a)| p != primary || a != addr)
             })
             .await
             .map(|_| ());
@@ -369,7 +373,7 @@ impl Rados {
                 continue;
             }
             let pg = locate(&map)?;
-            let (primary, addr) = match primary_of(&map, pg) {
+            let (primary, addr) = match primary_of(&map, &inner.mappings, pg) {
                 Ok(p) => p,
                 Err(why) => {
                     retry.wait(inner, map.epoch, why).await;
@@ -413,8 +417,12 @@ impl Rados {
     }
 }
 
-pub(crate) fn primary_of(map: &OsdMap, pg: PgId) -> Result<(i32, std::net::SocketAddr), String> {
-    let m = map.pg_mapping(pg).map_err(|e| e.to_string())?;
+pub(crate) fn primary_of(
+    map: &Arc<OsdMap>,
+    mappings: &kelp_maps::MappingCache,
+    pg: PgId,
+) -> Result<(i32, std::net::SocketAddr), String> {
+    let m = mappings.get(map, pg).map_err(|e| e.to_string())?;
     if m.acting_primary < 0 {
         return Err(format!("PG {pg} has no OSD up at epoch {}", map.epoch));
     }

@@ -12,9 +12,11 @@
 //! unique; the CRUSH map is always finalized.
 
 mod error;
+mod mapcache;
 mod osdmap;
 
 pub use error::MapError;
+pub use mapcache::MappingCache;
 pub use osdmap::{
     Change, ClusterFlag, Incremental, OSD_MAP_FORMAT, OsdInfo, OsdMap, PgMapping, Pool, PoolKind,
     PoolSpec,

@@ -220,6 +220,8 @@ pub struct OsdService {
     started: Instant,
     /// PGs this OSD is peering right now (as their primary).
     pub(crate) peering: std::sync::atomic::AtomicUsize,
+    /// PG mappings of the current map, for the client-op path.
+    mappings: kelp_maps::MappingCache,
 }
 
 /// Clients count as busy on an OSD for this long after their last op.
@@ -266,6 +268,7 @@ impl OsdService {
             last_client_op_ms: AtomicU64::new(u64::MAX),
             started: Instant::now(),
             peering: std::sync::atomic::AtomicUsize::new(0),
+            mappings: kelp_maps::MappingCache::new(),
         })
     }
 
@@ -667,7 +670,7 @@ impl OsdService {
                 epoch,
             );
         }
-        let mapping = match map.pg_mapping(op.pg) {
+        let mapping = match self.mappings.get(&map, op.pg) {
             Ok(m) => m,
             Err(e) => return reply_err(ErrorCode::Invalid, e.to_string(), epoch),
         };
