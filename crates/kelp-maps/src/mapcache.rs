@@ -15,10 +15,13 @@ use crate::{MapError, OsdMap, PgMapping};
 /// with very many PGs.
 const MAX_ENTRIES: usize = 1 << 16;
 
+/// A map and the mappings computed from it so far.
+type Entries = (Arc<OsdMap>, HashMap<PgId, PgMapping>);
+
 /// Mappings of the last map asked about. See the module documentation.
 #[derive(Default)]
 pub struct MappingCache {
-    inner: Mutex<Option<(Arc<OsdMap>, HashMap<PgId, PgMapping>)>>,
+    inner: Mutex<Option<Entries>>,
 }
 
 impl MappingCache {
