@@ -55,16 +55,7 @@ mod tests {
     use super::*;
 
     fn cluster() -> (OsdMap, u32) {
-        let mut map = OsdMap::new("fsid-1", "osd").unwrap();
-        for i in 0..4 {
-            let (id, inc) = map
-                .propose_osd_create(&format!("uuid-{i}"), "host0", kelp_crush::WEIGHT_ONE)
-                .unwrap();
-            map.apply(&inc.unwrap()).unwrap();
-            let addr = format!("127.0.0.1:{}", 6800 + i).parse().unwrap();
-            map.apply(&map.propose_osd_boot(id, addr).unwrap().unwrap())
-                .unwrap();
-        }
+        let mut map = crate::osdmap::tests::cluster(4, "osd");
         let (pool, inc) = map
             .propose_pool_create(&crate::PoolSpec {
                 name: "p".into(),
@@ -93,7 +84,7 @@ mod tests {
         let mb = cache.get(&b, pg).unwrap();
         assert_eq!(mb, b.pg_mapping(pg).unwrap());
         assert!(!mb.acting.contains(&first));
-        // Unknown pools are errors, and not cached.
+        // Unknown pools are errors, asked once or again.
         assert!(cache.get(&b, PgId::new(pool + 99, 0)).is_err());
         assert!(cache.get(&b, PgId::new(pool + 99, 0)).is_err());
     }

@@ -870,10 +870,12 @@ fn check_sizes(size: u32, min_size: u32) -> Result<(), MapError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn cluster(osds: i32, domain: &str) -> OsdMap {
+    /// A map with `osds` OSDs created and booted (hosts `host0`..`host2`), CRUSH failure
+    /// domain `domain`. Also used by the other modules' tests.
+    pub(crate) fn cluster(osds: i32, domain: &str) -> OsdMap {
         let mut map = OsdMap::new("fsid-1", domain).unwrap();
         for i in 0..osds {
             let (id, inc) = map
