@@ -38,9 +38,10 @@ impl Default for MkfsOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Hard budget for the store's memory: metadata block cache (1/4), decoded object-record
+    /// Hard budget for the store's memory: metadata block cache (1/8), decoded object-record
     /// cache (1/4, charged at the heap the records hold), metadata write buffers (1/4) and
-    /// transactions prepared but not yet durable (1/8). Default 256 MiB.
+    /// transactions prepared but not yet durable (1/8). The last quarter is headroom for the
+    /// process and allocator, so a process running a store stays within it. Default 256 MiB.
     pub cache_budget: ByteSize,
     /// Whole-unit writes up to this size are also deferred (carried in the metadata commit)
     /// instead of being written to new extents and flushed before the commit; saves one device
@@ -77,7 +78,7 @@ impl Default for StoreConfig {
 
 impl StoreConfig {
     pub(crate) fn block_cache_bytes(&self) -> u64 {
-        self.cache_budget.0 / 4
+        self.cache_budget.0 / 8
     }
     pub(crate) fn onode_cache_bytes(&self) -> u64 {
         self.cache_budget.0 / 4
