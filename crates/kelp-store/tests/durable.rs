@@ -245,6 +245,57 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
     assert!(rep.is_clean(), "{:?}", rep.problems);
 }
 
+/// The committer acknowledges a batch before the finisher has released the units it freed
+/// when earlier write-backs are still running; a write refused for lack of space must then
+/// wait for them, never fail while a delete it waited for has freed space. Eight threads on a
+/// full store each delete one of their objects and, once that is acknowledged, write a new one:
+/// at that moment at least the unit their own delete freed is free or about to be.
+#[test]
+fn space_freed_by_an_acknowledged_delete_is_there_for_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 2 << 20); // 512 units of 4 KiB
+    let block = vec![0x5au8; 4096];
+    let mut objs: Vec<Vec<ObjectId>> = vec![Vec::new(); 8];
+    let mut n = 0;
+    while s.free_bytes() > 0 {
+        let o = oid(&format!("t{}-{n}", n % 8));
+        s.submit(Transaction::new().write(C, &o, 0, block.clone()).clone())
+            .unwrap()
+            .wait()
+            .unwrap();
+        objs[n % 8].push(o);
+        n += 1;
+    }
+    std::thread::scope(|sc| {
+        for (t, mine) in objs.iter_mut().enumerate() {
+            let (s, block) = (&s, &block);
+            sc.spawn(move || {
+                for i in 0..300 {
+                    let old = mine.remove(0);
+                    s.submit(Transaction::new().remove(C, &old).clone())
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    let o = oid(&format!("t{t}-new{i}"));
+                    match s.submit(Transaction::new().write(C, &o, 0, block.clone()).clone()) {
+                        Ok(c) => c.wait().unwrap(),
+                        Err(e) => panic!("thread {t}, write {i} after a delete: {e}"),
+                    }
+                    mine.push(o);
+                }
+            });
+        }
+    });
+    for mine in &objs {
+        for o in mine {
+            assert_eq!(s.read(C, o, 0, 4096).unwrap(), block);
+        }
+    }
+    s.close().unwrap();
+    let rep = kelp_store::fsck_dir(dir.path(), true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+}
+
 #[test]
 fn one_mount_at_a_time_and_no_mkfs_over_a_store() {
     let dir = tempfile::tempdir().unwrap();
