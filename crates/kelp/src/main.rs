@@ -25,7 +25,7 @@ struct Cli {
 enum Command {
     /// Start a whole local cluster (monitors, OSDs on files, a default pool) in one directory,
     /// creating it on first use; Ctrl-C stops it. This is how to run Kelp on one machine.
-    /// The OSDs share the machine: each gets CPUs ÷ OSDs async workers and the 128 MiB store
+    /// The OSDs share the machine: each gets CPUs ÷ OSDs async workers and the 96 MiB store
     /// budget a new cluster's kelp.conf sets (`[osd] threads` / `cache` there change them).
     Up(cmd::up::UpArgs),
     /// Stop the cluster started with `kelp up --detach`.

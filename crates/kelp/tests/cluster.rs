@@ -150,7 +150,7 @@ async fn every_acknowledged_write_survives_restarts_and_a_killed_osd() {
     // `kelp up` sizes its OSDs for one shared machine: a store budget in kelp.conf's `[osd]`
     // section, CPUs / OSDs async workers on each OSD's command line.
     let conf = kelp_client::ClusterConf::load(&cluster.conf()).unwrap();
-    assert_eq!(conf.osd.cache.as_deref(), Some("128MiB"));
+    assert_eq!(conf.osd.cache.as_deref(), Some("96MiB"));
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cpus / 3).max(1).to_string();
     for n in 0..3 {

@@ -305,7 +305,10 @@ fn mkfs_osd(dir: &Path, size: kelp_types::ByteSize, prewrite: bool) -> Result<()
 }
 
 /// The store memory budget `kelp up` writes into a new cluster's `kelp.conf` (`[osd] cache`).
-const UP_OSD_CACHE: &str = "128MiB";
+/// 96 MiB since session 15 (128 before): OSD RSS after the RADOS benchmark 149-155 instead of
+/// 163-169 MiB, 4 KiB random reads of a bigger working set up to a quarter slower
+/// (docs/BENCHMARKS.md, "Session 15").
+const UP_OSD_CACHE: &str = "96MiB";
 
 /// Async worker threads for each of `osds` OSDs sharing this machine.
 fn osd_threads(osds: usize) -> usize {
