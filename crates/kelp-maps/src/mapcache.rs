@@ -16,7 +16,7 @@ use crate::{MapError, OsdMap, PgMapping};
 const MAX_ENTRIES: usize = 1 << 16;
 
 /// A map and the mappings computed from it so far.
-type Entries = (Arc<OsdMap>, HashMap<PgId, PgMapping>);
+type Entries = (Arc<OsdMap>, HashMap<PgId, Arc<PgMapping>>);
 
 /// Mappings of the last map asked about. See the module documentation.
 #[derive(Default)]
@@ -30,8 +30,9 @@ impl MappingCache {
     }
 
     /// `map.pg_mapping(pg)`, computed once per map (maps are told apart by their `Arc`, so the
-    /// map must not be changed while shared, which `Arc` already ensures).
-    pub fn get(&self, map: &Arc<OsdMap>, pg: PgId) -> Result<PgMapping, MapError> {
+    /// map must not be changed while shared, which `Arc` already ensures). Shared, so a hit
+    /// allocates nothing.
+    pub fn get(&self, map: &Arc<OsdMap>, pg: PgId) -> Result<Arc<PgMapping>, MapError> {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = match &*guard {
             Some((m, entries)) => !Arc::ptr_eq(m, map) || entries.len() >= MAX_ENTRIES,
@@ -44,7 +45,7 @@ impl MappingCache {
         if let Some(m) = entries.get(&pg) {
             return Ok(m.clone());
         }
-        let m = map.pg_mapping(pg)?;
+        let m = Arc::new(map.pg_mapping(pg)?);
         entries.insert(pg, m.clone());
         Ok(m)
     }
@@ -73,8 +74,8 @@ mod tests {
         let a = Arc::new(map);
         let cache = MappingCache::new();
         let pg = PgId::new(pool, 5);
-        assert_eq!(cache.get(&a, pg).unwrap(), a.pg_mapping(pg).unwrap());
-        assert_eq!(cache.get(&a, pg).unwrap(), a.pg_mapping(pg).unwrap());
+        assert_eq!(*cache.get(&a, pg).unwrap(), a.pg_mapping(pg).unwrap());
+        assert_eq!(*cache.get(&a, pg).unwrap(), a.pg_mapping(pg).unwrap());
         // A new map (the primary marked down) is a new Arc: its mapping, not the cached one.
         let first = a.pg_mapping(pg).unwrap().acting_primary;
         let mut next = (*a).clone();
@@ -82,7 +83,7 @@ mod tests {
             .unwrap();
         let b = Arc::new(next);
         let mb = cache.get(&b, pg).unwrap();
-        assert_eq!(mb, b.pg_mapping(pg).unwrap());
+        assert_eq!(*mb, b.pg_mapping(pg).unwrap());
         assert!(!mb.acting.contains(&first));
         // Unknown pools are errors, asked once or again.
         assert!(cache.get(&b, PgId::new(pool + 99, 0)).is_err());

@@ -173,7 +173,7 @@ impl<K: Into<String>, V: Into<Vec<u8>>> FromIterator<(K, V)> for Xattrs {
 }
 
 /// What an allocation of `n` bytes takes from the heap (0 for none).
-fn heap_alloc(n: usize) -> usize {
+pub(crate) fn heap_alloc(n: usize) -> usize {
     if n == 0 { 0 } else { n.div_ceil(16) * 16 }
 }
 

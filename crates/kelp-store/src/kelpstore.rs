@@ -197,8 +197,9 @@ impl OnodeCache {
     /// cache hold ~3x its budget (50 MiB for a 16 MiB budget, in a heap profile of an OSD).
     fn insert(&self, key: Vec<u8>, onode: Option<Arc<Onode>>) {
         let slot = std::mem::size_of::<(Vec<u8>, (Option<Arc<Onode>>, usize))>() + 8;
-        let cost =
-            key.capacity().div_ceil(16) * 16 + slot + onode.as_deref().map_or(0, Onode::heap_bytes);
+        let cost = codec::heap_alloc(key.capacity())
+            + slot
+            + onode.as_deref().map_or(0, Onode::heap_bytes);
         if cost > self.shard_cap {
             return;
         }
@@ -2617,7 +2618,7 @@ fn release_and_ack(
 ) -> (Vec<(u64, u64)>, u64) {
     let mut freed = Vec::new();
     let mut bytes = 0;
-    if caught_up {
+    if caught_up && batch.iter().any(|p| !p.freed.is_empty()) {
         let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
         let mut a = lock(&inner.alloc);
         for p in &batch {
@@ -2687,11 +2688,15 @@ fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
         }
         let direct = runs.len() <= WRITEBACK_DIRECT_RUNS;
         for r in runs {
-            let mut buf = AlignedBuf::zeroed(r.len() * u);
-            for (k, (_, d)) in units[r.clone()].iter().enumerate() {
-                buf[k * u..(k + 1) * u].copy_from_slice(d);
+            let off = *units[r.start].0 * inner.geo.unit;
+            let parts: Vec<&[u8]> = units[r].iter().map(|(_, d)| d.as_slice()).collect();
+            if !direct && parts.len() == 1 {
+                // Through the page cache, one unit needs no aligned copy.
+                inner.writeback(parts[0], off, false)?;
+            } else {
+                let buf = AlignedBuf::from_parts(&parts, parts.len() * u);
+                inner.writeback(&buf, off, direct)?;
             }
-            inner.writeback(&buf, *units[r.start].0 * inner.geo.unit, direct)?;
         }
         let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
         {
