@@ -51,6 +51,10 @@ const FREEZE_AT_LOG: usize = 64;
 const FROZEN_STALE: Duration = Duration::from_secs(30);
 /// Log entries read (and replayed) at a time.
 const LOG_PAGE: u32 = 1000;
+/// Entries read from an old shard at a time (copying and clearing).
+const COPY_PAGE: u32 = 1000;
+/// Entries gathered for one new shard before they are written to it.
+const COPY_BATCH: usize = 500;
 /// Entries per listing when counting a shard's objects (the OSD's default `max_omap_entries`).
 const COUNT_PAGE: u64 = 10_000;
 
@@ -225,8 +229,11 @@ impl Rgw {
             .collect();
         let mut copied = 0u64;
         let mut after = String::new();
+        // entries wait per new shard until a write's worth has gathered: a page routed at once
+        // would make one tiny write per new shard (~10 entries each going from 47 to 95 shards)
+        let mut pending: BTreeMap<u32, Vec<(String, Bytes)>> = BTreeMap::new();
         loop {
-            let (page, more) = match io.omap_get_vals(old, &after, "", 1000).await {
+            let (page, more) = match io.omap_get_vals(old, &after, "", COPY_PAGE).await {
                 Ok(p) => p,
                 Err(ClientError::NotFound { .. }) => (Vec::new(), false),
                 Err(e) => return Err(e.into()),
@@ -234,20 +241,29 @@ impl Rgw {
             if let Some((k, _)) = page.last() {
                 after = k.clone();
             }
-            let mut batches: BTreeMap<u32, Vec<(String, Bytes)>> = BTreeMap::new();
-            for (k, v) in &page {
+            for (k, v) in page.iter() {
                 let route = match route_full(old, k, v, &uploads)? {
                     Some(key) => shard_of(&key, t.shards),
                     None => continue,
                 };
-                batches
+                pending
                     .entry(route)
                     .or_default()
                     .push((k.clone(), v.clone()));
+                copied += 1;
             }
-            copied += batches.values().map(|e| e.len() as u64).sum::<u64>();
-            self.set_new(b, t, batches).await?;
-            if !more || page.is_empty() {
+            let last = !more || page.is_empty();
+            let full: Vec<u32> = pending
+                .iter()
+                .filter(|(_, e)| last || e.len() >= COPY_BATCH)
+                .map(|(s, _)| *s)
+                .collect();
+            let ready: BTreeMap<u32, Vec<(String, Bytes)>> = full
+                .into_iter()
+                .filter_map(|s| pending.remove(&s).map(|e| (s, e)))
+                .collect();
+            self.set_new(b, t, ready).await?;
+            if last {
                 break;
             }
         }
@@ -497,17 +513,25 @@ impl Rgw {
     /// Drops every entry of a moved shard but its marker.
     async fn clear_old_shard(&self, obj: &str) -> Result<()> {
         let io = &self.inner.index;
+        // each page starts after the last key removed: starting from the front again would walk
+        // every deletion made so far (quadratic: 200 s for 800 000 entries, in a store's
+        // tombstones), and the OSD holding the shard would slow every other request meanwhile
+        let mut after = MARKER.to_string();
         loop {
-            let (page, _) = match io.omap_get_vals(obj, MARKER, "", 1000).await {
+            let (page, more) = match io.omap_get_vals(obj, &after, "", COPY_PAGE).await {
                 Ok(p) => p,
                 Err(ClientError::NotFound { .. }) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
-            if page.is_empty() {
+            let Some((last, _)) = page.last() else {
                 return Ok(());
-            }
+            };
+            after = last.clone();
             let keys: Vec<&String> = page.iter().map(|(k, _)| k).collect();
             io.omap_rm_keys(obj, &keys).await?;
+            if !more {
+                return Ok(());
+            }
         }
     }
 

@@ -125,8 +125,10 @@ fn s3_gateway_with_real_clients() {
             "--detach",
             "--dir",
             &d,
+            // room for what the gateway-kill load writes in its 6 s on a fast machine (3
+            // uploaders of 3-9 MiB objects filled 1 GiB OSDs)
             "--osd-size",
-            "1GiB",
+            "4GiB",
             "--pg-num",
             "8",
             "--timeout-secs",
@@ -415,6 +417,83 @@ fn s3_gateway_with_real_clients() {
     assert_eq!(stats["num_shards"].as_u64(), Some(3), "{stats}");
     assert_eq!(stats["generation"].as_u64(), Some(2), "{stats}");
     eprintln!("resharding under load: {}", report.trim());
+
+    // a shard bigger than the resharder's pages (1000 entries read, 500 gathered per new
+    // shard): every entry is copied once, and the old shard is emptied down to its marker
+    ok(
+        &admin(&[
+            "bucket",
+            "create",
+            "--bucket",
+            "paged",
+            "--uid",
+            "kelp",
+            "--num-shards",
+            "1",
+        ]),
+        "bucket create",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args([
+            "s3",
+            "bench",
+            "put",
+            "--bucket",
+            "paged",
+            "--size",
+            "1KiB",
+            "--count",
+            "2600",
+            "--concurrency",
+            "16",
+            "--keep",
+            "--format",
+            "json",
+        ])
+        .envs(&env)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(&out, "kelp s3 bench")).unwrap();
+    assert_eq!(report["errors"].as_u64(), Some(0), "{report}");
+    let before: serde_json::Value = serde_json::from_str(&ok(
+        &admin(&["bucket", "stats", "--bucket", "paged", "--format", "json"]),
+        "bucket stats",
+    ))
+    .unwrap();
+    assert_eq!(before["num_objects"].as_u64(), Some(2600), "{before}");
+    let out = admin(&[
+        "bucket",
+        "reshard",
+        "--bucket",
+        "paged",
+        "--num-shards",
+        "3",
+    ]);
+    ok(&out, "bucket reshard");
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(said.contains("2600 entries copied"), "{said}");
+    let after: serde_json::Value = serde_json::from_str(&ok(
+        &admin(&["bucket", "stats", "--bucket", "paged", "--format", "json"]),
+        "bucket stats",
+    ))
+    .unwrap();
+    assert_eq!(after["num_objects"].as_u64(), Some(2600), "{after}");
+    assert_eq!(after["num_shards"].as_u64(), Some(3), "{after}");
+    let old = format!("{}.0", after["id"].as_str().unwrap());
+    let left = ok(
+        &kelp(&[
+            "rados",
+            "-c",
+            &conf,
+            "-p",
+            "kelp.rgw.index",
+            "listomapvals",
+            &old,
+        ]),
+        "listomapvals",
+    );
+    let keys: Vec<&str> = left.lines().filter(|l| !l.starts_with("  ")).collect();
+    assert_eq!(keys.len(), 1, "the old shard keeps only its marker: {left}");
     let _ = &mut c;
 }
 
