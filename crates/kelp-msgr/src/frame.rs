@@ -124,8 +124,8 @@ pub fn encode_header(
     h[8..16].copy_from_slice(&tid.to_le_bytes());
     h[16..20].copy_from_slice(&(meta.len() as u32).to_le_bytes());
     h[20..24].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[0..24]), meta);
-    let crc = crc32c::crc32c_append(crc, data);
+    let crc = kelp_types::crc32c_append(kelp_types::crc32c(&h[0..24]), meta);
+    let crc = kelp_types::crc32c_append(crc, data);
     h[24..28].copy_from_slice(&crc.to_le_bytes());
     h
 }
@@ -243,8 +243,8 @@ pub async fn read_body<R: AsyncRead + Unpin>(
         .map_err(|_| FrameError::BodyTimeout {
             after: body_timeout,
         })??;
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&raw[0..24]), &meta);
-    let crc = crc32c::crc32c_append(crc, &data);
+    let crc = kelp_types::crc32c_append(kelp_types::crc32c(&raw[0..24]), &meta);
+    let crc = kelp_types::crc32c_append(crc, &data);
     if crc != header.crc {
         return Err(FrameError::BadCrc {
             expected: header.crc,

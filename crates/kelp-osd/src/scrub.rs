@@ -378,10 +378,10 @@ fn digest_attrs(attrs: &BTreeMap<String, Vec<u8>>) -> (u64, u32) {
             }
             continue;
         }
-        crc = crc32c::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
-        crc = crc32c::crc32c_append(crc, k.as_bytes());
-        crc = crc32c::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
-        crc = crc32c::crc32c_append(crc, v);
+        crc = kelp_types::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
+        crc = kelp_types::crc32c_append(crc, k.as_bytes());
+        crc = kelp_types::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
+        crc = kelp_types::crc32c_append(crc, v);
     }
     (version, crc)
 }
@@ -393,18 +393,18 @@ fn digest_omap(
 ) -> Result<u32, StoreError> {
     let mut crc = 0u32;
     if let Some(h) = store.omap_header(coll, oid)? {
-        crc = crc32c::crc32c_append(crc, &[1]);
-        crc = crc32c::crc32c_append(crc, &(h.len() as u32).to_le_bytes());
-        crc = crc32c::crc32c_append(crc, &h);
+        crc = kelp_types::crc32c_append(crc, &[1]);
+        crc = kelp_types::crc32c_append(crc, &(h.len() as u32).to_le_bytes());
+        crc = kelp_types::crc32c_append(crc, &h);
     }
     let mut after: Option<Vec<u8>> = None;
     loop {
         let page = store.omap_iter(coll, oid, after.as_deref(), 1024)?;
         for (k, v) in &page.entries {
-            crc = crc32c::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
-            crc = crc32c::crc32c_append(crc, k);
-            crc = crc32c::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
-            crc = crc32c::crc32c_append(crc, v);
+            crc = kelp_types::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
+            crc = kelp_types::crc32c_append(crc, k);
+            crc = kelp_types::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
+            crc = kelp_types::crc32c_append(crc, v);
         }
         match page.entries.last() {
             Some((k, _)) if page.more => after = Some(k.clone()),
@@ -448,7 +448,7 @@ fn scrub_object(
         while off < o.size {
             let len = DEEP_READ.min(o.size - off);
             match store.read_from_device(coll, oid, off, len) {
-                Ok(d) if d.len() as u64 == len => crc = crc32c::crc32c_append(crc, &d),
+                Ok(d) if d.len() as u64 == len => crc = kelp_types::crc32c_append(crc, &d),
                 Ok(d) => {
                     o.read_error = Some(format!(
                         "short read at offset {off}: {} of {len} bytes",

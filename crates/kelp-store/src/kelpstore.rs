@@ -115,7 +115,7 @@ impl AlignedBuf {
         for chunk in data.chunks(block.max(1)) {
             let at = raw.len();
             raw.extend_from_slice(chunk);
-            csums.push(crc32c::crc32c(&raw[at..]));
+            csums.push(kelp_types::crc32c(&raw[at..]));
         }
         let len = data.len();
         (AlignedBuf { raw, start, len }, csums)
@@ -186,7 +186,7 @@ impl OnodeCache {
         }
     }
     fn shard(&self, key: &[u8]) -> &Mutex<OnodeCacheShard> {
-        &self.shards[crc32c::crc32c(key) as usize % ONODE_CACHE_SHARDS]
+        &self.shards[kelp_types::crc32c(key) as usize % ONODE_CACHE_SHARDS]
     }
     /// `Some(None)`: known to be absent.
     fn get(&self, key: &[u8]) -> Option<Option<Arc<Onode>>> {
@@ -321,7 +321,7 @@ impl Geometry {
     fn csums(&self, unit_data: &[u8]) -> Vec<u32> {
         unit_data
             .chunks(self.csum_block as usize)
-            .map(crc32c::crc32c)
+            .map(kelp_types::crc32c)
             .collect()
     }
 }
@@ -672,7 +672,7 @@ fn new_runs_intact(data: &File, sb: &Superblock, runs: &[NewRun]) -> Result<bool
                 .map_err(|e| StoreError::io("verifying logged extents", e))?;
             let first = done as usize * bpu;
             for (i, block) in buf.chunks(cb).enumerate() {
-                if crc32c::crc32c(block) != csums[first + i] {
+                if kelp_types::crc32c(block) != csums[first + i] {
                     return Ok(false);
                 }
             }
@@ -1077,7 +1077,7 @@ impl Inner {
     fn verify_units(&self, oid: &ObjectId, lunit: u64, buf: &[u8], csums: &[u32]) -> Result<()> {
         let cb = self.geo.csum_block as usize;
         for (i, (block, &expected)) in buf.chunks(cb).zip(csums).enumerate() {
-            let actual = crc32c::crc32c(block);
+            let actual = kelp_types::crc32c(block);
             if actual != expected {
                 return Err(StoreError::ChecksumMismatch {
                     object: oid.to_string(),

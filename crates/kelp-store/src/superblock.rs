@@ -48,7 +48,7 @@ impl Superblock {
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         out.extend_from_slice(&payload);
-        let crc = crc32c::crc32c(&out);
+        let crc = kelp_types::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
     }
@@ -78,7 +78,7 @@ impl Superblock {
         }
         let body = &b[..16 + len];
         let stored = u32::from_le_bytes([b[16 + len], b[17 + len], b[18 + len], b[19 + len]]);
-        if crc32c::crc32c(body) != stored {
+        if kelp_types::crc32c(body) != stored {
             return Err(bad("checksum mismatch: the superblock is damaged".into()));
         }
         if version > FORMAT_VERSION || version == 0 {

@@ -180,7 +180,7 @@ fn header_block(first_seq: u64, size: u64) -> AlignedBuf {
     h[8] = WAL_VERSION;
     h[16..24].copy_from_slice(&first_seq.to_le_bytes());
     h[24..32].copy_from_slice(&size.to_le_bytes());
-    let c = crc32c::crc32c(&h[..32]);
+    let c = kelp_types::crc32c(&h[..32]);
     h[32..36].copy_from_slice(&c.to_le_bytes());
     h
 }
@@ -232,7 +232,7 @@ impl Wal {
         if &h[..8] != HEADER_MAGIC {
             return Err(bad("bad magic".into()));
         }
-        if crc32c::crc32c(&h[..32]).to_le_bytes() != h[32..36] {
+        if kelp_types::crc32c(&h[..32]).to_le_bytes() != h[32..36] {
             return Err(bad("header checksum mismatch".into()));
         }
         if h[8] != WAL_VERSION {
@@ -260,7 +260,7 @@ impl Wal {
                 .map_err(|e| StoreError::io("reading the write-ahead log", e))?;
             let word =
                 |at: usize| u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
-            if word(0) != REC_MAGIC || crc32c::crc32c(&blk[..28]) != word(28) {
+            if word(0) != REC_MAGIC || kelp_types::crc32c(&blk[..28]) != word(28) {
                 break;
             }
             let len = word(4) as u64;
@@ -273,7 +273,7 @@ impl Wal {
             file.read_exact_at(&mut rec, pos)
                 .map_err(|e| StoreError::io("reading the write-ahead log", e))?;
             let payload = &rec[REC_HEADER..REC_HEADER + len as usize];
-            if crc32c::crc32c(payload) != word(16) {
+            if kelp_types::crc32c(payload) != word(16) {
                 break;
             }
             payloads.push(payload.to_vec());
@@ -321,8 +321,8 @@ impl Wal {
         hdr[0..4].copy_from_slice(&REC_MAGIC.to_le_bytes());
         hdr[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         hdr[8..16].copy_from_slice(&self.next_seq.to_le_bytes());
-        hdr[16..20].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
-        let c = crc32c::crc32c(&hdr[..28]);
+        hdr[16..20].copy_from_slice(&kelp_types::crc32c(payload).to_le_bytes());
+        let c = kelp_types::crc32c(&hdr[..28]);
         hdr[28..32].copy_from_slice(&c.to_le_bytes());
         let rec = AlignedBuf::from_parts(&[&hdr, payload], total);
         self.file

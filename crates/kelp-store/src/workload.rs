@@ -44,7 +44,7 @@ impl Rng {
 
 /// A placement hash for tests and benchmarks (the OSD passes the real CRUSH hash).
 pub fn test_hash(name: &str) -> u32 {
-    crc32c::crc32c(name.as_bytes())
+    kelp_types::crc32c(name.as_bytes())
 }
 
 /// Collections used by the crash workload.

@@ -38,7 +38,7 @@ impl Dispatcher for TestHandler {
         match req.msg_type {
             ECHO => {
                 // Report the crc the server computed, so the client can check both directions.
-                let crc = crc32c::crc32c(&req.data);
+                let crc = kelp_types::crc32c(&req.data);
                 let mut meta = req.meta.to_vec();
                 meta.extend_from_slice(&crc.to_le_bytes());
                 Ok(Response::new(ECHO, meta, req.data))
