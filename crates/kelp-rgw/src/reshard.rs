@@ -55,6 +55,10 @@ const LOG_PAGE: u32 = 1000;
 const COPY_PAGE: u32 = 1000;
 /// Entries gathered for one new shard before they are written to it.
 const COPY_BATCH: usize = 500;
+/// Entries gathered for all new shards together before every gathering is written, however
+/// small (~15 MiB of index entries; a reshard to thousands of shards would otherwise hold
+/// hundreds of entries per shard).
+const COPY_HELD_MAX: usize = 50_000;
 /// Entries per listing when counting a shard's objects (the OSD's default `max_omap_entries`).
 const COUNT_PAGE: u64 = 10_000;
 
@@ -232,6 +236,7 @@ impl Rgw {
         // entries wait per new shard until a write's worth has gathered: a page routed at once
         // would make one tiny write per new shard (~10 entries each going from 47 to 95 shards)
         let mut pending: BTreeMap<u32, Vec<(String, Bytes)>> = BTreeMap::new();
+        let mut held = 0usize; // entries in `pending`
         loop {
             let (page, more) = match io.omap_get_vals(old, &after, "", COPY_PAGE).await {
                 Ok(p) => p,
@@ -241,27 +246,34 @@ impl Rgw {
             if let Some((k, _)) = page.last() {
                 after = k.clone();
             }
-            for (k, v) in page.iter() {
-                let route = match route_full(old, k, v, &uploads)? {
+            let last = !more || page.is_empty();
+            for (k, v) in page {
+                let route = match route_full(old, &k, &v, &uploads)? {
                     Some(key) => shard_of(&key, t.shards),
                     None => continue,
                 };
-                pending
-                    .entry(route)
-                    .or_default()
-                    .push((k.clone(), v.clone()));
+                pending.entry(route).or_default().push((k, v));
                 copied += 1;
+                held += 1;
             }
-            let last = !more || page.is_empty();
-            let full: Vec<u32> = pending
-                .iter()
-                .filter(|(_, e)| last || e.len() >= COPY_BATCH)
-                .map(|(s, _)| *s)
-                .collect();
-            let ready: BTreeMap<u32, Vec<(String, Bytes)>> = full
-                .into_iter()
-                .filter_map(|s| pending.remove(&s).map(|e| (s, e)))
-                .collect();
+            let ready = if last || held >= COPY_HELD_MAX {
+                // everything: the end, or so many new shards that the gatherings outgrew the
+                // gateway's share of memory before any filled
+                held = 0;
+                std::mem::take(&mut pending)
+            } else {
+                let full: Vec<u32> = pending
+                    .iter()
+                    .filter(|(_, e)| e.len() >= COPY_BATCH)
+                    .map(|(s, _)| *s)
+                    .collect();
+                let ready: BTreeMap<u32, Vec<(String, Bytes)>> = full
+                    .into_iter()
+                    .filter_map(|s| pending.remove(&s).map(|e| (s, e)))
+                    .collect();
+                held -= ready.values().map(Vec::len).sum::<usize>();
+                ready
+            };
             self.set_new(b, t, ready).await?;
             if last {
                 break;
