@@ -28,6 +28,18 @@ fn ok(out: &std::process::Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `kelp s3 bench ARGS --format json` with `env` (keys, endpoint) and returns its report.
+fn s3_bench(env: &BTreeMap<String, String>, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args(["s3", "bench"])
+        .args(args)
+        .args(["--format", "json"])
+        .envs(env)
+        .output()
+        .unwrap();
+    serde_json::from_str(&ok(&out, &format!("kelp s3 bench {args:?}"))).unwrap()
+}
+
 /// The cluster (and a second gateway), stopped and removed whatever happens.
 struct Cluster {
     _tmp: tempfile::TempDir,
@@ -292,10 +304,9 @@ fn s3_gateway_with_real_clients() {
     assert_eq!(listing.lines().count(), files.len(), "{listing}");
 
     // kelp s3 bench against the gateway
-    let out = Command::new(env!("CARGO_BIN_EXE_kelp"))
-        .args([
-            "s3",
-            "bench",
+    let report = s3_bench(
+        &env,
+        &[
             "put",
             "--bucket",
             "bench",
@@ -305,13 +316,8 @@ fn s3_gateway_with_real_clients() {
             "4",
             "--duration",
             "2s",
-            "--format",
-            "json",
-        ])
-        .envs(&env)
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&ok(&out, "kelp s3 bench")).unwrap();
+        ],
+    );
     assert!(report["ops"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(report["errors"].as_u64(), Some(0), "{report}");
 
@@ -433,10 +439,9 @@ fn s3_gateway_with_real_clients() {
         ]),
         "bucket create",
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_kelp"))
-        .args([
-            "s3",
-            "bench",
+    let report = s3_bench(
+        &env,
+        &[
             "put",
             "--bucket",
             "paged",
@@ -447,13 +452,8 @@ fn s3_gateway_with_real_clients() {
             "--concurrency",
             "16",
             "--keep",
-            "--format",
-            "json",
-        ])
-        .envs(&env)
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&ok(&out, "kelp s3 bench")).unwrap();
+        ],
+    );
     assert_eq!(report["errors"].as_u64(), Some(0), "{report}");
     let before: serde_json::Value = serde_json::from_str(&ok(
         &admin(&["bucket", "stats", "--bucket", "paged", "--format", "json"]),
@@ -674,10 +674,9 @@ fn reshard_finishes_under_sustained_writes() {
         ]),
         "bucket create",
     );
-    let fill = Command::new(env!("CARGO_BIN_EXE_kelp"))
-        .args([
-            "s3",
-            "bench",
+    let filled = s3_bench(
+        &env,
+        &[
             "put",
             "--endpoint",
             &other,
@@ -690,13 +689,8 @@ fn reshard_finishes_under_sustained_writes() {
             "--count",
             "10300",
             "--keep",
-            "--format",
-            "json",
-        ])
-        .envs(&env)
-        .output()
-        .unwrap();
-    let filled: serde_json::Value = serde_json::from_str(&ok(&fill, "fill grow")).unwrap();
+        ],
+    );
     assert_eq!(filled["ops"].as_u64(), Some(10_300), "{filled}");
     let shards_of_grow = || -> u64 {
         let stats: serde_json::Value = serde_json::from_str(&ok(
