@@ -262,14 +262,8 @@ impl Rgw {
                 held = 0;
                 std::mem::take(&mut pending)
             } else {
-                let full: Vec<u32> = pending
-                    .iter()
-                    .filter(|(_, e)| e.len() >= COPY_BATCH)
-                    .map(|(s, _)| *s)
-                    .collect();
-                let ready: BTreeMap<u32, Vec<(String, Bytes)>> = full
-                    .into_iter()
-                    .filter_map(|s| pending.remove(&s).map(|e| (s, e)))
+                let ready: BTreeMap<u32, Vec<(String, Bytes)>> = pending
+                    .extract_if(.., |_, e| e.len() >= COPY_BATCH)
                     .collect();
                 held -= ready.values().map(Vec::len).sum::<usize>();
                 ready

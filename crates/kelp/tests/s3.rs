@@ -28,6 +28,14 @@ fn ok(out: &std::process::Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `kelp s3 bucket stats --bucket BUCKET --format json` on the cluster of `conf`.
+fn bucket_stats(conf: &str, bucket: &str) -> serde_json::Value {
+    let args = [
+        "s3", "bucket", "stats", "--bucket", bucket, "--format", "json", "-c", conf,
+    ];
+    serde_json::from_str(&ok(&kelp(&args), "bucket stats")).unwrap()
+}
+
 /// Runs `kelp s3 bench ARGS --format json` with `env` (keys, endpoint) and returns its report.
 fn s3_bench(env: &BTreeMap<String, String>, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_kelp"))
@@ -344,11 +352,7 @@ fn s3_gateway_with_real_clients() {
     let dup = admin(&["user", "create", "--uid", "alice"]);
     assert!(!dup.status.success());
     assert!(String::from_utf8_lossy(&dup.stderr).contains("already exists"));
-    let stats: serde_json::Value = serde_json::from_str(&ok(
-        &admin(&["bucket", "stats", "--bucket", "synced", "--format", "json"]),
-        "bucket stats",
-    ))
-    .unwrap();
+    let stats = bucket_stats(&conf, "synced");
     assert_eq!(
         stats["num_objects"].as_u64(),
         Some(files.len() as u64),
@@ -415,11 +419,7 @@ fn s3_gateway_with_real_clients() {
     let out = load.wait_with_output().unwrap();
     let report = ok(&out, "clients during resharding");
     assert!(report.contains("writes="), "{report}");
-    let stats: serde_json::Value = serde_json::from_str(&ok(
-        &admin(&["bucket", "stats", "--bucket", "growing", "--format", "json"]),
-        "bucket stats",
-    ))
-    .unwrap();
+    let stats = bucket_stats(&conf, "growing");
     assert_eq!(stats["num_shards"].as_u64(), Some(3), "{stats}");
     assert_eq!(stats["generation"].as_u64(), Some(2), "{stats}");
     eprintln!("resharding under load: {}", report.trim());
@@ -455,11 +455,7 @@ fn s3_gateway_with_real_clients() {
         ],
     );
     assert_eq!(report["errors"].as_u64(), Some(0), "{report}");
-    let before: serde_json::Value = serde_json::from_str(&ok(
-        &admin(&["bucket", "stats", "--bucket", "paged", "--format", "json"]),
-        "bucket stats",
-    ))
-    .unwrap();
+    let before = bucket_stats(&conf, "paged");
     assert_eq!(before["num_objects"].as_u64(), Some(2600), "{before}");
     let out = admin(&[
         "bucket",
@@ -472,11 +468,7 @@ fn s3_gateway_with_real_clients() {
     ok(&out, "bucket reshard");
     let said = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(said.contains("2600 entries copied"), "{said}");
-    let after: serde_json::Value = serde_json::from_str(&ok(
-        &admin(&["bucket", "stats", "--bucket", "paged", "--format", "json"]),
-        "bucket stats",
-    ))
-    .unwrap();
+    let after = bucket_stats(&conf, "paged");
     assert_eq!(after["num_objects"].as_u64(), Some(2600), "{after}");
     assert_eq!(after["num_shards"].as_u64(), Some(3), "{after}");
     let old = format!("{}.0", after["id"].as_str().unwrap());
@@ -644,11 +636,7 @@ fn reshard_finishes_under_sustained_writes() {
     assert_eq!(report["errors"].as_u64(), Some(0), "{report}");
     let checked = ok(&checked.wait_with_output().unwrap(), "checking writers");
     assert!(checked.contains("writes="), "{checked}");
-    let stats: serde_json::Value = serde_json::from_str(&ok(
-        &admin(&["bucket", "stats", "--bucket", "hot", "--format", "json"]),
-        "bucket stats",
-    ))
-    .unwrap();
+    let stats = bucket_stats(&conf, "hot");
     assert_eq!(stats["num_shards"].as_u64(), Some(5), "{stats}");
     eprintln!(
         "reshard 1 -> 5 under {} PUT/s of kelp s3 bench plus the checking writers ({}): {:.1} s",
@@ -693,11 +681,7 @@ fn reshard_finishes_under_sustained_writes() {
     );
     assert_eq!(filled["ops"].as_u64(), Some(10_300), "{filled}");
     let shards_of_grow = || -> u64 {
-        let stats: serde_json::Value = serde_json::from_str(&ok(
-            &admin(&["bucket", "stats", "--bucket", "grow", "--format", "json"]),
-            "bucket stats",
-        ))
-        .unwrap();
+        let stats = bucket_stats(&conf, "grow");
         stats["num_shards"].as_u64().unwrap()
     };
     let maintainer = |threshold: &str, dir: &str| {
