@@ -4,9 +4,16 @@
 //! and recovery replays the difference.
 //!
 //! Layout: the metadata object lives in the PG's collection under a namespace no client can
-//! use (`INTERNAL_NAMESPACE`); its omap header holds the `PgInfo`, and each log entry is an
-//! omap key `version` (8 bytes big-endian, so keys sort by version) with the encoded entry as
-//! value. Each value starts with a format version byte.
+//! use (`INTERNAL_NAMESPACE`); its omap header holds the `PgInfo`, and the log is a ring of
+//! `max_entries` slots: the entry of `version` is the omap key `version % slots` (8 bytes
+//! big-endian) with the encoded entry as value, each value starting with a format version byte.
+//! An append overwrites the slot of the entry it trims instead of deleting it: a deletion is a
+//! tombstone that the metadata database carries down to its last level (never reached by an
+//! OSD's metadata) and merges forever, three of them per S3 PUT, while an overwritten value is
+//! dropped by the first compaction that sees both. Slots whose entry is outside `(log_tail,
+//! last_update]` are stale and ignored. The slot count is the metadata object's `log_slots`
+//! attribute; a store written with another count (a changed `osd_max_pg_log_entries`) or before
+//! the ring (entries keyed by their version, no attribute) is laid out again when it is loaded.
 //!
 //! Invariants: versions are dense and increasing (`last_update.1` is the newest entry's
 //! version); the log holds the entries `(tail, last_update]`; at most `max_entries` are kept.
@@ -30,6 +37,14 @@ use serde::{Deserialize, Serialize};
 /// Namespace of Kelp's own per-PG objects; client ops in it are refused.
 pub const INTERNAL_NAMESPACE: &str = "\u{1f}kelp";
 const FORMAT: u8 = 1;
+/// Attribute of the metadata object: the ring's slot count (u64 LE).
+const SLOTS_ATTR: &str = "log_slots";
+
+/// Ring slots for a cap of `max_entries` (a cap of 0 keeps no entry, but the newest is still
+/// written before it is trimmed).
+fn ring_slots(max_entries: usize) -> u64 {
+    (max_entries as u64).max(1)
+}
 
 /// One write as the log remembers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,7 +72,7 @@ pub struct PgInfo {
 pub struct LogAppend {
     coll: CollectionId,
     info: PgInfo,
-    trimmed: Vec<u64>,
+    slots: u64,
 }
 
 impl LogAppend {
@@ -65,18 +80,8 @@ impl LogAppend {
     pub fn stage(&self, txn: &mut Transaction, entry: &LogEntry) {
         let oid = PgMeta::meta_oid(self.coll);
         let mut add = std::collections::BTreeMap::new();
-        add.insert(entry.version.to_be_bytes().to_vec(), encode(entry));
+        add.insert(slot_key(entry.version, self.slots), encode(entry));
         txn.omap_set(self.coll, &oid, add);
-        if !self.trimmed.is_empty() {
-            txn.omap_remove(
-                self.coll,
-                &oid,
-                self.trimmed
-                    .iter()
-                    .map(|v| v.to_be_bytes().to_vec())
-                    .collect(),
-            );
-        }
         txn.omap_set_header(self.coll, &oid, encode(&self.info));
     }
 }
@@ -106,6 +111,11 @@ pub struct PgMeta {
     dups: HashTable<(u64, u64)>,
     hasher: RandomState,
     max_entries: usize,
+}
+
+/// The omap key of `version` in a ring of `slots`.
+fn slot_key(version: u64, slots: u64) -> Vec<u8> {
+    (version % slots).to_be_bytes().to_vec()
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -165,7 +175,17 @@ impl PgMeta {
         txn.create_collection(coll);
         txn.touch(coll, &oid);
         txn.omap_set_header(coll, &oid, encode(&info));
+        txn.set_xattr(
+            coll,
+            &oid,
+            SLOTS_ATTR,
+            ring_slots(max_entries).to_le_bytes().to_vec(),
+        );
         PgMeta::empty(coll, info, max_entries)
+    }
+
+    fn slots(&self) -> u64 {
+        ring_slots(self.max_entries)
     }
 
     fn empty(coll: CollectionId, info: PgInfo, max_entries: usize) -> PgMeta {
@@ -179,29 +199,67 @@ impl PgMeta {
         }
     }
 
-    /// Loads a PG's info and log from the store.
+    /// Loads a PG's info and log from the store. If the store holds the log in another layout
+    /// (another slot count, or keyed by version from before the ring), `txn` gets the rewrite
+    /// into this cap's ring; it must be submitted before the next append.
     pub fn load(
         store: &dyn ObjectStore,
         coll: CollectionId,
         max_entries: usize,
+        txn: &mut Transaction,
     ) -> Result<PgMeta, StoreError> {
         let oid = Self::meta_oid(coll);
-        let info = match store.omap_header(coll, &oid)? {
+        let info: PgInfo = match store.omap_header(coll, &oid)? {
             Some(h) => decode(&h, "info")?,
             None => PgInfo::default(),
         };
+        let stored_slots = store
+            .xattr(coll, &oid, SLOTS_ATTR)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map(u64::from_le_bytes);
         let mut meta = PgMeta::empty(coll, info, max_entries);
+        let mut keys = Vec::new();
+        let mut found = Vec::new();
         let mut after: Option<Vec<u8>> = None;
         loop {
             let page = store.omap_iter(coll, &oid, after.as_deref(), 1024)?;
-            for (_, v) in &page.entries {
+            for (k, v) in &page.entries {
                 let entry: LogEntry = decode(v, "log entry")?;
-                meta.push_held(&entry, v.clone().into_boxed_slice());
+                // Stale ring slots: trimmed entries not yet overwritten, or entries of a
+                // history that peering replaced with a shorter one.
+                if entry.version > meta.info.log_tail && entry.version <= meta.info.last_update.1 {
+                    found.push((entry, v.clone().into_boxed_slice()));
+                }
+                keys.push(k.clone());
             }
             match page.entries.last() {
                 Some((k, _)) if page.more => after = Some(k.clone()),
                 _ => break,
             }
+        }
+        found.sort_by_key(|(e, _)| e.version);
+        found.dedup_by_key(|(e, _)| e.version);
+        // A smaller cap than the log was written with: the oldest entries go.
+        let excess = found.len().saturating_sub(max_entries);
+        if excess > 0 {
+            meta.info.log_tail = found[excess - 1].0.version;
+        }
+        for (entry, encoded) in found.into_iter().skip(excess) {
+            meta.push_held(&entry, encoded);
+        }
+        if stored_slots != Some(meta.slots()) || excess > 0 {
+            let slots = meta.slots();
+            txn.omap_remove(coll, &oid, keys);
+            let add: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = meta
+                .log
+                .iter()
+                .map(|h| (slot_key(h.version, slots), h.encoded.to_vec()))
+                .collect();
+            if !add.is_empty() {
+                txn.omap_set(coll, &oid, add);
+            }
+            txn.omap_set_header(coll, &oid, encode(&meta.info));
+            txn.set_xattr(coll, &oid, SLOTS_ATTR, slots.to_le_bytes().to_vec());
         }
         Ok(meta)
     }
@@ -291,19 +349,22 @@ impl PgMeta {
     pub fn plan_append(&self, epoch: u32, version: u64) -> LogAppend {
         debug_assert_eq!(version, self.next_version());
         let excess = (self.log.len() + 1).saturating_sub(self.max_entries);
-        let mut trimmed: Vec<u64> = self.log.iter().take(excess).map(|e| e.version).collect();
-        if excess > self.log.len() {
-            // max_entries is 0: even the new entry is trimmed at once.
-            trimmed.push(version);
-        }
-        let log_tail = trimmed.last().copied().unwrap_or(self.info.log_tail);
+        // The newest trimmed version (the new entry itself when max_entries is 0); the entries
+        // trimmed keep their slots until the ring comes round to them.
+        let log_tail = if excess > self.log.len() {
+            version
+        } else if excess > 0 {
+            self.log[excess - 1].version
+        } else {
+            self.info.log_tail
+        };
         LogAppend {
             coll: self.coll,
             info: PgInfo {
                 last_update: (epoch, version),
                 log_tail,
             },
-            trimmed,
+            slots: self.slots(),
         }
     }
 
@@ -344,40 +405,43 @@ impl PgMeta {
         last_update: (u32, u64),
     ) {
         let oid = Self::meta_oid(self.coll);
+        let slots = self.slots();
         let keep = |e: &HeldEntry| keep_through.is_some_and(|v| e.version <= v);
-        let dropped: Vec<Vec<u8>> = self
+        // Slots of the replaced entries: removed unless an entry kept or added takes them.
+        let mut freed: std::collections::BTreeSet<Vec<u8>> = self
             .log
             .iter()
             .filter(|e| !keep(e))
-            .map(|e| e.version.to_be_bytes().to_vec())
+            .map(|e| slot_key(e.version, slots))
             .collect();
-        if !dropped.is_empty() {
-            txn.omap_remove(self.coll, &oid, dropped);
-        }
         self.log.retain(|e| keep(e));
         if keep_through.is_none() {
             self.info.log_tail = log_tail;
         }
         self.reindex();
-        let mut add = std::collections::BTreeMap::new();
         for e in entries {
-            let encoded = encode(&e);
-            add.insert(e.version.to_be_bytes().to_vec(), encoded.clone());
-            self.push_held(&e, encoded.into_boxed_slice());
-        }
-        if !add.is_empty() {
-            txn.omap_set(self.coll, &oid, add);
+            self.push_held(&e, encode(&e).into_boxed_slice());
         }
         self.info.last_update = last_update;
-        let mut trimmed = Vec::new();
         while self.log.len() > self.max_entries {
             if let Some(old) = self.pop_oldest() {
                 self.info.log_tail = old;
-                trimmed.push(old.to_be_bytes().to_vec());
             }
         }
-        if !trimmed.is_empty() {
-            txn.omap_remove(self.coll, &oid, trimmed);
+        let add: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = self
+            .log
+            .iter()
+            .filter(|h| keep_through.is_none_or(|k| h.version > k))
+            .map(|h| (slot_key(h.version, slots), h.encoded.to_vec()))
+            .collect();
+        for h in &self.log {
+            freed.remove(&slot_key(h.version, slots));
+        }
+        if !freed.is_empty() {
+            txn.omap_remove(self.coll, &oid, freed.into_iter().collect());
+        }
+        if !add.is_empty() {
+            txn.omap_set(self.coll, &oid, add);
         }
         txn.omap_set_header(self.coll, &oid, encode(&self.info));
     }
@@ -425,6 +489,28 @@ mod tests {
         }
     }
 
+    /// Loads the PG's log with cap `max`, submitting any relayout the load staged.
+    fn load(store: &MemStore, coll: CollectionId, max: usize) -> PgMeta {
+        let mut t = Transaction::new();
+        let meta = PgMeta::load(store, coll, max, &mut t).unwrap();
+        if !t.is_empty() {
+            store.submit(t).unwrap().wait().unwrap();
+        }
+        meta
+    }
+
+    /// The omap keys (as numbers) of the PG's metadata object.
+    fn stored_keys(store: &MemStore, coll: CollectionId) -> Vec<u64> {
+        let page = store
+            .omap_iter(coll, &PgMeta::meta_oid(coll), None, 100_000)
+            .unwrap();
+        assert!(!page.more);
+        page.entries
+            .iter()
+            .map(|(k, _)| u64::from_be_bytes(k[..].try_into().unwrap()))
+            .collect()
+    }
+
     fn fresh(max: usize) -> (MemStore, PgMeta) {
         let store = MemStore::with_capacity(1 << 30);
         let coll = CollectionId::new(1, 4);
@@ -466,7 +552,7 @@ mod tests {
     fn load_rebuilds_the_same_log_and_index() {
         let (store, mut meta) = fresh(40);
         append_range(&store, &mut meta, 1, 90);
-        let loaded = PgMeta::load(&store, meta.coll, 40).unwrap();
+        let loaded = load(&store, meta.coll, 40);
         assert_eq!(loaded.info, meta.info);
         assert_eq!(loaded.entries(), meta.entries());
         for v in 51..=90 {
@@ -474,11 +560,99 @@ mod tests {
             assert_eq!(loaded.applied_version(&reqid), Some(v));
         }
         assert_eq!(loaded.applied_version(&("client.0".into(), 50)), None);
-        // The store holds exactly the kept entries.
-        let page = store
-            .omap_iter(meta.coll, &PgMeta::meta_oid(meta.coll), None, 1000)
-            .unwrap();
-        assert_eq!(page.entries.len(), 40);
+        // The store holds exactly the kept entries, one per ring slot.
+        assert_eq!(stored_keys(&store, meta.coll), (0..40).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn appends_overwrite_ring_slots_instead_of_deleting() {
+        let (store, mut meta) = fresh(7);
+        for v in 1..=100 {
+            let mut t = Transaction::new();
+            meta.append(&mut t, entry(v, "client.0", v));
+            // One key set, nothing removed (a removal is a tombstone in the database).
+            assert!(
+                !t.ops
+                    .iter()
+                    .any(|op| matches!(op, kelp_store::Op::OmapRemove { .. })),
+                "v{v}"
+            );
+            store.submit(t).unwrap().wait().unwrap();
+            assert!(stored_keys(&store, meta.coll).len() <= 7);
+        }
+        let loaded = load(&store, meta.coll, 7);
+        assert_eq!(loaded.entries(), meta.entries());
+        assert_eq!(
+            loaded
+                .entries()
+                .iter()
+                .map(|e| e.version)
+                .collect::<Vec<_>>(),
+            (94..=100).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_log_keyed_by_version_is_laid_out_as_a_ring_when_loaded() {
+        // The layout before the ring: one key per version, trimmed ones deleted, no slot count.
+        let store = MemStore::with_capacity(1 << 30);
+        let coll = CollectionId::new(1, 4);
+        let oid = PgMeta::meta_oid(coll);
+        let mut t = Transaction::new();
+        t.create_collection(coll).touch(coll, &oid);
+        let mut add = std::collections::BTreeMap::new();
+        for v in 31..=60u64 {
+            add.insert(v.to_be_bytes().to_vec(), encode(&entry(v, "client.1", v)));
+        }
+        t.omap_set(coll, &oid, add);
+        let info = PgInfo {
+            last_update: (3, 60),
+            log_tail: 30,
+        };
+        t.omap_set_header(coll, &oid, encode(&info));
+        store.submit(t).unwrap().wait().unwrap();
+
+        let mut meta = load(&store, coll, 50);
+        assert_eq!(meta.info, info);
+        let want: Vec<LogEntry> = (31..=60).map(|v| entry(v, "client.1", v)).collect();
+        assert_eq!(meta.entries(), want);
+        let mut slots: Vec<u64> = (31..=60).map(|v| v % 50).collect();
+        slots.sort_unstable();
+        assert_eq!(stored_keys(&store, coll), slots);
+        // Appends continue in the ring, and a reload (nothing left to lay out) agrees.
+        append_range(&store, &mut meta, 61, 75);
+        let mut t = Transaction::new();
+        let loaded = PgMeta::load(&store, coll, 50, &mut t).unwrap();
+        assert!(t.is_empty());
+        assert_eq!(loaded.entries(), meta.entries());
+        assert_eq!(loaded.info, meta.info);
+    }
+
+    #[test]
+    fn a_changed_cap_relays_the_ring() {
+        let (store, mut meta) = fresh(40);
+        append_range(&store, &mut meta, 1, 90);
+        // Smaller: the newest 10 stay and the tail follows.
+        let small = load(&store, meta.coll, 10);
+        assert_eq!(
+            small
+                .entries()
+                .iter()
+                .map(|e| e.version)
+                .collect::<Vec<_>>(),
+            (81..=90).collect::<Vec<_>>()
+        );
+        assert_eq!(small.info.log_tail, 80);
+        assert_eq!(stored_keys(&store, meta.coll), (0..10).collect::<Vec<_>>());
+        assert_eq!(load(&store, meta.coll, 10).entries(), small.entries());
+        // Larger: every entry stays, in the new slots.
+        let mut big = load(&store, meta.coll, 64);
+        assert_eq!(big.entries(), small.entries());
+        append_range(&store, &mut big, 91, 200);
+        let again = load(&store, meta.coll, 64);
+        assert_eq!(again.entries(), big.entries());
+        assert_eq!(again.len(), 64);
+        assert_eq!(stored_keys(&store, meta.coll).len(), 64);
     }
 
     #[test]
@@ -494,7 +668,7 @@ mod tests {
         assert_eq!(meta.applied_version(&("client.1".into(), 16)), None);
         assert_eq!(meta.applied_version(&("client.other".into(), 16)), Some(16));
         assert_eq!(meta.applied_version(&("client.0".into(), 15)), Some(15));
-        let loaded = PgMeta::load(&store, meta.coll, 30).unwrap();
+        let loaded = load(&store, meta.coll, 30);
         assert_eq!(loaded.entries(), meta.entries());
         assert_eq!(loaded.entries()[15..], theirs[..]);
 
@@ -508,7 +682,7 @@ mod tests {
         assert_eq!(meta.applied_version(&("client.x".into(), 110)), None);
         assert_eq!(meta.applied_version(&("client.x".into(), 111)), Some(111));
         assert_eq!(meta.applied_version(&("client.0".into(), 15)), None);
-        let loaded = PgMeta::load(&store, meta.coll, 30).unwrap();
+        let loaded = load(&store, meta.coll, 30);
         assert_eq!(loaded.entries(), meta.entries());
         assert_eq!(loaded.info, meta.info);
     }

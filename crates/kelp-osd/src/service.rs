@@ -405,7 +405,7 @@ impl OsdService {
             }
             let coll = CollectionId(pg);
             let meta = if self.store.collection_exists(coll)? {
-                PgMeta::load(&*self.store, coll, self.cfg.max_pg_log_entries)?
+                PgMeta::load(&*self.store, coll, self.cfg.max_pg_log_entries, &mut create)?
             } else {
                 PgMeta::create(&mut create, coll, self.cfg.max_pg_log_entries)
             };

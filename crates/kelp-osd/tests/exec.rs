@@ -471,7 +471,9 @@ fn replicas_applying_the_same_ops_end_up_identical() {
 #[test]
 fn pg_log_persists_trims_and_remembers_requests() {
     let (s, c) = setup();
-    let mut meta = PgMeta::load(&s, c, 5).unwrap();
+    let mut relayout = Transaction::new();
+    let mut meta = PgMeta::load(&s, c, 5, &mut relayout).unwrap();
+    s.submit(relayout).unwrap().wait().unwrap();
     assert_eq!(meta.next_version(), 1);
     for v in 1..=8u64 {
         let mut txn = Transaction::new();
@@ -490,7 +492,7 @@ fn pg_log_persists_trims_and_remembers_requests() {
     assert_eq!(meta.len(), 5);
     assert_eq!(meta.info.last_update, (3, 8));
     assert_eq!(meta.info.log_tail, 3);
-    let loaded = PgMeta::load(&s, c, 5).unwrap();
+    let loaded = PgMeta::load(&s, c, 5, &mut Transaction::new()).unwrap();
     assert_eq!(loaded.info, meta.info);
     assert_eq!(loaded.len(), 5);
     assert_eq!(loaded.applied_version(&("client.x".into(), 108)), Some(8));

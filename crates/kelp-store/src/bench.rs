@@ -11,7 +11,9 @@
 //! | `write_4m_qd4` | create 4 MiB objects (names cycle over 3/4 of the free space, so a fast device does not fill the store) |
 //! | `randread_4k_qd16_cold` | 4 KiB reads at random offsets of the 4 MiB objects, after a remount and dropping the data file from the page cache |
 //! | `create_1m_4k_qd16` | create `objects` (default 1 000 000) 4 KiB objects; reports the rate per 100 000 and metadata bytes per object |
+//! | `index_ingest_qd16` | what an S3 ingest of `objects` 1 KiB objects asks of each OSD (see [`index_put`]); reports the rate per 100 000 |
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -24,7 +26,7 @@ use crate::error::Result;
 use crate::kelpstore::{AlignedBuf, KelpStore, mkfs};
 use crate::store::ObjectStore;
 use crate::types::{CollectionId, ObjectId, Transaction};
-use crate::workload::{Rng, test_hash};
+use crate::workload::{Rng, splitmix, test_hash};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -40,7 +42,7 @@ pub struct BenchOptions {
 }
 
 /// Names of all tests, in the order they run.
-pub const TESTS: [&str; 7] = [
+pub const TESTS: [&str; 8] = [
     "write_4k_new_qd1",
     "write_4k_new_qd16",
     "overwrite_4k_qd1",
@@ -48,6 +50,7 @@ pub const TESTS: [&str; 7] = [
     "write_4m_qd4",
     "randread_4k_qd16_cold",
     "create_1m_4k_qd16",
+    "index_ingest_qd16",
 ];
 
 #[derive(Debug, Clone, Serialize)]
@@ -86,6 +89,8 @@ pub struct BenchReport {
     /// Metadata database growth per object in the ingest test (None if it did not run).
     pub metadata_bytes_per_object: Option<f64>,
     pub ingest: Option<IngestReport>,
+    /// The `index_ingest_qd16` test's rates (None if it did not run).
+    pub index_ingest: Option<IngestReport>,
     pub config: StoreConfig,
     pub mkfs: MkfsOptions,
 }
@@ -312,29 +317,56 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
         report(summarize("randread_4k_qd16_cold", 16, o), &mut results);
     }
 
-    // Metadata-heavy ingest, in a store of its own so that compaction of the earlier tests'
-    // garbage cannot make the metadata growth look smaller than it is.
+    // Metadata-heavy ingests, each in a store of its own so that compaction of the earlier
+    // tests' garbage cannot make the metadata growth look smaller than it is.
     store.close()?;
-    if !want("create_1m_4k_qd16") {
-        return Ok(BenchReport {
-            peak_rss_mib: overall_peak(&results),
-            results,
-            cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
-            metadata_bytes_per_object: None,
-            ingest: None,
-            config: opts.config.clone(),
-            mkfs: opts.mkfs,
-        });
-    }
-    let ingest_dir = dir.join("ingest");
-    mkfs(&ingest_dir, &opts.mkfs)?;
-    store = KelpStore::mount(&ingest_dir, opts.config.clone())?;
-    store
-        .submit(Transaction::new().create_collection(colls[2]).clone())?
-        .wait()?;
-    store.compact_metadata()?;
-    let meta_before = store.metadata_bytes();
     let n = opts.objects.max(10);
+    let mut ingest = None;
+    let mut metadata_bytes_per_object = None;
+    if want("create_1m_4k_qd16") {
+        let ingest_dir = dir.join("ingest");
+        mkfs(&ingest_dir, &opts.mkfs)?;
+        let store = KelpStore::mount(&ingest_dir, opts.config.clone())?;
+        store
+            .submit(Transaction::new().create_collection(colls[2]).clone())?
+            .wait()?;
+        store.compact_metadata()?;
+        let meta_before = store.metadata_bytes();
+        let (o, rep) = ingest_run(n, |i| write_new(&store, colls[2], "c", i, &block4k))?;
+        report(summarize("create_1m_4k_qd16", 16, o), &mut results);
+        store.flush()?;
+        store.compact_metadata()?;
+        let meta_after = store.metadata_bytes();
+        metadata_bytes_per_object = Some(meta_after.saturating_sub(meta_before) as f64 / n as f64);
+        ingest = Some(rep);
+        store.close()?;
+    }
+    let mut index_ingest = None;
+    if want("index_ingest_qd16") {
+        let ingest_dir = dir.join("index-ingest");
+        mkfs(&ingest_dir, &opts.mkfs)?;
+        let store = KelpStore::mount(&ingest_dir, opts.config.clone())?;
+        let sim = IndexSim::create(&store)?;
+        let (o, rep) = ingest_run(n, |i| sim.put(&store, i))?;
+        report(summarize("index_ingest_qd16", 16, o), &mut results);
+        index_ingest = Some(rep);
+        store.close()?;
+    }
+    Ok(BenchReport {
+        peak_rss_mib: overall_peak(&results),
+        results,
+        cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
+        metadata_bytes_per_object,
+        ingest,
+        index_ingest,
+        config: opts.config.clone(),
+        mkfs: opts.mkfs,
+    })
+}
+
+/// Runs `op(i)` for `i` in `0..n` from 16 threads and reports the rate of each successive
+/// block of 100 000 ops (tenths of `n` if fewer than a million).
+fn ingest_run(n: u64, op: impl Fn(u64) -> Result<u64> + Sync) -> Result<(Outcome, IngestReport)> {
     let block = if n >= 1_000_000 {
         100_000
     } else {
@@ -344,7 +376,7 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     let done = AtomicU64::new(0);
     let t0 = Instant::now();
     let o = drive(16, 1e7, n, |_, i| {
-        let b = write_new(&store, colls[2], "c", i, &block4k)?;
+        let b = op(i)?;
         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
         if d.is_multiple_of(block) || d == n {
             marks[((d - 1) / block) as usize]
@@ -352,10 +384,6 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
         }
         Ok(b)
     })?;
-    report(summarize("create_1m_4k_qd16", 16, o), &mut results);
-    store.flush()?;
-    store.compact_metadata()?;
-    let meta_after = store.metadata_bytes();
     let mut rates = Vec::new();
     let mut prev = 0u64;
     for (k, m) in marks.iter().enumerate() {
@@ -366,27 +394,147 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
     }
     let first = rates.first().copied().unwrap_or(0.0);
     let last = rates.last().copied().unwrap_or(0.0);
-    let ingest = IngestReport {
-        objects: n,
-        ops_per_s_by_block: rates,
-        block_size: block,
-        first_block_ops_per_s: first,
-        last_block_ops_per_s: last,
-        change_percent: if first > 0.0 {
-            (last - first) / first * 100.0
-        } else {
-            0.0
+    Ok((
+        o,
+        IngestReport {
+            objects: n,
+            ops_per_s_by_block: rates,
+            block_size: block,
+            first_block_ops_per_s: first,
+            last_block_ops_per_s: last,
+            change_percent: if first > 0.0 {
+                (last - first) / first * 100.0
+            } else {
+                0.0
+            },
         },
-    };
-    let metadata_bytes_per_object = meta_after.saturating_sub(meta_before) as f64 / n as f64;
-    store.close()?;
-    Ok(BenchReport {
-        peak_rss_mib: overall_peak(&results),
-        results,
-        cache_budget_mib: opts.config.cache_budget.0 as f64 / (1 << 20) as f64,
-        metadata_bytes_per_object: Some(metadata_bytes_per_object),
-        ingest: Some(ingest),
-        config: opts.config.clone(),
-        mkfs: opts.mkfs,
-    })
+    ))
+}
+
+/// Index pool PGs, data pool PGs and bucket index shards of [`IndexSim`].
+const SIM_INDEX_PGS: u32 = 8;
+const SIM_DATA_PGS: u32 = 32;
+const SIM_SHARDS: u32 = 47;
+/// PG-log entries kept per PG (the OSD's default `osd_max_pg_log_entries`).
+const SIM_LOG_ENTRIES: u64 = 3000;
+
+/// What an S3 ingest into one bucket asks of each OSD of a size-3 pool on three OSDs (every
+/// OSD holds every PG), modelled on the store API as the OSD uses it. Per object, three
+/// transactions one after the other, each also appending its PG's log entry, trimming the
+/// entry `osd_max_pg_log_entries` older and rewriting the PG info, and stamping the object's
+/// version and mtime attributes:
+///
+/// 1. the index shard's guard key (the reshard marker) read, then a pending entry
+///    (`p<bucket>.<random>`) set in the shard object's omap;
+/// 2. the object's 1 KiB head written with its S3 attributes (data pool);
+/// 3. the marker, the pending entry and the object's key read (guards), then the pending entry
+///    removed and the object's index entry (`o<key>`, ~100 bytes) set.
+struct IndexSim {
+    /// Next PG-log version per PG: index PGs first, then data PGs.
+    versions: Vec<AtomicU64>,
+}
+
+impl IndexSim {
+    fn index_coll(pg: u32) -> CollectionId {
+        CollectionId::new(7, pg)
+    }
+    fn data_coll(pg: u32) -> CollectionId {
+        CollectionId::new(8, pg)
+    }
+    fn pgmeta(coll: CollectionId) -> ObjectId {
+        ObjectId::new(coll.0.pool.0, "", "pgmeta", coll.0.seed)
+    }
+
+    fn create(store: &KelpStore) -> Result<IndexSim> {
+        let mut t = Transaction::new();
+        let colls = (0..SIM_INDEX_PGS)
+            .map(Self::index_coll)
+            .chain((0..SIM_DATA_PGS).map(Self::data_coll));
+        for c in colls {
+            t.create_collection(c).touch(c, &Self::pgmeta(c));
+        }
+        for s in 0..SIM_SHARDS {
+            let (coll, oid) = Self::shard(s);
+            t.touch(coll, &oid)
+                .omap_set_header(coll, &oid, b"bucket index shard".to_vec());
+        }
+        store.submit(t)?.wait()?;
+        Ok(IndexSim {
+            versions: (0..SIM_INDEX_PGS + SIM_DATA_PGS)
+                .map(|_| AtomicU64::new(1))
+                .collect(),
+        })
+    }
+
+    fn shard(s: u32) -> (CollectionId, ObjectId) {
+        let name = format!("b-1234abcd.{s}");
+        let h = test_hash(&name);
+        (
+            Self::index_coll(h % SIM_INDEX_PGS),
+            ObjectId::new(7, "", &name, h),
+        )
+    }
+
+    /// The PG-log append, trim and info update, and the object's version stamp.
+    fn stamp(&self, t: &mut Transaction, coll: CollectionId, slot: usize, oid: &ObjectId) {
+        let v = self.versions[slot].fetch_add(1, Ordering::Relaxed);
+        let meta = Self::pgmeta(coll);
+        let mut entry = Vec::with_capacity(120);
+        entry.extend_from_slice(&v.to_le_bytes());
+        entry.extend_from_slice(oid.name.as_bytes());
+        entry.extend_from_slice(b"client.4172.0:1234567 epoch 42 op write");
+        let slot = v % SIM_LOG_ENTRIES;
+        t.omap_set(
+            coll,
+            &meta,
+            BTreeMap::from([(slot.to_be_bytes().to_vec(), entry)]),
+        );
+        t.omap_set_header(coll, &meta, [v.to_le_bytes(), v.to_le_bytes()].concat());
+        t.set_xattr(coll, oid, "@v", v.to_le_bytes().to_vec());
+        t.set_xattr(coll, oid, "@m", (v << 20).to_le_bytes().to_vec());
+    }
+
+    fn put(&self, store: &KelpStore, i: u64) -> Result<u64> {
+        let key = format!("bench/1a2b3c4d/put-{i:010}");
+        let hash = test_hash(&key);
+        let s = hash % SIM_SHARDS;
+        let (icoll, shard) = Self::shard(s);
+        let islot = (icoll.0.seed) as usize;
+        let marker = b"\x01r".to_vec();
+        let pending = format!("pb-1234abcd.{:024x}", splitmix(i) as u128 * 31 + 7).into_bytes();
+        let okey = format!("o{key}").into_bytes();
+
+        store.omap_get(icoll, &shard, std::slice::from_ref(&marker))?;
+        let mut t = Transaction::new();
+        t.omap_set(
+            icoll,
+            &shard,
+            BTreeMap::from([(pending.clone(), key.as_bytes().to_vec())]),
+        );
+        self.stamp(&mut t, icoll, islot, &shard);
+        store.submit(t)?.wait()?;
+
+        let dpg = hash % SIM_DATA_PGS;
+        let dcoll = Self::data_coll(dpg);
+        let head = ObjectId::new(8, "", &format!("b-1234abcd_{key}"), hash);
+        let mut t = Transaction::new();
+        t.write(dcoll, &head, 0, Bytes::from(Rng::new(i).bytes(1024)));
+        t.set_xattr(
+            dcoll,
+            &head,
+            "_rgw.etag",
+            b"0123456789abcdef0123456789abcdef".to_vec(),
+        );
+        t.set_xattr(dcoll, &head, "_rgw.meta", vec![b'm'; 120]);
+        self.stamp(&mut t, dcoll, (SIM_INDEX_PGS + dpg) as usize, &head);
+        store.submit(t)?.wait()?;
+
+        store.omap_get(icoll, &shard, &[marker, pending.clone(), okey.clone()])?;
+        let mut t = Transaction::new();
+        t.omap_remove(icoll, &shard, vec![pending]);
+        t.omap_set(icoll, &shard, BTreeMap::from([(okey, vec![b'e'; 100])]));
+        self.stamp(&mut t, icoll, islot, &shard);
+        store.submit(t)?.wait()?;
+        Ok(1024)
+    }
 }

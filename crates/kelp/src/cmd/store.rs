@@ -22,8 +22,8 @@ pub enum StoreCommand {
     /// be opened.
     Fsck(FsckArgs),
     /// Benchmark a new store created in DIR: 4 KiB new-object writes and overwrites (QD 1 and
-    /// 16), 4 MiB writes (QD 4), cold 4 KiB random reads (QD 16) and a metadata-heavy ingest of
-    /// many 4 KiB objects. Every write counts once durable.
+    /// 16), 4 MiB writes (QD 4), cold 4 KiB random reads (QD 16), a metadata-heavy ingest of
+    /// many 4 KiB objects and an S3-index-shaped ingest. Every write counts once durable.
     Bench(BenchArgs),
 }
 
@@ -66,11 +66,12 @@ pub struct BenchArgs {
     /// Duration of each timed test, seconds.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
-    /// Number of 4 KiB objects created by the metadata-heavy test.
+    /// Number of objects created by each ingest test (create_1m_4k_qd16, index_ingest_qd16).
     #[arg(long, default_value_t = 1_000_000)]
     pub objects: u64,
-    /// Size of the data file of each of the two benchmark stores (written with zeros at mkfs
-    /// unless --no-prewrite, so this much must be free, twice).
+    /// Size of the data file of each benchmark store: one for the timed tests and one per
+    /// ingest test (written with zeros at mkfs unless --no-prewrite, so this much must be free
+    /// once per store).
     #[arg(long, default_value = "8GiB")]
     pub size: ByteSize,
     /// Memory budget for the store's caches and in-flight transactions.
@@ -94,7 +95,9 @@ pub struct BenchArgs {
     pub keep: bool,
     /// Run only these tests (comma-separated): write_4k_new_qd1, write_4k_new_qd16,
     /// overwrite_4k_qd1, overwrite_4k_qd16, write_4m_qd4, randread_4k_qd16_cold,
-    /// create_1m_4k_qd16. Default: all.
+    /// create_1m_4k_qd16, index_ingest_qd16 (what an S3 ingest of --objects 1 KiB objects into
+    /// one bucket asks of each OSD: index-shard omap updates with their guard reads, the data
+    /// object, a PG-log entry per transaction; reports the rate per 100 000). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
