@@ -91,7 +91,7 @@ impl Rgw {
                 Err(ClientError::Canceled { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
-            let inst = &k[PENDING_PREFIX.len()..];
+            let inst = p.instance(&k);
             debug!(bucket = %b.name, key = %p.key, inst, "collecting an abandoned upload");
             self.delete_instance(inst, None).await?;
             stats.abandoned += 1;

@@ -18,9 +18,10 @@ use crate::layout::{
     BucketRecord, GcEntry, IndexEntry, LOG_PREFIX, LogEntry, MARKER, MARKER_MOVED,
     MARKER_RESHARDING, NULL_VERSION, OBJ_PREFIX, ObjectMeta, PartEntry, Pending, UPLOAD_PREFIX,
     UploadEntry, VERSION_PREFIX, Versioning, decode, encode, frozen_since, gc_key, now_ns, obj_key,
-    part_key, parts_prefix, pending_key, random_hex, shard_obj, shard_of, upload_key, version_key,
-    version_sort, versions_prefix,
+    part_key, parts_prefix, random_hex, shard_obj, shard_of, upload_key, version_key, version_sort,
+    versions_prefix,
 };
+use crate::pending::PendingEntry;
 use crate::rgw::Rgw;
 
 /// Most compare-and-swap attempts on one key before giving up with "busy".
@@ -422,15 +423,26 @@ impl Rgw {
         }
     }
 
-    /// Records that `inst` is being written for `key` (before any of its data).
-    pub async fn begin_write(&self, b: &BucketRecord, key: &str, inst: &str) -> Result<Bytes> {
-        let p = Bytes::from(encode(&Pending {
+    /// Records that `inst` is being written for `key` (before any of its data), under one of
+    /// this gateway's pending slots ([`crate::pending`]).
+    pub async fn begin_write(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        inst: &str,
+    ) -> Result<PendingEntry> {
+        let value = Bytes::from(encode(&Pending {
             key: key.to_string(),
             since_ns: now_ns(),
+            inst: inst.to_string(),
         }));
-        let pk = pending_key(inst);
+        let lease =
+            self.inner
+                .pending_slots
+                .take(&shard_obj(&b.id, b.generation, shard_of(key, b.shards)));
+        let p = PendingEntry::new(lease, value);
         let mut t = Txn::default();
-        t.set(pk.clone(), p.to_vec());
+        t.set(p.key(), p.value.to_vec());
         if self.try_unread(b, key, t.clone()).await? {
             return Ok(p);
         }
@@ -458,11 +470,27 @@ impl Rgw {
         b: &BucketRecord,
         key: &str,
         entry: &IndexEntry,
-        pending: &Bytes,
+        pending: &PendingEntry,
         cond: &WriteCondition,
     ) -> Result<Made> {
+        let made = self
+            .commit_object_inner(b, key, entry, pending, cond)
+            .await?;
+        pending.removed();
+        Ok(made)
+    }
+
+    async fn commit_object_inner(
+        &self,
+        b: &BucketRecord,
+        key: &str,
+        entry: &IndexEntry,
+        pending: &PendingEntry,
+        cond: &WriteCondition,
+    ) -> Result<Made> {
+        let pending_value = &pending.value;
         let k = obj_key(key);
-        let pk = pending_key(&entry.inst);
+        let pk = pending.key().to_string();
         let vp = versions_prefix(key);
         let due = self.gc_due();
         let mode = b.versioning;
@@ -472,7 +500,7 @@ impl Rgw {
             // existing key (whose instance must go to the garbage collector) or a lost pending
             // entry fails a guard, and the general path below reads the shard and decides.
             let mut t = Txn::default();
-            t.expect(&pk, Some(pending))
+            t.expect(&pk, Some(pending_value))
                 .rm(pk.clone())
                 .expect(&k, None)
                 .set(k.clone(), encode(entry));
@@ -486,13 +514,13 @@ impl Rgw {
             &[k.clone(), pk.clone()],
             &prefixes(mode, &vp),
             |r| {
-                if r.vals.get(&pk) != Some(pending) {
+                if r.vals.get(&pk) != Some(pending_value) {
                     return Err(self.grace_error(&format!("the upload of '{key}'")));
                 }
                 let old = r.entry(&k)?;
                 check_condition(key, old.as_ref(), cond)?;
                 let mut t = Txn::default();
-                t.expect(&pk, Some(pending)).rm(pk.clone());
+                t.expect(&pk, Some(pending_value)).rm(pk.clone());
                 let made = make_current(&mut t, r, key, mode, Some(entry.clone()), due)?;
                 Ok(Step::Write(t, made))
             },
@@ -507,19 +535,22 @@ impl Rgw {
         b: &BucketRecord,
         key: &str,
         inst: &str,
-        pending: &Bytes,
+        pending: &PendingEntry,
     ) -> Result<()> {
-        let pk = pending_key(inst);
+        let pk = pending.key().to_string();
+        let value = &pending.value;
         let claimed = self
             .key_update(b, key, std::slice::from_ref(&pk), &[], |r| {
-                if r.vals.get(&pk) != Some(pending) {
+                if r.vals.get(&pk) != Some(value) {
                     return Ok(Step::Done(false));
                 }
                 let mut t = Txn::default();
-                t.expect(&pk, Some(pending)).rm(pk.clone());
+                t.expect(&pk, Some(value)).rm(pk.clone());
                 Ok(Step::Write(t, true))
             })
             .await?;
+        // Removed now, or earlier by the collector (the slot is this upload's alone).
+        pending.removed();
         if claimed {
             self.delete_instance(inst, None).await?;
         }
@@ -898,25 +929,26 @@ impl Rgw {
         upload_id: &str,
         part: i32,
         entry: &PartEntry,
-        pending: &Bytes,
+        pending: &PendingEntry,
     ) -> Result<()> {
         let uk = upload_key(key, upload_id);
         let mk = part_key(upload_id, part);
-        let pk = pending_key(&entry.inst);
+        let pk = pending.key().to_string();
+        let pending_value = &pending.value;
         let raw_part = encode(entry);
         let due = self.gc_due();
         self.key_update(b, key, &[uk.clone(), mk.clone(), pk.clone()], &[], |r| {
             if !r.vals.contains_key(&uk) {
                 return Err(RgwError::NoSuchUpload(upload_id.to_string()));
             }
-            if r.vals.get(&pk) != Some(pending) {
+            if r.vals.get(&pk) != Some(pending_value) {
                 return Err(self.grace_error(&format!("part {part} of '{key}'")));
             }
             let old = r.vals.get(&mk);
             let mut t = Txn::default();
             t.expect_present(&uk)
                 .expect(&mk, old.map(|v| v.as_ref()))
-                .expect(&pk, Some(pending))
+                .expect(&pk, Some(pending_value))
                 .set(mk.clone(), raw_part.clone())
                 .rm(pk.clone());
             if let Some(raw) = old {
@@ -926,7 +958,9 @@ impl Rgw {
             }
             Ok(Step::Write(t, ()))
         })
-        .await
+        .await?;
+        pending.removed();
+        Ok(())
     }
 
     /// An upload's parts after `after` (part number), up to `max`, and whether more follow.
@@ -966,13 +1000,14 @@ impl Rgw {
         key: &str,
         upload_id: &str,
         entry: &IndexEntry,
-        pending: &Bytes,
+        pending: &PendingEntry,
         used: &[(i32, PartEntry)],
         unused: &[(i32, PartEntry)],
     ) -> Result<Made> {
         let k = obj_key(key);
         let uk = upload_key(key, upload_id);
-        let pk = pending_key(&entry.inst);
+        let pk = pending.key().to_string();
+        let pending_value = &pending.value;
         let prefix = parts_prefix(upload_id);
         let vp = versions_prefix(key);
         let mut read_prefixes = vec![prefix.as_str()];
@@ -980,41 +1015,45 @@ impl Rgw {
         let due = self.gc_due();
         let mut expected: Vec<(i32, PartEntry)> = used.iter().chain(unused).cloned().collect();
         expected.sort_by_key(|(n, _)| *n);
-        self.key_update(
-            b,
-            key,
-            &[k.clone(), uk.clone(), pk.clone()],
-            &read_prefixes,
-            |r| {
-                if !r.vals.contains_key(&uk) {
-                    return Err(RgwError::NoSuchUpload(upload_id.to_string()));
-                }
-                if r.vals.get(&pk) != Some(pending) {
-                    return Err(self.grace_error(&format!("completing '{key}'")));
-                }
-                let listed: Vec<(String, Bytes)> = r.under(&prefix).cloned().collect();
-                if decode_parts(&r.shard.obj, &prefix, &listed)? != expected {
-                    return Err(RgwError::InvalidPart(
-                        "the upload's parts changed while it was being completed".into(),
-                    ));
-                }
-                let mut t = Txn::default();
-                t.expect_present(&uk)
-                    .expect(&pk, Some(pending))
-                    .rm(uk.clone())
-                    .rm(pk.clone());
-                for (mk, raw) in &listed {
-                    t.expect(mk, Some(raw)).rm(mk.clone());
-                }
-                for (_, p) in unused {
-                    let (gk, gv) = gc_entry(due, &p.inst, p.size);
-                    t.set(gk, gv);
-                }
-                let made = make_current(&mut t, r, key, b.versioning, Some(entry.clone()), due)?;
-                Ok(Step::Write(t, made))
-            },
-        )
-        .await
+        let made = self
+            .key_update(
+                b,
+                key,
+                &[k.clone(), uk.clone(), pk.clone()],
+                &read_prefixes,
+                |r| {
+                    if !r.vals.contains_key(&uk) {
+                        return Err(RgwError::NoSuchUpload(upload_id.to_string()));
+                    }
+                    if r.vals.get(&pk) != Some(pending_value) {
+                        return Err(self.grace_error(&format!("completing '{key}'")));
+                    }
+                    let listed: Vec<(String, Bytes)> = r.under(&prefix).cloned().collect();
+                    if decode_parts(&r.shard.obj, &prefix, &listed)? != expected {
+                        return Err(RgwError::InvalidPart(
+                            "the upload's parts changed while it was being completed".into(),
+                        ));
+                    }
+                    let mut t = Txn::default();
+                    t.expect_present(&uk)
+                        .expect(&pk, Some(pending_value))
+                        .rm(uk.clone())
+                        .rm(pk.clone());
+                    for (mk, raw) in &listed {
+                        t.expect(mk, Some(raw)).rm(mk.clone());
+                    }
+                    for (_, p) in unused {
+                        let (gk, gv) = gc_entry(due, &p.inst, p.size);
+                        t.set(gk, gv);
+                    }
+                    let made =
+                        make_current(&mut t, r, key, b.versioning, Some(entry.clone()), due)?;
+                    Ok(Step::Write(t, made))
+                },
+            )
+            .await?;
+        pending.removed();
+        Ok(made)
     }
 
     /// Aborts an upload: its parts go to the garbage collector.

@@ -124,9 +124,6 @@ pub fn valid_version_id(id: &str) -> bool {
 pub fn obj_key(key: &str) -> String {
     format!("{OBJ_PREFIX}{key}")
 }
-pub fn pending_key(inst: &str) -> String {
-    format!("{PENDING_PREFIX}{inst}")
-}
 /// GC keys sort by due time, so a collector reads only the due ones.
 pub fn gc_key(due_ns: u64, inst: &str) -> String {
     format!("{GC_PREFIX}{due_ns:016x}.{inst}")
@@ -274,10 +271,25 @@ pub enum Versioning {
 
 /// An instance being written. Committing it removes this entry in the same atomic update;
 /// one still here once the grace period is over belongs to a writer that died, and is garbage.
+/// Its omap key is one of the writing gateway's reused slots ([`crate::pending`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pending {
     pub key: String,
     pub since_ns: u64,
+    /// The instance; empty in entries written before slots, whose key is `p<instance>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub inst: String,
+}
+
+impl Pending {
+    /// The instance the entry under omap key `k` covers.
+    pub fn instance<'a>(&'a self, k: &'a str) -> &'a str {
+        if self.inst.is_empty() {
+            k.strip_prefix(PENDING_PREFIX).unwrap_or(k)
+        } else {
+            &self.inst
+        }
+    }
 }
 
 /// An instance no longer referenced, to delete once due.
@@ -423,6 +435,21 @@ pub fn check_tags(tags: &BTreeMap<String, String>, max: usize) -> Result<(), Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_entries_name_their_instance_in_either_layout() {
+        // Before slots: the key is `p<instance>` and the value has no instance.
+        let old: Pending = decode("s", br#"{"key":"a/b","since_ns":5}"#).unwrap();
+        assert_eq!(old.instance("pbkt1.0a1b2c"), "bkt1.0a1b2c");
+        let new = Pending {
+            key: "a/b".into(),
+            since_ns: 5,
+            inst: "bkt1.ffee".into(),
+        };
+        let back: Pending = decode("s", &encode(&new)).unwrap();
+        assert_eq!(back, new);
+        assert_eq!(back.instance("pgw.bkt1.3.0"), "bkt1.ffee");
+    }
 
     #[test]
     fn frozen_markers_carry_their_time() {

@@ -79,6 +79,8 @@ pub(crate) struct Inner {
     pub md5: crate::md5batch::Md5Batcher,
     /// Bucket records recently read, by name, with when they were read.
     pub buckets: std::sync::Mutex<std::collections::HashMap<String, (BucketRecord, Instant)>>,
+    /// This gateway's pending-entry keys ([`crate::pending`]).
+    pub pending_slots: Arc<crate::pending::SlotPool>,
 }
 
 impl Rgw {
@@ -98,6 +100,7 @@ impl Rgw {
                 cfg,
                 md5,
                 buckets: Default::default(),
+                pending_slots: crate::pending::SlotPool::new(crate::layout::random_hex(6)),
             }),
         })
     }

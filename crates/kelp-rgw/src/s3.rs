@@ -30,6 +30,7 @@ use crate::layout::{
     check_tags, now_ns, valid_version_id,
 };
 use crate::lifecycle;
+use crate::pending::PendingEntry;
 use crate::rgw::Rgw;
 
 /// Largest single PUT (AWS's limit).
@@ -186,7 +187,7 @@ impl KelpS3 {
         expect_len: Option<i64>,
         checks: &mut BodyChecks,
         meta: Option<ObjectMeta>,
-    ) -> S3Result<(IndexEntry, Bytes)> {
+    ) -> S3Result<(IndexEntry, PendingEntry)> {
         if let Some(len) = expect_len
             && len as u64 > MAX_PUT_SIZE
         {
@@ -310,7 +311,7 @@ impl KelpS3 {
 
     /// Drops an instance that will not be committed (in the background; the pending entry
     /// still covers it if this fails).
-    fn abandon(&self, b: &BucketRecord, key: &str, inst: &str, pending: &Bytes) {
+    fn abandon(&self, b: &BucketRecord, key: &str, inst: &str, pending: &PendingEntry) {
         let rgw = self.rgw.clone();
         let (b, key, inst, pending) = (
             b.clone(),

@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::kelpstore::{AlignedBuf, KelpStore, mkfs};
 use crate::store::ObjectStore;
 use crate::types::{CollectionId, ObjectId, Transaction};
-use crate::workload::{Rng, splitmix, test_hash};
+use crate::workload::{Rng, test_hash};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -332,7 +332,7 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
             .wait()?;
         store.compact_metadata()?;
         let meta_before = store.metadata_bytes();
-        let (o, rep) = ingest_run(n, |i| write_new(&store, colls[2], "c", i, &block4k))?;
+        let (o, rep) = ingest_run(n, |_, i| write_new(&store, colls[2], "c", i, &block4k))?;
         report(summarize("create_1m_4k_qd16", 16, o), &mut results);
         store.flush()?;
         store.compact_metadata()?;
@@ -347,7 +347,7 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
         mkfs(&ingest_dir, &opts.mkfs)?;
         let store = KelpStore::mount(&ingest_dir, opts.config.clone())?;
         let sim = IndexSim::create(&store)?;
-        let (o, rep) = ingest_run(n, |i| sim.put(&store, i))?;
+        let (o, rep) = ingest_run(n, |t, i| sim.put(&store, t, i))?;
         report(summarize("index_ingest_qd16", 16, o), &mut results);
         index_ingest = Some(rep);
         store.close()?;
@@ -366,7 +366,10 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
 
 /// Runs `op(i)` for `i` in `0..n` from 16 threads and reports the rate of each successive
 /// block of 100 000 ops (tenths of `n` if fewer than a million).
-fn ingest_run(n: u64, op: impl Fn(u64) -> Result<u64> + Sync) -> Result<(Outcome, IngestReport)> {
+fn ingest_run(
+    n: u64,
+    op: impl Fn(usize, u64) -> Result<u64> + Sync,
+) -> Result<(Outcome, IngestReport)> {
     let block = if n >= 1_000_000 {
         100_000
     } else {
@@ -375,8 +378,8 @@ fn ingest_run(n: u64, op: impl Fn(u64) -> Result<u64> + Sync) -> Result<(Outcome
     let marks: Vec<AtomicU64> = (0..n.div_ceil(block)).map(|_| AtomicU64::new(0)).collect();
     let done = AtomicU64::new(0);
     let t0 = Instant::now();
-    let o = drive(16, 1e7, n, |_, i| {
-        let b = op(i)?;
+    let o = drive(16, 1e7, n, |t, i| {
+        let b = op(t, i)?;
         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
         if d.is_multiple_of(block) || d == n {
             marks[((d - 1) / block) as usize]
@@ -420,12 +423,12 @@ const SIM_LOG_ENTRIES: u64 = 3000;
 
 /// What an S3 ingest into one bucket asks of each OSD of a size-3 pool on three OSDs (every
 /// OSD holds every PG), modelled on the store API as the OSD uses it. Per object, three
-/// transactions one after the other, each also appending its PG's log entry, trimming the
-/// entry `osd_max_pg_log_entries` older and rewriting the PG info, and stamping the object's
-/// version and mtime attributes:
+/// transactions one after the other, each also appending its PG's log entry (overwriting
+/// the ring slot of the entry `osd_max_pg_log_entries` older), rewriting the PG info and
+/// stamping the object's version and mtime attributes:
 ///
-/// 1. the index shard's guard key (the reshard marker) read, then a pending entry
-///    (`p<bucket>.<random>`) set in the shard object's omap;
+/// 1. the index shard's guard key (the reshard marker) read, then a pending entry set in the
+///    shard object's omap under the uploading thread's reused slot key;
 /// 2. the object's 1 KiB head written with its S3 attributes (data pool);
 /// 3. the marker, the pending entry and the object's key read (guards), then the pending entry
 ///    removed and the object's index entry (`o<key>`, ~100 bytes) set.
@@ -494,14 +497,15 @@ impl IndexSim {
         t.set_xattr(coll, oid, "@m", (v << 20).to_le_bytes().to_vec());
     }
 
-    fn put(&self, store: &KelpStore, i: u64) -> Result<u64> {
+    fn put(&self, store: &KelpStore, thread: usize, i: u64) -> Result<u64> {
         let key = format!("bench/1a2b3c4d/put-{i:010}");
         let hash = test_hash(&key);
         let s = hash % SIM_SHARDS;
         let (icoll, shard) = Self::shard(s);
         let islot = (icoll.0.seed) as usize;
         let marker = b"\x01r".to_vec();
-        let pending = format!("pb-1234abcd.{:024x}", splitmix(i) as u128 * 31 + 7).into_bytes();
+        // The gateway's reused pending slot: one per concurrent upload.
+        let pending = format!("pgw1.b-1234abcd.{s}.{thread}").into_bytes();
         let okey = format!("o{key}").into_bytes();
 
         store.omap_get(icoll, &shard, std::slice::from_ref(&marker))?;
