@@ -16,7 +16,7 @@
 //! Keys name the shard object the upload started in, so entries that a reshard merges from
 //! several old shards into one new shard never share a key.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -27,7 +27,7 @@ use crate::layout::PENDING_PREFIX;
 /// Free slot numbers per shard object, and the next number never used.
 #[derive(Default)]
 struct Pools {
-    free: HashMap<String, Vec<u32>>,
+    free: HashMap<String, BTreeSet<u32>>,
     next: HashMap<String, u32>,
 }
 
@@ -50,7 +50,7 @@ impl SlotPool {
     pub fn take(self: &Arc<Self>, shard_obj: &str) -> Lease {
         let n = {
             let mut p = self.pools.lock().expect("pending slot pools");
-            match p.free.get_mut(shard_obj).and_then(|f| f.pop()) {
+            match p.free.get_mut(shard_obj).and_then(BTreeSet::pop_first) {
                 Some(n) => n,
                 None => {
                     let next = p.next.entry(shard_obj.to_string()).or_insert(0);
@@ -71,10 +71,7 @@ impl SlotPool {
 
     fn give_back(&self, shard_obj: &str, n: u32) {
         let mut p = self.pools.lock().expect("pending slot pools");
-        let free = p.free.entry(shard_obj.to_string()).or_default();
-        free.push(n);
-        // Lowest last, so `pop` hands it out first.
-        free.sort_unstable_by(|a, b| b.cmp(a));
+        p.free.entry(shard_obj.to_string()).or_default().insert(n);
     }
 }
 

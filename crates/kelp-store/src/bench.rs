@@ -11,7 +11,7 @@
 //! | `write_4m_qd4` | create 4 MiB objects (names cycle over 3/4 of the free space, so a fast device does not fill the store) |
 //! | `randread_4k_qd16_cold` | 4 KiB reads at random offsets of the 4 MiB objects, after a remount and dropping the data file from the page cache |
 //! | `create_1m_4k_qd16` | create `objects` (default 1 000 000) 4 KiB objects; reports the rate per 100 000 and metadata bytes per object |
-//! | `index_ingest_qd16` | what an S3 ingest of `objects` 1 KiB objects asks of each OSD (see [`index_put`]); reports the rate per 100 000 |
+//! | `index_ingest_qd16` | what an S3 ingest of `objects` 1 KiB objects asks of each OSD (see `IndexSim`); reports the rate per 100 000 |
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -478,7 +478,7 @@ impl IndexSim {
         )
     }
 
-    /// The PG-log append, trim and info update, and the object's version stamp.
+    /// The PG-log append (into its ring slot) and info update, and the object's version stamp.
     fn stamp(&self, t: &mut Transaction, coll: CollectionId, slot: usize, oid: &ObjectId) {
         let v = self.versions[slot].fetch_add(1, Ordering::Relaxed);
         let meta = Self::pgmeta(coll);

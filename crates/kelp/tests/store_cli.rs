@@ -109,6 +109,41 @@ fn garbage_superblock_is_refused_clearly() {
     assert!(text(&out).contains("truncated"), "{}", text(&out));
 }
 
+/// The S3-index-shaped ingest runs every object's three transactions and reports its blocks.
+#[test]
+fn bench_runs_the_index_ingest() {
+    let d = TempDir::new("bench");
+    let out = kelp(&[
+        "store",
+        "bench",
+        p(&d.0),
+        "--only",
+        "index_ingest_qd16",
+        "--objects",
+        "3000",
+        "--size",
+        "256MiB",
+        "--cache-budget",
+        "32MiB",
+        "--no-prewrite",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &rep["results"][0];
+    assert_eq!(r["name"], "index_ingest_qd16");
+    assert_eq!(r["ops"], 3000);
+    let ing = &rep["index_ingest"];
+    assert_eq!(ing["objects"], 3000);
+    assert_eq!(ing["block_size"], 300);
+    let blocks = ing["ops_per_s_by_block"].as_array().unwrap();
+    assert_eq!(blocks.len(), 10);
+    assert!(blocks.iter().all(|b| b.as_f64().unwrap() > 0.0), "{ing}");
+    // Only the tests asked for ran.
+    assert!(rep["ingest"].is_null());
+}
+
 #[test]
 fn every_store_command_has_help() {
     for cmd in [
