@@ -10,7 +10,7 @@
 //!    reused space.
 //! 2. **Deferred writes** (a write that covers only part of an allocation unit, and optionally
 //!    small whole-unit writes) carry the full new unit content inside the metadata commit
-//!    (`D` record). After the commit the finisher thread writes them to the data file; the `D`
+//!    (`D` record). After the commit the committer writes them to the data file; the `D`
 //!    record is deleted in a later commit, after a data-file flush. Mount replays any `D`
 //!    records still present, so a crash between commit and write-back loses nothing. A unit is
 //!    released only after the deferred writes of its batch were written back, so replay can
@@ -18,9 +18,9 @@
 //! 3. **One metadata batch per group commit**: the committer thread takes every prepared
 //!    transaction in the queue (in submission order), flushes the data file once, writes one
 //!    atomic batch (object records, omap, bitmap chunks, deferred record) and syncs the journal
-//!    once, then acknowledges all of them (in commit order; the finisher thread writes back
-//!    deferred units and releases what must wait for earlier write-backs). A crash leaves a
-//!    prefix of the batches.
+//!    once, then acknowledges all of them (in commit order), and only then writes back their
+//!    deferred units and releases what must wait for that write-back. A crash leaves a prefix
+//!    of the batches.
 //! 4. **Prepared-but-not-durable state is readable**: the `overlay` holds the metadata of
 //!    transactions between `submit` and their commit, and `pending_blocks` the unit contents of
 //!    deferred writes not yet written back; reads consult both before the database/data file.
@@ -34,7 +34,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -386,8 +386,8 @@ pub(crate) struct Inner {
     /// empty. Entries are only added while `reuse` is held exclusively, so a reader holding it
     /// shared never misses one.
     pending_len: AtomicUsize,
-    /// Freed extents of acknowledged batches that the finisher has yet to release (after the
-    /// write-backs before them); a transaction refused for lack of space waits for them.
+    /// Freed extents of acknowledged batches that the committer has yet to release (after the
+    /// batch's write-back); a transaction refused for lack of space waits for them.
     release_pending: AtomicUsize,
     inflight_len: AtomicUsize,
     onode_cache: OnodeCache,
@@ -402,9 +402,9 @@ pub(crate) struct Inner {
     hot_reads: HotReads,
     alloc: Mutex<Allocator>,
     apply: Mutex<ApplyState>,
-    /// Readers hold it shared while they use an extent map; the finisher (or the committer,
-    /// `release_and_ack`) holds it exclusively while it writes back deferred units and releases
-    /// freed units.
+    /// Readers hold it shared while they use an extent map; the committer (`release_and_ack`,
+    /// `finish_batch`) holds it exclusively while it releases freed units and drops written-back
+    /// deferred units from `pending_blocks`.
     reuse: RwLock<()>,
     queue: Mutex<Queue>,
     queue_cv: Condvar,
@@ -2137,17 +2137,11 @@ fn replay_deferred(inner: &Inner) -> Result<()> {
     Ok(())
 }
 
-struct CommitterState<'a> {
+struct CommitterState {
     bitmap: Bitmap,
     wal: Wal,
-    /// Deferred records whose units were written back but not yet flushed (filled by the
-    /// finisher, drained by the committer).
-    unsynced: &'a Mutex<Unsynced>,
-    /// Sequence number of the last batch committed (durable); the finisher has handled every
-    /// batch up to `Queue::durable_seq`.
-    committed_seq: u64,
-    /// Durable batches go to the finisher through this channel.
-    finish: mpsc::Sender<DurableBatch>,
+    /// Deferred records whose units were written back but not yet flushed.
+    unsynced: Unsynced,
     /// Deferred records put into the database (by batches too large for the log; see
     /// `commit_kv`): their deletions must reach it too.
     kv_deferred: HashSet<Vec<u8>>,
@@ -2160,8 +2154,8 @@ struct Unsynced {
     bytes: u64,
 }
 
-/// A batch whose commit is durable and acknowledged, handed to the finisher thread, which
-/// writes its deferred units back and then releases the freed units left to it.
+/// A batch whose commit is durable and acknowledged: `finish_batch` writes its deferred units
+/// back and then releases the freed units left to it.
 struct DurableBatch {
     /// Freed units to release after the write-back (counted in `release_pending`).
     freed: Vec<(u64, u64)>,
@@ -2175,9 +2169,16 @@ struct DurableBatch {
 }
 
 /// The commit thread: groups queued transactions into batches and makes each durable (see
-/// `commit_batch`); a second thread, the finisher, takes the durable batches in order and does
-/// what follows the acknowledgements (`finish_batch`: deferred write-back, releasing freed
-/// units), so the next batch's log write overlaps with it.
+/// `commit_batch`), acknowledges them, then does what follows the acknowledgements
+/// (`finish_batch`: deferred write-back, releasing freed units) before taking the next batch.
+///
+/// Until session 18 a second thread, the finisher, did `finish_batch`, so that the next
+/// batch's log write overlapped with the write-back. On the 2-vCPU reference VM, where
+/// replicated 4 KiB writes are CPU-bound, handing every batch to another thread cost more than
+/// the overlap gained: two more context switches per batch (the finisher's wake-up and its
+/// park) on top of the write-back's own. Finishing in the committer gave +4-10 % 4 KiB writes
+/// and 5-9 % less daemon CPU per write in a cluster, with `kelp store bench`'s 4 KiB writes
+/// unchanged within noise (docs/BENCHMARKS.md, session 18).
 fn committer(inner: Arc<Inner>) {
     let Some(bitmap) = lock(&inner.bitmap).take() else {
         return;
@@ -2185,46 +2186,19 @@ fn committer(inner: Arc<Inner>) {
     let Some(wal) = lock(&inner.wal).take() else {
         return;
     };
-    let unsynced = Mutex::new(Unsynced::default());
-    let (tx, rx) = mpsc::channel::<DurableBatch>();
     let mut st = CommitterState {
         bitmap,
         wal,
-        unsynced: &unsynced,
-        committed_seq: 0,
-        finish: tx,
+        unsynced: Unsynced::default(),
         kv_deferred: HashSet::new(),
     };
-    let (bitmap, mut wal) = std::thread::scope(|s| {
-        let fin = {
-            let inner = &*inner;
-            let unsynced = &unsynced;
-            std::thread::Builder::new()
-                .name("kelp-store-fin".into())
-                .spawn_scoped(s, move || {
-                    for d in rx {
-                        finish_batch(inner, unsynced, d);
-                    }
-                })
-        };
-        match fin {
-            Ok(_) => commit_loop(&inner, &mut st),
-            Err(e) => fail(&inner, &format!("starting the finisher thread: {e}")),
-        }
-        // Dropping the sender ends the finisher once it has handled every durable batch; the
-        // scope joins it.
-        let CommitterState {
-            bitmap,
-            wal,
-            finish,
-            ..
-        } = st;
-        drop(finish);
-        (bitmap, wal)
-    });
+    commit_loop(&inner, &mut st);
+    let CommitterState {
+        bitmap, mut wal, ..
+    } = st;
     // Clean unmount: make the database durable on its own, so the next mount replays nothing.
     if lock(&inner.failed).is_none()
-        && let Err(e) = checkpoint(&inner, &mut wal, u64::MAX)
+        && let Err(e) = checkpoint(&inner, &mut wal)
     {
         fail(&inner, &e.to_string());
     }
@@ -2238,10 +2212,9 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
         let (batch, shutdown) = {
             let mut q = lock(&inner.queue);
             if q.items.is_empty() && !q.shutdown {
-                // Written-back deferred records (or batches still being finished, which will
-                // add some) are dropped after `idle` without new commits.
+                // Written-back deferred records are dropped after `idle` without new commits.
                 q.committer_waiting = true;
-                if lock(st.unsynced).keys.is_empty() && q.durable_seq >= st.committed_seq {
+                if st.unsynced.keys.is_empty() {
                     q = inner.queue_cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 } else {
                     q = inner
@@ -2284,11 +2257,9 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
             if shutdown {
                 break;
             }
-            let idle_cleanup = {
-                let q = lock(&inner.queue);
-                q.durable_seq >= st.committed_seq && !lock(st.unsynced).keys.is_empty()
-            };
-            if idle_cleanup && let Err(e) = cleanup_deferred(inner, st) {
+            if !st.unsynced.keys.is_empty()
+                && let Err(e) = cleanup_deferred(inner, st)
+            {
                 fail(inner, &e.to_string());
             }
             continue;
@@ -2299,29 +2270,15 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
     }
 }
 
-/// Wait until the finisher has handled every batch up to `seq` (so their deferred units are
-/// written back, at least to the page cache).
-fn wait_finished(inner: &Inner, seq: u64) -> Result<()> {
-    let mut q = lock(&inner.queue);
-    while q.durable_seq < seq {
-        inner.check_failed()?;
-        q = inner.wait_durable(q, None);
-    }
-    Ok(())
-}
-
 /// Make every batch applied to the database durable there, then start the log over.
 ///
 /// The data file is flushed first: deferred write-backs of logged batches may be only in the
 /// page cache, and their `D` records only in the log (not in the database), so once the log
 /// starts over nothing could replay them.
 ///
-/// `committed` is the last batch committed: the finisher must have written back its deferred
-/// units (and every earlier batch's) before the flush (`u64::MAX` once the finisher has stopped).
-fn checkpoint(inner: &Inner, wal: &mut Wal, committed: u64) -> Result<()> {
-    if committed != u64::MAX {
-        wait_finished(inner, committed)?;
-    }
+/// Only the committer checkpoints, between batches, when every committed batch's deferred units
+/// are written back (`finish_batch` runs right after each commit).
+fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
     inner
         .data
         .sync_data()
@@ -2348,7 +2305,6 @@ fn checkpoint(inner: &Inner, wal: &mut Wal, committed: u64) -> Result<()> {
 fn commit_kv(
     inner: &Inner,
     wal: &mut Wal,
-    committed: u64,
     kv_deferred: &mut HashSet<Vec<u8>>,
     verify: &[NewRun],
     ops: Vec<KvOp>,
@@ -2357,7 +2313,7 @@ fn commit_kv(
     let payload = wal::encode_record(verify, &ops);
     let logged = wal.ever_fits(payload.len());
     if !wal.fits(payload.len()) {
-        checkpoint(inner, wal, committed)?;
+        checkpoint(inner, wal)?;
     }
     let mut wait_data = Some(wait_data);
     if !logged && let Some(w) = wait_data.take() {
@@ -2418,21 +2374,13 @@ fn fail(inner: &Inner, reason: &str) {
 
 fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
     // Taken before the flush: their write-backs are done, so the flush covers them.
-    let keys = std::mem::take(&mut *lock(st.unsynced)).keys;
+    let keys = std::mem::take(&mut st.unsynced).keys;
     inner
         .data
         .sync_data()
         .map_err(|e| StoreError::io("flushing the data file", e))?;
     let ops = keys.into_iter().map(|k| (PART_DEFERRED, k, None)).collect();
-    commit_kv(
-        inner,
-        &mut st.wal,
-        st.committed_seq,
-        &mut st.kv_deferred,
-        &[],
-        ops,
-        || Ok(()),
-    )
+    commit_kv(inner, &mut st.wal, &mut st.kv_deferred, &[], ops, || Ok(()))
 }
 
 /// Deferred-write records are dropped (after a data-file flush) at the latest once this many
@@ -2473,12 +2421,12 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         };
         let wrote = batch.iter().any(|p| p.wrote_data);
         // Records to drop: taken before the data flush below, which then covers their
-        // write-backs (the finisher lists a record only once its units are written back).
+        // write-backs (`finish_batch` lists a record only once its units are written back).
         let dropped = {
-            let mut u = lock(st.unsynced);
+            let u = &mut st.unsynced;
             let due = wrote || u.keys.len() >= CLEANUP_BATCHES || u.bytes >= CLEANUP_BYTES;
             if due {
-                std::mem::take(&mut *u).keys
+                std::mem::take(u).keys
             } else {
                 Vec::new()
             }
@@ -2558,7 +2506,6 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         commit_kv(
             inner,
             &mut st.wal,
-            st.committed_seq,
             &mut st.kv_deferred,
             &verify,
             ops,
@@ -2579,46 +2526,41 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         }
     };
     // The batch is durable: the committer acknowledges it at once (in commit order, as it
-    // commits batches one after the other). Waiting for the finisher to get to it put the
-    // write-back of the batch before on every acknowledgement's path whenever batches queued
-    // behind the finisher, and that fed on itself: small batches, each waiting for a device
-    // round trip, halved `kelp store bench`'s 4 KiB writes (~25 000 instead of ~50 000 ops/s).
-    // Freed units are released now only if the finisher is caught up (else the finisher
-    // releases them after the write-backs before them; see `release_and_ack`).
-    let caught_up = lock(&inner.queue).durable_seq >= st.committed_seq;
-    st.committed_seq = last_seq;
-    let (freed, bytes) = release_and_ack(inner, batch, &deferred, caught_up);
-    let d = DurableBatch {
-        freed,
-        bytes,
-        deferred,
-        dkey,
-        merged,
-        last_seq,
-    };
-    if let Err(mpsc::SendError(d)) = st.finish.send(d) {
-        // The finisher is gone (it only stops when the committer does): finish here.
-        finish_batch(inner, st.unsynced, d);
-    }
+    // commits batches one after the other), before its write-back: acknowledging after the
+    // previous batch's write-back put a device round trip on every acknowledgement's path,
+    // and that fed on itself: small batches, each waiting for a device round trip, halved
+    // `kelp store bench`'s 4 KiB writes (~25 000 instead of ~50 000 ops/s).
+    let (freed, bytes) = release_and_ack(inner, batch, &deferred);
+    finish_batch(
+        inner,
+        &mut st.unsynced,
+        DurableBatch {
+            freed,
+            bytes,
+            deferred,
+            dkey,
+            merged,
+            last_seq,
+        },
+    );
     Ok(())
 }
 
 /// Acknowledge a durable batch's transactions, releasing first the units it freed that no
-/// write-back can clobber any more: with `caught_up` (every earlier batch's write-back is
-/// complete) those that none of its own deferred writes targets; otherwise none. Releasing
-/// before the acknowledgement means a client that waited for a delete finds the space free;
-/// units left for the finisher are counted in `release_pending` before it, and a transaction
+/// write-back can clobber any more: every earlier batch is written back already, so those
+/// that none of its own deferred writes targets. Releasing before the acknowledgement means a
+/// client that waited for a delete finds the space free; units left for `finish_batch` (after
+/// the batch's write-back) are counted in `release_pending` before it, and a transaction
 /// refused for lack of space while some are pending waits for them and tries again (`submit`).
-/// Returns the freed units left for the finisher and the batch's in-flight bytes.
+/// Returns the freed units left for `finish_batch` and the batch's in-flight bytes.
 fn release_and_ack(
     inner: &Inner,
     batch: Vec<Prepared>,
     deferred: &BTreeMap<u64, Arc<Vec<u8>>>,
-    caught_up: bool,
 ) -> (Vec<(u64, u64)>, u64) {
     let mut freed = Vec::new();
     let mut bytes = 0;
-    if caught_up && batch.iter().any(|p| !p.freed.is_empty()) {
+    if batch.iter().any(|p| !p.freed.is_empty()) {
         let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
         let mut a = lock(&inner.alloc);
         for p in &batch {
@@ -2630,8 +2572,6 @@ fn release_and_ack(
                 }
             }
         }
-    } else {
-        freed.extend(batch.iter().flat_map(|p| p.freed.iter().copied()));
     }
     inner
         .release_pending
@@ -2647,16 +2587,16 @@ fn release_and_ack(
 /// runs of contiguous units, else through the page cache. Direct: no copy into newly allocated
 /// page-cache pages (13.5 % of all CPU of replicated 4 KiB writes of new objects, whose units
 /// are allocated one after the other) and no dirty pages for the kernel to write later; but
-/// each run is one device round trip, made one after the other by the finisher, so scattered
+/// each run is one device round trip, made one after the other by the committer, so scattered
 /// units (4 KiB overwrites, whose new units reuse freed space) halved the store's 4 KiB
 /// overwrite rate at queue depth 16 (32 000 -> 15 700 ops/s); through the page cache those
 /// are a memory copy each (their pages are usually cached: the space was written recently).
 const WRITEBACK_DIRECT_RUNS: usize = 2;
 
-/// After a batch's commit is durable and acknowledged (the finisher thread, batches in commit
-/// order): write the deferred units back, release the freed units left to it, and publish the
+/// After a batch's commit is durable and acknowledged (the committer, before it takes the next
+/// batch): write the deferred units back, release the freed units left to it, and publish the
 /// batch as done (`durable_seq`).
-fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
+fn finish_batch(inner: &Inner, unsynced: &mut Unsynced, d: DurableBatch) {
     let DurableBatch {
         freed,
         bytes,
@@ -2720,9 +2660,8 @@ fn finish_batch(inner: &Inner, unsynced: &Mutex<Unsynced>, d: DurableBatch) {
         .release_pending
         .fetch_sub(freed.len(), Ordering::AcqRel);
     if !deferred.is_empty() && writeback.is_ok() {
-        let mut u = lock(unsynced);
-        u.keys.push(dkey);
-        u.bytes += deferred.len() as u64 * inner.geo.unit;
+        unsynced.keys.push(dkey);
+        unsynced.bytes += deferred.len() as u64 * inner.geo.unit;
     }
     {
         let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
@@ -2888,10 +2827,10 @@ impl ObjectStore for KelpStore {
         }
         inner.check_failed()?;
         let nid_before = st.next_nid;
-        // Units freed by acknowledged batches may still wait for the finisher (see
-        // `release_and_ack`): a transaction refused for lack of space then waits until the
-        // finisher has handled every earlier batch and tries once more, so space that a delete
-        // acknowledged freed is always there for the next transaction.
+        // Units freed by acknowledged batches may still wait for their batch's write-back (see
+        // `release_and_ack`): a transaction refused for lack of space then waits until every
+        // earlier batch is finished and tries once more, so space that a delete acknowledged
+        // freed is always there for the next transaction.
         let waiting_release = inner.release_pending.load(Ordering::Acquire) > 0;
         let retry = (waiting_release && !nowait).then(|| txn.clone());
         let (mut p, cow) = match self.prepare(&mut st, txn, pre) {
