@@ -2142,9 +2142,82 @@ struct CommitterState {
     wal: Wal,
     /// Deferred records whose units were written back but not yet flushed.
     unsynced: Unsynced,
+    /// Deferred units of finished batches whose write-back waits to be joined by the next
+    /// batches' (see `Gathered`).
+    gathered: Gathered,
     /// Deferred records put into the database (by batches too large for the log; see
     /// `commit_kv`): their deletions must reach it too.
     kv_deferred: HashSet<Vec<u8>>,
+}
+
+/// One run of contiguous deferred units of finished batches, not yet written back: new small
+/// objects get units one after the other, so consecutive batches usually continue the run,
+/// and one `O_DIRECT` write then covers several batches instead of one write (a device round
+/// trip the committer waits for) per batch. Their units stay in `pending_blocks` (readers
+/// take them from there) and their `D` records in the log until the run is written; it is
+/// written before the committer waits for work, before a batch with freed units or units
+/// elsewhere is finished, once it holds `GATHER_MAX_UNITS`, and before a checkpoint.
+#[derive(Default)]
+struct Gathered {
+    /// First unit of the run and the units' contents, in order.
+    start: u64,
+    units: Vec<Arc<Vec<u8>>>,
+    /// `D` records of the batches in the run, the last of those batches, and their in-flight
+    /// bytes: they are published as finished (`durable_seq`) once the run is written.
+    dkeys: Vec<Vec<u8>>,
+    last_seq: u64,
+    bytes: u64,
+}
+
+/// Most units in a gathered run (1 MiB of 4 KiB units).
+const GATHER_MAX_UNITS: usize = 256;
+
+impl Gathered {
+    /// Whether units `[off, off + len)` include a gathered one.
+    fn overlaps(&self, off: u64, len: u64) -> bool {
+        !self.units.is_empty()
+            && off < self.start + self.units.len() as u64
+            && self.start < off + len
+    }
+
+    /// Whether a batch's deferred units, one run starting at `first`, may join the run.
+    fn joins(&self, first: u64, n: usize) -> bool {
+        self.units.is_empty()
+            || (first == self.start + self.units.len() as u64
+                && self.units.len() + n <= GATHER_MAX_UNITS)
+    }
+}
+
+/// Write the gathered run back (one `O_DIRECT` write), drop its units from `pending_blocks` and
+/// list its `D` records as written back. Emptied even on an error (the store fails then).
+fn write_gathered(inner: &Inner, g: &mut Gathered, unsynced: &mut Unsynced) -> Result<()> {
+    if g.units.is_empty() {
+        return Ok(());
+    }
+    let Gathered {
+        start,
+        units,
+        dkeys,
+        last_seq,
+        bytes,
+    } = std::mem::take(g);
+    let parts: Vec<&[u8]> = units.iter().map(|d| d.as_slice()).collect();
+    let buf = AlignedBuf::from_parts(&parts, parts.len() * inner.geo.unit as usize);
+    inner.writeback(&buf, start * inner.geo.unit, true)?;
+    {
+        let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
+        let mut pending = lock(&inner.pending_blocks);
+        for punit in start..start + units.len() as u64 {
+            if pending.get(&punit).is_some_and(|(s, _)| *s <= last_seq) {
+                pending.remove(&punit);
+            }
+        }
+        inner.pending_len.store(pending.len(), Ordering::Release);
+    }
+    unsynced.keys.extend(dkeys);
+    unsynced.bytes += units.len() as u64 * inner.geo.unit;
+    publish_durable(inner, bytes, last_seq);
+    Ok(())
 }
 
 #[derive(Default)]
@@ -2190,15 +2263,20 @@ fn committer(inner: Arc<Inner>) {
         bitmap,
         wal,
         unsynced: Unsynced::default(),
+        gathered: Gathered::default(),
         kv_deferred: HashSet::new(),
     };
     commit_loop(&inner, &mut st);
     let CommitterState {
-        bitmap, mut wal, ..
+        bitmap,
+        mut wal,
+        mut gathered,
+        mut unsynced,
+        ..
     } = st;
     // Clean unmount: make the database durable on its own, so the next mount replays nothing.
     if lock(&inner.failed).is_none()
-        && let Err(e) = checkpoint(&inner, &mut wal)
+        && let Err(e) = checkpoint(&inner, &mut wal, &mut gathered, &mut unsynced)
     {
         fail(&inner, &e.to_string());
     }
@@ -2267,6 +2345,14 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
         if let Err(e) = commit_batch(inner, st, batch) {
             fail(inner, &e.to_string());
         }
+        // The gathered run is written before the committer waits for work (only it drains
+        // the queue, so a queue found non-empty here is still so when the loop takes the next
+        // batch): a quiet store holds no unwritten units, and with few writers in flight no
+        // unit waits in memory longer than one commit.
+        let queue_empty = lock(&inner.queue).items.is_empty();
+        if queue_empty && let Err(e) = write_gathered(inner, &mut st.gathered, &mut st.unsynced) {
+            fail(inner, &e.to_string());
+        }
     }
 }
 
@@ -2276,9 +2362,15 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
 /// page cache, and their `D` records only in the log (not in the database), so once the log
 /// starts over nothing could replay them.
 ///
-/// Only the committer checkpoints, between batches, when every committed batch's deferred units
-/// are written back (`finish_batch` runs right after each commit).
-fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
+/// Only the committer checkpoints, between batches: every committed batch's deferred units are
+/// written back then (`finish_batch` runs right after each commit), once the gathered run is.
+fn checkpoint(
+    inner: &Inner,
+    wal: &mut Wal,
+    gathered: &mut Gathered,
+    unsynced: &mut Unsynced,
+) -> Result<()> {
+    write_gathered(inner, gathered, unsynced)?;
     inner
         .data
         .sync_data()
@@ -2305,6 +2397,7 @@ fn checkpoint(inner: &Inner, wal: &mut Wal) -> Result<()> {
 fn commit_kv(
     inner: &Inner,
     wal: &mut Wal,
+    (gathered, unsynced): (&mut Gathered, &mut Unsynced),
     kv_deferred: &mut HashSet<Vec<u8>>,
     verify: &[NewRun],
     ops: Vec<KvOp>,
@@ -2313,7 +2406,7 @@ fn commit_kv(
     let payload = wal::encode_record(verify, &ops);
     let logged = wal.ever_fits(payload.len());
     if !wal.fits(payload.len()) {
-        checkpoint(inner, wal)?;
+        checkpoint(inner, wal, gathered, unsynced)?;
     }
     let mut wait_data = Some(wait_data);
     if !logged && let Some(w) = wait_data.take() {
@@ -2380,7 +2473,15 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
         .sync_data()
         .map_err(|e| StoreError::io("flushing the data file", e))?;
     let ops = keys.into_iter().map(|k| (PART_DEFERRED, k, None)).collect();
-    commit_kv(inner, &mut st.wal, &mut st.kv_deferred, &[], ops, || Ok(()))
+    commit_kv(
+        inner,
+        &mut st.wal,
+        (&mut st.gathered, &mut st.unsynced),
+        &mut st.kv_deferred,
+        &[],
+        ops,
+        || Ok(()),
+    )
 }
 
 /// Deferred-write records are dropped (after a data-file flush) at the latest once this many
@@ -2506,6 +2607,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         commit_kv(
             inner,
             &mut st.wal,
+            (&mut st.gathered, &mut st.unsynced),
             &mut st.kv_deferred,
             &verify,
             ops,
@@ -2530,10 +2632,10 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
     // previous batch's write-back put a device round trip on every acknowledgement's path,
     // and that fed on itself: small batches, each waiting for a device round trip, halved
     // `kelp store bench`'s 4 KiB writes (~25 000 instead of ~50 000 ops/s).
-    let (freed, bytes) = release_and_ack(inner, batch, &deferred);
+    let (freed, bytes) = release_and_ack(inner, batch, &deferred, &st.gathered);
     finish_batch(
         inner,
-        &mut st.unsynced,
+        (&mut st.gathered, &mut st.unsynced),
         DurableBatch {
             freed,
             bytes,
@@ -2547,8 +2649,9 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
 }
 
 /// Acknowledge a durable batch's transactions, releasing first the units it freed that no
-/// write-back can clobber any more: every earlier batch is written back already, so those
-/// that none of its own deferred writes targets. Releasing before the acknowledgement means a
+/// write-back can clobber any more: every earlier batch is written back already except for the
+/// gathered run, so those that neither the gathered run nor its own deferred writes target
+/// (`finish_batch` releases the others after writing both). Releasing before the acknowledgement means a
 /// client that waited for a delete finds the space free; units left for `finish_batch` (after
 /// the batch's write-back) are counted in `release_pending` before it, and a transaction
 /// refused for lack of space while some are pending waits for them and tries again (`submit`).
@@ -2557,6 +2660,7 @@ fn release_and_ack(
     inner: &Inner,
     batch: Vec<Prepared>,
     deferred: &BTreeMap<u64, Arc<Vec<u8>>>,
+    gathered: &Gathered,
 ) -> (Vec<(u64, u64)>, u64) {
     let mut freed = Vec::new();
     let mut bytes = 0;
@@ -2565,7 +2669,7 @@ fn release_and_ack(
         let mut a = lock(&inner.alloc);
         for p in &batch {
             for &(off, len) in &p.freed {
-                if deferred.range(off..off + len).next().is_some() {
+                if deferred.range(off..off + len).next().is_some() || gathered.overlaps(off, len) {
                     freed.push((off, len));
                 } else {
                     a.release(off, len);
@@ -2596,7 +2700,11 @@ const WRITEBACK_DIRECT_RUNS: usize = 2;
 /// After a batch's commit is durable and acknowledged (the committer, before it takes the next
 /// batch): write the deferred units back, release the freed units left to it, and publish the
 /// batch as done (`durable_seq`).
-fn finish_batch(inner: &Inner, unsynced: &mut Unsynced, d: DurableBatch) {
+fn finish_batch(
+    inner: &Inner,
+    (gathered, unsynced): (&mut Gathered, &mut Unsynced),
+    d: DurableBatch,
+) {
     let DurableBatch {
         freed,
         bytes,
@@ -2605,6 +2713,32 @@ fn finish_batch(inner: &Inner, unsynced: &mut Unsynced, d: DurableBatch) {
         merged,
         last_seq,
     } = d;
+    // A batch whose deferred units form one run, and that leaves no freed units to release
+    // after its write-back, joins the gathered run if it continues it (else the gathered run is
+    // written first, and this batch starts a new one). Any other batch writes the gathered run
+    // first: its freed units may be among the gathered ones, and must not be released before
+    // their write-back.
+    let first = deferred.keys().next().copied().unwrap_or(0);
+    let gather = !deferred.is_empty()
+        && freed.is_empty()
+        && deferred.len() <= GATHER_MAX_UNITS
+        && deferred.keys().next_back() == Some(&(first + deferred.len() as u64 - 1));
+    let mut gathered_result = Ok(());
+    if !gather || !gathered.joins(first, deferred.len()) {
+        gathered_result = write_gathered(inner, gathered, unsynced);
+    }
+    if gather && gathered_result.is_ok() {
+        if gathered.units.is_empty() {
+            gathered.start = first;
+        }
+        gathered.units.extend(deferred.into_values());
+        gathered.dkeys.push(dkey);
+        gathered.last_seq = last_seq;
+        // Published as finished with the run's write-back (`write_gathered`).
+        gathered.bytes += bytes;
+        drop_overlay(inner, merged, last_seq);
+        return;
+    }
     // What follows the acknowledgements only makes the data file catch up with the metadata
     // (and is replayed from the `D` record after a crash).
     // Write back deferred units (contiguous units in one write), then drop them from
@@ -2613,7 +2747,7 @@ fn finish_batch(inner: &Inner, unsynced: &mut Unsynced, d: DurableBatch) {
     // takes a deferred unit from there (`apply_unwritten`, after its device read), whatever
     // it read from the device meanwhile; and the device holds the new content before any
     // reader can miss it there.
-    let writeback = (|| -> Result<()> {
+    let writeback = gathered_result.and_then(|()| {
         let u = inner.geo.unit as usize;
         let units: Vec<(&u64, &Arc<Vec<u8>>)> = deferred.iter().collect();
         let mut runs = Vec::new();
@@ -2653,7 +2787,7 @@ fn finish_batch(inner: &Inner, unsynced: &mut Unsynced, d: DurableBatch) {
             a.release(off, len);
         }
         Ok(())
-    })();
+    });
     // Counted down even if the write-back failed: the store is failed then, and a waiting
     // transaction must see that rather than wait for space.
     inner
@@ -2663,14 +2797,32 @@ fn finish_batch(inner: &Inner, unsynced: &mut Unsynced, d: DurableBatch) {
         unsynced.keys.push(dkey);
         unsynced.bytes += deferred.len() as u64 * inner.geo.unit;
     }
-    {
-        let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
-        for k in merged {
-            if ov.get(&k).is_some_and(|(s, _)| *s <= last_seq) {
-                ov.remove(&k);
-            }
+    publish_finished(inner, merged, bytes, last_seq);
+    if let Err(e) = writeback {
+        fail(inner, &e.to_string());
+    }
+}
+
+/// A finished batch: drop its overlay entries, count its in-flight bytes down and publish it as
+/// done.
+fn publish_finished(inner: &Inner, merged: Vec<Vec<u8>>, bytes: u64, last_seq: u64) {
+    drop_overlay(inner, merged, last_seq);
+    publish_durable(inner, bytes, last_seq);
+}
+
+/// Drop a committed batch's overlay entries: its metadata is in the database.
+fn drop_overlay(inner: &Inner, merged: Vec<Vec<u8>>, last_seq: u64) {
+    let mut ov = inner.overlay.write().unwrap_or_else(|p| p.into_inner());
+    for k in merged {
+        if ov.get(&k).is_some_and(|(s, _)| *s <= last_seq) {
+            ov.remove(&k);
         }
     }
+}
+
+/// Publish every batch up to `last_seq` as finished (`durable_seq`: `flush` returns once its
+/// batches are, their deferred units written back) and count their in-flight bytes down.
+fn publish_durable(inner: &Inner, bytes: u64, last_seq: u64) {
     let wake = {
         let mut q = lock(&inner.queue);
         q.inflight_bytes = q.inflight_bytes.saturating_sub(bytes);
@@ -2679,9 +2831,6 @@ fn finish_batch(inner: &Inner, unsynced: &mut Unsynced, d: DurableBatch) {
     };
     if wake {
         inner.durable_cv.notify_all();
-    }
-    if let Err(e) = writeback {
-        fail(inner, &e.to_string());
     }
 }
 
