@@ -54,6 +54,12 @@ for t in $TESTS; do
     w4m) run write_4m $((4<<20)) write --no-cleanup ;;
     r4m) run seq_4m $((4<<20)) seq ;;
     w4k) env KELP_CONF="$CONF" "$KELP" rados -p data cleanup >/dev/null 2>&1 || true
+         # If the 4 MiB writes filled the OSDs, writes resume once the monitors have seen
+         # the space freed (OSD_FULL clears): wait up to a minute for that.
+         for _ in $(seq 60); do
+           env KELP_CONF="$CONF" "$KELP" health detail 2>/dev/null | grep -q " OSD_FULL:" || break
+           sleep 1
+         done
          run write_4k 4096 write -b 4096 --no-cleanup ;;
     r4k) run rand_4k 4096 rand ;;
   esac
