@@ -5,8 +5,9 @@
 # ops, from utime+stime of every kelp daemon in /proc/PID/stat before and after the test),
 # client CPU and the host load average; then each daemon's RSS and peak RSS.
 #
-# Usage: scripts/rados-bench.sh DIR [SECONDS]   Env: KELP=path/to/kelp, OSD_SIZE=16GiB (20 s of
-#        4 MiB writes put ~12 GiB on each OSD of a quiet VM; 3 x OSD_SIZE must be free),
+# Usage: scripts/rados-bench.sh DIR [SECONDS]   Env: KELP=path/to/kelp, OSD_SIZE=16GiB (4 MiB
+#        writes put up to ~1.2 GB/s on each OSD of a quiet VM: 20 s need ~23 GiB OSDs, 14 s
+#        fit in 21 GiB; 3 x OSD_SIZE must be free; a full OSD stops the bench cleanly),
 #        PREWRITE=0 (kelp up --no-prewrite: data files only reserved, not written with zeros),
 #        TESTS="w4m r4m w4k r4k", KEEP=1 (leave the cluster running; otherwise it is stopped
 #        and its data directory DIR/kelp deleted, the result files in DIR stay)
