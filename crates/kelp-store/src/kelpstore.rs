@@ -2206,18 +2206,24 @@ fn write_gathered(inner: &Inner, g: &mut Gathered, unsynced: &mut Unsynced) -> R
     inner.writeback(&buf, start * inner.geo.unit, true)?;
     {
         let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
-        let mut pending = lock(&inner.pending_blocks);
-        for punit in start..start + units.len() as u64 {
-            if pending.get(&punit).is_some_and(|(s, _)| *s <= last_seq) {
-                pending.remove(&punit);
-            }
-        }
-        inner.pending_len.store(pending.len(), Ordering::Release);
+        forget_written(inner, start..start + units.len() as u64, last_seq);
     }
     unsynced.keys.extend(dkeys);
     unsynced.bytes += units.len() as u64 * inner.geo.unit;
     publish_durable(inner, bytes, last_seq);
     Ok(())
+}
+
+/// Drop units just written back from `pending_blocks`, unless a later batch (after `last_seq`)
+/// gave them new content meanwhile. The caller holds `reuse` exclusively.
+fn forget_written(inner: &Inner, punits: impl Iterator<Item = u64>, last_seq: u64) {
+    let mut pending = lock(&inner.pending_blocks);
+    for punit in punits {
+        if pending.get(&punit).is_some_and(|(s, _)| *s <= last_seq) {
+            pending.remove(&punit);
+        }
+    }
+    inner.pending_len.store(pending.len(), Ordering::Release);
 }
 
 #[derive(Default)]
@@ -2773,15 +2779,7 @@ fn finish_batch(
             }
         }
         let _g = inner.reuse.write().unwrap_or_else(|p| p.into_inner());
-        {
-            let mut pending = lock(&inner.pending_blocks);
-            for punit in deferred.keys() {
-                if pending.get(punit).is_some_and(|(s, _)| *s <= last_seq) {
-                    pending.remove(punit);
-                }
-            }
-            inner.pending_len.store(pending.len(), Ordering::Release);
-        }
+        forget_written(inner, deferred.keys().copied(), last_seq);
         let mut a = lock(&inner.alloc);
         for &(off, len) in &freed {
             a.release(off, len);
