@@ -8,6 +8,13 @@
 //!   the bitmap: units are taken from it when a transaction is prepared, and units freed by a
 //!   transaction are only returned to it after that transaction is durable (and its deferred
 //!   writes applied), so space referenced by committed metadata is never reused early.
+//!
+//! A data file that grows ([`crate::Superblock::data_written`]) is only written with zeros up
+//! to a *frontier*: the allocator hands out units below it only, and the units beyond (all
+//! free: nothing can have been allocated there) are held back until the store's grower has
+//! written and flushed the next step and calls [`Allocator::advance`]. So every unit a
+//! transaction writes lies in written file space, which is what lets one device flush make a
+//! commit durable (docs/STORE.md, "Data files that grow").
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,12 +26,77 @@ use crate::error::{Result, StoreError};
 pub struct Allocator {
     by_off: BTreeMap<u64, u64>,
     by_len: BTreeSet<(u64, u64)>,
+    /// Free units below the frontier (what [`Allocator::allocate`] can hand out).
     free: u64,
+    /// Units `[frontier, end)` are free but not written yet, held back from allocation.
+    frontier: u64,
+    end: u64,
+    /// The last attempt to grow failed (the file system is full): the units beyond the
+    /// frontier are not counted as free until a later attempt succeeds.
+    grow_failed: bool,
 }
 
 impl Allocator {
+    /// An allocator for a device of `end` units written up to unit `frontier`, with nothing
+    /// free yet ([`Allocator::release`] the free runs below the frontier, as the bitmap has them).
+    pub fn with_frontier(frontier: u64, end: u64) -> Self {
+        Allocator {
+            frontier: frontier.min(end),
+            end,
+            ..Allocator::default()
+        }
+    }
+
+    /// Free units, counting those beyond the frontier unless growing failed (what the store
+    /// reports as available).
     pub fn free_units(&self) -> u64 {
+        self.free + self.growable_units()
+    }
+
+    /// Free units below the frontier: what can be allocated right now.
+    pub fn usable_units(&self) -> u64 {
         self.free
+    }
+
+    /// Units beyond the frontier that growing the file can make usable (0 while it fails).
+    pub fn growable_units(&self) -> u64 {
+        if self.grow_failed {
+            0
+        } else {
+            self.end - self.frontier
+        }
+    }
+
+    /// Units on the device.
+    pub fn end_units(&self) -> u64 {
+        self.end
+    }
+
+    /// The first unit not written yet.
+    pub fn frontier(&self) -> u64 {
+        self.frontier
+    }
+
+    /// Units `[frontier, to)` have been written and flushed: they become allocatable.
+    pub fn advance(&mut self, to: u64) {
+        let to = to.min(self.end);
+        if to > self.frontier {
+            let from = self.frontier;
+            self.frontier = to;
+            self.release(from, to - from);
+        }
+        self.grow_failed = false;
+    }
+
+    /// Records that growing failed (`true`) or may be tried again (`false`).
+    pub fn set_grow_failed(&mut self, failed: bool) {
+        self.grow_failed = failed;
+    }
+
+    /// Whether a request for `units` that [`Allocator::allocate`] refused can be served once
+    /// the file has grown.
+    pub fn fits_after_growth(&self, units: u64) -> bool {
+        !self.grow_failed && units <= self.free + (self.end - self.frontier)
     }
 
     fn add(&mut self, off: u64, len: u64) {
@@ -245,6 +317,36 @@ mod tests {
         assert_eq!(a.free_units(), 1);
         assert_eq!(a.allocate(2), None);
         assert_eq!(a.free_units(), 1, "a failed allocation takes nothing");
+    }
+
+    #[test]
+    fn frontier_holds_back_unwritten_units_until_advanced() {
+        let mut a = Allocator::with_frontier(10, 100);
+        a.release(0, 10);
+        assert_eq!(
+            a.free_units(),
+            100,
+            "units beyond the frontier count as free"
+        );
+        assert_eq!(a.usable_units(), 10);
+        assert_eq!(a.allocate(11), None, "but cannot be handed out");
+        assert!(a.fits_after_growth(11));
+        assert!(!a.fits_after_growth(101));
+        assert_eq!(a.allocate(10), Some(vec![(0, 10)]));
+        a.advance(40);
+        assert_eq!(a.frontier(), 40);
+        assert_eq!(a.allocate(30), Some(vec![(10, 30)]));
+        a.set_grow_failed(true);
+        assert_eq!(
+            a.free_units(),
+            0,
+            "a full file system: nothing beyond is available"
+        );
+        assert!(!a.fits_after_growth(1));
+        a.advance(1000);
+        assert_eq!(a.frontier(), 100, "never past the end");
+        assert_eq!(a.free_units(), 60);
+        assert_eq!(a.allocate(60), Some(vec![(40, 60)]));
     }
 
     #[test]

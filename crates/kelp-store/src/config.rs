@@ -21,6 +21,11 @@ pub struct MkfsOptions {
     /// needs one device flush instead of two (see docs/STORE.md); costs one sequential write
     /// of `size` at mkfs. Default false (fast mkfs for tests and `kelp up`).
     pub prewrite: bool,
+    /// Create the data file sparse and write it with zeros in large steps as data arrives
+    /// (the first step at mkfs, the next ones by a background thread before the allocator
+    /// needs them): commits need one device flush, as with `prewrite`, and mkfs takes well
+    /// under a second and almost no disk. Ignored with `prewrite`. Default false.
+    pub grow: bool,
 }
 
 impl Default for MkfsOptions {
@@ -30,6 +35,7 @@ impl Default for MkfsOptions {
             min_alloc_size: ByteSize(4096),
             csum_block_size: ByteSize(4096),
             prewrite: false,
+            grow: false,
         }
     }
 }

@@ -46,6 +46,7 @@ use crate::alloc::{Allocator, Bitmap};
 use crate::codec::{self, Extent, Onode};
 use crate::config::{MkfsOptions, StoreConfig};
 use crate::error::{Result, StoreError};
+use crate::grow::{self, Grower};
 use crate::hotread::{HotReads, Plan};
 use crate::keys;
 use crate::nowait;
@@ -401,6 +402,11 @@ pub(crate) struct Inner {
     /// Recent large reads: which of them go through the page cache.
     hot_reads: HotReads,
     alloc: Mutex<Allocator>,
+    /// The grower of a data file that grows (grow.rs), `None` for other files.
+    grower: Option<Arc<Grower>>,
+    /// Notified, with `alloc` held, when a growing data file's frontier moved or growing
+    /// failed: transactions waiting for room below the frontier wait on it.
+    grown: Condvar,
     apply: Mutex<ApplyState>,
     /// Readers hold it shared while they use an extent map; the committer (`release_and_ack`,
     /// `finish_batch`) holds it exclusively while it releases freed units and drops written-back
@@ -421,6 +427,7 @@ pub(crate) struct Inner {
 pub struct KelpStore {
     pub(crate) inner: Arc<Inner>,
     committer: Mutex<Option<JoinHandle<()>>>,
+    grower: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn kv_config(dir: &Path, cfg: &StoreConfig) -> fjall::Config {
@@ -606,10 +613,19 @@ pub fn mkfs(dir: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         .map_err(|e| StoreError::io("creating the data file", e))?;
     data.set_len(size)
         .map_err(|e| StoreError::io("sizing the data file", e))?;
-    // Reserve the space now (no ENOSPC from the filesystem later); not all filesystems can.
-    let _ = rustix::fs::fallocate(&data, rustix::fs::FallocateFlags::empty(), 0, size);
+    let grows = opts.grow && !opts.prewrite;
+    let mut data_written = None;
     if opts.prewrite {
-        prewrite(dir, size)?;
+        grow::write_zeros(&dir.join(DATA_FILE), 0, size)?;
+    } else if grows {
+        // Sparse; the first step is written now, the rest as data arrives (grow.rs).
+        let first = grow::step_bytes(size, unit);
+        grow::write_zeros(&dir.join(DATA_FILE), 0, first)?;
+        data_written = Some(first);
+    } else {
+        // Reserve the space now (no ENOSPC from the filesystem later); not all filesystems
+        // can.
+        let _ = rustix::fs::fallocate(&data, rustix::fs::FallocateFlags::empty(), 0, size);
     }
     data.sync_all()
         .map_err(|e| StoreError::io("syncing the data file", e))?;
@@ -621,6 +637,7 @@ pub fn mkfs(dir: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         csum_block_size: cb,
         created_unix: now_unix(),
         data_prewritten: opts.prewrite,
+        data_written,
     };
     let cfg = StoreConfig {
         cache_budget: kelp_types::ByteSize(32 << 20),
@@ -682,26 +699,6 @@ fn new_runs_intact(data: &File, sb: &Superblock, runs: &[NewRun]) -> Result<bool
     Ok(true)
 }
 
-/// Write zeros over the whole data file (`O_DIRECT`, so the page cache is not flooded).
-fn prewrite(dir: &Path, size: u64) -> Result<()> {
-    let path = dir.join(DATA_FILE);
-    let f = OpenOptions::new()
-        .write(true)
-        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-        .open(&path)
-        .or_else(|_| OpenOptions::new().write(true).open(&path))
-        .map_err(|e| StoreError::io("opening the data file", e))?;
-    let chunk = AlignedBuf::zeroed(8 << 20);
-    let mut off = 0u64;
-    while off < size {
-        let n = (size - off).min(chunk.len() as u64) as usize;
-        f.write_all_at(&chunk[..n], off)
-            .map_err(|e| StoreError::io("writing zeros over the data file", e))?;
-        off += n as u64;
-    }
-    Ok(())
-}
-
 /// A 3-way merge of sorted `(key, value-or-tombstone)` sources; earlier sources win on equal
 /// keys. Tombstones are skipped in the output.
 fn merge_sources(mut sources: Vec<KvSource<'_>>, limit: usize) -> Result<Vec<(Vec<u8>, Value)>> {
@@ -758,6 +755,15 @@ impl Inner {
         };
         q.durable_waiters -= 1;
         q
+    }
+
+    /// Wakes the grower when the units left below a growing file's frontier run low.
+    fn kick_grower_if_low(&self, a: &Allocator) {
+        if let Some(g) = &self.grower
+            && g.low(a.usable_units(), a.growable_units())
+        {
+            g.kick(0);
+        }
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -1390,16 +1396,31 @@ impl Txc<'_> {
     }
 
     fn allocate(&mut self, units: u64) -> Result<Vec<(u64, u64)>> {
-        let mut a = lock(&self.inner.alloc);
-        match a.allocate(units) {
-            Some(runs) => {
+        let inner = self.inner;
+        let mut a = lock(&inner.alloc);
+        loop {
+            if let Some(runs) = a.allocate(units) {
+                inner.kick_grower_if_low(&a);
                 self.allocated.extend(&runs);
-                Ok(runs)
+                return Ok(runs);
             }
-            None => Err(StoreError::NoSpace {
-                needed: units * self.inner.geo.unit,
-                free: a.free_units() * self.inner.geo.unit,
-            }),
+            // A growing file with room beyond its frontier: wait for the grower (writers
+            // outran it). Not on a thread that must not block.
+            match &inner.grower {
+                Some(g) if a.fits_after_growth(units) => {
+                    if nowait::active() {
+                        return Err(nowait::blocked());
+                    }
+                    g.kick(units.saturating_sub(a.usable_units()));
+                    a = inner.grown.wait(a).unwrap_or_else(|p| p.into_inner());
+                }
+                _ => {
+                    return Err(StoreError::NoSpace {
+                        needed: units * inner.geo.unit,
+                        free: a.free_units() * inner.geo.unit,
+                    });
+                }
+            }
         }
     }
 
@@ -1884,8 +1905,11 @@ impl KelpStore {
             .ok_or_else(|| StoreError::corrupt("metadata database has no superblock copy"))?;
         let kv_sb = Superblock::decode(&kv_sb, &dir.join(META_DIR))?;
         let mut sb = sb;
+        // The copy in the database may lag behind the file's format version (upgrades) and
+        // a growing file's frontier (rewritten in the file only).
         if (Superblock {
             format_version: sb.format_version,
+            data_written: sb.data_written,
             ..kv_sb.clone()
         }) != sb
         {
@@ -1965,10 +1989,32 @@ impl KelpStore {
                 bitmap.chunks()
             )));
         }
-        let mut alloc = Allocator::default();
+        // A growing file: only units below the frontier are handed out (grow.rs). Nothing can
+        // have been allocated beyond it.
+        let frontier = sb
+            .data_written
+            .map_or(geo.units, |w| (w / geo.unit).min(geo.units));
+        let mut alloc = Allocator::with_frontier(frontier, geo.units);
+        let mut free_to_end = frontier == geo.units;
         for (off, len) in bitmap.free_runs() {
-            alloc.release(off, len);
+            if off <= frontier && off + len == geo.units {
+                free_to_end = true;
+            }
+            if off < frontier {
+                alloc.release(off, len.min(frontier - off));
+            }
         }
+        if !free_to_end {
+            return Err(StoreError::corrupt(format!(
+                "units beyond the written part of the data file ({} bytes) are allocated",
+                frontier * geo.unit
+            )));
+        }
+        let grower = sb.data_written.is_some().then(|| {
+            Arc::new(Grower::new(
+                grow::step_bytes(sb.data_size, geo.unit) / geo.unit,
+            ))
+        });
         let onode_cache = OnodeCache::new(cfg.onode_cache_bytes());
         let hot_reads = HotReads::new(cfg.hot_read_window.0);
         let inner = Arc::new(Inner {
@@ -1994,6 +2040,8 @@ impl KelpStore {
             read_bufs: Arc::new(BufPool::default()),
             hot_reads,
             alloc: Mutex::new(alloc),
+            grower,
+            grown: Condvar::new(),
             apply: Mutex::new(ApplyState {
                 next_seq: 1,
                 next_nid,
@@ -2012,10 +2060,33 @@ impl KelpStore {
             .name("kelp-store-commit".into())
             .spawn(move || committer(worker))
             .map_err(|e| StoreError::io("starting the commit thread", e))?;
-        Ok(KelpStore {
+        let store = KelpStore {
             inner,
             committer: Mutex::new(Some(handle)),
-        })
+            grower: Mutex::new(None),
+        };
+        if let Some(g) = store.inner.grower.clone() {
+            let worker = store.inner.clone();
+            let handle = std::thread::Builder::new()
+                .name("kelp-store-grow".into())
+                .spawn(move || {
+                    let w = &*worker;
+                    let data_path = w.dir.join(DATA_FILE);
+                    let target = grow::GrowTarget {
+                        dir: &w.dir,
+                        data_path: &data_path,
+                        unit: w.geo.unit,
+                        alloc: &w.alloc,
+                        grown: &w.grown,
+                    };
+                    grow::run(g, target, w.sb.clone());
+                })
+                .map_err(|e| StoreError::io("starting the grow thread", e))?;
+            *lock(&store.grower) = Some(handle);
+            // a store mounted with little room below its frontier grows at once
+            store.inner.kick_grower_if_low(&lock(&store.inner.alloc));
+        }
+        Ok(store)
     }
 
     /// Wait for queued transactions, stop the committer and flush deferred writes.
@@ -2033,6 +2104,15 @@ impl KelpStore {
         if let Some(h) = lock(&self.committer).take() {
             let _ = h.join();
         }
+        if let Some(g) = &self.inner.grower {
+            g.shutdown();
+        }
+        if let Some(h) = lock(&self.grower).take() {
+            let _ = h.join();
+        }
+        // transactions still waiting for room get NoSpace rather than waiting forever
+        lock(&self.inner.alloc).set_grow_failed(true);
+        self.inner.grown.notify_all();
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -2310,7 +2390,7 @@ fn commit_loop(inner: &Inner, st: &mut CommitterState) {
                 q.committer_waiting = false;
             }
             let max = q.items.len().min(inner.cfg.max_batch_txns.max(1));
-            let n = if inner.sb.data_prewritten {
+            let n = if inner.sb.data_written_ahead() {
                 // One flush covers data and record: take everything queued, and write the
                 // record while the data writes still run (`commit_batch`), so the record's
                 // write does not queue on the device behind them.
@@ -2544,7 +2624,7 @@ fn commit_batch(inner: &Inner, st: &mut CommitterState, batch: Vec<Prepared>) ->
         // replay verifies the last record's new extents (a crash during that flush may have
         // kept the record but not the data). Deferred write-backs go through the page cache,
         // so dropping their records still needs a real data-file sync.
-        let data_flush = cleanup || (wrote && !inner.sb.data_prewritten);
+        let data_flush = cleanup || (wrote && !inner.sb.data_written_ahead());
         if data_flush {
             wait_data()?;
             inner

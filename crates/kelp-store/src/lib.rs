@@ -22,6 +22,7 @@ mod codec;
 mod config;
 mod error;
 mod fsck;
+mod grow;
 mod hotread;
 mod kelpstore;
 mod keys;

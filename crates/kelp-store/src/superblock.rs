@@ -38,9 +38,23 @@ pub struct Superblock {
     /// version-1 superblocks.
     #[serde(default)]
     pub data_prewritten: bool,
+    /// The data file grows: it was created sparse and is written with zeros (and flushed) in
+    /// large steps ahead of the allocator, which hands out units below this many bytes only.
+    /// Every allocated unit therefore lies in written space, so commits need one device flush
+    /// as on a prewritten file, without writing the whole file up front (docs/STORE.md, "Data
+    /// files that grow"). Rewritten (atomically) each time the store has grown; the copy in
+    /// the metadata database may lag behind. `None` for files that do not grow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_written: Option<u64>,
 }
 
 impl Superblock {
+    /// Every unit the allocator can hand out lies in written file space (no holes or unwritten
+    /// extents), so a data write needs no file-system metadata and one flush makes it durable.
+    pub fn data_written_ahead(&self) -> bool {
+        self.data_prewritten || self.data_written.is_some()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let payload = serde_json::to_vec(self).unwrap_or_default();
         let mut out = Vec::with_capacity(payload.len() + 20);
@@ -148,6 +162,7 @@ mod tests {
             csum_block_size: 4096,
             created_unix: 0,
             data_prewritten: true,
+            data_written: None,
         };
         let b = sb.encode();
         let p = Path::new("sb");
@@ -169,6 +184,34 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("magic")
+        );
+    }
+
+    #[test]
+    fn growing_files_record_their_frontier_and_older_payloads_still_read() {
+        let mut sb = Superblock {
+            format_version: FORMAT_VERSION,
+            store_id: "g".into(),
+            data_size: 1 << 30,
+            min_alloc_size: 4096,
+            csum_block_size: 4096,
+            created_unix: 0,
+            data_prewritten: false,
+            data_written: Some(64 << 20),
+        };
+        let p = Path::new("sb");
+        assert_eq!(Superblock::decode(&sb.encode(), p).unwrap(), sb);
+        assert!(sb.data_written_ahead());
+        sb.data_written = None;
+        let text = String::from_utf8_lossy(&sb.encode()).into_owned();
+        assert!(
+            !text.contains("data_written"),
+            "not written for files that do not grow"
+        );
+        assert!(
+            !Superblock::decode(&sb.encode(), p)
+                .unwrap()
+                .data_written_ahead()
         );
     }
 }
