@@ -38,6 +38,14 @@ pub struct HealthArgs {
     /// `detail` lists what each check found.
     #[arg(value_parser = ["detail"])]
     pub detail: Option<String>,
+    /// First wait until every OSD is up and every PG of every pool is active+clean (what
+    /// `kelp up` waits for; e.g. after `kelp daemon start osd.2`, until recovery is done);
+    /// fails after --timeout saying what is still not ready.
+    #[arg(long)]
+    pub wait: bool,
+    /// Seconds --wait waits at most.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    pub timeout: u64,
     #[command(flatten)]
     pub conf: ConfArgs,
     #[arg(long, value_enum, default_value = "plain")]
@@ -718,8 +726,89 @@ pub fn run_status(a: StatusArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What keeps the cluster from being ready for clients: OSDs of the map that are not up, and
+/// PGs of any pool that are not `active+clean` (PGs no OSD has reported yet count as not
+/// ready, and so do statistics older than the map). Empty when ready.
+pub async fn not_ready(rados: &kelp_client::Rados) -> Result<Vec<String>> {
+    let digest = match rados.mon_command(MonCommand::PgStats).await? {
+        MonReply::PgStats(d) => d,
+        other => anyhow::bail!("asking the monitors for PG states: unexpected reply {other:?}"),
+    };
+    // the client's map may trail the leader's digest: catch up first, briefly
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        rados.wait_for_epoch(digest.epoch),
+    )
+    .await;
+    Ok(readiness(&rados.osd_map(), &digest))
+}
+
+/// [`not_ready`] on a map and a digest (pure).
+pub fn readiness(map: &OsdMap, digest: &PgMapDigest) -> Vec<String> {
+    let mut why = Vec::new();
+    let down: Vec<String> = map
+        .osds
+        .iter()
+        .filter(|(_, o)| !o.up)
+        .map(|(id, _)| format!("osd.{id}"))
+        .collect();
+    if !down.is_empty() {
+        why.push(format!("{} down", down.join(", ")));
+    }
+    let want: u32 = map.pools.values().map(|p| p.pg_num).sum();
+    if digest.epoch < map.epoch || digest.pgs.len() != want as usize {
+        why.push(format!(
+            "PG statistics not yet reported for map epoch {} ({} of {want} PGs)",
+            map.epoch,
+            digest.pgs.len()
+        ));
+    }
+    let mut unclean: BTreeMap<&str, u32> = BTreeMap::new();
+    for p in digest.pgs.iter().filter(|p| p.state_name != "active+clean") {
+        *unclean.entry(p.state_name.as_str()).or_default() += 1;
+    }
+    for (state, n) in unclean {
+        why.push(format!("{n} pgs {state}"));
+    }
+    why
+}
+
+/// Waits until [`not_ready`] is empty; after `timeout`, an error naming what is still not
+/// ready. `check` runs on every round (e.g. to fail early when a daemon died).
+pub async fn wait_ready(
+    rados: &kelp_client::Rados,
+    timeout: std::time::Duration,
+    mut check: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let why = match not_ready(rados).await {
+            Ok(w) => w,
+            Err(e) => vec![format!("{e:#}")],
+        };
+        if why.is_empty() {
+            return Ok(());
+        }
+        check()?;
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "the cluster is not ready after {}s: {} (see `kelp health detail`)",
+                timeout.as_secs(),
+                why.join("; ")
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
 pub fn run_health(a: HealthArgs) -> Result<ExitCode> {
     let rt = common::runtime()?;
+    if a.wait {
+        rt.block_on(async {
+            let rados = a.conf.connect().await?;
+            wait_ready(&rados, std::time::Duration::from_secs(a.timeout), || Ok(())).await
+        })?;
+    }
     let r = rt.block_on(report(&a.conf))?;
     if a.format == OutputFormat::Json {
         println!(

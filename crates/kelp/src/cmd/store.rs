@@ -42,8 +42,14 @@ pub struct MkfsArgs {
     pub csum_block_size: ByteSize,
     /// Write the whole data file with zeros now instead of only reserving it: slower mkfs (one
     /// sequential write of --size), then one device flush per commit instead of two.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "grow")]
     pub prewrite: bool,
+    /// Create the data file sparse and write it with zeros in steps (1/64 of --size, 64-512
+    /// MiB) as data arrives, ahead of the allocator: mkfs is instant and takes one step of
+    /// disk, commits need one device flush as with --prewrite. Without either flag the file
+    /// is only reserved (fallocate): two flushes per commit.
+    #[arg(long)]
+    pub grow: bool,
 }
 
 #[derive(Args, Debug)]
@@ -110,6 +116,7 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                 min_alloc_size: a.min_alloc_size,
                 csum_block_size: a.csum_block_size,
                 prewrite: a.prewrite,
+                grow: a.grow,
             };
             let sb = kelp_store::mkfs(&a.dir, &opts)
                 .with_context(|| format!("mkfs {}", a.dir.display()))?;

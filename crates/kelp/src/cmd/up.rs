@@ -37,22 +37,14 @@ pub struct UpArgs {
     /// Monitors to create (1, 3 or 5; only when creating the cluster).
     #[arg(long, default_value_t = 1)]
     pub mons: u32,
-    /// Size of each OSD's data file. The space is reserved on disk when the cluster is
-    /// created (an OSD never fails later because the filesystem filled up), so N OSDs take
-    /// N times this much disk.
-    #[arg(long, default_value = "8GiB")]
-    pub osd_size: kelp_types::ByteSize,
-    /// Write each new OSD's data file with zeros when it is created (`kelp store mkfs
-    /// --prewrite`). This is the default; the flag is accepted for scripts that name it.
-    #[arg(long, conflicts_with = "no_prewrite")]
-    pub prewrite: bool,
-    /// Only reserve each new OSD's data file (fallocate) instead of writing it with zeros.
-    /// Creating the cluster is then instant instead of one sequential write of N ×
-    /// --osd-size (the OSDs are written in parallel), but every commit that writes new
-    /// data to a reserved file costs a filesystem journal commit and a second flush: large
-    /// writes are about 1.5-2.5× slower (docs/STORE.md, docs/BENCHMARKS.md).
+    /// Size of each OSD's data file (only when creating the cluster). Default: from the free
+    /// space of the file system holding DIR — 80 % of what is left after the daemons' own
+    /// files, shared by the OSDs, at most 16 GiB each and at least 256 MiB (`kelp up` says
+    /// what it chose). The files grow as data arrives, so a large size costs no disk up front.
     #[arg(long)]
-    pub no_prewrite: bool,
+    pub osd_size: Option<kelp_types::ByteSize>,
+    #[command(flatten)]
+    pub files: OsdFileArgs,
     /// Placement groups of the default pool.
     #[arg(long, default_value_t = 64)]
     pub pg_num: u32,
@@ -126,17 +118,137 @@ pub struct AddOsdArgs {
     /// Cluster directory.
     #[arg(long, default_value = "kelp-data")]
     pub dir: PathBuf,
-    /// Size of the new OSD's data file (reserved on disk now).
-    #[arg(long, default_value = "8GiB")]
-    pub osd_size: kelp_types::ByteSize,
-    /// Write the data file with zeros now (the default, as `kelp up`); accepted for
-    /// scripts that name it.
+    /// Size of the new OSD's data file. Default: as `kelp up` chooses, from the free space
+    /// (at most 16 GiB); the file grows as data arrives.
+    #[arg(long)]
+    pub osd_size: Option<kelp_types::ByteSize>,
+    #[command(flatten)]
+    pub files: OsdFileArgs,
+}
+
+/// How new OSD data files are laid out on disk.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct OsdFileArgs {
+    /// Write each new OSD's whole data file with zeros when it is created (`kelp store mkfs
+    /// --prewrite`): one sequential write of N × --osd-size before the cluster starts, and N ×
+    /// --osd-size of disk at once. For benchmarks that must not include the files' growth.
+    /// By default the files start sparse and are written with zeros in steps ahead of the
+    /// data (`kelp store mkfs --grow`), which gives writes the same speed once written.
     #[arg(long, conflicts_with = "no_prewrite")]
     pub prewrite: bool,
-    /// Only reserve the data file instead of writing it with zeros (as `kelp up
-    /// --no-prewrite`: quick to create, slower large writes).
+    /// Only reserve each new OSD's data file (fallocate) instead of growing it: every commit
+    /// that writes new data then costs a file-system journal commit and a second flush
+    /// (large writes 1.5-2.5× slower; docs/STORE.md). For comparisons only.
     #[arg(long)]
     pub no_prewrite: bool,
+}
+
+impl OsdFileArgs {
+    fn mkfs_flag(&self) -> Option<&'static str> {
+        if self.prewrite {
+            Some("--prewrite")
+        } else if self.no_prewrite {
+            None
+        } else {
+            Some("--grow")
+        }
+    }
+}
+
+/// Most and least `kelp up` gives an OSD when it sizes the data files itself.
+const AUTO_OSD_MAX: u64 = 16 << 30;
+const AUTO_OSD_MIN: u64 = 256 << 20;
+/// Disk each OSD needs besides its data file (write-ahead log 64 MiB, metadata, log file), and
+/// the cluster besides its OSDs (monitors, gateway, logs).
+const PER_OSD_OVERHEAD: u64 = 192 << 20;
+const CLUSTER_OVERHEAD: u64 = 256 << 20;
+
+/// Bytes free for an unprivileged writer on the file system holding `dir`.
+fn free_space(dir: &Path) -> Result<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .context("the cluster directory's path holds a NUL byte")?;
+    // SAFETY: statvfs writes into the struct we pass; the path is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("reading the free space of {}", dir.display()));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The size `kelp up` gives each of `osds` new OSDs when `--osd-size` is not given, from
+/// `free` bytes: 80 % of what is left after the daemons' own files, shared, rounded down to
+/// 64 MiB, at most [`AUTO_OSD_MAX`]; an error when that is under [`AUTO_OSD_MIN`].
+fn auto_osd_size(free: u64, osds: u64, overhead: u64) -> Result<u64> {
+    let osds = osds.max(1);
+    let left = free.saturating_sub(overhead + osds * PER_OSD_OVERHEAD) / 10 * 8;
+    let each = (left / osds / (64 << 20) * (64 << 20)).min(AUTO_OSD_MAX);
+    if each < AUTO_OSD_MIN {
+        let needed = overhead + osds * (PER_OSD_OVERHEAD + AUTO_OSD_MIN * 10 / 8);
+        bail!(
+            "only {} free: {osds} OSD(s) need about {} (data files of at least {} each); free \
+             some space, use another --dir, or choose --osd-size yourself",
+            kelp_types::ByteSize(free / (1 << 20) * (1 << 20)),
+            kelp_types::ByteSize(needed.div_ceil(64 << 20) * (64 << 20)),
+            kelp_types::ByteSize(AUTO_OSD_MIN)
+        );
+    }
+    Ok(each)
+}
+
+/// The data-file size for `osds` new OSDs in `dir`: `--osd-size` if given (checked against the
+/// free space where the files are written up front), else [`auto_osd_size`]. Says what it chose.
+fn choose_osd_size(
+    dir: &Path,
+    osds: u64,
+    given: Option<kelp_types::ByteSize>,
+    files: OsdFileArgs,
+    overhead: u64,
+) -> Result<kelp_types::ByteSize> {
+    use kelp_types::ByteSize;
+    let free = free_space(dir)?;
+    let how = if files.prewrite {
+        "written with zeros now"
+    } else if files.no_prewrite {
+        "reserved now"
+    } else {
+        "growing as data arrives"
+    };
+    let Some(size) = given else {
+        let each = auto_osd_size(free, osds, overhead)?;
+        let why = if each == AUTO_OSD_MAX {
+            "the most `kelp up` chooses".to_string()
+        } else {
+            format!(
+                "sized to the {} free",
+                ByteSize(free / (1 << 20) * (1 << 20))
+            )
+        };
+        eprintln!(
+            "OSD data files: {osds} × {} ({why}; {how}; --osd-size to choose)",
+            ByteSize(each)
+        );
+        return Ok(ByteSize(each));
+    };
+    let total = size.0.saturating_mul(osds);
+    if (files.prewrite || files.no_prewrite) && total + osds * PER_OSD_OVERHEAD > free {
+        bail!(
+            "{osds} OSD data file(s) of {size} need {} now but only {} is free in {}",
+            ByteSize(total),
+            ByteSize(free / (1 << 20) * (1 << 20)),
+            dir.display()
+        );
+    }
+    if total > free {
+        eprintln!(
+            "warning: {osds} OSD data file(s) of {size} can grow to {} but only {} is free: \
+             the OSDs report themselves full when the file system fills up",
+            ByteSize(total),
+            ByteSize(free / (1 << 20) * (1 << 20))
+        );
+    }
+    eprintln!("OSD data files: {osds} × {size} ({how})");
+    Ok(size)
 }
 
 #[derive(Args, Debug)]
@@ -265,21 +377,21 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
         }
         run_quiet(&args)?;
     }
-    let prewrite = !a.no_prewrite;
-    if prewrite {
+    let osd_size = choose_osd_size(dir, a.osds as u64, a.osd_size, a.files, CLUSTER_OVERHEAD)?;
+    if a.files.prewrite {
         eprintln!(
-            "writing {} OSD data files of {} with zeros (once, at creation: commits then need \
-             one device flush; --no-prewrite skips this)…",
-            a.osds, a.osd_size
+            "writing {} OSD data files of {osd_size} with zeros (once, at creation)…",
+            a.osds
         );
     }
-    // The OSDs' stores are made in parallel: writing their files is most of a new cluster's
-    // set-up time, and the device takes several streams at once.
+    // The OSDs' stores are made in parallel: with --prewrite, writing their files is most of
+    // a new cluster's set-up time, and the device takes several streams at once.
+    let files = a.files;
     std::thread::scope(|s| {
         let made: Vec<_> = (0..a.osds)
             .map(|i| {
                 let d = dir.join(format!("osd.{i}"));
-                s.spawn(move || mkfs_osd(&d, a.osd_size, prewrite))
+                s.spawn(move || mkfs_osd(&d, osd_size, files))
             })
             .collect();
         made.into_iter().try_for_each(|h| {
@@ -290,7 +402,7 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
 }
 
 /// Makes an OSD's store in `dir` (`kelp store mkfs`).
-fn mkfs_osd(dir: &Path, size: kelp_types::ByteSize, prewrite: bool) -> Result<()> {
+fn mkfs_osd(dir: &Path, size: kelp_types::ByteSize, files: OsdFileArgs) -> Result<()> {
     let mut args = vec![
         "store".to_string(),
         "mkfs".into(),
@@ -298,9 +410,7 @@ fn mkfs_osd(dir: &Path, size: kelp_types::ByteSize, prewrite: bool) -> Result<()
         "--size".into(),
         size.0.to_string(),
     ];
-    if prewrite {
-        args.push("--prewrite".into());
-    }
+    args.extend(files.mkfs_flag().map(String::from));
     run_quiet(&args)
 }
 
@@ -569,9 +679,8 @@ async fn wait_monitors(dir: &Path, timeout: Duration) -> Result<()> {
     }
 }
 
-/// Waits until every OSD is up and every PG is active+clean; creates the default pool on a
-/// new cluster.
-async fn wait_healthy(
+/// Waits until every OSD is up; creates the default pool on a new cluster.
+async fn wait_osds(
     dir: &Path,
     new: bool,
     pg_num: u32,
@@ -610,21 +719,13 @@ async fn wait_healthy(
             .await
             .context("creating the default pool")?;
     }
-    loop {
-        let r = crate::cmd::status::report(&conf).await?;
-        let clean = r.pgs_by_state.iter().all(|(s, _)| s == "active+clean");
-        if clean && r.map.num_up() == r.map.osds.len() {
-            return Ok(());
-        }
-        check_started(dir)?;
-        if Instant::now() >= deadline {
-            bail!(
-                "the cluster is not healthy after {timeout:?}: {} (see `kelp health detail`)",
-                r.status()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    Ok(())
+}
+
+/// Waits until every OSD is up and every PG of every pool (the gateway's too) is active+clean.
+async fn wait_ready(dir: &Path, timeout: Duration) -> Result<()> {
+    let rados = admin_conf(dir).connect().await?;
+    crate::cmd::status::wait_ready(&rados, timeout, || check_started(dir)).await
 }
 
 pub fn run_up(a: UpArgs) -> Result<ExitCode> {
@@ -669,7 +770,7 @@ pub fn run_up(a: UpArgs) -> Result<ExitCode> {
             }
             children.push((d.name.clone(), start(&dir, d)?));
         }
-        rt.block_on(wait_healthy(
+        rt.block_on(wait_osds(
             &dir,
             new,
             a.pg_num,
@@ -685,6 +786,8 @@ pub fn run_up(a: UpArgs) -> Result<ExitCode> {
             }
             rt.block_on(wait_rgw(&dir, Duration::from_secs(a.timeout_secs)))?;
         }
+        // Only now "up": a client may write the moment this returns, to any pool.
+        rt.block_on(wait_ready(&dir, Duration::from_secs(a.timeout_secs)))?;
         Ok(())
     })();
     if let Err(e) = started {
@@ -735,7 +838,7 @@ async fn wait_rgw(dir: &Path, timeout: Duration) -> Result<()> {
     let addr: SocketAddr = loop {
         if let Ok(text) = std::fs::read_to_string(&addr_file)
             && let Ok(addr) = text.trim().parse::<SocketAddr>()
-            && tokio::net::TcpStream::connect(addr).await.is_ok()
+            && answers_http(addr).await
         {
             break addr;
         }
@@ -769,6 +872,26 @@ async fn wait_rgw(dir: &Path, timeout: Duration) -> Result<()> {
     std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     std::fs::rename(&tmp, dir.join("s3.env"))?;
     Ok(())
+}
+
+/// Whether an HTTP server at `addr` answers a request (any status: an anonymous `GET /` is
+/// refused by a working gateway, and that is an answer).
+async fn answers_http(addr: SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(
+            format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await?;
+        Ok::<_, std::io::Error>(head.starts_with(b"HTTP/1."))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), probe).await,
+        Ok(Ok(true))
+    )
 }
 
 fn print_banner(dir: &Path, detached: bool) -> Result<()> {
@@ -906,7 +1029,8 @@ fn add_osd(a: AddOsdArgs) -> Result<ExitCode> {
         Ok::<_, anyhow::Error>(next)
     })?;
     let name = format!("osd.{id}");
-    mkfs_osd(&dir.join(&name), a.osd_size, !a.no_prewrite)?;
+    let size = choose_osd_size(&dir, 1, a.osd_size, a.files, 0)?;
+    mkfs_osd(&dir.join(&name), size, a.files)?;
     let d = daemons(&dir)?
         .into_iter()
         .find(|d| d.name == name)
@@ -1003,4 +1127,33 @@ fn remove_osd(a: RemoveOsdArgs) -> Result<ExitCode> {
 mod signal_hook_consts {
     pub const SIGINT: i32 = libc::SIGINT;
     pub const SIGTERM: i32 = libc::SIGTERM;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn osd_files_are_sized_from_free_space_with_a_cap_and_a_floor() {
+        // plenty of room: the cap
+        assert_eq!(
+            auto_osd_size(80 * GIB, 3, CLUSTER_OVERHEAD).unwrap(),
+            16 * GIB
+        );
+        // 2 GiB free, three OSDs: small OSDs that all fit, with room to spare
+        let each = auto_osd_size(2 * GIB, 3, CLUSTER_OVERHEAD).unwrap();
+        assert!((AUTO_OSD_MIN..=512 << 20).contains(&each), "{each}");
+        assert!(3 * (each + PER_OSD_OVERHEAD) + CLUSTER_OVERHEAD < 2 * GIB);
+        assert_eq!(each % (64 << 20), 0);
+        // too little: a clear refusal that says how much is needed
+        let e = auto_osd_size(GIB / 2, 3, CLUSTER_OVERHEAD)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("only 512MiB free") && e.contains("--osd-size"),
+            "{e}"
+        );
+    }
 }
