@@ -114,14 +114,24 @@ impl ClientConfig {
 
     /// Reads `kelp.conf` and the keyring it names, for `entity`.
     pub fn from_conf_file(path: &Path, entity: &str) -> Result<ClientConfig, ClientError> {
+        Self::from_conf_file_with_keyring(path, entity, None)
+    }
+
+    /// As [`ClientConfig::from_conf_file`], with the key taken from `keyring` instead of the
+    /// keyring the configuration names, when given (`kelp --keyring`).
+    pub fn from_conf_file_with_keyring(
+        path: &Path,
+        entity: &str,
+        keyring: Option<&Path>,
+    ) -> Result<ClientConfig, ClientError> {
         let conf = ClusterConf::load(path)?;
-        let keyring = Keyring::load(&conf.global.keyring).map_err(|e| {
-            ClientError::Config(format!("keyring {}: {e}", conf.global.keyring.display()))
-        })?;
+        let keyring_path = keyring.unwrap_or(&conf.global.keyring);
+        let keyring = Keyring::load(keyring_path)
+            .map_err(|e| ClientError::Config(format!("keyring {}: {e}", keyring_path.display())))?;
         let secret = keyring.secret_for(entity).ok_or_else(|| {
             ClientError::Config(format!(
                 "keyring {} has no key for {entity}",
-                conf.global.keyring.display()
+                keyring_path.display()
             ))
         })?;
         Ok(ClientConfig::new(conf.global.mon_host, entity, secret))

@@ -143,8 +143,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
 
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
+    /// Output format: set by the caller (`kelp`'s global `--format plain|json`), not parsed
+    /// here, so that one `--format` serves every kelp command.
+    #[arg(skip = Format::Text)]
     pub format: Format,
 }
 

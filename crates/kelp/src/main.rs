@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 
@@ -14,11 +14,23 @@ mod cmd;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Kelp: a unified, self-healing distributed storage cluster (objects, blocks, files).
+///
+/// The options below (-c, --cluster, --name, -k, -f) go before or after the subcommand, as
+/// with Ceph's tools: `kelp -c DIR/kelp.conf status` and `kelp status -c DIR/kelp.conf` are
+/// the same. `kelp -s` is `kelp status`, `kelp -w` is `kelp watch`.
 #[derive(Parser, Debug)]
-#[command(name = "kelp", version, about, long_about = None, propagate_version = true)]
+#[command(name = "kelp", version, about, long_about, propagate_version = true)]
 struct Cli {
+    #[command(flatten)]
+    global: cmd::common::Global,
+    /// Print the cluster's status (as `kelp status`; Ceph's `ceph -s`).
+    #[arg(short = 's', long = "status", conflicts_with = "watch")]
+    status: bool,
+    /// Print the cluster's status, then follow its events (as `kelp watch`; Ceph's `ceph -w`).
+    #[arg(short = 'w', long = "watch")]
+    watch: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,6 +78,16 @@ enum Command {
     /// S3 administration (users, keys, buckets, garbage collection).
     #[command(subcommand)]
     S3(cmd::rgw::S3Command),
+    /// Print the cluster's status, then one line per event as it happens: health changes,
+    /// OSDs going down or up, in or out, PG state changes, pools created or removed (Ceph's
+    /// `ceph -w`). Ctrl-C stops it.
+    Watch(cmd::watch::WatchArgs),
+    /// Print a shell completion script for kelp (e.g. `kelp completions bash >
+    /// /etc/bash_completion.d/kelp`, or `source <(kelp completions bash)`).
+    Completions(cmd::help::CompletionArgs),
+    /// Write man pages for kelp and every subcommand (kelp.1, kelp-status.1, …) into a
+    /// directory, or print kelp(1) to stdout.
+    Man(cmd::help::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -92,28 +114,121 @@ fn main() -> ExitCode {
         }
         default_hook(info);
     }));
-    let result = match cli.command {
-        Command::Up(a) => cmd::up::run_up(a),
-        Command::Rgw(a) => cmd::rgw::run_gateway(a),
-        Command::S3(c) => cmd::rgw::run_admin(c),
-        Command::Down(a) => cmd::up::run_down(a),
-        Command::Daemon(c) => cmd::up::run_daemon(c),
-        Command::Crush(c) => cmd::crush::run(c),
-        Command::Store(c) => cmd::store::run(c),
-        Command::Mon(c) => cmd::mon::run(c),
-        Command::Osd(c) => cmd::osd::run(c),
-        Command::Pool(c) => cmd::pool::run(c),
-        Command::Rados(a) => cmd::rados::run(a),
-        Command::Status(a) => cmd::status::run_status(a),
-        Command::Health(a) => cmd::status::run_health(a),
-        Command::Pg(c) => cmd::pg::run_pg(c),
-        Command::Config(c) => cmd::config::run(c),
+    let g = cli.global;
+    let command = match cli.command {
+        Some(_) if cli.status || cli.watch => {
+            eprintln!("kelp: error: -s and -w take no subcommand (`kelp -s` is `kelp status`)");
+            return ExitCode::from(2);
+        }
+        Some(c) => c,
+        None if cli.status => Command::Status(cmd::status::StatusArgs {}),
+        None if cli.watch => Command::Watch(cmd::watch::WatchArgs::default()),
+        None => {
+            let _ = Cli::command().print_help();
+            return ExitCode::from(2);
+        }
+    };
+    let result = match command {
+        Command::Up(a) => cmd::up::run_up(a, &g),
+        Command::Rgw(a) => cmd::rgw::run_gateway(a, &g),
+        Command::S3(c) => cmd::rgw::run_admin(c, &g),
+        Command::Down(a) => cmd::up::run_down(a, &g),
+        Command::Daemon(c) => cmd::up::run_daemon(c, &g),
+        Command::Crush(c) => cmd::crush::run(c, &g),
+        Command::Store(c) => cmd::store::run(c, &g),
+        Command::Mon(c) => cmd::mon::run(c, &g),
+        Command::Osd(c) => cmd::osd::run(c, &g),
+        Command::Pool(c) => cmd::pool::run(c, &g),
+        Command::Rados(a) => cmd::rados::run(a, &g),
+        Command::Status(a) => cmd::status::run_status(a, &g),
+        Command::Health(a) => cmd::status::run_health(a, &g),
+        Command::Pg(c) => cmd::pg::run_pg(c, &g),
+        Command::Config(c) => cmd::config::run(c, &g),
+        Command::Watch(a) => cmd::watch::run(a, &g),
+        Command::Completions(a) => cmd::help::completions(a, Cli::command()),
+        Command::Man(a) => cmd::help::man(a, Cli::command()),
     };
     match result {
         Ok(code) => code,
         Err(err) => {
+            let closed_stdout = err.chain().any(|e| {
+                e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) && err.to_string().starts_with("writing the");
+            if closed_stdout {
+                // `kelp man | head`: end as other Unix tools do, by SIGPIPE, silently
+                // SAFETY: plain libc calls; the process is meant to end here.
+                unsafe {
+                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                    libc::raise(libc::SIGPIPE);
+                }
+            }
             eprintln!("kelp: error: {err:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_definitions_are_consistent() {
+        // clap checks duplicate and conflicting options only in debug builds; the tests run
+        // in release, so ask for the checks explicitly (a global option that a subcommand
+        // also defines would be caught here).
+        Cli::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn global_options_go_before_or_after_the_subcommand() {
+        for args in [
+            &[
+                "kelp", "-c", "F", "-f", "json", "--name", "client.x", "osd", "tree",
+            ][..],
+            &[
+                "kelp", "osd", "tree", "-c", "F", "--format", "json", "--name", "client.x",
+            ],
+            &[
+                "kelp",
+                "osd",
+                "-c",
+                "F",
+                "tree",
+                "-f",
+                "json",
+                "--name=client.x",
+            ],
+        ] {
+            let cli = parse(args);
+            assert_eq!(
+                cli.global.conf.conf.as_deref(),
+                Some(std::path::Path::new("F"))
+            );
+            assert_eq!(cli.global.format, cmd::OutputFormat::Json, "{args:?}");
+            assert_eq!(cli.global.conf.entity, "client.x");
+            assert!(matches!(cli.command, Some(Command::Osd(_))));
+        }
+        let cli = parse(&["kelp", "--cluster", "D", "-k", "K", "status"]);
+        assert_eq!(cli.global.conf.path(), std::path::Path::new("D/kelp.conf"));
+        assert_eq!(
+            cli.global.conf.keyring.as_deref(),
+            Some(std::path::Path::new("K"))
+        );
+        assert_eq!(
+            cli.global.conf.cluster_dir(None),
+            std::path::Path::new("D"),
+            "--cluster is the default of --dir"
+        );
+        let cli = parse(&["kelp", "-s"]);
+        assert!(cli.status && cli.command.is_none());
+        let cli = parse(&["kelp", "-w"]);
+        assert!(cli.watch && cli.command.is_none());
+        assert!(Cli::try_parse_from(["kelp", "-s", "-w"]).is_err());
     }
 }

@@ -7,33 +7,96 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kelp_client::{ClientConfig, Rados};
 
-/// Where the cluster configuration is.
-#[derive(Args, Debug, Clone)]
-pub struct ConfArgs {
-    /// Cluster configuration file written by `kelp up` (default: $KELP_CONF, else
-    /// ./kelp-data/kelp.conf).
-    #[arg(short = 'c', long = "conf", env = "KELP_CONF", value_name = "CONF")]
-    pub conf: Option<PathBuf>,
-    /// Entity to authenticate as (its key must be in the keyring the configuration names).
-    #[arg(long = "name", value_name = "ENTITY", default_value = "client.admin")]
-    pub entity: String,
+use crate::cmd::OutputFormat;
+
+/// The options every command takes, before or after the subcommand, in Ceph's places
+/// (`kelp -c F status` and `kelp status -c F` are the same).
+#[derive(Args, Debug, Clone, Default)]
+pub struct Global {
+    #[command(flatten)]
+    pub conf: ConfArgs,
+    /// Output format of commands that can print machine-readable results.
+    #[arg(
+        short = 'f',
+        long = "format",
+        value_enum,
+        default_value_t,
+        global = true,
+        value_name = "FORMAT"
+    )]
+    pub format: OutputFormat,
 }
 
+/// Where the cluster configuration is, and who to authenticate as.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConfArgs {
+    /// Cluster configuration file written by `kelp up` (default: $KELP_CONF, else
+    /// CLUSTER/kelp.conf with --cluster, else ./kelp-data/kelp.conf).
+    #[arg(
+        short = 'c',
+        long = "conf",
+        env = "KELP_CONF",
+        value_name = "CONF",
+        global = true
+    )]
+    pub conf: Option<PathBuf>,
+    /// Directory of a `kelp up` cluster: its kelp.conf is the configuration, and it is the
+    /// default of `--dir` for `kelp up`, `kelp down` and `kelp daemon` (default ./kelp-data).
+    #[arg(
+        long = "cluster",
+        env = "KELP_CLUSTER",
+        value_name = "DIR",
+        global = true
+    )]
+    pub cluster: Option<PathBuf>,
+    /// Entity to authenticate as (its key must be in the keyring).
+    #[arg(
+        long = "name",
+        value_name = "ENTITY",
+        default_value = "client.admin",
+        global = true
+    )]
+    pub entity: String,
+    /// Keyring file to take the entity's key from (default: the one the configuration names).
+    #[arg(short = 'k', long = "keyring", value_name = "KEYRING", global = true)]
+    pub keyring: Option<PathBuf>,
+}
+
+/// The directory of a `kelp up` cluster when none is given.
+pub const DEFAULT_CLUSTER_DIR: &str = "kelp-data";
+
 impl ConfArgs {
+    /// The configuration of the cluster in `dir` (as `kelp up` lays it out).
+    pub fn for_dir(dir: &std::path::Path) -> ConfArgs {
+        ConfArgs {
+            conf: Some(dir.join("kelp.conf")),
+            entity: "client.admin".into(),
+            ..ConfArgs::default()
+        }
+    }
+
+    /// The cluster directory: `dir` if given, else --cluster, else ./kelp-data.
+    pub fn cluster_dir(&self, dir: Option<&std::path::Path>) -> PathBuf {
+        dir.map(PathBuf::from)
+            .or_else(|| self.cluster.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CLUSTER_DIR))
+    }
+
     pub fn path(&self) -> PathBuf {
         self.conf
             .clone()
-            .unwrap_or_else(|| PathBuf::from("kelp-data/kelp.conf"))
+            .unwrap_or_else(|| self.cluster_dir(None).join("kelp.conf"))
     }
 
     pub fn client_config(&self) -> Result<ClientConfig> {
         let path = self.path();
-        ClientConfig::from_conf_file(&path, &self.entity).with_context(|| {
-            format!(
-                "cannot use cluster configuration {} (start a cluster with `kelp up`, or pass -c)",
-                path.display()
-            )
-        })
+        ClientConfig::from_conf_file_with_keyring(&path, &self.entity, self.keyring.as_deref())
+            .with_context(|| {
+                format!(
+                    "cannot use cluster configuration {} (start a cluster with `kelp up`, or pass -c)",
+                    path.display()
+                )
+            })
     }
 
     pub async fn connect(&self) -> Result<Rados> {

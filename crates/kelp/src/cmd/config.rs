@@ -32,8 +32,6 @@ pub struct SetArgs {
     pub key: String,
     /// The new value.
     pub value: String,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
@@ -42,17 +40,10 @@ pub struct GetArgs {
     pub who: String,
     /// The option's name.
     pub key: String,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
-pub struct DumpArgs {
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
-}
+pub struct DumpArgs {}
 
 async fn dump(conf: &ConfArgs) -> Result<Vec<ConfigEntry>> {
     let rados = conf.connect().await?;
@@ -62,12 +53,12 @@ async fn dump(conf: &ConfArgs) -> Result<Vec<ConfigEntry>> {
     }
 }
 
-pub fn run(cmd: ConfigCommand) -> Result<ExitCode> {
+pub fn run(cmd: ConfigCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async move {
         match cmd {
             ConfigCommand::Set(a) => {
-                let rados = a.conf.connect().await?;
+                let rados = g.conf.connect().await?;
                 rados
                     .mon_command(MonCommand::ConfigSet {
                         who: a.who,
@@ -77,13 +68,13 @@ pub fn run(cmd: ConfigCommand) -> Result<ExitCode> {
                     .await?;
             }
             ConfigCommand::Rm(a) => {
-                let rados = a.conf.connect().await?;
+                let rados = g.conf.connect().await?;
                 rados
                     .mon_command(MonCommand::ConfigRm { who: a.who, key: a.key })
                     .await?;
             }
             ConfigCommand::Get(a) => {
-                let entries = dump(&a.conf).await?;
+                let entries = dump(&g.conf).await?;
                 // Most specific first: osd.3, then osd, then global.
                 let mut chain = vec![a.who.clone()];
                 if let Some((kind, _)) = a.who.split_once('.') {
@@ -105,9 +96,9 @@ pub fn run(cmd: ConfigCommand) -> Result<ExitCode> {
                     ),
                 }
             }
-            ConfigCommand::Dump(a) => {
-                let entries = dump(&a.conf).await?;
-                match a.format {
+            ConfigCommand::Dump(_) => {
+                let entries = dump(&g.conf).await?;
+                match g.format {
                     OutputFormat::Json => {
                         let v: Vec<_> = entries
                             .iter()

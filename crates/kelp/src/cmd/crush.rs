@@ -176,12 +176,9 @@ pub struct BenchArgs {
     /// Number of inputs to map (x = 0..count).
     #[arg(long, default_value_t = 1_000_000)]
     count: u32,
-    /// Print the result as JSON.
-    #[arg(long, value_enum, default_value = "plain")]
-    format: crate::cmd::OutputFormat,
 }
 
-pub fn run(cmd: CrushCommand) -> Result<ExitCode> {
+pub fn run(cmd: CrushCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     match cmd {
         CrushCommand::Test(a) => test(a),
         CrushCommand::MapObject(a) => map_object(a),
@@ -191,8 +188,8 @@ pub fn run(cmd: CrushCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         CrushCommand::Build(a) => build(a),
-        CrushCommand::Bench(a) => bench(a),
-        CrushCommand::Rule(c) => crate::cmd::pg::run_rule(c),
+        CrushCommand::Bench(a) => bench(a, g),
+        CrushCommand::Rule(c) => crate::cmd::pg::run_rule(c, g),
     }
 }
 
@@ -379,7 +376,7 @@ fn build(a: BuildArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn bench(a: BenchArgs) -> Result<ExitCode> {
+fn bench(a: BenchArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let map = load(&a.map)?;
     check_rule(&map, a.rule, a.num_rep)?;
     let reweights = map.default_reweights();
@@ -393,7 +390,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
     }
     let secs = start.elapsed().as_secs_f64();
     let rate = a.count as f64 / secs;
-    match a.format {
+    match g.format {
         crate::cmd::OutputFormat::Json => println!(
             "{}",
             serde_json::json!({

@@ -3,6 +3,7 @@
 pub mod common;
 pub mod config;
 pub mod crush;
+pub mod help;
 pub mod mon;
 pub mod osd;
 pub mod pg;
@@ -13,12 +14,14 @@ pub mod scrub;
 pub mod status;
 pub mod store;
 pub mod up;
+pub mod watch;
 
 /// Output format of commands that can print machine-readable results.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OutputFormat {
     /// Human-readable text.
     #[default]
+    #[value(alias = "text")]
     Plain,
     /// One JSON document.
     Json,

@@ -38,10 +38,9 @@ pub struct MkfsArgs {
     /// A monitor of the cluster as NAME=IP:PORT; repeat for each monitor (this one included).
     #[arg(long = "mon", value_name = "NAME=ADDR", required = true, value_parser = parse_mon)]
     pub mons: Vec<MonInfo>,
-    /// Keyring file (kelp-msgr format: `entity base64secret` lines) with a key for mon.NAME of
-    /// every monitor and for client.admin. Copied into the data directory.
-    #[arg(long)]
-    pub keyring: PathBuf,
+    /// (The global -k/--keyring, required here: a keyring file in kelp-msgr format, `entity
+    /// base64secret` lines, with a key for mon.NAME of every monitor and for client.admin.
+    /// Copied into the data directory.)
     /// Create --keyring first (mode 0600) with fresh keys for every --mon and client.admin;
     /// fails if the file exists. Copy that file to the other monitors' mkfs.
     #[arg(long)]
@@ -75,19 +74,26 @@ fn parse_mon(s: &str) -> Result<MonInfo, String> {
     })
 }
 
-pub fn run(cmd: MonCommand) -> anyhow::Result<ExitCode> {
+pub fn run(cmd: MonCommand, g: &crate::cmd::common::Global) -> anyhow::Result<ExitCode> {
     match cmd {
-        MonCommand::Mkfs(a) => mkfs(a),
+        MonCommand::Mkfs(a) => {
+            let keyring = g
+                .conf
+                .keyring
+                .clone()
+                .context("kelp mon mkfs needs --keyring FILE (the cluster's keyring)")?;
+            mkfs(a, &keyring)
+        }
         MonCommand::Run(a) => run_daemon(a),
     }
 }
 
-fn mkfs(a: MkfsArgs) -> anyhow::Result<ExitCode> {
+fn mkfs(a: MkfsArgs, keyring_path: &std::path::Path) -> anyhow::Result<ExitCode> {
     if a.create_keyring {
-        if a.keyring.exists() {
+        if keyring_path.exists() {
             bail!(
                 "{} already exists; drop --create-keyring to use it",
-                a.keyring.display()
+                keyring_path.display()
             );
         }
         let mut kr = Keyring::new();
@@ -95,9 +101,9 @@ fn mkfs(a: MkfsArgs) -> anyhow::Result<ExitCode> {
             kr.insert(&format!("mon.{}", m.name), generate_secret())?;
         }
         kr.insert("client.admin", generate_secret())?;
-        kr.save(&a.keyring)?;
+        kr.save(keyring_path)?;
     }
-    let keyring = Keyring::load(&a.keyring)?;
+    let keyring = Keyring::load(keyring_path)?;
     kelp_mon::mkfs(&MkfsOptions {
         name: a.id.clone(),
         data: a.data.clone(),

@@ -12,7 +12,7 @@ use kelp_proto::{MonCommand, MonReply};
 use kelp_store::StoreConfig;
 
 use crate::cmd::OutputFormat;
-use crate::cmd::common::{self, ConfArgs};
+use crate::cmd::common;
 
 #[derive(Subcommand, Debug)]
 pub enum OsdCommand {
@@ -62,8 +62,6 @@ pub struct FlagArgs {
     /// do not mark OSDs down), norecover / nobackfill (OSDs pause log recovery / backfill),
     /// norebalance, noscrub, nodeep-scrub, pause (clients hold reads and writes).
     pub flag: String,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
@@ -74,8 +72,6 @@ pub struct RunArgs {
     /// Store directory.
     #[arg(long)]
     pub data: PathBuf,
-    #[command(flatten)]
-    pub conf: ConfArgs,
     /// Address to serve on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub addr: SocketAddr,
@@ -101,12 +97,7 @@ pub struct RunArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct ShowArgs {
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
-}
+pub struct ShowArgs {}
 
 #[derive(Args, Debug)]
 pub struct PurgeArgs {
@@ -115,8 +106,6 @@ pub struct PurgeArgs {
     /// Skip the safety checks.
     #[arg(long)]
     pub force: bool,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
@@ -126,8 +115,6 @@ pub struct LostArgs {
     /// Confirms that the writes only this OSD held may be lost.
     #[arg(long)]
     pub yes_i_really_mean_it: bool,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
@@ -135,23 +122,21 @@ pub struct IdsArgs {
     /// OSD ids (`3` or `osd.3`).
     #[arg(required = true)]
     pub ids: Vec<kelp_types::OsdId>,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
-pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
+pub fn run(cmd: OsdCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     match cmd {
-        OsdCommand::Run(a) => run_daemon(a),
-        OsdCommand::Tree(a) => show(a, true),
-        OsdCommand::Ls(a) => show(a, false),
-        OsdCommand::Out(a) => mark(a, |id| MonCommand::OsdOut { id }),
-        OsdCommand::In(a) => mark(a, |id| MonCommand::OsdIn { id }),
-        OsdCommand::Down(a) => mark(a, |id| MonCommand::OsdDown { id }),
-        OsdCommand::Set(a) => set_flag(a, true),
-        OsdCommand::Unset(a) => set_flag(a, false),
-        OsdCommand::Scrub(a) => crate::cmd::scrub::run_osd_scrub(a, false),
-        OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true),
-        OsdCommand::Df(a) => df(a),
+        OsdCommand::Run(a) => run_daemon(a, g),
+        OsdCommand::Tree(a) => show(a, true, g),
+        OsdCommand::Ls(a) => show(a, false, g),
+        OsdCommand::Out(a) => mark(a, |id| MonCommand::OsdOut { id }, g),
+        OsdCommand::In(a) => mark(a, |id| MonCommand::OsdIn { id }, g),
+        OsdCommand::Down(a) => mark(a, |id| MonCommand::OsdDown { id }, g),
+        OsdCommand::Set(a) => set_flag(a, true, g),
+        OsdCommand::Unset(a) => set_flag(a, false, g),
+        OsdCommand::Scrub(a) => crate::cmd::scrub::run_osd_scrub(a, false, g),
+        OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true, g),
+        OsdCommand::Df(a) => df(a, g),
         OsdCommand::Lost(a) => {
             if !a.yes_i_really_mean_it {
                 bail!(
@@ -162,7 +147,7 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
             }
             let rt = common::runtime()?;
             rt.block_on(async {
-                let rados = a.conf.connect().await?;
+                let rados = g.conf.connect().await?;
                 match rados
                     .mon_command(MonCommand::OsdLost { id: a.id.0 })
                     .await?
@@ -178,7 +163,7 @@ pub fn run(cmd: OsdCommand) -> Result<ExitCode> {
         OsdCommand::Purge(a) => {
             let rt = common::runtime()?;
             rt.block_on(async {
-                let rados = a.conf.connect().await?;
+                let rados = g.conf.connect().await?;
                 purge(&rados, a.id.0, a.force).await?;
                 eprintln!("osd.{}: purged", a.id.0);
                 Ok(ExitCode::SUCCESS)
@@ -257,7 +242,7 @@ pub async fn purge(rados: &kelp_client::Rados, osd: i32, force: bool) -> Result<
     }
 }
 
-fn set_flag(a: FlagArgs, on: bool) -> Result<ExitCode> {
+fn set_flag(a: FlagArgs, on: bool, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     if kelp_maps::ClusterFlag::from_name(&a.flag).is_none() {
         let known: Vec<&str> = kelp_maps::ClusterFlag::ALL
             .iter()
@@ -267,7 +252,7 @@ fn set_flag(a: FlagArgs, on: bool) -> Result<ExitCode> {
     }
     let rt = common::runtime()?;
     rt.block_on(async {
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         let reply = rados
             .mon_command(MonCommand::SetFlag {
                 flag: a.flag.clone(),
@@ -285,9 +270,9 @@ fn set_flag(a: FlagArgs, on: bool) -> Result<ExitCode> {
     })
 }
 
-fn run_daemon(a: RunArgs) -> Result<ExitCode> {
+fn run_daemon(a: RunArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     common::init_logging("info");
-    let conf_path = a.conf.path();
+    let conf_path = g.conf.path();
     let conf = kelp_client::ClusterConf::load(&conf_path)?;
     let keyring = kelp_msgr::Keyring::load(&conf.global.keyring)
         .with_context(|| format!("keyring {}", conf.global.keyring.display()))?;
@@ -350,10 +335,14 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-fn mark(a: IdsArgs, cmd: impl Fn(i32) -> MonCommand) -> Result<ExitCode> {
+fn mark(
+    a: IdsArgs,
+    cmd: impl Fn(i32) -> MonCommand,
+    g: &crate::cmd::common::Global,
+) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async {
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         for id in &a.ids {
             let reply = rados.mon_command(cmd(id.0)).await?;
             match reply {
@@ -365,10 +354,10 @@ fn mark(a: IdsArgs, cmd: impl Fn(i32) -> MonCommand) -> Result<ExitCode> {
     })
 }
 
-fn show(a: ShowArgs, tree: bool) -> Result<ExitCode> {
+fn show(_a: ShowArgs, tree: bool, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
-    let map = rt.block_on(async { Ok::<_, anyhow::Error>(a.conf.connect().await?.osd_map()) })?;
-    match (a.format, tree) {
+    let map = rt.block_on(async { Ok::<_, anyhow::Error>(g.conf.connect().await?.osd_map()) })?;
+    match (g.format, tree) {
         (OutputFormat::Json, _) => println!("{}", serde_json::to_string_pretty(&osds_json(&map))?),
         (OutputFormat::Plain, true) => print!("{}", tree_text(&map)),
         (OutputFormat::Plain, false) => {
@@ -386,10 +375,10 @@ fn show(a: ShowArgs, tree: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn df(a: ShowArgs) -> Result<ExitCode> {
+fn df(_a: ShowArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
     let digest = rt.block_on(async {
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         match rados.mon_command(MonCommand::PgStats).await? {
             MonReply::PgStats(d) => Ok(*d),
             other => bail!("unexpected reply from the monitors: {other:?}"),
@@ -412,7 +401,7 @@ fn df(a: ShowArgs) -> Result<ExitCode> {
         }
     };
     let t = &digest.totals;
-    match a.format {
+    match g.format {
         OutputFormat::Json => {
             let nodes: Vec<serde_json::Value> = digest
                 .osds

@@ -8,17 +8,13 @@ use kelp_crush::Step;
 use kelp_proto::{MonCommand, MonReply};
 
 use crate::cmd::OutputFormat;
-use crate::cmd::common::{self, ConfArgs};
+use crate::cmd::common;
 
 #[derive(Args, Debug)]
 pub struct PgLsArgs {
     /// Only this pool's PGs.
     #[arg(long)]
     pub pool: Option<String>,
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
 }
 
 #[derive(Subcommand, Debug)]
@@ -49,28 +45,25 @@ pub enum RuleCommand {
 }
 
 #[derive(Args, Debug)]
-pub struct RuleArgs {
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
-}
+pub struct RuleArgs {}
 
-pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
+pub fn run_pg(cmd: PgCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     use crate::cmd::scrub;
     use kelp_proto::PgCommandKind;
     let a = match cmd {
         PgCommand::Ls(a) => a,
-        PgCommand::Scrub(a) => return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: false }),
-        PgCommand::DeepScrub(a) => {
-            return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: true });
+        PgCommand::Scrub(a) => {
+            return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: false }, g);
         }
-        PgCommand::Repair(a) => return scrub::run_pg_scrub(a, PgCommandKind::Repair),
-        PgCommand::ListInconsistent(a) => return scrub::run_list_inconsistent(a),
+        PgCommand::DeepScrub(a) => {
+            return scrub::run_pg_scrub(a, PgCommandKind::Scrub { deep: true }, g);
+        }
+        PgCommand::Repair(a) => return scrub::run_pg_scrub(a, PgCommandKind::Repair, g),
+        PgCommand::ListInconsistent(a) => return scrub::run_list_inconsistent(a, g),
     };
     let rt = common::runtime()?;
     let (map, digest, scrubs) = rt.block_on(async {
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         let digest = match rados.mon_command(MonCommand::PgStats).await? {
             MonReply::PgStats(d) => *d,
             other => bail!("unexpected reply from the monitors: {other:?}"),
@@ -114,7 +107,7 @@ pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
         }
         state
     };
-    match a.format {
+    match g.format {
         OutputFormat::Json => {
             let v: Vec<_> = rows
                 .iter()
@@ -168,13 +161,13 @@ pub fn run_pg(cmd: PgCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn run_rule(cmd: RuleCommand) -> Result<ExitCode> {
-    let (a, dump) = match cmd {
+pub fn run_rule(cmd: RuleCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
+    let (_a, dump) = match cmd {
         RuleCommand::Ls(a) => (a, false),
         RuleCommand::Dump(a) => (a, true),
     };
     let rt = common::runtime()?;
-    let map = rt.block_on(async { Ok::<_, anyhow::Error>(a.conf.connect().await?.osd_map()) })?;
+    let map = rt.block_on(async { Ok::<_, anyhow::Error>(g.conf.connect().await?.osd_map()) })?;
     let crush = &map.crush;
     if !dump {
         for r in crush.rules() {
@@ -202,7 +195,7 @@ pub fn run_rule(cmd: RuleCommand) -> Result<ExitCode> {
                 "type": if r.rule_type == kelp_crush::RULE_TYPE_ERASURE { 3 } else { 1 }, "steps": steps})
         })
         .collect();
-    match a.format {
+    match g.format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rules)?),
         OutputFormat::Plain => {
             // Ceph's text form of the rules is the most readable dump.

@@ -8,7 +8,7 @@ use kelp_maps::{Pool, PoolSpec};
 use kelp_proto::{MonCommand, MonReply};
 
 use crate::cmd::OutputFormat;
-use crate::cmd::common::{self, ConfArgs};
+use crate::cmd::common;
 
 #[derive(Subcommand, Debug)]
 pub enum PoolCommand {
@@ -40,17 +40,10 @@ pub struct CreateArgs {
     /// CRUSH rule name or id (default replicated_rule).
     #[arg(long)]
     pub rule: Option<String>,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
-pub struct ListArgs {
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
-}
+pub struct ListArgs {}
 
 #[derive(Args, Debug)]
 pub struct RmArgs {
@@ -59,8 +52,6 @@ pub struct RmArgs {
     /// Confirms that every object of the pool is to be deleted.
     #[arg(long)]
     pub yes_i_really_mean_it: bool,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
@@ -69,10 +60,6 @@ pub struct GetArgs {
     pub name: String,
     /// One of: size, min_size, pg_num, pgp_num, crush_rule, id (default: all).
     pub key: Option<String>,
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -83,8 +70,6 @@ pub struct SetArgs {
     pub key: String,
     /// The new value (a number; for crush_rule the rule's name or id).
     pub value: String,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 fn pool_json(p: &Pool) -> serde_json::Value {
@@ -95,12 +80,12 @@ fn pool_json(p: &Pool) -> serde_json::Value {
     })
 }
 
-pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
+pub fn run(cmd: PoolCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async move {
         match cmd {
             PoolCommand::Create(a) => {
-                let rados = a.conf.connect().await?;
+                let rados = g.conf.connect().await?;
                 let spec = PoolSpec {
                     name: a.name.clone(),
                     pg_num: a.pg_num,
@@ -111,9 +96,9 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 let id = rados.create_pool(spec).await?;
                 eprintln!("pool '{}' created (id {id})", a.name);
             }
-            PoolCommand::Ls(a) => {
-                let map = a.conf.connect().await?.osd_map();
-                match a.format {
+            PoolCommand::Ls(_) => {
+                let map = g.conf.connect().await?.osd_map();
+                match g.format {
                     OutputFormat::Json => {
                         let v: Vec<_> = map.pools.values().map(pool_json).collect();
                         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -132,25 +117,25 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                         a.name
                     );
                 }
-                let rados = a.conf.connect().await?;
+                let rados = g.conf.connect().await?;
                 rados.delete_pool(&a.name).await?;
                 eprintln!("pool '{}' deleted", a.name);
             }
             PoolCommand::Get(a) => {
-                let map = a.conf.connect().await?.osd_map();
+                let map = g.conf.connect().await?.osd_map();
                 let Some(p) = map.pool_by_name(&a.name) else {
                     bail!("pool '{}' does not exist", a.name);
                 };
                 let all = pool_json(p);
                 match &a.key {
                     Some(k) => match all.get(k.as_str()) {
-                        Some(v) if a.format == OutputFormat::Json => {
+                        Some(v) if g.format == OutputFormat::Json => {
                             println!("{}", serde_json::json!({ k.as_str(): v }))
                         }
                         Some(v) => println!("{k}: {v}"),
                         None => bail!("unknown pool setting '{k}'"),
                     },
-                    None if a.format == OutputFormat::Json => {
+                    None if g.format == OutputFormat::Json => {
                         println!("{}", serde_json::to_string_pretty(&all)?)
                     }
                     None => {
@@ -163,7 +148,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 }
             }
             PoolCommand::Set(a) => {
-                let rados = a.conf.connect().await?;
+                let rados = g.conf.connect().await?;
                 let reply = rados
                     .mon_command(MonCommand::PoolSet {
                         name: a.name.clone(),

@@ -14,7 +14,7 @@ use kelp_client::{ClientError, IoCtx};
 use kelp_types::ByteSize;
 
 use crate::cmd::OutputFormat;
-use crate::cmd::common::{self, ConfArgs};
+use crate::cmd::common;
 
 #[derive(Args, Debug)]
 pub struct RadosArgs {
@@ -24,8 +24,6 @@ pub struct RadosArgs {
     /// Object namespace.
     #[arg(short = 'N', long = "namespace", global = true, default_value = "")]
     pub namespace: String,
-    #[command(flatten)]
-    pub conf: ConfArgs,
     #[command(subcommand)]
     pub cmd: RadosCommand,
 }
@@ -44,11 +42,7 @@ pub enum RadosCommand {
         names: Vec<String>,
     },
     /// Size, modification time and version of an object.
-    Stat {
-        name: String,
-        #[arg(long, value_enum, default_value = "plain")]
-        format: OutputFormat,
-    },
+    Stat { name: String },
     /// Set an extended attribute.
     Setxattr {
         name: String,
@@ -126,7 +120,8 @@ pub struct BenchArgs {
     /// Print each second's progress as one JSON line (flushed) instead of the plain table.
     #[arg(long)]
     pub progress_json: bool,
-    #[arg(long, value_enum, default_value = "plain")]
+    /// The global --format, for the summary.
+    #[arg(skip)]
     pub format: OutputFormat,
 }
 
@@ -141,13 +136,13 @@ pub enum BenchMode {
 const BENCH_PREFIX: &str = "benchmark_data_";
 const BENCH_META: &str = "benchmark_last_metadata";
 
-pub fn run(a: RadosArgs) -> Result<ExitCode> {
+pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async move {
         let Some(pool) = a.pool.clone() else {
             bail!("which pool? pass -p POOL");
         };
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         let mut io = rados.ioctx(&pool).await?;
         io.set_namespace(&a.namespace);
         match a.cmd {
@@ -174,9 +169,9 @@ pub fn run(a: RadosArgs) -> Result<ExitCode> {
                         .with_context(|| format!("removing '{n}'"))?;
                 }
             }
-            RadosCommand::Stat { name, format } => {
+            RadosCommand::Stat { name } => {
                 let st = io.stat(&name).await?;
-                match format {
+                match g.format {
                     OutputFormat::Json => println!(
                         "{}",
                         serde_json::json!({"pool": pool, "name": name, "size": st.size,
@@ -234,7 +229,10 @@ pub fn run(a: RadosArgs) -> Result<ExitCode> {
                 }
             }
             RadosCommand::Rmomapkey { name, keys } => io.omap_rm_keys(&name, &keys).await?,
-            RadosCommand::Bench(b) => bench(&io, b).await?,
+            RadosCommand::Bench(mut b) => {
+                b.format = g.format;
+                bench(&io, b).await?
+            }
             RadosCommand::Cleanup => {
                 let n = cleanup(&io).await?;
                 eprintln!("removed {n} benchmark objects");

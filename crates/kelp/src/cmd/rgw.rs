@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use kelp_rgw::{AccessKey, Rgw, RgwConfig};
 
 use crate::cmd::OutputFormat;
-use crate::cmd::common::{self, ConfArgs};
+use crate::cmd::common;
 
 /// Pools and tuning shared by the gateway and the admin commands.
 #[derive(Args, Debug, Clone)]
@@ -64,8 +64,6 @@ impl RgwPoolArgs {
 
 #[derive(Args, Debug)]
 pub struct RgwArgs {
-    #[command(flatten)]
-    pub conf: ConfArgs,
     /// TCP port to serve S3 on (0: any free port; see --data).
     #[arg(long, default_value_t = 7480)]
     pub port: u16,
@@ -87,12 +85,12 @@ pub struct RgwArgs {
     pub pools: RgwPoolArgs,
 }
 
-pub fn run_gateway(a: RgwArgs) -> Result<ExitCode> {
+pub fn run_gateway(a: RgwArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     common::init_logging("info");
     let rt = common::runtime()?;
     rt.block_on(async {
         common::trim_heap_periodically();
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         let cfg = RgwConfig {
             lc_interval: Duration::from_secs(a.lc_interval_secs),
             ..a.pools.config(Duration::from_secs(a.gc_interval_secs))
@@ -146,12 +144,7 @@ pub enum S3Command {
 #[derive(Args, Debug)]
 pub struct AdminArgs {
     #[command(flatten)]
-    pub conf: ConfArgs,
-    #[command(flatten)]
     pub pools: RgwPoolArgs,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = OutputFormat::Plain)]
-    pub format: OutputFormat,
 }
 
 #[derive(Subcommand, Debug)]
@@ -297,8 +290,8 @@ pub enum LcCommand {
     },
 }
 
-async fn open(a: &AdminArgs) -> Result<Rgw> {
-    let rados = a.conf.connect().await?;
+async fn open(a: &AdminArgs, g: &crate::cmd::common::Global) -> Result<Rgw> {
+    let rados = g.conf.connect().await?;
     Ok(Rgw::open(rados, a.pools.config(Duration::ZERO)).await?)
 }
 
@@ -327,10 +320,14 @@ fn print_user(u: &kelp_rgw::UserRecord, format: OutputFormat) -> Result<()> {
     Ok(())
 }
 
-pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
+pub fn run_admin(cmd: S3Command, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     common::init_logging("warn");
     let rt = common::runtime()?;
-    if let S3Command::Bench(args) = cmd {
+    if let S3Command::Bench(mut args) = cmd {
+        args.format = match g.format {
+            OutputFormat::Json => kelp_s3bench::Format::Json,
+            OutputFormat::Plain => kelp_s3bench::Format::Text,
+        };
         rt.block_on(kelp_s3bench::run(&args, std::io::stdout()))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -343,7 +340,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 secret_key,
                 admin,
             }) => {
-                let rgw = open(&admin).await?;
+                let rgw = open(&admin, g).await?;
                 let name = if display_name.is_empty() {
                     uid.clone()
                 } else {
@@ -352,21 +349,21 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 let u = rgw
                     .create_user(&uid, &name, key_of(access_key, secret_key))
                     .await?;
-                print_user(&u, admin.format)?;
+                print_user(&u, g.format)?;
             }
             S3Command::User(UserCommand::Ls { admin }) => {
-                let users = open(&admin).await?.users().await?;
-                match admin.format {
+                let users = open(&admin, g).await?.users().await?;
+                match g.format {
                     OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&users)?),
                     OutputFormat::Plain => users.iter().for_each(|u| println!("{u}")),
                 }
             }
             S3Command::User(UserCommand::Info { uid, admin }) => {
-                let u = open(&admin).await?.user(&uid).await?;
-                print_user(&u, admin.format)?;
+                let u = open(&admin, g).await?.user(&uid).await?;
+                print_user(&u, g.format)?;
             }
             S3Command::User(UserCommand::Rm { uid, admin }) => {
-                open(&admin).await?.remove_user(&uid).await?;
+                open(&admin, g).await?.remove_user(&uid).await?;
                 eprintln!("user '{uid}' removed");
             }
             S3Command::Key(KeyCommand::Create {
@@ -375,11 +372,11 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 secret_key,
                 admin,
             }) => {
-                let k = open(&admin)
+                let k = open(&admin, g)
                     .await?
                     .add_key(&uid, key_of(access_key, secret_key))
                     .await?;
-                match admin.format {
+                match g.format {
                     OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&k)?),
                     OutputFormat::Plain => {
                         println!("access key:   {}", k.access_key);
@@ -388,11 +385,11 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 }
             }
             S3Command::Key(KeyCommand::Rm { access_key, admin }) => {
-                open(&admin).await?.remove_key(&access_key).await?;
+                open(&admin, g).await?.remove_key(&access_key).await?;
                 eprintln!("access key '{access_key}' removed");
             }
             S3Command::Bucket(BucketCommand::Ls { uid, admin }) => {
-                let rgw = open(&admin).await?;
+                let rgw = open(&admin, g).await?;
                 let list: Vec<(String, String)> = match uid {
                     Some(u) => rgw
                         .user_buckets(&u)
@@ -402,7 +399,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                         .collect(),
                     None => rgw.all_buckets().await?,
                 };
-                match admin.format {
+                match g.format {
                     OutputFormat::Json => {
                         let v: Vec<_> = list
                             .iter()
@@ -414,7 +411,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 }
             }
             S3Command::Bucket(BucketCommand::Stats { bucket, admin }) => {
-                let rgw = open(&admin).await?;
+                let rgw = open(&admin, g).await?;
                 let b = rgw.bucket(&bucket).await?;
                 let (objects, bytes) = rgw.bucket_usage(&b).await?;
                 let v = serde_json::json!({
@@ -422,7 +419,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                     "num_objects": objects, "size_bytes": bytes,
                     "generation": b.generation, "resharding_to": b.reshard.as_ref().map(|t| t.shards),
                 });
-                match admin.format {
+                match g.format {
                     OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&v)?),
                     OutputFormat::Plain => {
                         println!("bucket:   {}", b.name);
@@ -440,7 +437,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 num_shards,
                 admin,
             }) => {
-                let rgw = open(&admin).await?;
+                let rgw = open(&admin, g).await?;
                 rgw.user(&uid).await?;
                 let b = rgw
                     .create_bucket(&uid, &bucket, num_shards, "", kelp_rgw::acl::CannedAcl::Private)
@@ -452,7 +449,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 num_shards,
                 admin,
             }) => {
-                let s = open(&admin).await?.reshard(&bucket, num_shards).await?;
+                let s = open(&admin, g).await?.reshard(&bucket, num_shards).await?;
                 eprintln!(
                     "bucket '{bucket}' resharded from {} to {} shards ({} entries copied, {} \
                      changes replayed while it served)",
@@ -464,7 +461,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 purge_objects,
                 admin,
             }) => {
-                let rgw = open(&admin).await?;
+                let rgw = open(&admin, g).await?;
                 let b = rgw.bucket(&bucket).await?;
                 let n = rgw.delete_bucket(&b, purge_objects).await?;
                 eprintln!("bucket '{bucket}' removed ({n} object(s) deleted)");
@@ -472,8 +469,8 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
             S3Command::Bench(_) => unreachable!("handled above"),
             S3Command::Lc(LcCommand::Run { admin }) => {
                 let day = Duration::from_secs(admin.pools.lc_day_secs.max(1));
-                let s = open(&admin).await?.lc_once(day).await?;
-                if matches!(admin.format, OutputFormat::Json) {
+                let s = open(&admin, g).await?.lc_once(day).await?;
+                if matches!(g.format, OutputFormat::Json) {
                     println!("{}", serde_json::to_string_pretty(&s)?);
                 } else {
                     eprintln!(
@@ -487,7 +484,7 @@ pub fn run_admin(cmd: S3Command) -> Result<ExitCode> {
                 }
             }
             S3Command::Gc(GcCommand::Run { admin }) => {
-                let s = open(&admin).await?.gc_once().await?;
+                let s = open(&admin, g).await?.gc_once().await?;
                 eprintln!(
                     "garbage collected: {} unreferenced instance(s), {} abandoned upload(s)",
                     s.collected, s.abandoned

@@ -18,7 +18,7 @@ use kelp_proto::{
 use kelp_types::{OsdId, PgId};
 
 use crate::cmd::OutputFormat;
-use crate::cmd::common::{self, ConfArgs};
+use crate::cmd::common;
 
 #[derive(Args, Debug)]
 pub struct PgScrubArgs {
@@ -31,18 +31,12 @@ pub struct PgScrubArgs {
     /// Give up waiting after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 #[derive(Args, Debug)]
 pub struct ListInconsistentArgs {
     /// The PG (`POOL.SEED_HEX`).
     pub pgid: PgId,
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -50,12 +44,14 @@ pub struct OsdScrubArgs {
     /// OSD ids (`3` or `osd.3`).
     #[arg(required = true)]
     pub ids: Vec<OsdId>,
-    #[command(flatten)]
-    pub conf: ConfArgs,
 }
 
 /// `kelp pg scrub|deep-scrub|repair PGID [--wait]`.
-pub fn run_pg_scrub(a: PgScrubArgs, kind: PgCommandKind) -> Result<ExitCode> {
+pub fn run_pg_scrub(
+    a: PgScrubArgs,
+    kind: PgCommandKind,
+    g: &crate::cmd::common::Global,
+) -> Result<ExitCode> {
     let verb = match kind {
         PgCommandKind::Scrub { deep: false } => "scrub",
         PgCommandKind::Scrub { deep: true } => "deep-scrub",
@@ -64,7 +60,7 @@ pub fn run_pg_scrub(a: PgScrubArgs, kind: PgCommandKind) -> Result<ExitCode> {
     };
     let rt = common::runtime()?;
     rt.block_on(async {
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         let reply = rados.pg_command(a.pgid, kind).await?;
         println!("instructing pg {} on osd.{} to {verb}", a.pgid, reply.osd);
         if !a.wait {
@@ -116,14 +112,17 @@ async fn wait_for(rados: &Rados, pg: PgId, seq: u64, timeout_secs: u64) -> Resul
 }
 
 /// `kelp pg list-inconsistent PGID`.
-pub fn run_list_inconsistent(a: ListInconsistentArgs) -> Result<ExitCode> {
+pub fn run_list_inconsistent(
+    a: ListInconsistentArgs,
+    g: &crate::cmd::common::Global,
+) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async {
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         let r = rados
             .pg_command(a.pgid, PgCommandKind::ListInconsistent)
             .await?;
-        match a.format {
+        match g.format {
             OutputFormat::Json => {
                 let v = serde_json::json!({
                     "pgid": a.pgid.to_string(),
@@ -204,10 +203,14 @@ fn object_json(o: &InconsistentObject) -> serde_json::Value {
 }
 
 /// `kelp osd scrub|deep-scrub N…`: every PG each OSD is primary for.
-pub fn run_osd_scrub(a: OsdScrubArgs, deep: bool) -> Result<ExitCode> {
+pub fn run_osd_scrub(
+    a: OsdScrubArgs,
+    deep: bool,
+    g: &crate::cmd::common::Global,
+) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async {
-        let rados = a.conf.connect().await?;
+        let rados = g.conf.connect().await?;
         for id in &a.ids {
             let r = rados
                 .osd_scrub_command(

@@ -25,13 +25,8 @@ use kelp_proto::{
 use crate::cmd::OutputFormat;
 use crate::cmd::common::{self, ConfArgs};
 
-#[derive(Args, Debug)]
-pub struct StatusArgs {
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
-}
+#[derive(Args, Debug, Default)]
+pub struct StatusArgs {}
 
 #[derive(Args, Debug)]
 pub struct HealthArgs {
@@ -46,10 +41,6 @@ pub struct HealthArgs {
     /// Seconds --wait waits at most.
     #[arg(long, default_value_t = 300, value_name = "SECS")]
     pub timeout: u64,
-    #[command(flatten)]
-    pub conf: ConfArgs,
-    #[arg(long, value_enum, default_value = "plain")]
-    pub format: OutputFormat,
 }
 
 /// One failed health check (Ceph's stable names).
@@ -615,13 +606,19 @@ pub fn status_json(r: &Report) -> serde_json::Value {
     })
 }
 
-pub fn run_status(a: StatusArgs) -> Result<ExitCode> {
+pub fn run_status(_a: StatusArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
-    let r = rt.block_on(report(&a.conf))?;
-    if a.format == OutputFormat::Json {
+    let r = rt.block_on(report(&g.conf))?;
+    if g.format == OutputFormat::Json {
         println!("{}", serde_json::to_string_pretty(&status_json(&r))?);
         return Ok(ExitCode::SUCCESS);
     }
+    print_status(&r);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a report the way `ceph -s` does.
+pub fn print_status(r: &Report) {
     let map = &r.map;
     println!("  cluster:");
     println!("    id:     {}", map.fsid);
@@ -723,7 +720,6 @@ pub fn run_status(a: StatusArgs) -> Result<ExitCode> {
             println!("    {l}");
         }
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// What keeps the cluster from being ready for clients: OSDs of the map that are not up, and
@@ -801,16 +797,16 @@ pub async fn wait_ready(
     }
 }
 
-pub fn run_health(a: HealthArgs) -> Result<ExitCode> {
+pub fn run_health(a: HealthArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
     if a.wait {
         rt.block_on(async {
-            let rados = a.conf.connect().await?;
+            let rados = g.conf.connect().await?;
             wait_ready(&rados, std::time::Duration::from_secs(a.timeout), || Ok(())).await
         })?;
     }
-    let r = rt.block_on(report(&a.conf))?;
-    if a.format == OutputFormat::Json {
+    let r = rt.block_on(report(&g.conf))?;
+    if g.format == OutputFormat::Json {
         println!(
             "{}",
             serde_json::to_string_pretty(&status_json(&r)["health"])?

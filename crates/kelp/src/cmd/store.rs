@@ -59,9 +59,6 @@ pub struct FsckArgs {
     /// Also read every allocated block and verify its crc32c; names each damaged object.
     #[arg(long)]
     pub deep: bool,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t)]
-    pub format: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -92,10 +89,6 @@ pub struct BenchArgs {
     /// log separately (the layout `kelp store mkfs` makes without --prewrite).
     #[arg(long)]
     pub no_prewrite: bool,
-    /// Output format; json prints {results: [{name, ops_per_s, mib_per_s, p50_ms, p99_ms, ...}],
-    /// peak_rss_mib, metadata_bytes_per_object, ingest, ...}.
-    #[arg(long, value_enum, default_value_t)]
-    pub format: OutputFormat,
     /// Keep the benchmark store instead of deleting it.
     #[arg(long)]
     pub keep: bool,
@@ -108,7 +101,7 @@ pub struct BenchArgs {
     pub only: Vec<String>,
 }
 
-pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
+pub fn run(cmd: StoreCommand, g: &crate::cmd::common::Global) -> anyhow::Result<ExitCode> {
     match cmd {
         StoreCommand::Mkfs(a) => {
             let opts = MkfsOptions {
@@ -134,7 +127,7 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
         StoreCommand::Fsck(a) => {
             let rep = kelp_store::fsck_dir(&a.dir, a.deep)
                 .with_context(|| format!("fsck {}", a.dir.display()))?;
-            match a.format {
+            match g.format {
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rep)?),
                 OutputFormat::Plain => {
                     for p in &rep.problems {
@@ -203,7 +196,7 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                     ..StoreConfig::default()
                 },
             };
-            let quiet = a.format == OutputFormat::Json;
+            let quiet = g.format == OutputFormat::Json;
             let result = run_bench(&a.dir, &opts, &|line| {
                 if quiet {
                     eprintln!("{line}");
@@ -234,7 +227,7 @@ pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
                 }
             }
             let rep = result.context("benchmark failed")?;
-            match a.format {
+            match g.format {
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rep)?),
                 OutputFormat::Plain => {
                     println!(

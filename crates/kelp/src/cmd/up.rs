@@ -28,9 +28,10 @@ const DEFAULT_POOL: &str = "data";
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
-    /// Cluster directory (created if missing, reopened if it holds a cluster).
-    #[arg(long, default_value = "kelp-data")]
-    pub dir: PathBuf,
+    /// Cluster directory (created if missing, reopened if it holds a cluster; default:
+    /// --cluster, else ./kelp-data).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
     /// OSDs to create (only when creating the cluster).
     #[arg(long, default_value_t = 3)]
     pub osds: u32,
@@ -89,9 +90,9 @@ fn create_rgw(dir: &Path, port: u16) -> Result<()> {
 
 #[derive(Args, Debug)]
 pub struct DownArgs {
-    /// Cluster directory.
-    #[arg(long, default_value = "kelp-data")]
-    pub dir: PathBuf,
+    /// Cluster directory (default: --cluster, else ./kelp-data).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -115,9 +116,9 @@ pub enum DaemonCommand {
 
 #[derive(Args, Debug)]
 pub struct AddOsdArgs {
-    /// Cluster directory.
-    #[arg(long, default_value = "kelp-data")]
-    pub dir: PathBuf,
+    /// Cluster directory (default: --cluster, else ./kelp-data).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
     /// Size of the new OSD's data file. Default: as `kelp up` chooses, from the free space
     /// (at most 16 GiB); the file grows as data arrives.
     #[arg(long)]
@@ -255,9 +256,9 @@ fn choose_osd_size(
 pub struct RemoveOsdArgs {
     /// OSD id (`3` or `osd.3`).
     pub id: kelp_types::OsdId,
-    /// Cluster directory.
-    #[arg(long, default_value = "kelp-data")]
-    pub dir: PathBuf,
+    /// Cluster directory (default: --cluster, else ./kelp-data).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
     /// Remove it even if it is in or PGs still map to it (whatever only it holds is lost).
     #[arg(long)]
     pub force: bool,
@@ -267,9 +268,9 @@ pub struct RemoveOsdArgs {
 pub struct DaemonArgs {
     /// `mon.NAME`, `osd.N` or `rgw.gw`.
     pub name: String,
-    /// Cluster directory.
-    #[arg(long, default_value = "kelp-data")]
-    pub dir: PathBuf,
+    /// Cluster directory (default: --cluster, else ./kelp-data).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 /// One daemon of the cluster.
@@ -277,6 +278,13 @@ pub struct DaemonArgs {
 struct Daemon {
     name: String,
     args: Vec<String>,
+}
+
+/// The directory of an existing cluster: `dir`, else --cluster, else ./kelp-data.
+fn existing_dir(g: &common::Global, dir: Option<&Path>) -> Result<PathBuf> {
+    let d = g.conf.cluster_dir(dir);
+    d.canonicalize()
+        .with_context(|| format!("{} does not exist (no cluster there)", d.display()))
 }
 
 fn abs(dir: &Path) -> Result<PathBuf> {
@@ -647,10 +655,7 @@ fn check_started(dir: &Path) -> Result<()> {
 }
 
 fn admin_conf(dir: &Path) -> crate::cmd::common::ConfArgs {
-    crate::cmd::common::ConfArgs {
-        conf: Some(dir.join("kelp.conf")),
-        entity: "client.admin".into(),
-    }
+    crate::cmd::common::ConfArgs::for_dir(dir)
 }
 
 /// Waits until the monitors answer a status command with a cluster map.
@@ -728,9 +733,9 @@ async fn wait_ready(dir: &Path, timeout: Duration) -> Result<()> {
     crate::cmd::status::wait_ready(&rados, timeout, || check_started(dir)).await
 }
 
-pub fn run_up(a: UpArgs) -> Result<ExitCode> {
+pub fn run_up(a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     common::init_logging("warn");
-    let dir = abs(&a.dir)?;
+    let dir = abs(&g.conf.cluster_dir(a.dir.as_deref()))?;
     let new = !dir.join("kelp.conf").exists();
     if new {
         eprintln!(
@@ -944,28 +949,22 @@ fn print_banner(dir: &Path, detached: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn run_down(a: DownArgs) -> Result<ExitCode> {
-    let dir = a
-        .dir
-        .canonicalize()
-        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+pub fn run_down(a: DownArgs, g: &common::Global) -> Result<ExitCode> {
+    let dir = existing_dir(g, a.dir.as_deref())?;
     let n = stop_all(&dir)?;
     eprintln!("stopped {n} daemon(s)");
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn run_daemon(cmd: DaemonCommand) -> Result<ExitCode> {
+pub fn run_daemon(cmd: DaemonCommand, g: &common::Global) -> Result<ExitCode> {
     let (a, action) = match cmd {
         DaemonCommand::Start(a) => (a, "start"),
         DaemonCommand::Stop(a) => (a, "stop"),
         DaemonCommand::Restart(a) => (a, "restart"),
-        DaemonCommand::AddOsd(a) => return add_osd(a),
-        DaemonCommand::RemoveOsd(a) => return remove_osd(a),
+        DaemonCommand::AddOsd(a) => return add_osd(a, g),
+        DaemonCommand::RemoveOsd(a) => return remove_osd(a, g),
     };
-    let dir = a
-        .dir
-        .canonicalize()
-        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+    let dir = existing_dir(g, a.dir.as_deref())?;
     let list = daemons(&dir)?;
     let Some(d) = list.iter().find(|d| d.name == a.name) else {
         let names: Vec<&str> = list.iter().map(|d| d.name.as_str()).collect();
@@ -990,11 +989,8 @@ pub fn run_daemon(cmd: DaemonCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn add_osd(a: AddOsdArgs) -> Result<ExitCode> {
-    let dir = a
-        .dir
-        .canonicalize()
-        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+fn add_osd(a: AddOsdArgs, g: &common::Global) -> Result<ExitCode> {
+    let dir = existing_dir(g, a.dir.as_deref())?;
     let rt = common::runtime()?;
     let id = rt.block_on(async {
         let rados = admin_conf(&dir).connect().await?;
@@ -1074,11 +1070,8 @@ async fn wait_clean(rados: &kelp_client::Rados, name: &str) -> Result<()> {
     }
 }
 
-fn remove_osd(a: RemoveOsdArgs) -> Result<ExitCode> {
-    let dir = a
-        .dir
-        .canonicalize()
-        .with_context(|| format!("{} does not exist", a.dir.display()))?;
+fn remove_osd(a: RemoveOsdArgs, g: &common::Global) -> Result<ExitCode> {
+    let dir = existing_dir(g, a.dir.as_deref())?;
     let id = a.id.0;
     let name = format!("osd.{id}");
     let rt = common::runtime()?;
