@@ -264,7 +264,7 @@ fn kelp_invocations(line: &str) -> Vec<Vec<String>> {
         // skip leading VAR=value assignments
         let start = c
             .iter()
-            .position(|w| !(w.contains('=') && !w.starts_with('-')));
+            .position(|w| !w.contains('=') || w.starts_with('-'));
         let Some(start) = start else { continue };
         if c[start] != "kelp" {
             continue;
@@ -272,7 +272,7 @@ fn kelp_invocations(line: &str) -> Vec<Vec<String>> {
         let mut expanded: Vec<Vec<String>> = vec![Vec::new()];
         for w in &c[start + 1..] {
             // shell syntax ends what is checked: redirections, quotes, variables
-            if w.starts_with(['>', '<', '"', '\'', '$']) || w.chars().any(|ch| !ch.is_ascii()) {
+            if w.starts_with(['>', '<', '"', '\'', '$']) || !w.is_ascii() {
                 break;
             }
             if w.contains('|') && !w.starts_with('-') {
