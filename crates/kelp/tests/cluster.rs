@@ -448,15 +448,13 @@ async fn three_monitors_keep_serving_when_the_leader_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_osd_is_added_then_another_drained_and_removed_without_losing_a_byte() {
     let started = Instant::now();
-    // Prewritten data files (the default): the stores say so; the added OSD's file is only
+    // Data files that grow (the default): the stores say so; the added OSD's file is only
     // reserved (`--no-prewrite`), so the cluster mixes both kinds of store.
     let cluster = Cluster::up_with(&[]);
-    let prewritten = |osd: u32| {
-        kelp_store::Superblock::read(&cluster.dir.join(format!("osd.{osd}")))
-            .unwrap()
-            .data_prewritten
-    };
-    assert!(prewritten(0) && prewritten(2));
+    let superblock =
+        |osd: u32| kelp_store::Superblock::read(&cluster.dir.join(format!("osd.{osd}"))).unwrap();
+    assert!(superblock(0).data_written.is_some() && superblock(2).data_written.is_some());
+    assert!(superblock(0).data_written_ahead() && !superblock(0).data_prewritten);
     let d = cluster.dir.display().to_string();
     let conf = cluster.conf().display().to_string();
     let rados = cluster.connect().await;
@@ -484,7 +482,7 @@ async fn an_osd_is_added_then_another_drained_and_removed_without_losing_a_byte(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!prewritten(3));
+    assert!(!superblock(3).data_written_ahead());
     for i in 0..100 {
         let name = format!("during-{i}");
         let data = body(8, i);

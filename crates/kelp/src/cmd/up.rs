@@ -325,6 +325,9 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
     if a.osds == 0 {
         bail!("--osds must be at least 1");
     }
+    // Chosen first: a file system too small for any cluster is refused before anything is
+    // written.
+    let osd_size = choose_osd_size(dir, a.osds as u64, a.osd_size, a.files, CLUSTER_OVERHEAD)?;
     let fsid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
         .map(|s| s.trim().to_string())
         .context("generating a cluster id")?;
@@ -385,7 +388,6 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
         }
         run_quiet(&args)?;
     }
-    let osd_size = choose_osd_size(dir, a.osds as u64, a.osd_size, a.files, CLUSTER_OVERHEAD)?;
     if a.files.prewrite {
         eprintln!(
             "writing {} OSD data files of {osd_size} with zeros (once, at creation)…",
@@ -407,6 +409,21 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
                 .map_err(|_| anyhow::anyhow!("creating an OSD's store panicked"))?
         })
     })
+}
+
+/// Removes what a failed [`create`] wrote into `dir` (and nothing else that may be there), so
+/// that the next `kelp up` creates the cluster afresh instead of reopening half of one.
+fn remove_partial_cluster(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join("kelp.conf"));
+    let _ = std::fs::remove_file(dir.join("keyring"));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with("mon.") || name.starts_with("osd.") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
 }
 
 /// Makes an OSD's store in `dir` (`kelp store mkfs`).
@@ -744,7 +761,10 @@ pub fn run_up(a: UpArgs, g: &common::Global) -> Result<ExitCode> {
             a.mons,
             a.osds
         );
-        create(&dir, &a)?;
+        if let Err(e) = create(&dir, &a) {
+            remove_partial_cluster(&dir);
+            return Err(e);
+        }
     } else {
         eprintln!("reopening the cluster in {}…", dir.display());
     }
