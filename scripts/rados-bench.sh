@@ -8,8 +8,10 @@
 # Usage: scripts/rados-bench.sh DIR [SECONDS]   Env: KELP=path/to/kelp, OSD_SIZE=16GiB (4 MiB
 #        writes put up to ~1.2 GB/s on each OSD of a quiet VM: 20 s need ~23 GiB OSDs, 14 s
 #        fit in 21 GiB; 3 x OSD_SIZE must be free; a full OSD stops the bench cleanly),
-#        PREWRITE=0 (kelp up --no-prewrite: data files only reserved, not written with zeros),
-#        TESTS="w4m r4m w4k r4k", KEEP=1 (leave the cluster running; otherwise it is stopped
+#        PREWRITE=1 (the default: kelp up --prewrite, data files written with zeros up front),
+#        PREWRITE=0 (kelp up's default: data files that grow as data arrives),
+#        PREWRITE=reserve (kelp up --no-prewrite: data files only reserved, not written),
+#        TESTS="w4m r4m w4k r4k" (also: clean = remove the benchmark objects), KEEP=1 (leave the cluster running; otherwise it is stopped
 #        and its data directory DIR/kelp deleted, the result files in DIR stay)
 set -euo pipefail
 {
@@ -20,9 +22,15 @@ OSD_SIZE=${OSD_SIZE:-16GiB}
 TESTS=${TESTS:-w4m r4m w4k r4k}
 TCK=$(getconf CLK_TCK)
 mkdir -p "$DIR"
-"$KELP" up --dir "$DIR/kelp" --detach --osd-size "$OSD_SIZE" $([[ ${PREWRITE:-1} == 0 ]] && echo --no-prewrite) >"$DIR/up.log" 2>&1
+case ${PREWRITE:-1} in
+  1) FILES=--prewrite ;;
+  0) FILES= ;;
+  reserve) FILES=--no-prewrite ;;
+  *) echo "PREWRITE must be 1, 0 or reserve" >&2; exit 2 ;;
+esac
+"$KELP" up --dir "$DIR/kelp" --detach --osd-size "$OSD_SIZE" $FILES >"$DIR/up.log" 2>&1
 CONF=$DIR/kelp/kelp.conf
-# The cluster's OSD files are OSD_SIZE each, fallocated: remove them at the end (results stay).
+# The cluster's OSD files are up to OSD_SIZE each: remove them at the end (results stay).
 [[ ${KEEP:-0} == 1 ]] || trap '"$KELP" down --dir "$DIR/kelp" >/dev/null 2>&1; rm -rf "$DIR/kelp"' EXIT
 pids() { cat "$DIR"/kelp/run/*.pid; }
 cpu_ticks() { local t=0 p; for p in $(pids); do t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done; echo $t; }
@@ -52,6 +60,8 @@ PY
 }
 for t in $TESTS; do
   case $t in
+    clean) env KELP_CONF="$CONF" "$KELP" rados -p data cleanup >/dev/null 2>&1 || true
+           env KELP_CONF="$CONF" "$KELP" health --wait --timeout 120 >/dev/null ;;
     w4m) run write_4m $((4<<20)) write --no-cleanup ;;
     r4m) run seq_4m $((4<<20)) seq ;;
     w4k) env KELP_CONF="$CONF" "$KELP" rados -p data cleanup >/dev/null 2>&1 || true
