@@ -734,7 +734,7 @@ impl OsdService {
             // First right here, if the store can answer from memory (onode cache, page cache:
             // `kelp_store::nowait`), else on a blocking thread. Reads that need the device never
             // run on the async worker: under I/O contention from other processes a slow pread
-            // stalled both workers and reads fell 3-6x (measured in session 6).
+            // stalled both workers and reads fell 3-6x (measured 2026-11-22).
             let inline = kelp_store::nowait::attempt(|| {
                 execute(&*store, coll, &op.object, &op.ops, &data, stamp, &limits)
             });

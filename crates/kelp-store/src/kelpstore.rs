@@ -2331,13 +2331,13 @@ struct DurableBatch {
 /// `commit_batch`), acknowledges them, then does what follows the acknowledgements
 /// (`finish_batch`: deferred write-back, releasing freed units) before taking the next batch.
 ///
-/// Until session 18 a second thread, the finisher, did `finish_batch`, so that the next
+/// Until 2026-11-26 (commit `f6df5b5`) a second thread, the finisher, did `finish_batch`, so that the next
 /// batch's log write overlapped with the write-back. On the 2-vCPU reference VM, where
 /// replicated 4 KiB writes are CPU-bound, handing every batch to another thread cost more than
 /// the overlap gained: two more context switches per batch (the finisher's wake-up and its
 /// park) on top of the write-back's own. Finishing in the committer gave +4-10 % 4 KiB writes
 /// and 5-9 % less daemon CPU per write in a cluster, with `kelp store bench`'s 4 KiB writes
-/// unchanged within noise (docs/BENCHMARKS.md, session 18).
+/// unchanged within noise (docs/benchmarks/rados.md, 2026-11-26 08:00-09:00 UTC).
 fn committer(inner: Arc<Inner>) {
     let Some(bitmap) = lock(&inner.bitmap).take() else {
         return;
@@ -2574,7 +2574,7 @@ fn cleanup_deferred(inner: &Inner, st: &mut CommitterState) -> Result<()> {
 /// batches have accumulated; earlier if a batch flushes the data file anyway or when idle.
 /// Each drop costs a data-file flush; the records themselves live in the log (bounded by its
 /// size, and a checkpoint flushes the data file anyway), so the bound is loose: 64 batches /
-/// 1 MiB here cost 5-20 % of a 4 KiB ingest (docs/BENCHMARKS.md, session 9).
+/// 1 MiB here cost 5-20 % of a 4 KiB ingest (docs/benchmarks/store.md, 2026-11-25 01:45-03:00 UTC).
 const CLEANUP_BATCHES: usize = 1024;
 /// ... or once they hold this much data (bounds the dirty write-back in the page cache that the
 /// flush then has to write).

@@ -8,7 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
 
 /// Every daemon and tool allocates through mimalloc. Measured on the reference VM against
-/// glibc's malloc and jemalloc (docs/BENCHMARKS.md, "Allocator and OSD memory"): OSD CPU per
+/// glibc's malloc and jemalloc (docs/benchmarks/memory.md): OSD CPU per
 /// replicated 4 KiB write 0.31 ms instead of 0.37, 4 MiB writes faster, memory alike.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

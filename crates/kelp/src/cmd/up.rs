@@ -354,7 +354,7 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
             keyring: PathBuf::from("keyring"),
         },
         // The OSDs share one machine: half the store's default memory budget each (no
-        // measured cost in `kelp rados bench`; docs/BENCHMARKS.md, session 13).
+        // measured cost in `kelp rados bench`; docs/benchmarks/rados.md, 2026-11-25 16:58-18:41 UTC).
         osd: kelp_client::OsdSection {
             cache: Some(UP_OSD_CACHE.to_string()),
             threads: None,
@@ -440,9 +440,9 @@ fn mkfs_osd(dir: &Path, size: kelp_types::ByteSize, files: OsdFileArgs) -> Resul
 }
 
 /// The store memory budget `kelp up` writes into a new cluster's `kelp.conf` (`[osd] cache`).
-/// 96 MiB since session 15 (128 before): OSD RSS after the RADOS benchmark 149-155 instead of
+/// 96 MiB since 2026-11-25 (128 before): OSD RSS after the RADOS benchmark 149-155 instead of
 /// 163-169 MiB, 4 KiB random reads of a bigger working set up to a quarter slower
-/// (docs/BENCHMARKS.md, "Session 15").
+/// (docs/benchmarks/memory.md).
 const UP_OSD_CACHE: &str = "96MiB";
 
 /// Async worker threads for each of `osds` OSDs sharing this machine.
@@ -511,7 +511,7 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
     }
     // The OSDs share this machine's CPUs: about CPUs / OSDs async workers each (at least one),
     // unless kelp.conf's `[osd] threads` says otherwise. Fewer workers than CPUs per OSD means
-    // fewer cross-thread wake-ups per replicated write (docs/BENCHMARKS.md, session 13).
+    // fewer cross-thread wake-ups per replicated write (docs/benchmarks/rados.md, 2026-11-25).
     let conf_threads = kelp_client::ClusterConf::load(&dir.join("kelp.conf"))
         .map(|c| c.osd.threads)
         .unwrap_or(None);
