@@ -174,6 +174,22 @@ const KNOWN_PARAMS: &[&str] = &[
     "Expires",
 ];
 
+/// `x-amz-*` query parameters that are not headers moved into the query, or whose being
+/// ignored changes nothing (SigV4 presigned-URL authentication is case-insensitive here).
+const HOISTED_OK: &[&str] = &[
+    "x-amz-algorithm",
+    "x-amz-credential",
+    "x-amz-date",
+    "x-amz-expires",
+    "x-amz-signedheaders",
+    "x-amz-signature",
+    "x-amz-security-token",
+    "x-amz-content-sha256",
+    "x-amz-user-agent",
+    // no checksum is stored with an object, so there is none to return either way
+    "x-amz-checksum-mode",
+];
+
 /// S3 subresources the gateway does not implement: (name, on objects rather than buckets).
 const UNIMPLEMENTED_SUBRESOURCES: &[(&str, bool)] = &[
     ("accelerate", false),
@@ -343,9 +359,19 @@ pub fn check_form(fields: &[(String, String)]) -> Option<Refusal> {
 fn check_query(method: &Method, resource: Resource, q: &[(String, String)]) -> Option<Refusal> {
     let read = matches!(method.as_str(), "GET" | "HEAD");
     for (name, value) in q {
-        if KNOWN_PARAMS.contains(&name.as_str()) || name.to_ascii_lowercase().starts_with("x-amz-")
-        {
+        if KNOWN_PARAMS.contains(&name.as_str()) {
             continue;
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("x-amz-") {
+            if HOISTED_OK.contains(&lower.as_str()) {
+                continue;
+            }
+            // A header some SDKs move into a presigned URL's query: `s3s` reads headers
+            // only, so it would be ignored (an ACL, a checksum, an expected owner…).
+            return Some(Refusal::NotImplemented(format!(
+                "the header {name} in the query string (send it as a header)"
+            )));
         }
         if let Some((_, on_object)) = UNIMPLEMENTED_SUBRESOURCES.iter().find(|(n, _)| n == name) {
             let here = (resource == Resource::Object) == *on_object;
@@ -1000,6 +1026,27 @@ mod tests {
         assert_eq!(
             put(&[("x-amz-copy-source", "/b/k"), src]),
             Some("InvalidRequest")
+        );
+        // any header there: s3s would not read it (an ACL, a checksum…)
+        for q in [
+            "x-amz-acl=public-read",
+            "x-amz-checksum-crc32=AAAAAA==",
+            "X-Amz-Meta-A=b",
+        ] {
+            assert_eq!(
+                code(Method::PUT, Resource::Object, q, &[]),
+                Some("NotImplemented"),
+                "{q}"
+            );
+        }
+        assert_eq!(
+            code(
+                Method::GET,
+                Resource::Object,
+                "x-amz-checksum-mode=ENABLED",
+                &[]
+            ),
+            None
         );
         // hoisted into a presigned URL's query
         assert_eq!(
