@@ -16,9 +16,9 @@
 //!
 //! What is verified rather than refused: the checksums default clients send (boto3 ≥ 1.36 and
 //! the aws CLI add `x-amz-checksum-crc32` to every upload): an object or part body is checked
-//! as it streams ([`crate::s3`]'s `BodyChecks`), a small XML body by the front end with
-//! [`verify_document`] before `s3s` parses it. Here only their shape is checked (one
-//! algorithm, a known one, a trailer that names it).
+//! as it streams ([`crate::s3`]'s `BodyChecks`), an XML request document by the front end with
+//! [`verify_document`] as `s3s` reads it (after the signature check) and before it parses it.
+//! Here only their shape is checked (one algorithm, a known one, a trailer that names it).
 
 use hyper::header::HeaderMap;
 use hyper::{Method, StatusCode};
