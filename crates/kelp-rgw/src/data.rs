@@ -373,14 +373,29 @@ impl Rgw {
     /// Deletes an instance's RADOS objects: parts (for a multipart object), tails, then the
     /// head, so an interrupted delete can be repeated. `size: None` means unknown (an
     /// abandoned upload): stripes are probed until several in a row are missing.
+    /// Deletes an instance that was never committed (an abandoned upload, found by its
+    /// pending entry). If it is the head of a multipart completion, the parts its manifest
+    /// names are not its own: they still belong to the upload (which stays and can be
+    /// completed again), or to the completion that won, or went to the collector with an
+    /// abort; following the manifest, as [`Rgw::delete_instance`] does for a committed
+    /// object, would delete their data under the upload's entries.
+    pub async fn delete_uncommitted(&self, inst: &str) -> Result<()> {
+        self.delete_data(inst, None, false).await
+    }
+
+    /// Deletes a committed instance: its objects and, for a multipart object, its parts.
     pub async fn delete_instance(&self, inst: &str, size: Option<u64>) -> Result<()> {
+        self.delete_data(inst, size, true).await
+    }
+
+    async fn delete_data(&self, inst: &str, size: Option<u64>, with_parts: bool) -> Result<()> {
         let data = &self.inner.data;
         let meta = match data.get_xattr(inst, META_XATTR).await {
             Ok(raw) => decode::<ObjectMeta>(inst, &raw).ok(),
             Err(ClientError::NotFound { .. } | ClientError::NoData { .. }) => None,
             Err(e) => return Err(e.into()),
         };
-        if let Some(m) = &meta {
+        if let Some(m) = meta.as_ref().filter(|_| with_parts) {
             for p in &m.parts {
                 Box::pin(self.delete_instance(&p.inst, Some(p.size))).await?;
             }

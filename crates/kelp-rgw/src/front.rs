@@ -12,9 +12,13 @@
 //!   `AccessDenied`, "Invalid according to Policy", where `s3s` says 400
 //!   `InvalidPolicyDocument`), and a `key` with `${filename}` is shown as stored in the 201
 //!   document and the 303 redirect (`s3s` writes the key as the form gave it).
+//! * **Request documents.** The checksum of an XML request body (and the elements of a
+//!   lifecycle configuration) is checked as `s3s` reads it ([`DocumentCheck`]); a refusal
+//!   replaces `s3s`' answer.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -27,6 +31,7 @@ use crate::RgwError;
 use crate::cors;
 use crate::form::{FormFields, FormSniffer, PostForm, form_boundary};
 use crate::rgw::Rgw;
+use crate::unsupported;
 
 /// The gateway's HTTP service: the `s3s` service plus CORS and form handling.
 #[derive(Clone)]
@@ -136,6 +141,19 @@ impl Front {
         let origin = header(&parts.headers, "origin").map(str::to_string);
         let method = parts.method.clone();
         let mut body = Body::from(body);
+        let verdict = DocumentVerdict::default();
+        if let Some((checks, lifecycle)) =
+            DocumentCheck::for_request(&parts, bucket.as_deref(), has_key)
+        {
+            body = Body::http_body(DocumentCheck {
+                inner: body,
+                seen: Vec::new(),
+                checks,
+                lifecycle,
+                verdict: verdict.clone(),
+                judged: false,
+            });
+        }
         let mut form = None;
         if method == Method::POST
             && bucket.is_some()
@@ -148,6 +166,9 @@ impl Front {
             form = Some(pf);
         }
         let mut resp = self.s3.call(Request::from_parts(parts, body)).await?;
+        if let Some((status, code, message)) = verdict.take() {
+            resp = error_response(status, &code, &message);
+        }
         if let Some(pf) = form {
             resp = post_answer(resp, &pf.snapshot()).await;
         }
@@ -263,6 +284,130 @@ impl Front {
     }
 }
 
+/// Largest request document (XML) the front end looks at; `s3s` refuses larger ones
+/// anyway (its `xml_max_body_size`).
+const MAX_DOCUMENT: usize = 20 << 20;
+
+/// Why a document body was refused (status, code, message), set when its stream ends.
+#[derive(Clone, Default)]
+struct DocumentVerdict(Arc<Mutex<Option<(StatusCode, String, String)>>>);
+
+impl DocumentVerdict {
+    fn take(&self) -> Option<(StatusCode, String, String)> {
+        self.0.lock().ok().and_then(|mut v| v.take())
+    }
+}
+
+/// The body of a request whose body is a document (XML: lifecycle, CORS, tagging,
+/// DeleteObjects…), checked as `s3s` reads it: its `Content-MD5` / `x-amz-checksum-*`
+/// (`s3s` parses documents without looking at their checksums, and boto3 sends a CRC32 with
+/// every one) and, for a lifecycle configuration, elements `s3s` would skip
+/// ([`unsupported::check_lifecycle`]). Object and part data are verified as they stream, by
+/// the handler.
+///
+/// `s3s` reads a document only after the signature and access checks, so an anonymous
+/// client cannot make the gateway read one; when the stream ends the verdict is given, and
+/// a refused document ends in an error instead (nothing is parsed or stored) which
+/// [`Front::handle`] turns into the S3 answer.
+struct DocumentCheck {
+    inner: Body,
+    seen: Vec<u8>,
+    checks: Vec<(String, String)>,
+    lifecycle: bool,
+    verdict: DocumentVerdict,
+    judged: bool,
+}
+
+impl DocumentCheck {
+    /// The check a request's body needs, if it is a document with something to check.
+    fn for_request(
+        parts: &hyper::http::request::Parts,
+        bucket: Option<&str>,
+        has_key: bool,
+    ) -> Option<(Vec<(String, String)>, bool)> {
+        if !matches!(parts.method, Method::PUT | Method::POST) {
+            return None;
+        }
+        let resource = match (bucket, has_key) {
+            (None, _) => unsupported::Resource::Service,
+            (Some(_), false) => unsupported::Resource::Bucket,
+            (Some(_), true) => unsupported::Resource::Object,
+        };
+        let query = parts.uri.query();
+        if unsupported::carries_object_data(&parts.method, resource, query, &parts.headers)
+            // refused by the access hook (NotImplemented) rather than misread here
+            || header(&parts.headers, "content-encoding").is_some_and(|e| e.contains("aws-chunked"))
+        {
+            return None;
+        }
+        let checks = unsupported::document_checks(&parts.headers);
+        let lifecycle = unsupported::is_put_lifecycle(&parts.method, resource, query);
+        (!checks.is_empty() || lifecycle).then_some((checks, lifecycle))
+    }
+
+    fn judge(&self) -> Option<(StatusCode, String, String)> {
+        if self.seen.len() > MAX_DOCUMENT {
+            // s3s answers MaxMessageLengthExceeded
+            return None;
+        }
+        if let Err((code, msg)) = unsupported::verify_document(&self.checks, &self.seen) {
+            return Some((StatusCode::BAD_REQUEST, code.as_str().to_string(), msg));
+        }
+        if self.lifecycle
+            && let Some(r) = unsupported::check_lifecycle(&self.seen)
+        {
+            return Some((r.status(), r.code().to_string(), r.to_string()));
+        }
+        None
+    }
+}
+
+impl hyper::body::Body for DocumentCheck {
+    type Data = Bytes;
+    type Error = s3s::StdError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, s3s::StdError>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref()
+                    && this.seen.len() <= MAX_DOCUMENT
+                {
+                    this.seen.extend_from_slice(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) if !this.judged => {
+                this.judged = true;
+                match this.judge() {
+                    Some(refusal) => {
+                        let why = refusal.2.clone();
+                        if let Ok(mut v) = this.verdict.0.lock() {
+                            *v = Some(refusal);
+                        }
+                        Poll::Ready(Some(Err(why.into())))
+                    }
+                    None => Poll::Ready(None),
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // not before the verdict: a reader that stops at "end" would skip the check
+        self.judged && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The answer to a browser POST, as S3 gives it (see the module docs).
 async fn post_answer(resp: Response<Body>, form: &FormFields) -> Response<Body> {
     let status = resp.status();
@@ -331,6 +476,65 @@ mod tests {
         assert_eq!(target("/b"), (Some("b".into()), false));
         assert_eq!(target("/b/"), (Some("b".into()), false));
         assert_eq!(target("/b/k/x"), (Some("b".into()), true));
+    }
+
+    /// Reads a body through [`DocumentCheck`] as `s3s` does: (what was read, the verdict).
+    async fn read_document(
+        body: &'static [u8],
+        checks: &[(&str, &str)],
+        lifecycle: bool,
+    ) -> (bool, Option<String>) {
+        let verdict = DocumentVerdict::default();
+        let mut b = Body::http_body(DocumentCheck {
+            inner: Body::from(Bytes::from_static(body)),
+            seen: Vec::new(),
+            checks: checks
+                .iter()
+                .map(|(a, v)| (a.to_string(), v.to_string()))
+                .collect(),
+            lifecycle,
+            verdict: verdict.clone(),
+            judged: false,
+        });
+        let read = b.store_all_limited(MAX_DOCUMENT).await.is_ok();
+        (read, verdict.take().map(|(_, code, _)| code))
+    }
+
+    #[tokio::test]
+    async fn documents_are_checked_as_they_are_read() {
+        let doc = b"<Tagging><TagSet/></Tagging>";
+        let crc = |d: &[u8]| {
+            let mut h = s3s::checksum::ChecksumHasher {
+                crc32: Some(Default::default()),
+                ..Default::default()
+            };
+            h.update(d);
+            h.finalize().checksum_crc32.unwrap()
+        };
+        let good = crc(doc);
+        assert_eq!(
+            read_document(doc, &[("crc32", &good)], false).await,
+            (true, None)
+        );
+        assert_eq!(
+            read_document(doc, &[("crc32", "AAAAAA==")], false).await,
+            (false, Some("BadDigest".into()))
+        );
+        // an empty body is judged too (a reader that trusted "end of stream" would skip it)
+        assert_eq!(
+            // (the CRC32 of nothing is 0, AAAAAA==)
+            read_document(b"", &[("crc32", "AAAAAQ==")], false).await,
+            (false, Some("BadDigest".into()))
+        );
+        assert_eq!(
+            read_document(b"", &[("crc32", &crc(b""))], false).await,
+            (true, None)
+        );
+        let odd = b"<LifecycleConfiguration><Rule><Archive/></Rule></LifecycleConfiguration>";
+        assert_eq!(
+            read_document(odd, &[], true).await,
+            (false, Some("MalformedXML".into()))
+        );
     }
 
     #[test]

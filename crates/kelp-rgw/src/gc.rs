@@ -93,7 +93,7 @@ impl Rgw {
             }
             let inst = p.instance(&k);
             debug!(bucket = %b.name, key = %p.key, inst, "collecting an abandoned upload");
-            self.delete_instance(inst, None).await?;
+            self.delete_uncommitted(inst).await?;
             stats.abandoned += 1;
         }
         Ok(stats)

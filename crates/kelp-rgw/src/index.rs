@@ -529,7 +529,8 @@ impl Rgw {
     }
 
     /// Drops an instance that will never be committed: claims its pending entry (unless the
-    /// collector already did) and deletes its data.
+    /// collector already did) and deletes its data (never the parts a completion's manifest
+    /// names: see [`Rgw::delete_uncommitted`]).
     pub async fn abandon_instance(
         &self,
         b: &BucketRecord,
@@ -552,7 +553,7 @@ impl Rgw {
         // Removed now, or earlier by the collector (the slot is this upload's alone).
         pending.removed();
         if claimed {
-            self.delete_instance(inst, None).await?;
+            self.delete_uncommitted(inst).await?;
         }
         Ok(())
     }
@@ -1003,6 +1004,7 @@ impl Rgw {
         pending: &PendingEntry,
         used: &[(i32, PartEntry)],
         unused: &[(i32, PartEntry)],
+        cond: &WriteCondition,
     ) -> Result<Made> {
         let k = obj_key(key);
         let uk = upload_key(key, upload_id);
@@ -1034,6 +1036,9 @@ impl Rgw {
                             "the upload's parts changed while it was being completed".into(),
                         ));
                     }
+                    // If-Match / If-None-Match: * on the object the upload replaces, checked
+                    // in the same guarded update that replaces it
+                    check_condition(key, r.entry(&k)?.as_ref(), cond)?;
                     let mut t = Txn::default();
                     t.expect_present(&uk)
                         .expect(&pk, Some(pending_value))

@@ -356,6 +356,11 @@ pub struct PartEntry {
     /// Hex MD5 of the part.
     pub etag: String,
     pub mtime_ns: u64,
+    /// The part's checksums the upload computed (`crc32` → base64 value…), so that
+    /// CompleteMultipartUpload can verify the ones its request lists. Absent in parts
+    /// written before checksums were kept (they have none to verify against).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checksums: BTreeMap<String, String>,
 }
 
 pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {

@@ -25,3 +25,4 @@ pub use layout::{AccessKey, BucketRecord, UserRecord};
 pub use rgw::{Rgw, RgwConfig};
 pub mod s3;
 pub mod server;
+pub mod unsupported;

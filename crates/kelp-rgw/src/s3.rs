@@ -20,7 +20,7 @@ mod post;
 pub use access::{ANONYMOUS_OPS, KelpAccess};
 pub use post::MAX_POST_SIZE;
 
-use self::access::{bucket_acl, no_grants, object_acl};
+use self::access::{bucket_acl, object_acl};
 use crate::acl::Access;
 use crate::data::InstanceWriter;
 use crate::error::RgwError;
@@ -297,6 +297,11 @@ impl KelpS3 {
             size: entry.size,
             etag: entry.etag.clone(),
             mtime_ns: entry.mtime_ns,
+            checksums: checks
+                .computed
+                .as_ref()
+                .map(checksum_map)
+                .unwrap_or_default(),
         };
         if let Err(e) = self
             .rgw
@@ -453,10 +458,50 @@ fn rule_from_dto(r: LifecycleRule) -> S3Result<lifecycle::Rule> {
             )),
         }
     };
-    let size = |v: Option<i64>| v.map(|n| n.max(0) as u64);
+    let size = |v: Option<i64>, what: &str| -> S3Result<Option<u64>> {
+        match v {
+            Some(n) if n < 0 => Err(s3_error!(
+                InvalidArgument,
+                "'{what}' must be a non-negative integer"
+            )),
+            v => Ok(v.map(|n| n as u64)),
+        }
+    };
+    let enabled = match r.status.as_str() {
+        ExpirationStatus::ENABLED => true,
+        ExpirationStatus::DISABLED => false,
+        other => {
+            return Err(s3_error!(
+                MalformedXML,
+                "a rule's Status is Enabled or Disabled, not '{other}'"
+            ));
+        }
+    };
+    if r.prefix.is_some() && r.filter.is_some() {
+        return Err(s3_error!(
+            MalformedXML,
+            "a rule has a Filter or (the older form) a Prefix, not both"
+        ));
+    }
+    if let Some(f) = &r.filter {
+        // a Filter holds exactly one condition; several are combined with And
+        let conditions = [
+            f.prefix.is_some(),
+            f.tag.is_some(),
+            f.and.is_some(),
+            f.object_size_greater_than.is_some(),
+            f.object_size_less_than.is_some(),
+        ];
+        if conditions.iter().filter(|c| **c).count() > 1 {
+            return Err(s3_error!(
+                MalformedXML,
+                "a Filter holds one of Prefix, Tag, ObjectSizeGreaterThan, ObjectSizeLessThan or And"
+            ));
+        }
+    }
     let mut out = lifecycle::Rule {
         id: r.id.unwrap_or_default(),
-        enabled: r.status.as_str() == ExpirationStatus::ENABLED,
+        enabled,
         prefix: r.prefix.unwrap_or_default(),
         ..Default::default()
     };
@@ -468,8 +513,8 @@ fn rule_from_dto(r: LifecycleRule) -> S3Result<lifecycle::Rule> {
             out.tags
                 .insert(t.key.unwrap_or_default(), t.value.unwrap_or_default());
         }
-        out.size_greater_than = size(f.object_size_greater_than);
-        out.size_less_than = size(f.object_size_less_than);
+        out.size_greater_than = size(f.object_size_greater_than, "ObjectSizeGreaterThan")?;
+        out.size_less_than = size(f.object_size_less_than, "ObjectSizeLessThan")?;
         if let Some(a) = f.and {
             if let Some(p) = a.prefix {
                 out.prefix = p;
@@ -478,11 +523,37 @@ fn rule_from_dto(r: LifecycleRule) -> S3Result<lifecycle::Rule> {
                 out.tags
                     .insert(t.key.unwrap_or_default(), t.value.unwrap_or_default());
             }
-            out.size_greater_than = size(a.object_size_greater_than).or(out.size_greater_than);
-            out.size_less_than = size(a.object_size_less_than).or(out.size_less_than);
+            out.size_greater_than = size(a.object_size_greater_than, "ObjectSizeGreaterThan")?;
+            out.size_less_than = size(a.object_size_less_than, "ObjectSizeLessThan")?;
         }
     }
+    if let (Some(gt), Some(lt)) = (out.size_greater_than, out.size_less_than)
+        && gt >= lt
+    {
+        return Err(s3_error!(
+            InvalidArgument,
+            "ObjectSizeGreaterThan must be less than ObjectSizeLessThan"
+        ));
+    }
     if let Some(e) = r.expiration {
+        if e.expired_object_delete_marker.is_some() && (e.days.is_some() || e.date.is_some()) {
+            return Err(s3_error!(
+                MalformedXML,
+                "ExpiredObjectDeleteMarker cannot be specified with Days or Date in a Lifecycle Expiration Policy"
+            ));
+        }
+        if e.expired_object_delete_marker == Some(true) && !out.tags.is_empty() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "ExpiredObjectDeleteMarker cannot be specified with a tag filter"
+            ));
+        }
+        if let Some(d) = &e.date {
+            let t: time::OffsetDateTime = d.clone().into();
+            if t.unix_timestamp() % 86_400 != 0 || t.nanosecond() != 0 {
+                return Err(s3_error!(InvalidArgument, "'Date' must be at midnight GMT"));
+            }
+        }
         out.expiration_days = days(e.days, "Days")?;
         out.expiration_date_ns = e.date.map(|d| {
             let t: time::OffsetDateTime = d.into();
@@ -491,10 +562,30 @@ fn rule_from_dto(r: LifecycleRule) -> S3Result<lifecycle::Rule> {
         out.expired_object_delete_marker = e.expired_object_delete_marker.unwrap_or(false);
     }
     if let Some(n) = r.noncurrent_version_expiration {
+        if n.noncurrent_days.is_none() {
+            return Err(s3_error!(
+                InvalidArgument,
+                "NoncurrentVersionExpiration needs NoncurrentDays"
+            ));
+        }
+        if n.newer_noncurrent_versions
+            .is_some_and(|v| !(1..=100).contains(&v))
+        {
+            return Err(s3_error!(
+                InvalidArgument,
+                "NewerNoncurrentVersions must be 1 to 100"
+            ));
+        }
         out.noncurrent_days = days(n.noncurrent_days, "NoncurrentDays")?;
         out.newer_noncurrent_versions = n.newer_noncurrent_versions.map(|v| v.max(0) as u32);
     }
     if let Some(a) = r.abort_incomplete_multipart_upload {
+        if !out.tags.is_empty() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "AbortIncompleteMultipartUpload cannot be specified with a tag filter"
+            ));
+        }
         out.abort_multipart_days = days(a.days_after_initiation, "DaysAfterInitiation")?;
     }
     Ok(out)
@@ -502,8 +593,11 @@ fn rule_from_dto(r: LifecycleRule) -> S3Result<lifecycle::Rule> {
 
 fn rule_to_dto(r: &lifecycle::Rule) -> LifecycleRule {
     let tags: Vec<Tag> = tag_set(&r.tags);
-    let sized = r.size_greater_than.is_some() || r.size_less_than.is_some();
-    let filter = if tags.len() > 1 || (!tags.is_empty() && (sized || !r.prefix.is_empty())) {
+    let conditions = usize::from(!r.prefix.is_empty())
+        + tags.len()
+        + usize::from(r.size_greater_than.is_some())
+        + usize::from(r.size_less_than.is_some());
+    let filter = if conditions > 1 {
         LifecycleRuleFilter {
             and: Some(LifecycleRuleAndOperator {
                 prefix: Some(r.prefix.clone()),
@@ -515,7 +609,8 @@ fn rule_to_dto(r: &lifecycle::Rule) -> LifecycleRule {
         }
     } else {
         LifecycleRuleFilter {
-            prefix: Some(r.prefix.clone()),
+            // the one condition, or an empty prefix (every key) when there is none
+            prefix: (conditions == 0 || !r.prefix.is_empty()).then(|| r.prefix.clone()),
             tag: tags.into_iter().next(),
             object_size_greater_than: r.size_greater_than.map(|v| v as i64),
             object_size_less_than: r.size_less_than.map(|v| v as i64),
@@ -650,12 +745,37 @@ fn check_key(key: &str) -> S3Result<()> {
     Ok(())
 }
 
+/// The checksums of `c` by algorithm (`crc32` → base64 value), as a part keeps them.
+fn checksum_map(c: &Checksum) -> BTreeMap<String, String> {
+    [
+        ("crc32", &c.checksum_crc32),
+        ("crc32c", &c.checksum_crc32c),
+        ("sha1", &c.checksum_sha1),
+        ("sha256", &c.checksum_sha256),
+        ("crc64nvme", &c.checksum_crc64nvme),
+    ]
+    .into_iter()
+    .filter_map(|(a, v)| v.clone().map(|v| (a.to_string(), v)))
+    .collect()
+}
+
+/// The destination conditions of a write from its `If-Match` / `If-None-Match` headers
+/// (other forms of `If-None-Match` were refused before: `crate::unsupported`).
+fn write_condition(if_match: Option<String>, if_none_match: Option<&str>) -> WriteCondition {
+    WriteCondition {
+        if_absent: if_none_match.is_some_and(|v| v.trim() == "*"),
+        if_etag: if_match.map(|v| v.trim().trim_matches('"').to_string()),
+    }
+}
+
 /// Content-MD5 and x-amz-checksum-* verification of an uploaded body.
 struct BodyChecks {
     content_md5: Option<String>,
     hasher: s3s::checksum::ChecksumHasher,
     expected: Checksum,
     trailers: Option<s3s::TrailingHeaders>,
+    /// The checksum `x-amz-trailer` promised (lowercase header name): it must arrive.
+    declared_trailer: Option<String>,
     computed: Option<Checksum>,
 }
 
@@ -705,8 +825,28 @@ impl BodyChecks {
                 ..Default::default()
             },
             trailers,
+            declared_trailer: None,
             computed: None,
         })
+    }
+
+    /// Requires the trailer `x-amz-trailer` names (if any) to arrive with the body, so that
+    /// a checksum promised is never skipped because it did not come.
+    fn declared_trailer(mut self, headers: &hyper::HeaderMap) -> BodyChecks {
+        self.declared_trailer = headers
+            .get("x-amz-trailer")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().to_ascii_lowercase());
+        match self.declared_trailer.as_deref() {
+            Some("x-amz-checksum-crc32") => self.hasher.crc32 = Some(Default::default()),
+            Some("x-amz-checksum-crc32c") => self.hasher.crc32c = Some(Default::default()),
+            Some("x-amz-checksum-sha1") => self.hasher.sha1 = Some(Default::default()),
+            Some("x-amz-checksum-sha256") => self.hasher.sha256 = Some(Default::default()),
+            Some("x-amz-checksum-crc64nvme") => self.hasher.crc64nvme = Some(Default::default()),
+            // anything else was refused before the body was read (crate::unsupported)
+            _ => {}
+        }
+        self
     }
 
     fn none() -> BodyChecks {
@@ -728,9 +868,23 @@ impl BodyChecks {
             }
         }
         let hasher = std::mem::take(&mut self.hasher);
-        let got = hasher.finalize();
         let mut exp = self.expected.clone();
-        if let Some(t) = self.trailers.take().and_then(|t| t.take()) {
+        let trailers = self.trailers.take().and_then(|t| t.take());
+        if let Some(name) = &self.declared_trailer {
+            let value = trailers
+                .as_ref()
+                .and_then(|t| t.get(name.as_str()))
+                .and_then(|v| v.to_str().ok());
+            if value.is_none() {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::Custom("MalformedTrailerError".into()),
+                    format!("x-amz-trailer names {name} but the body carried no such trailer"),
+                )
+                .with_status(400));
+            }
+        }
+        let got = hasher.finalize();
+        if let Some(t) = trailers {
             let get = |name: &str| {
                 t.get(name)
                     .and_then(|v| v.to_str().ok())
@@ -754,6 +908,13 @@ impl BodyChecks {
             ),
         ];
         for (name, want, have) in pairs {
+            if want.is_some() && have.is_none() {
+                // a trailer for an algorithm nobody declared: nothing computed it
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "the body carried a {name} checksum that x-amz-trailer did not declare"
+                ));
+            }
             if let (Some(w), Some(h)) = (want, have)
                 && w != h
             {
@@ -973,16 +1134,6 @@ impl S3 for KelpS3 {
         let uid = self.caller(&req.credentials).await?;
         let input = req.input;
         let acl = bucket_acl(input.acl.as_ref())?;
-        no_grants(&[
-            &input.grant_full_control,
-            &input.grant_read,
-            &input.grant_read_acp,
-            &input.grant_write,
-            &input.grant_write_acp,
-        ])?;
-        if input.object_lock_enabled_for_bucket == Some(true) {
-            return Err(s3_error!(NotImplemented, "object lock is not supported"));
-        }
         let location = input
             .create_bucket_configuration
             .and_then(|c| c.location_constraint)
@@ -1092,12 +1243,6 @@ impl S3 for KelpS3 {
         let input = req.input;
         check_key(&input.key)?;
         let acl = object_acl(input.acl.as_ref().map(|a| a.as_str()))?;
-        no_grants(&[
-            &input.grant_full_control,
-            &input.grant_read,
-            &input.grant_read_acp,
-            &input.grant_write_acp,
-        ])?;
         let cond = WriteCondition {
             if_absent: input.if_none_match.as_ref().is_some_and(|c| c.is_any()),
             if_etag: input.if_match.as_ref().map(|c| match c {
@@ -1114,7 +1259,8 @@ impl S3 for KelpS3 {
             input.checksum_sha256.clone(),
             input.checksum_crc64nvme.clone(),
             req.trailing_headers,
-        )?;
+        )?
+        .declared_trailer(&req.headers);
         let meta = meta_from_headers(
             input.content_type.clone(),
             input.content_encoding.clone(),
@@ -1428,12 +1574,6 @@ impl S3 for KelpS3 {
         let input = req.input;
         check_key(&input.key)?;
         let acl = object_acl(input.acl.as_ref().map(|a| a.as_str()))?;
-        no_grants(&[
-            &input.grant_full_control,
-            &input.grant_read,
-            &input.grant_read_acp,
-            &input.grant_write_acp,
-        ])?;
         let (src_b, src_key, src) = self
             .copy_source(&req.credentials, &input.copy_source)
             .await?;
@@ -1483,7 +1623,22 @@ impl S3 for KelpS3 {
             src_meta.tags.clone()
         };
         let body = self.stream_instance(&src, &src_meta, 0, src.size);
-        let mut checks = BodyChecks::none();
+        // x-amz-checksum-algorithm asks for the copy's checksum: computed as it streams
+        let mut checks = BodyChecks::new(
+            None,
+            input.checksum_algorithm.as_ref(),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )?;
+        let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+        let cond = write_condition(
+            header("if-match").map(str::to_string),
+            header("if-none-match"),
+        );
         let (entry, version_id) = self
             .store_object(
                 &dst,
@@ -1492,15 +1647,21 @@ impl S3 for KelpS3 {
                 Some(src.size as i64),
                 &mut checks,
                 meta,
-                &WriteCondition::default(),
+                &cond,
             )
             .await?;
+        let sums = checks.computed.unwrap_or_default();
         Ok(S3Response::new(CopyObjectOutput {
             version_id,
             copy_source_version_id: shown_version(&src_b, &src),
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(etag(&entry.etag)),
                 last_modified: Some(ts(entry.mtime_ns)),
+                checksum_crc32: sums.checksum_crc32,
+                checksum_crc32c: sums.checksum_crc32c,
+                checksum_sha1: sums.checksum_sha1,
+                checksum_sha256: sums.checksum_sha256,
+                checksum_crc64nvme: sums.checksum_crc64nvme,
                 ..Default::default()
             }),
             ..Default::default()
@@ -1742,12 +1903,6 @@ impl S3 for KelpS3 {
         let input = req.input;
         check_key(&input.key)?;
         let acl = object_acl(input.acl.as_ref().map(|a| a.as_str()))?;
-        no_grants(&[
-            &input.grant_full_control,
-            &input.grant_read,
-            &input.grant_read_acp,
-            &input.grant_write_acp,
-        ])?;
         let meta = meta_from_headers(
             input.content_type,
             input.content_encoding,
@@ -1799,7 +1954,8 @@ impl S3 for KelpS3 {
             input.checksum_sha256.clone(),
             input.checksum_crc64nvme.clone(),
             req.trailing_headers,
-        )?;
+        )?
+        .declared_trailer(&req.headers);
         let part = self
             .store_part(
                 &b,
@@ -2051,6 +2207,23 @@ impl S3 for KelpS3 {
                     t.value()
                 ))));
             }
+            // a checksum the request lists for a part must be one its upload computed
+            for (alg, want) in checksum_map(&Checksum {
+                checksum_crc32: w.checksum_crc32.clone(),
+                checksum_crc32c: w.checksum_crc32c.clone(),
+                checksum_sha1: w.checksum_sha1.clone(),
+                checksum_sha256: w.checksum_sha256.clone(),
+                checksum_crc64nvme: w.checksum_crc64nvme.clone(),
+                ..Default::default()
+            }) {
+                if p.checksums.get(&alg) != Some(&want) {
+                    return Err(s3_err(RgwError::InvalidPart(format!(
+                        "part {n}: its {} checksum is {}, not {want}",
+                        alg.to_ascii_uppercase(),
+                        p.checksums.get(&alg).map_or("not known", String::as_str),
+                    ))));
+                }
+            }
             if i + 1 < wanted.len() && p.size < MIN_PART_SIZE {
                 return Err(s3_err(RgwError::EntityTooSmall {
                     part: n,
@@ -2070,6 +2243,24 @@ impl S3 for KelpS3 {
         }
         let etag_s = format!("{}-{}", hex::encode(md5.finalize()), used.len());
         let size: u64 = used.iter().map(|(_, p)| p.size).sum();
+        if let Some(want) = input.mpu_object_size
+            && want != size as i64
+        {
+            return Err(s3_error!(
+                InvalidRequest,
+                "x-amz-mp-object-size is {want} but the parts hold {size} bytes"
+            ));
+        }
+        let cond = write_condition(
+            input.if_match.as_ref().map(|c| match c {
+                ETagCondition::Any => "*".to_string(),
+                ETagCondition::ETag(t) => t.value().to_string(),
+            }),
+            input
+                .if_none_match
+                .as_ref()
+                .map(|c| if c.is_any() { "*" } else { "" }),
+        );
         let mtime = now_ns();
         let meta = ObjectMeta {
             key: input.key.clone(),
@@ -2114,6 +2305,7 @@ impl S3 for KelpS3 {
                 &pending,
                 &used,
                 &unused,
+                &cond,
             )
             .await
         {
@@ -2345,5 +2537,140 @@ impl S3 for KelpS3 {
         req: S3Request<PostObjectInput>,
     ) -> S3Result<S3Response<PostObjectOutput>> {
         self.do_post_object(req).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(f: impl FnOnce(&mut LifecycleRule)) -> LifecycleRule {
+        let mut r = LifecycleRule {
+            abort_incomplete_multipart_upload: None,
+            expiration: Some(LifecycleExpiration {
+                days: Some(1),
+                ..Default::default()
+            }),
+            filter: Some(LifecycleRuleFilter {
+                prefix: Some("a/".into()),
+                ..Default::default()
+            }),
+            id: Some("r".into()),
+            noncurrent_version_expiration: None,
+            noncurrent_version_transitions: None,
+            prefix: None,
+            status: ExpirationStatus::from_static(ExpirationStatus::ENABLED),
+            transitions: None,
+        };
+        f(&mut r);
+        r
+    }
+
+    fn code(r: LifecycleRule) -> Option<String> {
+        rule_from_dto(r)
+            .err()
+            .map(|e| e.code().as_str().to_string())
+    }
+
+    #[test]
+    fn lifecycle_rules_are_checked_as_aws_does() {
+        assert_eq!(code(rule(|_| {})), None);
+        assert_eq!(
+            code(rule(
+                |r| r.status = ExpirationStatus::from("Sometimes".to_string())
+            )),
+            Some("MalformedXML".into())
+        );
+        assert_eq!(
+            code(rule(|r| r.prefix = Some("x".into()))),
+            Some("MalformedXML".into())
+        );
+        assert_eq!(
+            code(rule(|r| {
+                r.filter.as_mut().unwrap().tag = Some(Tag {
+                    key: Some("k".into()),
+                    value: Some("v".into()),
+                })
+            })),
+            Some("MalformedXML".into())
+        );
+        assert_eq!(
+            code(rule(|r| r
+                .expiration
+                .as_mut()
+                .unwrap()
+                .expired_object_delete_marker = Some(true))),
+            Some("MalformedXML".into())
+        );
+        assert_eq!(
+            code(rule(|r| r.expiration.as_mut().unwrap().days = Some(0))),
+            Some("InvalidArgument".into())
+        );
+        assert_eq!(
+            code(rule(|r| {
+                r.filter = Some(LifecycleRuleFilter {
+                    object_size_greater_than: Some(-1),
+                    ..Default::default()
+                })
+            })),
+            Some("InvalidArgument".into())
+        );
+        assert_eq!(
+            code(rule(|r| {
+                r.noncurrent_version_expiration = Some(NoncurrentVersionExpiration {
+                    noncurrent_days: None,
+                    newer_noncurrent_versions: Some(2),
+                })
+            })),
+            Some("InvalidArgument".into())
+        );
+        assert_eq!(
+            code(rule(|r| {
+                r.filter = Some(LifecycleRuleFilter {
+                    tag: Some(Tag {
+                        key: Some("k".into()),
+                        value: Some("v".into()),
+                    }),
+                    ..Default::default()
+                });
+                r.abort_incomplete_multipart_upload = Some(AbortIncompleteMultipartUpload {
+                    days_after_initiation: Some(1),
+                });
+            })),
+            Some("InvalidRequest".into())
+        );
+        assert_eq!(
+            code(rule(|r| r.transitions = Some(vec![Transition::default()]))),
+            Some("NotImplemented".into())
+        );
+    }
+
+    #[test]
+    fn lifecycle_rules_read_back_as_they_can_be_put() {
+        // a prefix and a size: written under And (a Filter holds one condition)
+        let stored = rule_from_dto(rule(|r| {
+            r.filter = Some(LifecycleRuleFilter {
+                and: Some(LifecycleRuleAndOperator {
+                    prefix: Some("a/".into()),
+                    object_size_greater_than: Some(10),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }))
+        .unwrap();
+        let back = rule_to_dto(&stored);
+        let f = back.filter.as_ref().unwrap();
+        assert!(
+            f.prefix.is_none() && f.object_size_greater_than.is_none(),
+            "{f:?}"
+        );
+        assert_eq!(rule_from_dto(back).unwrap(), stored);
+        // one condition alone; none: the empty prefix
+        let only = rule_from_dto(rule(|_| {})).unwrap();
+        assert_eq!(rule_from_dto(rule_to_dto(&only)).unwrap(), only);
+        let all = rule_from_dto(rule(|r| r.filter = None)).unwrap();
+        let f = rule_to_dto(&all).filter.unwrap();
+        assert_eq!(f.prefix.as_deref(), Some(""));
     }
 }

@@ -21,8 +21,8 @@ pub async fn serve(rgw: Rgw, listener: TcpListener, shutdown: impl Future<Output
     let auth = KelpAuth::new(rgw.clone());
     let service = {
         let mut b = S3ServiceBuilder::new(KelpS3::new(rgw.clone(), auth.clone()));
-        b.set_auth(auth);
-        b.set_access(KelpAccess::new(rgw.clone()));
+        b.set_auth(auth.clone());
+        b.set_access(KelpAccess::new(rgw.clone(), auth.clone()));
         let mut config = s3s::config::S3Config::default();
         config.post_object_max_file_size = MAX_POST_SIZE;
         config.form_max_fields_size = crate::form::MAX_FIELDS_BYTES;

@@ -2,7 +2,9 @@
 //! DIR/s3.env), a second gateway on the same cluster, then real clients: the boto3 suite in
 //! tests/s3/boto3_suite.py (every operation and error code the gateway implements, across both
 //! gateways), tests/s3/acl_cors_post.py (canned ACLs as anonymous clients and another user see
-//! them, CORS preflights, browser POST uploads and their policy errors), the `aws` CLI syncing a
+//! them, CORS preflights, browser POST uploads and their policy errors), tests/s3/refusals.py
+//! (requests for features the gateway does not implement are refused with AWS's code and store
+//! nothing; default client checksums are verified), the `aws` CLI syncing a
 //! directory tree up and down byte for byte, `kelp s3 bench`, and the `kelp s3` admin commands. Needs python3 with boto3 and awscli (`.ci/run` installs
 //! them); bounded to a few minutes.
 
@@ -209,6 +211,23 @@ fn s3_gateway_with_real_clients() {
         .output()
         .unwrap();
     ok(&out, "ACL / CORS / POST suite");
+
+    // what the gateway does not do is refused with AWS's code and stores nothing; default
+    // client checksums are verified, wrong ones refused
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/refusals.py"))
+        .envs(&env)
+        .env(
+            "OTHER_ACCESS_KEY_ID",
+            bob["keys"][0]["access_key"].as_str().unwrap(),
+        )
+        .env(
+            "OTHER_SECRET_ACCESS_KEY",
+            bob["keys"][0]["secret_key"].as_str().unwrap(),
+        )
+        .output()
+        .unwrap();
+    ok(&out, "refusals");
 
     // a gateway killed (SIGKILL) mid-upload loses nothing it acknowledged
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/kill_load.py");

@@ -13,13 +13,15 @@ use s3s::auth::Credentials;
 use s3s::dto::*;
 use s3s::{S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
-use super::{KelpS3, s3_err};
+use super::{KelpAuth, KelpS3, s3_err};
 use crate::acl::{
     ALL_USERS_URI, AUTHENTICATED_USERS_URI, Access, AclError, CannedAcl, Grantee as AclGrantee,
     Permission as AclPermission, Requester,
 };
 use crate::layout::{BucketRecord, IndexEntry};
 use crate::rgw::Rgw;
+use crate::unsupported::{self, BucketCheck, Refusal, Resource};
+use s3s::path::S3Path;
 
 /// Operations an anonymous request may reach, and what the bucket's ACL must grant everyone
 /// for them (`None`: the object's own ACL decides). Each handler checks the ACLs again.
@@ -43,26 +45,27 @@ pub const ANONYMOUS_OPS: &[(&str, Option<Access>)] = &[
     ("AbortMultipartUpload", Some(Access::Write)),
 ];
 
-/// The `s3s` access hook, run before a request's body is read: signed requests go on to
-/// their handler; anonymous ones only to the operations an ACL can open to everyone, and
-/// (but for object reads) only when the bucket's ACL does, so that nobody can make the
-/// gateway read a body for a request that will be refused.
+/// The `s3s` access hook, run after the signature check and before a request's body is
+/// read:
+///
+/// * anonymous requests go only to the operations an ACL can open to everyone, and (but
+///   for object reads) only when the bucket's ACL does, so that nobody can make the gateway
+///   read a body for a request that will be refused;
+/// * every request asking for something the gateway does not do is refused
+///   ([`crate::unsupported`]), so nothing of it is stored;
+/// * `x-amz-expected-bucket-owner` (and `x-amz-source-expected-bucket-owner` of a copy) must
+///   name the bucket's owner: `AccessDenied` otherwise, as AWS answers.
 pub struct KelpAccess {
     rgw: Rgw,
+    auth: KelpAuth,
 }
 
 impl KelpAccess {
-    pub fn new(rgw: Rgw) -> KelpAccess {
-        KelpAccess { rgw }
+    pub fn new(rgw: Rgw, auth: KelpAuth) -> KelpAccess {
+        KelpAccess { rgw, auth }
     }
-}
 
-#[async_trait::async_trait]
-impl S3Access for KelpAccess {
-    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        if cx.credentials().is_some() {
-            return Ok(());
-        }
+    async fn anonymous(&self, cx: &S3AccessContext<'_>) -> S3Result<()> {
         let op = cx.s3_op().name();
         let Some((_, need)) = ANONYMOUS_OPS.iter().find(|(name, _)| *name == op) else {
             return Err(s3_error!(AccessDenied, "anonymous access is not allowed"));
@@ -75,6 +78,72 @@ impl S3Access for KelpAccess {
             // allowed, or an error the handler reports (NoSuchBucket…)
             _ => Ok(()),
         }
+    }
+
+    /// The answer to a refused request, after what it needs to know of the bucket.
+    async fn refuse(&self, cx: &S3AccessContext<'_>, r: Refusal) -> s3s::S3Error {
+        let check = r.bucket_check();
+        if let (true, Some(bucket)) = (check != BucketCheck::None, cx.s3_path().get_bucket_name()) {
+            let b = match self.rgw.bucket_cached(bucket).await {
+                Ok(b) => b,
+                Err(e) => return s3_err(e),
+            };
+            if check == BucketCheck::Owner {
+                let uid = match cx.credentials() {
+                    Some(c) => match self.auth.lookup(&c.access_key).await {
+                        Ok((uid, _)) => Some(uid),
+                        Err(e) => return e,
+                    },
+                    None => None,
+                };
+                if uid.as_deref() != Some(b.owner.as_str()) {
+                    return denied();
+                }
+            }
+        }
+        r.into()
+    }
+
+    /// `AccessDenied` if `expected` does not name the owner of `bucket` (a missing bucket is
+    /// left to the handler, which answers `NoSuchBucket`).
+    async fn expect_owner(&self, bucket: &str, expected: Option<&str>) -> S3Result<()> {
+        let Some(expected) = expected else {
+            return Ok(());
+        };
+        match self.rgw.bucket_cached(bucket).await {
+            Ok(b) if b.owner != expected => Err(denied()),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl S3Access for KelpAccess {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        if cx.credentials().is_none() {
+            self.anonymous(cx).await?;
+        }
+        let resource = match cx.s3_path() {
+            S3Path::Root => Resource::Service,
+            S3Path::Bucket { .. } => Resource::Bucket,
+            S3Path::Object { .. } => Resource::Object,
+        };
+        if let Some(r) = unsupported::check(cx.method(), resource, cx.uri().query(), cx.headers()) {
+            return Err(self.refuse(cx, r).await);
+        }
+        let header = |name: &str| cx.headers().get(name).and_then(|v| v.to_str().ok());
+        if let Some(bucket) = cx.s3_path().get_bucket_name() {
+            self.expect_owner(bucket, header("x-amz-expected-bucket-owner"))
+                .await?;
+        }
+        if let Some(src) = header("x-amz-copy-source") {
+            let src = src.strip_prefix('/').unwrap_or(src);
+            let bucket = src.split('/').next().unwrap_or_default();
+            let bucket = percent_encoding::percent_decode_str(bucket).decode_utf8_lossy();
+            self.expect_owner(&bucket, header("x-amz-source-expected-bucket-owner"))
+                .await?;
+        }
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 
-use super::access::{no_grants, object_acl};
+use super::access::object_acl;
 use super::{BodyChecks, KelpS3, check_key, meta_from_headers};
 use crate::acl::Access;
 use crate::form::PostForm;
@@ -21,9 +21,6 @@ use crate::layout::ObjectMeta;
 /// Largest file a POST upload may carry: `s3s` holds it in memory before the gateway sees
 /// it, so this is far below the 5 GiB of a PUT (larger files: PUT or multipart upload).
 pub const MAX_POST_SIZE: u64 = 256 << 20;
-
-/// Form fields the gateway does not implement (refused rather than ignored).
-const UNSUPPORTED_FIELDS: &[&str] = &["tagging", "x-amz-website-redirect-location"];
 
 impl KelpS3 {
     pub(super) async fn do_post_object(
@@ -42,18 +39,10 @@ impl KelpS3 {
             ));
         }
         let input = req.input;
-        if let Some(f) = UNSUPPORTED_FIELDS.iter().find(|f| form.field(f).is_some()) {
-            return Err(s3_error!(
-                NotImplemented,
-                "the form field '{f}' is not supported"
-            ));
+        // the form's fields are S3's headers of a PUT: the same refusals apply
+        if let Some(r) = crate::unsupported::check_form(&form.fields) {
+            return Err(r.into());
         }
-        no_grants(&[
-            &input.grant_full_control,
-            &input.grant_read,
-            &input.grant_read_acp,
-            &input.grant_write_acp,
-        ])?;
         let key = form.resolve_key(&input.key);
         check_key(&key)?;
         let acl = object_acl(input.acl.as_ref().map(|a| a.as_str()).or(form.field("acl")))?;
