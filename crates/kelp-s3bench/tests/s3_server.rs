@@ -75,8 +75,21 @@ fn bench_args(addr: SocketAddr, secret: &str, extra: &[&str]) -> BenchArgs {
         "--bucket",
         BUCKET,
     ];
-    argv.extend_from_slice(extra);
-    Cli::try_parse_from(argv).unwrap().bench
+    // `--format` is the caller's (kelp's global option), not parsed by BenchArgs
+    let mut json = false;
+    let mut rest = extra.iter();
+    while let Some(&a) = rest.next() {
+        if a == "--format" {
+            json = rest.next() == Some(&"json");
+        } else {
+            argv.push(a);
+        }
+    }
+    let mut args = Cli::try_parse_from(argv).unwrap().bench;
+    if json {
+        args.format = kelp_s3bench::Format::Json;
+    }
+    args
 }
 
 async fn bench(addr: SocketAddr, extra: &[&str]) -> (Result<Report, BenchError>, String) {
