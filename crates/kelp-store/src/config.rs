@@ -68,6 +68,10 @@ pub struct StoreConfig {
     /// Also bounds how much of the page cache large reads fill. 0: large reads always go to
     /// the device. Default 1 GiB.
     pub hot_read_window: ByteSize,
+    /// A growing data file (`MkfsOptions::grow`) is written with zeros this much at a time,
+    /// ahead of the allocator. 0: 1/64 of the file, between 64 MiB and 512 MiB (the default;
+    /// smaller steps are for tests that must see the file grow often).
+    pub grow_step: ByteSize,
 }
 
 impl Default for StoreConfig {
@@ -78,6 +82,7 @@ impl Default for StoreConfig {
             max_batch_txns: 512,
             deferred_cleanup_ms: 200,
             hot_read_window: ByteSize(1 << 30),
+            grow_step: ByteSize(0),
         }
     }
 }

@@ -2011,9 +2011,11 @@ impl KelpStore {
             )));
         }
         let grower = sb.data_written.is_some().then(|| {
-            Arc::new(Grower::new(
-                grow::step_bytes(sb.data_size, geo.unit) / geo.unit,
-            ))
+            let step = match cfg.grow_step.0 {
+                0 => grow::step_bytes(sb.data_size, geo.unit),
+                s => s.max(geo.unit),
+            };
+            Arc::new(Grower::new(step / geo.unit))
         });
         let onode_cache = OnodeCache::new(cfg.onode_cache_bytes());
         let hot_reads = HotReads::new(cfg.hot_read_window.0);

@@ -24,24 +24,61 @@ use kelp_store::{KelpStore, MemStore, MkfsOptions, ObjectStore, StoreConfig};
 
 #[test]
 fn survives_sigkill_at_random_moments() {
-    let kills: u32 = std::env::var("KELP_CRASH_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
-    let seed: u64 = std::env::var("KELP_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed);
-    let dir = tempfile::tempdir().unwrap();
     // Prewritten data file: copy-on-write rounds commit with one flush (see docs/STORE.md).
+    let dir = tempfile::tempdir().unwrap();
     let opts = MkfsOptions {
         size: kelp_types::ByteSize(512 << 20),
         prewrite: true,
         ..MkfsOptions::default()
     };
     kelp_store::mkfs(dir.path(), &opts).unwrap();
+    kill_rounds(dir.path(), 30, None);
+}
+
+/// The same on a data file that grows, in 64 KiB steps from a frontier set back to 1 MiB, so
+/// that kills land while the grower writes zeros, flushes and records a new frontier: a unit
+/// allocated beyond the recorded frontier would make mount refuse the store, and a lost or
+/// torn commit would fail the checks of [`kill_rounds`].
+#[test]
+fn survives_sigkill_while_the_data_file_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = MkfsOptions {
+        size: kelp_types::ByteSize(512 << 20),
+        grow: true,
+        ..MkfsOptions::default()
+    };
+    kelp_store::mkfs(dir.path(), &opts).unwrap();
+    // mkfs wrote 64 MiB; a frontier behind what is written keeps the invariant (everything
+    // below the frontier is written) and makes the workload grow the file many times
+    let mut sb = kelp_store::Superblock::read(dir.path()).unwrap();
+    sb.data_written = Some(1 << 20);
+    sb.write(dir.path()).unwrap();
+    kill_rounds(dir.path(), 20, Some(64 << 10));
+    let grown = kelp_store::Superblock::read(dir.path())
+        .unwrap()
+        .data_written
+        .unwrap();
+    assert!(grown > 1 << 20, "the file never grew during the test");
+    eprintln!("grown to {} KiB", grown >> 10);
+}
+
+/// Kills a child running the crash workload on the store in `dir` `kills` times (the
+/// environment's `KELP_CRASH_KILLS` overrides), checking everything after each kill.
+fn kill_rounds(dir: &std::path::Path, kills: u32, grow_step: Option<u64>) {
+    let kills: u32 = std::env::var("KELP_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(kills);
+    let seed: u64 = std::env::var("KELP_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed);
+    let cfg = || StoreConfig {
+        grow_step: kelp_types::ByteSize(grow_step.unwrap_or(0)),
+        ..StoreConfig::default()
+    };
     {
-        let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+        let s = KelpStore::mount(dir, cfg()).unwrap();
         s.submit(workload::crash_setup()).unwrap().wait().unwrap();
         s.close().unwrap();
     }
@@ -57,10 +94,11 @@ fn survives_sigkill_at_random_moments() {
     let mut total_acked = 0u64;
     for round in 0..kills {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kelp-store-crash-child"))
-            .arg(dir.path())
+            .arg(dir)
             .arg(seed.to_string())
             // Alternate the small-write path: copy-on-write extents vs deferred writes.
             .arg(if round % 2 == 0 { "0" } else { "65536" })
+            .arg(grow_step.unwrap_or(0).to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -119,7 +157,7 @@ fn survives_sigkill_at_random_moments() {
         reader.join().unwrap();
         let acked = acked.load(Ordering::SeqCst);
 
-        let store = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+        let store = KelpStore::mount(dir, cfg()).unwrap();
         let rep = store.fsck(round % 5 == 4).unwrap();
         assert!(rep.is_clean(), "round {round}: fsck: {:?}", rep.problems);
         let k = workload::crash_applied_id(&store).unwrap();

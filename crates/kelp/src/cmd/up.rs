@@ -119,8 +119,9 @@ pub struct AddOsdArgs {
     /// Cluster directory (default: --cluster, else ./kelp-data).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// Size of the new OSD's data file. Default: as `kelp up` chooses, from the free space
-    /// (at most 16 GiB); the file grows as data arrives.
+    /// Size of the new OSD's data file. Default: the size of osd.0's if the file system has
+    /// room for it, else as `kelp up` chooses from the free space (at most 16 GiB); the file
+    /// grows as data arrives.
     #[arg(long)]
     pub osd_size: Option<kelp_types::ByteSize>,
     #[command(flatten)]
@@ -1045,7 +1046,14 @@ fn add_osd(a: AddOsdArgs, g: &common::Global) -> Result<ExitCode> {
         Ok::<_, anyhow::Error>(next)
     })?;
     let name = format!("osd.{id}");
-    let size = choose_osd_size(&dir, 1, a.osd_size, a.files, 0)?;
+    // By default the new OSD is as large as the cluster's others (CRUSH weights them alike),
+    // when that fits; else as `kelp up` would size it now.
+    let like_others = a.osd_size.or_else(|| {
+        let sb = kelp_store::Superblock::read(&dir.join("osd.0")).ok()?;
+        let free = free_space(&dir).ok()?;
+        (sb.data_size + PER_OSD_OVERHEAD <= free).then_some(kelp_types::ByteSize(sb.data_size))
+    });
+    let size = choose_osd_size(&dir, 1, like_others, a.files, 0)?;
     mkfs_osd(&dir.join(&name), size, a.files)?;
     let d = daemons(&dir)?
         .into_iter()
