@@ -72,7 +72,7 @@ pub(crate) fn encode_batch(ops: &[KvOp]) -> Vec<u8> {
     out
 }
 
-/// A record: the batch's new extents to verify at replay (see `kelpstore.rs`), then its
+/// A record: the batch's new extents to verify at replay (see `kelpstore/commit.rs`), then its
 /// operations.
 pub(crate) fn encode_record(runs: &[NewRun], ops: &[KvOp]) -> Vec<u8> {
     let mut out = Vec::new();

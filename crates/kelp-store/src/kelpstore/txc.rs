@@ -1,0 +1,619 @@
+//! Preparing a transaction: its staged metadata, the space it allocates and frees, copy-on-write
+//! and deferred writes (`Txc`). Serialised by the apply lock; nothing here waits for the device
+//! except reads of current content and, on a growing data file, room below the frontier.
+
+use super::*;
+
+/// A transaction being prepared: its staged metadata and space changes. Dropped without
+/// effect (allocations returned) if any operation fails.
+pub(super) struct Txc<'a> {
+    pub(super) inner: &'a Inner,
+    pub(super) staged: BTreeMap<Vec<u8>, Option<Value>>,
+    pub(super) allocated: Vec<(u64, u64)>,
+    pub(super) freed: Vec<(u64, u64)>,
+    pub(super) deferred: BTreeMap<u64, Arc<Vec<u8>>>,
+    pub(super) cow: Vec<CowWrite>,
+    /// The new extents of `cow` with their checksums (logged for verification at replay).
+    pub(super) new_runs: Vec<NewRun>,
+    /// Aligned copy and checksums of the operation being applied, if made before the lock.
+    pub(super) pre: Option<PreCopied>,
+    pub(super) next_nid: u64,
+    pub(super) nid_used: bool,
+    pub(super) bytes: u64,
+}
+
+impl Txc<'_> {
+    pub(super) fn get(&self, key: &[u8]) -> Result<Option<Value>> {
+        match self.staged.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => self.inner.get(key),
+        }
+    }
+
+    pub(super) fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.bytes += (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64;
+        self.staged.insert(key, value.map(Value::from));
+    }
+
+    pub(super) fn require_coll(&self, coll: CollectionId) -> Result<()> {
+        let key = keys::coll_key(coll);
+        let exists = match self.staged.get(&key) {
+            Some(v) => v.is_some(),
+            None if lock(&self.inner.known_colls).contains(&key) => true,
+            None => {
+                let found = self.inner.get(&key)?.is_some();
+                if found {
+                    lock(&self.inner.known_colls).insert(key);
+                }
+                found
+            }
+        };
+        if !exists {
+            return Err(StoreError::CollectionNotFound { coll });
+        }
+        Ok(())
+    }
+
+    /// The object's record as this transaction sees it. An object exists only in an existing
+    /// collection (removing a collection requires it empty), so the collection is looked up
+    /// only when the object is not found.
+    pub(super) fn onode(&self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Onode>> {
+        let key = keys::obj_key(coll, oid);
+        let raw = match self.staged.get(&key) {
+            Some(v) => v.clone(),
+            None => match self.inner.onode_cache.get(&key) {
+                // The cache holds only the newest published record: publishing invalidates it,
+                // and readers fill it (holding `reuse` shared) only from the database when the
+                // overlay has nothing newer.
+                Some(Some(on)) => return Ok(Some(on.as_ref().clone())),
+                Some(None) => None,
+                None => {
+                    let pending = {
+                        let ov = self.inner.overlay.read().unwrap_or_else(|p| p.into_inner());
+                        ov.get(&key).map(|(_, v)| v.clone())
+                    };
+                    match pending {
+                        Some(v) => v,
+                        None => {
+                            // Committed, and nothing newer pending: fill the cache as a reader
+                            // would (`prepare` holds `reuse` shared, and nothing is published
+                            // while it holds `apply`). Objects a transaction touches without
+                            // changing their record (a PG's log object, whose omap every write
+                            // appends to) are then found without a database lookup.
+                            let v = self.inner.kv_get(&key)?;
+                            match &v {
+                                Some(b) => {
+                                    let on = Onode::decode(b, self.inner.geo.bpu)?;
+                                    self.inner
+                                        .onode_cache
+                                        .insert(key, Some(Arc::new(on.clone())));
+                                    return Ok(Some(on));
+                                }
+                                None => self.inner.onode_cache.insert(key, None),
+                            }
+                            v
+                        }
+                    }
+                }
+            },
+        };
+        match raw {
+            Some(v) => Onode::decode(&v, self.inner.geo.bpu).map(Some),
+            None => {
+                self.require_coll(coll)?;
+                Ok(None)
+            }
+        }
+    }
+
+    pub(super) fn existing(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
+        self.onode(coll, oid)?
+            .ok_or_else(|| StoreError::ObjectNotFound {
+                coll,
+                object: oid.clone(),
+            })
+    }
+
+    pub(super) fn new_onode(&mut self) -> Onode {
+        let nid = self.next_nid;
+        self.next_nid += 1;
+        self.nid_used = true;
+        Onode {
+            nid,
+            ..Onode::default()
+        }
+    }
+
+    pub(super) fn onode_or_new(&mut self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
+        match self.onode(coll, oid)? {
+            Some(o) => Ok(o),
+            None => Ok(self.new_onode()),
+        }
+    }
+
+    pub(super) fn save(&mut self, coll: CollectionId, oid: &ObjectId, on: &Onode) {
+        self.put(keys::obj_key(coll, oid), Some(on.encode()));
+    }
+
+    pub(super) fn allocate(&mut self, units: u64) -> Result<Vec<(u64, u64)>> {
+        let inner = self.inner;
+        let mut a = lock(&inner.alloc);
+        loop {
+            if let Some(runs) = a.allocate(units) {
+                inner.kick_grower_if_low(&a);
+                self.allocated.extend(&runs);
+                return Ok(runs);
+            }
+            // A growing file with room beyond its frontier: wait for the grower (writers
+            // outran it). Not on a thread that must not block.
+            match &inner.grower {
+                Some(g) if a.fits_after_growth(units) => {
+                    if nowait::active() {
+                        return Err(nowait::blocked());
+                    }
+                    g.kick(units.saturating_sub(a.usable_units()));
+                    a = inner.grown.wait(a).unwrap_or_else(|p| p.into_inner());
+                }
+                _ => {
+                    return Err(StoreError::NoSpace {
+                        needed: units * inner.geo.unit,
+                        free: a.free_units() * inner.geo.unit,
+                    });
+                }
+            }
+        }
+    }
+
+    pub(super) fn check_range(offset: u64, len: u64) -> Result<u64> {
+        offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_OBJECT_END)
+            .ok_or_else(|| StoreError::InvalidArgument {
+                reason: format!("range {offset}+{len} beyond the 16 TiB object limit"),
+            })
+    }
+
+    /// Current content of logical unit `lunit` (zeros for a hole), verified.
+    pub(super) fn unit_content(
+        &self,
+        oid: &ObjectId,
+        on: &Onode,
+        lunit: u64,
+    ) -> Result<AlignedBuf> {
+        let bpu = self.inner.geo.bpu;
+        match on.lookup(lunit, bpu) {
+            Some((punit, csums)) => self.inner.read_units(
+                oid,
+                lunit,
+                punit,
+                1,
+                csums,
+                Some((&self.deferred, &self.cow)),
+            ),
+            None => Ok(AlignedBuf::zeroed(self.inner.geo.unit as usize)),
+        }
+    }
+
+    /// Give logical unit `lunit` the content `data` through a deferred write: in place if the
+    /// unit is mapped (the new content is durable in the metadata commit before the in-place
+    /// write-back), else into a newly allocated unit.
+    pub(super) fn defer_unit(
+        &mut self,
+        on: &mut Onode,
+        lunit: u64,
+        data: AlignedBuf,
+    ) -> Result<()> {
+        let data = data.to_vec();
+        let geo = self.inner.geo;
+        let csums = geo.csums(&data);
+        self.bytes += data.len() as u64;
+        match on.lookup(lunit, geo.bpu) {
+            Some((punit, _)) => {
+                on.set_unit_csums(lunit, geo.bpu, &csums);
+                self.deferred.insert(punit, Arc::new(data));
+            }
+            None => {
+                let runs = self.allocate(1)?;
+                let punit = runs[0].0;
+                on.insert(Extent {
+                    lunit,
+                    punit,
+                    units: 1,
+                    csums,
+                });
+                self.deferred.insert(punit, Arc::new(data));
+            }
+        }
+        Ok(())
+    }
+
+    /// Map logical units starting at `lunit` to new space holding `data[start..end]` (a whole
+    /// number of units), replacing whatever was mapped there. The data is written by the
+    /// submitter after the apply lock is released (or deferred, if small).
+    pub(super) fn write_new_units(
+        &mut self,
+        on: &mut Onode,
+        lunit: u64,
+        data: &Bytes,
+        start: usize,
+        end: usize,
+        pre: Option<PreCopied>,
+    ) -> Result<()> {
+        let geo = self.inner.geo;
+        let u = geo.unit as usize;
+        let n = ((end - start) / u) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let defer = ((end - start) as u64) <= self.inner.cfg.prefer_deferred_size.0;
+        if !defer && nowait::active() {
+            // New extents are written by the submitter after publishing: that waits for the
+            // device.
+            return Err(nowait::blocked());
+        }
+        let runs = self.allocate(n)?;
+        let freed = on.punch(lunit, lunit + n, geo.bpu);
+        self.freed.extend(freed);
+        let mut done = start;
+        let mut l = lunit;
+        for (punit, units) in runs {
+            let part = &data[done..done + units as usize * u];
+            if defer {
+                for (i, chunk) in part.chunks(u).enumerate() {
+                    self.deferred
+                        .insert(punit + i as u64, Arc::new(chunk.to_vec()));
+                }
+            }
+            let (csums, cow_data, cow_start) = match (&pre, defer) {
+                (Some(p), false) => {
+                    let at = done - start;
+                    let bpu = geo.bpu as usize;
+                    let first = at / u * bpu;
+                    (
+                        p.csums[first..first + units as usize * bpu].to_vec(),
+                        p.data.clone(),
+                        at,
+                    )
+                }
+                _ => (geo.csums(part), CowData::Shared(data.clone()), done),
+            };
+            if !defer {
+                self.cow.push(CowWrite {
+                    punit,
+                    units,
+                    data: cow_data,
+                    start: cow_start,
+                });
+                self.new_runs.push((punit, units, csums.clone()));
+            }
+            on.insert(Extent {
+                lunit: l,
+                punit,
+                units,
+                csums,
+            });
+            self.bytes += part.len() as u64;
+            done += units as usize * u;
+            l += units;
+        }
+        Ok(())
+    }
+
+    pub(super) fn write(
+        &mut self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        off: u64,
+        data: Bytes,
+    ) -> Result<()> {
+        let end = Self::check_range(off, data.len() as u64)?;
+        let mut on = self.onode_or_new(coll, oid)?;
+        if !data.is_empty() {
+            let u = self.inner.geo.unit;
+            let first = off / u;
+            let last = end.div_ceil(u);
+            let full_s = off.div_ceil(u);
+            let full_e = end / u;
+            let mut partial = vec![first];
+            if last - 1 != first {
+                partial.push(last - 1);
+            }
+            for p in partial {
+                if p >= full_s && p < full_e {
+                    continue;
+                }
+                let mut content = self.unit_content(oid, &on, p)?;
+                let a = (p * u).max(off);
+                let b = ((p + 1) * u).min(end);
+                content[(a - p * u) as usize..(b - p * u) as usize]
+                    .copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
+                self.defer_unit(&mut on, p, content)?;
+            }
+            if full_s < full_e {
+                let s = (full_s * u - off) as usize;
+                let e = (full_e * u - off) as usize;
+                let pre = self
+                    .pre
+                    .take()
+                    .filter(|p| s == 0 && p.data.bytes().len() == e);
+                self.write_new_units(&mut on, full_s, &data, s, e, pre)?;
+            }
+            on.size = on.size.max(end);
+        }
+        self.save(coll, oid, &on);
+        Ok(())
+    }
+
+    /// Zero `[a, b)` of the object's units (punching whole units, rewriting partial ones).
+    pub(super) fn zero_range(
+        &mut self,
+        oid: &ObjectId,
+        on: &mut Onode,
+        a: u64,
+        b: u64,
+    ) -> Result<()> {
+        if a >= b {
+            return Ok(());
+        }
+        let u = self.inner.geo.unit;
+        let bpu = self.inner.geo.bpu;
+        let first = a / u;
+        let last = b.div_ceil(u);
+        let full_s = a.div_ceil(u);
+        let full_e = b / u;
+        let mut partial = vec![first];
+        if last - 1 != first {
+            partial.push(last - 1);
+        }
+        for p in partial {
+            if (p >= full_s && p < full_e) || on.lookup(p, bpu).is_none() {
+                continue;
+            }
+            let mut content = self.unit_content(oid, on, p)?;
+            let s = (p * u).max(a);
+            let e = ((p + 1) * u).min(b);
+            content[(s - p * u) as usize..(e - p * u) as usize].fill(0);
+            self.defer_unit(on, p, content)?;
+        }
+        if full_s < full_e {
+            let freed = on.punch(full_s, full_e, bpu);
+            self.freed.extend(freed);
+        }
+        Ok(())
+    }
+
+    pub(super) fn remove_object(
+        &mut self,
+        coll: CollectionId,
+        oid: &ObjectId,
+        on: &Onode,
+    ) -> Result<()> {
+        self.freed.extend(
+            on.extents
+                .iter()
+                .map(|e| (e.punit, e.units))
+                .collect::<Vec<_>>(),
+        );
+        if on.has_omap {
+            self.omap_clear(on.nid)?;
+        }
+        self.put(keys::obj_key(coll, oid), None);
+        Ok(())
+    }
+
+    pub(super) fn omap_clear(&mut self, nid: u64) -> Result<()> {
+        let p = keys::omap_prefix(nid);
+        let entries = self
+            .inner
+            .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
+        for (k, _) in entries {
+            self.put(k, None);
+        }
+        Ok(())
+    }
+
+    /// Apply one operation, taking ownership so that written data is not copied.
+    pub(super) fn apply(&mut self, op: Op) -> Result<()> {
+        match op {
+            Op::Write {
+                coll,
+                oid,
+                offset,
+                data,
+            } => self.write(coll, &oid, offset, data),
+            other => self.apply_ref(&other),
+        }
+    }
+
+    pub(super) fn apply_ref(&mut self, op: &Op) -> Result<()> {
+        let geo = self.inner.geo;
+        match op {
+            Op::CreateCollection { coll } => {
+                if self.get(&keys::coll_key(*coll))?.is_some() {
+                    return Err(StoreError::CollectionExists { coll: *coll });
+                }
+                self.put(keys::coll_key(*coll), Some(vec![codec::COLL_VERSION]));
+            }
+            Op::RemoveCollection { coll } => {
+                self.require_coll(*coll)?;
+                let p = keys::obj_prefix(*coll);
+                if !self
+                    .inner
+                    .scan(Some(&self.staged), &p, &keys::prefix_end(&p), 1)?
+                    .is_empty()
+                {
+                    return Err(StoreError::CollectionNotEmpty { coll: *coll });
+                }
+                self.put(keys::coll_key(*coll), None);
+            }
+            Op::SplitCollection {
+                src,
+                dest,
+                bits,
+                rem,
+            } => {
+                if src == dest || *bits > 32 {
+                    return Err(StoreError::InvalidArgument {
+                        reason: format!("split {src} -> {dest} with {bits} bits"),
+                    });
+                }
+                self.require_coll(*src)?;
+                self.require_coll(*dest)?;
+                let mask = keys::split_mask(*bits);
+                let p = keys::obj_prefix(*src);
+                let all =
+                    self.inner
+                        .scan(Some(&self.staged), &p, &keys::prefix_end(&p), usize::MAX)?;
+                for (k, v) in all {
+                    let (_, oid) = keys::decode_obj_key(&k)?;
+                    if oid.hash & mask == rem & mask {
+                        self.put(k, None);
+                        self.put(keys::obj_key(*dest, &oid), Some(v.to_vec()));
+                    }
+                }
+            }
+            Op::Touch { coll, oid } => {
+                if self.onode(*coll, oid)?.is_none() {
+                    let on = self.new_onode();
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::Write {
+                coll,
+                oid,
+                offset,
+                data,
+            } => self.write(*coll, oid, *offset, data.clone())?,
+            Op::Zero {
+                coll,
+                oid,
+                offset,
+                len,
+            } => {
+                let end = Self::check_range(*offset, *len)?;
+                let mut on = self.onode_or_new(*coll, oid)?;
+                if *len > 0 {
+                    let zero_end = end.min(on.size);
+                    self.zero_range(oid, &mut on, *offset, zero_end)?;
+                    on.size = on.size.max(end);
+                }
+                self.save(*coll, oid, &on);
+            }
+            Op::Truncate { coll, oid, size } => {
+                Self::check_range(*size, 0)?;
+                let mut on = self.onode_or_new(*coll, oid)?;
+                if *size < on.size {
+                    let u = geo.unit;
+                    // Zero the tail of the last kept unit, drop whole units after it.
+                    let keep = size.div_ceil(u);
+                    let freed = on.punch(keep, u64::MAX / 2, geo.bpu);
+                    self.freed.extend(freed);
+                    if size % u != 0 {
+                        self.zero_range(oid, &mut on, *size, keep * u)?;
+                    }
+                }
+                on.size = *size;
+                self.save(*coll, oid, &on);
+            }
+            Op::Remove { coll, oid } => {
+                let on = self.existing(*coll, oid)?;
+                self.remove_object(*coll, oid, &on)?;
+            }
+            Op::SetXattrs { coll, oid, attrs } => {
+                let mut on = self.existing(*coll, oid)?;
+                for (k, v) in attrs {
+                    on.xattrs.insert(k.clone(), v.clone());
+                }
+                self.save(*coll, oid, &on);
+            }
+            Op::RmXattr { coll, oid, name } => {
+                let mut on = self.existing(*coll, oid)?;
+                if on.xattrs.remove(name).is_some() {
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::OmapSet { coll, oid, entries } => {
+                let mut on = self.existing(*coll, oid)?;
+                for (k, v) in entries {
+                    self.put(keys::omap_key(on.nid, k), Some(v.clone()));
+                }
+                if !on.has_omap {
+                    on.has_omap = true;
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::OmapRemove {
+                coll,
+                oid,
+                keys: ks,
+            } => {
+                let on = self.existing(*coll, oid)?;
+                for k in ks {
+                    self.put(keys::omap_key(on.nid, k), None);
+                }
+            }
+            Op::OmapClear { coll, oid } => {
+                let on = self.existing(*coll, oid)?;
+                if on.has_omap {
+                    self.omap_clear(on.nid)?;
+                }
+            }
+            Op::OmapSetHeader { coll, oid, header } => {
+                let mut on = self.existing(*coll, oid)?;
+                self.put(keys::omap_header_key(on.nid), Some(header.clone()));
+                if !on.has_omap {
+                    on.has_omap = true;
+                    self.save(*coll, oid, &on);
+                }
+            }
+            Op::Clone { coll, src, dst } => {
+                let s = self.existing(*coll, src)?;
+                if src == dst {
+                    return Ok(());
+                }
+                if let Some(old) = self.onode(*coll, dst)? {
+                    self.remove_object(*coll, dst, &old)?;
+                }
+                let mut d = self.new_onode();
+                d.size = s.size;
+                d.xattrs = s.xattrs.clone();
+                d.has_omap = s.has_omap;
+                for e in &s.extents {
+                    let data = self.inner.read_units(
+                        src,
+                        e.lunit,
+                        e.punit,
+                        e.units,
+                        &e.csums,
+                        Some((&self.deferred, &self.cow)),
+                    )?;
+                    let len = data.len();
+                    self.write_new_units(
+                        &mut d,
+                        e.lunit,
+                        &Bytes::copy_from_slice(&data),
+                        0,
+                        len,
+                        None,
+                    )?;
+                }
+                if s.has_omap {
+                    let p = keys::omap_prefix(s.nid);
+                    let entries = self.inner.scan(
+                        Some(&self.staged),
+                        &p,
+                        &keys::prefix_end(&p),
+                        usize::MAX,
+                    )?;
+                    for (k, v) in entries {
+                        let mut nk = keys::omap_prefix(d.nid);
+                        nk.extend_from_slice(&k[9..]);
+                        self.put(nk, Some(v.to_vec()));
+                    }
+                }
+                self.save(*coll, dst, &d);
+            }
+        }
+        Ok(())
+    }
+}
