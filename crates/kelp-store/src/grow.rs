@@ -111,7 +111,8 @@ impl Grower {
         growable > 0 && usable < self.step_units
     }
 
-    /// Asks the grower to grow until `need` more units (at least one step's worth) are usable.
+    /// Asks the grower to grow until at least `need` units (and one step's worth) are usable
+    /// below the frontier.
     pub fn kick(&self, need: u64) {
         let mut s = lock(&self.signal);
         s.kicked = true;
@@ -161,7 +162,7 @@ pub struct GrowTarget<'a> {
 /// [`RETRY_AFTER`]) until enough units are usable; ends on [`Grower::shutdown`].
 pub fn run(grower: Arc<Grower>, t: GrowTarget<'_>, mut sb: Superblock) {
     let mut retry: Option<Duration> = None;
-    while let Some(mut need) = grower.wait(retry) {
+    while let Some(need) = grower.wait(retry) {
         // after a failed step, try again even if the writers see enough (they cannot see
         // the space beyond the frontier while growing fails)
         let mut retrying = retry.take().is_some();
@@ -182,7 +183,6 @@ pub fn run(grower: Arc<Grower>, t: GrowTarget<'_>, mut sb: Superblock) {
                     let mut a = lock(t.alloc);
                     a.advance(to);
                     t.grown.notify_all();
-                    need = need.saturating_sub(to - frontier);
                     retrying = false;
                 }
                 Err(e) => {

@@ -160,3 +160,30 @@ fn a_frontier_behind_allocated_units_is_refused_at_mount() {
         Ok(_) => panic!("mounted a store whose frontier is behind its data"),
     }
 }
+
+#[test]
+fn a_transaction_larger_than_a_step_waits_for_several_steps() {
+    // 256 MiB file: steps of 64 MiB, one written at mkfs. A single 150 MiB write needs
+    // more than two further steps before it fits; it must wait for them, not hang or fail.
+    let dir = tempfile::tempdir().unwrap();
+    let s = mkfs_growing(dir.path(), 256 * MIB);
+    let big = content(7, 150 * MIB as usize);
+    // a watchdog: a grower that stops short of what a waiter needs hangs it forever
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let r = s.submit(Transaction::new().write(C, &oid(0), 0, big.clone()).clone());
+            tx.send(r.and_then(|c| c.wait())).unwrap();
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(r) => r.unwrap(),
+            Err(_) => {
+                eprintln!("a 150 MiB write waited over 60 s for the file to grow");
+                std::process::exit(1);
+            }
+        }
+    });
+    assert!(written(dir.path()) >= 150 * MIB);
+    assert!(s.read(C, &oid(0), 0, 150 * MIB).unwrap() == big);
+    s.close().unwrap();
+}

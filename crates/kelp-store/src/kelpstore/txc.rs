@@ -151,7 +151,7 @@ impl Txc<'_> {
                     if nowait::active() {
                         return Err(nowait::blocked());
                     }
-                    g.kick(units.saturating_sub(a.usable_units()));
+                    g.kick(units);
                     a = inner.grown.wait(a).unwrap_or_else(|p| p.into_inner());
                 }
                 _ => {
