@@ -7,9 +7,12 @@
 //!   data, which is what peering and recovery compare later;
 //! * `service` handles client ops, replica writes and map changes, with the network behind the
 //!   `Peers` trait;
+//! * `error` is the crate's error type (`OsdError`), which says whether a failure is worth
+//!   retrying;
 //! * `scrub` compares the members' copies of a PG's objects and repairs bad ones.
 
 pub mod daemon;
+pub mod error;
 pub mod exec;
 pub mod heartbeat;
 pub mod net;
@@ -20,6 +23,7 @@ pub mod scrub;
 pub mod service;
 pub mod stats;
 
+pub use error::OsdError;
 pub use exec::{ExecError, Executed, Limits, Stamp, StatDelta, execute, object_id};
 pub use pglog::{LogEntry, PgInfo, PgMeta};
 pub use scrub::ScrubConfig;

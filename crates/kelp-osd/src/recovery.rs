@@ -50,6 +50,7 @@ use kelp_types::PgId;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
+use crate::error::OsdError;
 use crate::peering::{MemberPlan, MemberReport, plan_with_authority};
 use crate::pglog::{INTERNAL_NAMESPACE, LogEntry};
 use crate::service::{OsdService, PgHandle};
@@ -410,11 +411,11 @@ enum RecoveryError {
     /// These objects could not be copied: every in-sync copy is unreadable. The member
     /// stays behind (the rest was copied) until they are overwritten, removed or repaired.
     Unfound(Vec<(String, String)>),
-    Failed(String),
+    Failed(OsdError),
 }
 
-impl From<String> for RecoveryError {
-    fn from(e: String) -> Self {
+impl From<OsdError> for RecoveryError {
+    fn from(e: OsdError) -> Self {
         RecoveryError::Failed(e)
     }
 }
@@ -612,7 +613,7 @@ impl OsdService {
                 unfound,
             },
             Err(e) => PgSyncReply {
-                error: Some((ErrorCode::Io, e)),
+                error: Some((ErrorCode::Io, e.to_string())),
                 unfound: Vec::new(),
             },
         }
@@ -620,11 +621,11 @@ impl OsdService {
 
     /// Applies a sync; returns the objects the source could not deliver (every in-sync copy
     /// damaged): they are skipped and the sync's log is not adopted.
-    async fn sync_pg(&self, s: PgSync) -> Result<Vec<(String, String)>, String> {
+    async fn sync_pg(&self, s: PgSync) -> Result<Vec<(String, String)>, OsdError> {
         let map = self.map_at_least(s.epoch).await;
         let handle = self
             .pg_handle(s.pg)
-            .ok_or_else(|| format!("osd.{} does not hold PG {}", self.id(), s.pg))?;
+            .ok_or(OsdError::PgNotOpen { pg: s.pg })?;
         let mut state = OsdService::settled_write(&handle).await;
         // Objects come and go here without write deltas: the PG's count stops following writes
         // and is recounted (after this sync releases the PG) if this member is its primary.
@@ -637,8 +638,7 @@ impl OsdService {
             let st = store.clone();
             let local = tokio::task::spawn_blocking(move || list_all(&*st, coll))
                 .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| OsdError::task("listing", e))??;
             let mut txn = Transaction::new();
             for o in local {
                 if !wanted.contains(&(o.namespace.clone(), o.name.clone())) {
@@ -653,11 +653,12 @@ impl OsdService {
         let mut unfound = Vec::new();
         if !s.objects.is_empty() {
             let source = s.source;
-            let source_addr = map
-                .osds
-                .get(&source)
-                .and_then(|o| o.addr)
-                .ok_or_else(|| format!("osd.{source} has no address"))?;
+            let source_addr = map.osds.get(&source).and_then(|o| o.addr).ok_or_else(|| {
+                OsdError::PeerUnreachable {
+                    osd: source,
+                    reason: "it has no address".into(),
+                }
+            })?;
             let (pg, epoch) = (s.pg, s.epoch);
             let peers = self.peers();
             let mut pulls = futures::stream::iter(s.objects)
@@ -685,12 +686,16 @@ impl OsdService {
                         continue;
                     }
                     Some((_, msg)) => {
-                        return Err(format!("pulling '{name}' from osd.{source}: {msg}"));
+                        return Err(OsdError::Remote {
+                            osd: source,
+                            code: ErrorCode::Io,
+                            message: format!("pulling '{name}': {msg}"),
+                        });
                     }
                     None => {}
                 }
                 let oid = oid_for(pg, &ns, &name);
-                let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
+                let local_exists = store.exists(coll, &oid)?;
                 objects += 1;
                 bytes += data.len() as u64;
                 txn_bytes += data.len() as u64;
@@ -722,11 +727,8 @@ impl OsdService {
         Ok(unfound)
     }
 
-    async fn commit(&self, txn: Transaction) -> Result<(), String> {
-        match self.store().submit(txn) {
-            Ok(c) => c.await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+    async fn commit(&self, txn: Transaction) -> Result<(), OsdError> {
+        Ok(self.store().submit(txn)?.await?)
     }
 
     /// Applies new recovery throttles (from the central config).
@@ -891,12 +893,8 @@ impl OsdService {
         osd: i32,
         have: (u32, u64),
         want_objects: bool,
-    ) -> Result<PgQueryReply, String> {
-        let addr = map
-            .osds
-            .get(&osd)
-            .and_then(|o| o.addr)
-            .ok_or(format!("osd.{osd} has no address"))?;
+    ) -> Result<PgQueryReply, OsdError> {
+        let addr = peer_addr(map, osd)?;
         let q = PgQuery {
             pg,
             epoch,
@@ -905,19 +903,19 @@ impl OsdService {
         };
         let r = self.peers().query(osd, addr, q).await?;
         match r.error {
-            Some((_, msg)) => Err(format!("osd.{osd}: {msg}")),
+            Some(e) => Err(OsdError::remote(osd, e)),
             None => Ok(r),
         }
     }
 
     /// Sends a sync that must apply in full: objects found unreadable on every in-sync copy
     /// (unfound) make it fail.
-    async fn send_sync(&self, osd: i32, sync: PgSync) -> Result<(), String> {
+    async fn send_sync(&self, osd: i32, sync: PgSync) -> Result<(), OsdError> {
         let unfound = self.send_sync_unfound(osd, sync).await?;
         if unfound.is_empty() {
             Ok(())
         } else {
-            Err(unfound_error(&unfound))
+            Err(OsdError::Unfound { objects: unfound })
         }
     }
 
@@ -926,16 +924,16 @@ impl OsdService {
         &self,
         osd: i32,
         sync: PgSync,
-    ) -> Result<Vec<(String, String)>, String> {
+    ) -> Result<Vec<(String, String)>, OsdError> {
         let map = self.map();
-        let addr = map
-            .osds
-            .get(&osd)
-            .and_then(|o| o.addr)
-            .ok_or(format!("osd.{osd} has no address"))?;
+        let addr = peer_addr(&map, osd)?;
         let reply = self.peers().sync(osd, addr, sync).await?;
         match reply.error {
-            Some((_, msg)) => Err(format!("osd.{osd} could not sync: {msg}")),
+            Some((code, msg)) => Err(OsdError::Remote {
+                osd,
+                code,
+                message: format!("could not sync: {msg}"),
+            }),
             None => Ok(reply.unfound),
         }
     }
@@ -949,9 +947,9 @@ impl OsdService {
         up: &[i32],
         strays: &[i32],
         authority: Option<i32>,
-    ) -> Result<Peered, String> {
+    ) -> Result<Peered, OsdError> {
         let map = self.map();
-        let handle = self.pg_handle(pg).ok_or("PG not open")?;
+        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
         let me = self.id();
         let mine = {
             let st = OsdService::settled_read(&handle).await;
@@ -1023,7 +1021,10 @@ impl OsdService {
             .iter()
             .find(|r| r.osd == p.authoritative)
             .cloned()
-            .ok_or("authoritative member vanished")?;
+            .ok_or_else(|| OsdError::PgBusy {
+                pg,
+                reason: "the authoritative member vanished".into(),
+            })?;
         let mut recovered = 0;
 
         // This primary first: it serves every read, so it must be complete. If it misses more
@@ -1045,7 +1046,7 @@ impl OsdService {
             if temp.len() >= min_size && temp.as_slice() != acting {
                 info!(%pg, epoch, ?temp, "behind its members: asking for a pg_temp");
                 link.send(MonCommand::PgTemp { pg, osds: temp })
-                    .map_err(|_| "the monitor link is closed".to_string())?;
+                    .map_err(|_| OsdError::MonLinkClosed)?;
                 return Ok(Peered::AwaitingPgTemp);
             }
         }
@@ -1116,11 +1117,13 @@ impl OsdService {
             match self.mon_link() {
                 Some(link) if temp.len() >= min_size && temp.as_slice() != acting => {
                     link.send(MonCommand::PgTemp { pg, osds: temp })
-                        .map_err(|_| "the monitor link is closed".to_string())?;
+                        .map_err(|_| OsdError::MonLinkClosed)?;
                     return Ok(Peered::AwaitingPgTemp);
                 }
                 _ => {
-                    return Err(unfound_error(&own_unfound));
+                    return Err(OsdError::Unfound {
+                        objects: own_unfound,
+                    });
                 }
             }
         }
@@ -1174,12 +1177,12 @@ impl OsdService {
         // does (`undersized+degraded+peered`), not as forever `peering`.
         let behind = lagging.iter().filter(|l| l.in_acting).count();
         if acting.len() >= min_size && acting.len() - behind < min_size {
-            return Err(format!(
-                "recovery paused (norecover/nobackfill) and only {} of {} members are up to \
-                 date, fewer than min_size {min_size}; waiting",
-                acting.len() - behind,
-                acting.len()
-            ));
+            return Err(OsdError::BelowMinSize {
+                pg,
+                in_sync: acting.len() - behind,
+                acting: acting.len(),
+                min_size,
+            });
         }
         // Before serving, the monitors record who has every acknowledged write from now on;
         // they refuse if this peering heard from none of the previous record's members. A PG
@@ -1200,11 +1203,12 @@ impl OsdService {
                 },
                 heard: reports.iter().map(|r| (r.osd, r.last_update)).collect(),
             };
-            let verdict = self
-                .send_activation(activation)
-                .await
-                .map_err(|_| "the monitor link dropped the activation".to_string())?
-                .map_err(|e| format!("recording the activation: {e}"))?;
+            let verdict =
+                self.send_activation(activation)
+                    .await
+                    .map_err(|_| OsdError::Monitor {
+                        reason: "the monitor link dropped the activation".into(),
+                    })??;
             match verdict {
                 kelp_proto::ActivationVerdict::Recorded => {}
                 kelp_proto::ActivationVerdict::Blocked { current } => {
@@ -1232,14 +1236,15 @@ impl OsdService {
                     });
                 }
                 kelp_proto::ActivationVerdict::Stale { current } => {
-                    return Err(format!(
-                        "the monitors hold a newer activation (epoch {}) than this peering's \
-                         epoch {epoch}",
-                        current.epoch
-                    ));
+                    return Err(OsdError::StaleEpoch {
+                        pg,
+                        epoch,
+                        current: current.epoch,
+                        what: "the monitors hold a newer activation than this peering's",
+                    });
                 }
                 kelp_proto::ActivationVerdict::NoSuchPg => {
-                    return Err("the monitors say the PG no longer exists".into());
+                    return Err(OsdError::NoSuchPg { pg });
                 }
             }
         }
@@ -1249,7 +1254,7 @@ impl OsdService {
     /// What brings a member left behind to this primary's history as of now: the objects to
     /// copy, for a backfill the listing to keep (everything else is removed), and the log to
     /// adopt afterwards.
-    async fn first_round(&self, handle: &PgHandle, job: &Job) -> Result<FirstRound, String> {
+    async fn first_round(&self, handle: &PgHandle, job: &Job) -> Result<FirstRound, OsdError> {
         Ok(match job {
             Job::Recover {
                 keep_through,
@@ -1280,8 +1285,8 @@ impl OsdService {
 
     /// One sync that brings a member all the way to this primary's history (while the PG is not
     /// serving).
-    async fn full_sync(&self, pg: PgId, epoch: u32, job: &Job) -> Result<PgSync, String> {
-        let handle = self.pg_handle(pg).ok_or("PG not open")?;
+    async fn full_sync(&self, pg: PgId, epoch: u32, job: &Job) -> Result<PgSync, OsdError> {
+        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
         let round = self.first_round(&handle, job).await?;
         Ok(PgSync {
             pg,
@@ -1298,14 +1303,13 @@ impl OsdService {
     async fn snapshot(
         &self,
         handle: &PgHandle,
-    ) -> Result<(SyncLog, Vec<(String, String)>), String> {
+    ) -> Result<(SyncLog, Vec<(String, String)>), OsdError> {
         let st = handle.read().await;
         let store = self.store();
         let coll = st.meta.coll;
         let listing = tokio::task::spawn_blocking(move || list_all(&*store, coll))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| OsdError::task("listing", e))??;
         let log = SyncLog {
             keep_through: None,
             entries: st.meta.entries().into_iter().map(Into::into).collect(),
@@ -1685,11 +1689,13 @@ impl OsdService {
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(RecoveryError::Failed(format!(
-                "the final hand-over to osd.{} took over {} s",
-                l.osd,
-                FINAL_ROUND_TIMEOUT.as_secs()
-            ))),
+            Err(_) => Err(RecoveryError::Failed(OsdError::PeerUnreachable {
+                osd: l.osd,
+                reason: format!(
+                    "the final hand-over took over {} s",
+                    FINAL_ROUND_TIMEOUT.as_secs()
+                ),
+            })),
         }
     }
 
@@ -1744,13 +1750,18 @@ impl OsdService {
     }
 }
 
-/// The error for a sync that could not copy `unfound` (non-empty).
-fn unfound_error(unfound: &[(String, String)]) -> String {
-    format!(
-        "{} object(s) unfound (every in-sync copy unreadable), e.g. '{}'",
-        unfound.len(),
-        unfound.first().map_or("", |o| o.1.as_str())
-    )
+/// Where `osd` listens, per `map`.
+pub(crate) fn peer_addr(
+    map: &kelp_maps::OsdMap,
+    osd: i32,
+) -> Result<std::net::SocketAddr, OsdError> {
+    map.osds
+        .get(&osd)
+        .and_then(|o| o.addr)
+        .ok_or_else(|| OsdError::PeerUnreachable {
+            osd,
+            reason: "it has no address".into(),
+        })
 }
 
 /// How often recovery tries again to copy objects that were unfound.

@@ -38,8 +38,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+use crate::error::OsdError;
 use crate::pglog::{INTERNAL_NAMESPACE, PgMeta};
-use crate::recovery::{apply_state, read_state};
+use crate::recovery::{apply_state, peer_addr, read_state};
 use crate::service::{OsdService, PgHandle, PgState};
 
 /// Attribute of the PG metadata object holding the scrub record.
@@ -680,8 +681,8 @@ impl Drop for BlockGuard {
     }
 }
 
-fn blocking_err(e: impl std::fmt::Display) -> String {
-    format!("scrub task failed: {e}")
+fn blocking_err(e: tokio::task::JoinError) -> OsdError {
+    OsdError::task("scrub", e)
 }
 
 impl OsdService {
@@ -858,7 +859,7 @@ impl OsdService {
                 }
                 Err(e) => {
                     warn!(%pg, deep, "scrub did not complete: {e}");
-                    p.summary.last_error = Some(e);
+                    p.summary.last_error = Some(e.to_string());
                     None
                 }
             }
@@ -870,9 +871,12 @@ impl OsdService {
         }
     }
 
-    async fn save_record(&self, pg: PgId, rec: &Record) -> Result<(), String> {
+    async fn save_record(&self, pg: PgId, rec: &Record) -> Result<(), OsdError> {
         let mut value = vec![RECORD_FORMAT];
-        value.extend(postcard::to_stdvec(rec).map_err(|e| e.to_string())?);
+        value.extend(postcard::to_stdvec(rec).map_err(|e| OsdError::Encoding {
+            what: "scrub record",
+            reason: e.to_string(),
+        })?);
         let coll = CollectionId(pg);
         let mut txn = Transaction::new();
         let mut attrs = BTreeMap::new();
@@ -885,33 +889,38 @@ impl OsdService {
         self.commit_txn(txn).await
     }
 
-    async fn commit_txn(&self, txn: Transaction) -> Result<(), String> {
-        match self.store().submit(txn) {
-            Ok(c) => c.await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+    async fn commit_txn(&self, txn: Transaction) -> Result<(), OsdError> {
+        Ok(self.store().submit(txn)?.await?)
     }
 
     /// The acting set this OSD serves `pg` for as its primary at the current map.
-    async fn serving(&self, pg: PgId) -> Result<(Arc<OsdMap>, Vec<i32>, PgHandle), String> {
+    async fn serving(&self, pg: PgId) -> Result<(Arc<OsdMap>, Vec<i32>, PgHandle), OsdError> {
         let map = self.map();
-        let m = map.pg_mapping(pg).map_err(|e| e.to_string())?;
+        let m = map.pg_mapping(pg).map_err(|_| OsdError::NoSuchPg { pg })?;
         if m.acting_primary != self.id() {
-            return Err(format!("osd.{} is not the primary of PG {pg}", self.id()));
+            return Err(OsdError::NotPrimary {
+                pg,
+                epoch: map.epoch,
+                osd: self.id(),
+            });
         }
-        let handle = self
-            .pg_handle(pg)
-            .ok_or_else(|| format!("PG {pg} is not open here"))?;
+        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
         {
             let st = handle.read().await;
             if st.active.as_deref() != Some(&m.acting[..]) {
-                return Err(format!("PG {pg} is not active"));
+                return Err(OsdError::PgBusy {
+                    pg,
+                    reason: "not active".into(),
+                });
             }
             if !st.left_behind.is_empty() {
-                return Err(format!(
-                    "PG {pg} is recovering members {:?}: scrub it once they are in sync",
-                    st.left_behind
-                ));
+                return Err(OsdError::PgBusy {
+                    pg,
+                    reason: format!(
+                        "recovering members {:?}: scrub it once they are in sync",
+                        st.left_behind
+                    ),
+                });
             }
         }
         Ok((map, m.acting, handle))
@@ -924,11 +933,14 @@ impl OsdService {
         acting: &[i32],
         start: Option<&ObjectId>,
         end: Option<&ObjectId>,
-    ) -> Result<BlockGuard, String> {
+    ) -> Result<BlockGuard, OsdError> {
         loop {
             let mut st = handle.write().await;
             if st.active.as_deref() != Some(acting) {
-                return Err("the PG was re-peered during the scrub".into());
+                return Err(OsdError::PgBusy {
+                    pg: st.meta.coll.0,
+                    reason: "re-peered during the scrub".into(),
+                });
             }
             let busy = st
                 .in_flight
@@ -959,7 +971,7 @@ impl OsdService {
         start: Option<&ObjectId>,
         end: Option<&ObjectId>,
         deep: bool,
-    ) -> Result<BTreeMap<i32, Vec<ScrubObject>>, String> {
+    ) -> Result<BTreeMap<i32, Vec<ScrubObject>>, OsdError> {
         let me = self.id();
         let req = ScrubMapRequest {
             pg,
@@ -970,11 +982,7 @@ impl OsdService {
         };
         let mut remote = Vec::new();
         for &osd in acting.iter().filter(|&&o| o != me) {
-            let addr = map
-                .osds
-                .get(&osd)
-                .and_then(|o| o.addr)
-                .ok_or_else(|| format!("osd.{osd} has no address"))?;
+            let addr = peer_addr(map, osd)?;
             let peers = self.peers();
             let r = req.clone();
             remote.push(async move { (osd, peers.scrub_map(osd, addr, r).await) });
@@ -988,15 +996,15 @@ impl OsdService {
             })
             .await
             .map_err(blocking_err)?
-            .map_err(|e| e.to_string())
+            .map_err(OsdError::from)
         };
         let (local, remote) = tokio::join!(local, futures::future::join_all(remote));
         let mut maps = BTreeMap::new();
         maps.insert(me, local?);
         for (osd, r) in remote {
             let r = r?;
-            if let Some((_, msg)) = r.error {
-                return Err(format!("osd.{osd}: {msg}"));
+            if let Some(e) = r.error {
+                return Err(OsdError::remote(osd, e));
             }
             maps.insert(osd, r.objects);
         }
@@ -1009,7 +1017,7 @@ impl OsdService {
         pg: PgId,
         deep: bool,
         repair: bool,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Outcome, OsdError> {
         // A PG that is still peering (an OSD just restarted) gets a moment to activate.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let (map, acting, handle) = loop {
@@ -1034,8 +1042,7 @@ impl OsdService {
             let page =
                 tokio::task::spawn_blocking(move || store.list_objects(coll, from.as_ref(), max))
                     .await
-                    .map_err(blocking_err)?
-                    .map_err(|e| e.to_string())?;
+                    .map_err(blocking_err)??;
             let end = page.next;
             let block = self
                 .block_range(&handle, &acting, start.as_ref(), end.as_ref())
@@ -1058,7 +1065,10 @@ impl OsdService {
             out.inconsistent.extend(bad);
             out.repaired += repaired;
             if self.map().pg_mapping(pg).map(|m| m.acting).ok().as_deref() != Some(&acting[..]) {
-                return Err("the PG's acting set changed during the scrub".into());
+                return Err(OsdError::PgBusy {
+                    pg,
+                    reason: "the acting set changed during the scrub".into(),
+                });
             }
             match end {
                 None => return Ok(out),
@@ -1083,7 +1093,7 @@ impl OsdService {
         end: Option<&ObjectId>,
         deep: bool,
         repair: bool,
-    ) -> Result<(u64, Vec<InconsistentObject>, u64), String> {
+    ) -> Result<(u64, Vec<InconsistentObject>, u64), OsdError> {
         let me = self.id();
         let log_hints = |st: &PgState| {
             let mut h = HashMap::new();
@@ -1125,15 +1135,10 @@ impl OsdService {
                     let o = oid.clone();
                     tokio::task::spawn_blocking(move || read_state(&*store, CollectionId(pg), &o))
                         .await
-                        .map_err(blocking_err)?
-                        .map_err(|e| format!("reading the authoritative copy: {e}"))?
+                        .map_err(blocking_err)??
                 }
                 Some(osd) => {
-                    let addr = map
-                        .osds
-                        .get(&osd)
-                        .and_then(|o| o.addr)
-                        .ok_or_else(|| format!("osd.{osd} has no address"))?;
+                    let addr = peer_addr(map, osd)?;
                     let (r, d) = self
                         .peers()
                         .pull(
@@ -1147,8 +1152,12 @@ impl OsdService {
                             },
                         )
                         .await?;
-                    if let Some((_, msg)) = r.error {
-                        return Err(format!("pulling '{}' from osd.{osd}: {msg}", obj.name));
+                    if let Some((code, msg)) = r.error {
+                        return Err(OsdError::Remote {
+                            osd,
+                            code,
+                            message: format!("pulling '{}': {msg}", obj.name),
+                        });
                     }
                     (r, d)
                 }
@@ -1165,15 +1174,15 @@ impl OsdService {
                 let reply = if bad_osd == me {
                     self.pg_push(push, data.clone()).await
                 } else {
-                    let addr = map
-                        .osds
-                        .get(&bad_osd)
-                        .and_then(|o| o.addr)
-                        .ok_or_else(|| format!("osd.{bad_osd} has no address"))?;
+                    let addr = peer_addr(map, bad_osd)?;
                     self.peers().push(bad_osd, addr, push, data.clone()).await?
                 };
-                if let Some((_, msg)) = reply.error {
-                    return Err(format!("repairing '{}' on osd.{bad_osd}: {msg}", obj.name));
+                if let Some((code, msg)) = reply.error {
+                    return Err(OsdError::Remote {
+                        osd: bad_osd,
+                        code,
+                        message: format!("repairing '{}': {msg}", obj.name),
+                    });
                 }
             }
             info!(%pg, object = %obj.name, auth = ?obj.auth_osd, bad = ?obj.bad_osds(), "repaired");
@@ -1219,7 +1228,7 @@ impl OsdService {
                 objects,
             },
             Ok(Err(e)) => fail(ErrorCode::Io, e.to_string()),
-            Err(e) => fail(ErrorCode::Io, blocking_err(e)),
+            Err(e) => fail(ErrorCode::Io, blocking_err(e).to_string()),
         }
     }
 
@@ -1242,7 +1251,7 @@ impl OsdService {
         let exists = match tokio::task::spawn_blocking(move || store.exists(coll, &o)).await {
             Ok(Ok(e)) => e,
             Ok(Err(e)) => return fail(ErrorCode::Io, e.to_string()),
-            Err(e) => return fail(ErrorCode::Io, blocking_err(e)),
+            Err(e) => return fail(ErrorCode::Io, blocking_err(e).to_string()),
         };
         let mut txn = Transaction::new();
         apply_state(&mut txn, coll, &oid, exists, p.state, data);
@@ -1251,7 +1260,7 @@ impl OsdService {
         }
         match self.commit_txn(txn).await {
             Ok(()) => PgPushReply { error: None },
-            Err(e) => fail(ErrorCode::Io, e),
+            Err(e) => fail(ErrorCode::Io, e.to_string()),
         }
     }
 
@@ -1342,11 +1351,13 @@ impl OsdService {
         &self,
         pg: PgId,
         object: &kelp_proto::ObjectLocator,
-    ) -> Result<i32, String> {
+    ) -> Result<i32, OsdError> {
         if object.key.is_some() {
-            return Err("objects with a locator key cannot be fetched from a replica yet".into());
+            return Err(OsdError::Unsupported {
+                reason: "objects with a locator key cannot be fetched from a replica yet".into(),
+            });
         }
-        let handle = self.pg_handle(pg).ok_or("PG not open")?;
+        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
         let map = self.map();
         let state = loop {
             let st = handle.write().await;
@@ -1363,7 +1374,10 @@ impl OsdService {
         // While the PG peers, its write set is the previous interval's, and a member being
         // synced now holds its copy locked until this pull answers: never ask then.
         if state.active.is_none() {
-            return Err("the PG is peering".into());
+            return Err(OsdError::PgBusy {
+                pg,
+                reason: "peering".into(),
+            });
         }
         let in_sync: Vec<i32> = state
             .write_to
@@ -1394,7 +1408,7 @@ impl OsdService {
             let (r, data) = match pulled {
                 Ok(x) => x,
                 Err(e) => {
-                    why.push(e);
+                    why.push(e.to_string());
                     continue;
                 }
             };
@@ -1415,7 +1429,10 @@ impl OsdService {
             pgs.entry(pg).or_default().summary.num_objects_repaired += 1;
             return Ok(osd);
         }
-        Err(format!("no replica has a good copy ({})", why.join("; ")))
+        Err(OsdError::NoGoodCopy {
+            object: object.name.clone(),
+            tried: why,
+        })
     }
 }
 

@@ -41,6 +41,7 @@ use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
 use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard, watch};
 
+use crate::error::OsdError;
 use crate::exec::{ExecError, Executed, Limits, Stamp, execute};
 use crate::pglog::{LogAppend, LogEntry, PgMeta};
 
@@ -70,6 +71,10 @@ impl OsdConfig {
 }
 
 /// How an OSD reaches its peers (replica writes, peering, recovery).
+///
+/// An `Err` means the request or its reply did not make it (`OsdError::Msgr`,
+/// `OsdError::PeerUnreachable`, `OsdError::Decode`); an error the peer *answered* with travels
+/// in the reply's own `error` field.
 #[async_trait::async_trait]
 pub trait Peers: Send + Sync {
     async fn repop(
@@ -78,22 +83,23 @@ pub trait Peers: Send + Sync {
         addr: SocketAddr,
         op: RepOp,
         data: Bytes,
-    ) -> Result<RepOpReply, String>;
-    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String>;
+    ) -> Result<RepOpReply, OsdError>;
+    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery)
+    -> Result<PgQueryReply, OsdError>;
     async fn pull(
         &self,
         osd: i32,
         addr: SocketAddr,
         p: PgPull,
-    ) -> Result<(PgPullReply, Bytes), String>;
-    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String>;
+    ) -> Result<(PgPullReply, Bytes), OsdError>;
+    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, OsdError>;
     /// Scrub: a member's scrub map of a range of a PG.
     async fn scrub_map(
         &self,
         osd: i32,
         addr: SocketAddr,
         req: ScrubMapRequest,
-    ) -> Result<ScrubMapReply, String>;
+    ) -> Result<ScrubMapReply, OsdError>;
     /// Repair: install the authoritative copy of one object on a member.
     async fn push(
         &self,
@@ -101,7 +107,7 @@ pub trait Peers: Send + Sync {
         addr: SocketAddr,
         p: PgPush,
         data: Bytes,
-    ) -> Result<PgPushReply, String>;
+    ) -> Result<PgPushReply, OsdError>;
 }
 
 /// A PG as this OSD holds it.
@@ -196,7 +202,7 @@ pub(crate) fn write_targets(me: i32, acting: &[i32], up: &[i32], left_behind: &[
 /// An activation record on its way to the monitors, with where their verdict goes.
 pub type ActivationRequest = (
     kelp_proto::PgActivation,
-    tokio::sync::oneshot::Sender<Result<kelp_proto::ActivationVerdict, String>>,
+    tokio::sync::oneshot::Sender<Result<kelp_proto::ActivationVerdict, OsdError>>,
 );
 
 pub struct OsdService {
@@ -287,12 +293,12 @@ impl OsdService {
     pub(crate) fn send_activation(
         &self,
         a: kelp_proto::PgActivation,
-    ) -> tokio::sync::oneshot::Receiver<Result<kelp_proto::ActivationVerdict, String>> {
+    ) -> tokio::sync::oneshot::Receiver<Result<kelp_proto::ActivationVerdict, OsdError>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         match self.activation_link.get() {
             Some(link) => {
                 if let Err(e) = link.send((a, tx)) {
-                    let _ = e.0.1.send(Err("the monitor link is closed".into()));
+                    let _ = e.0.1.send(Err(OsdError::MonLinkClosed));
                 }
             }
             None => {
@@ -899,7 +905,10 @@ impl OsdService {
                 // client's retry meets the re-peered PG at once.
                 let result = tokio::select! {
                     r = peers.repop(osd, addr, r, d) => r,
-                    () = left => Err(format!("osd.{osd} left the acting set")),
+                    () = left => Err(OsdError::PeerUnreachable {
+                        osd,
+                        reason: "it left the acting set".into(),
+                    }),
                 };
                 (osd, result)
             });
@@ -941,7 +950,7 @@ impl OsdService {
                     error: Some((code, msg)),
                     ..
                 }) => failures.push((osd, Some(code), format!("{code:?}: {msg}"))),
-                Err(e) => failures.push((osd, None, e)),
+                Err(e) => failures.push((osd, None, e.to_string())),
             }
         }
         if failures.is_empty() {
