@@ -5,18 +5,24 @@
 //!   checked first, so that the op applies completely or not at all;
 //! * `pglog` keeps each PG's log (`(epoch, version)` per write) in the same transaction as the
 //!   data, which is what peering and recovery compare later;
+//! * `peering` plans how every member reaches the authoritative history, and
+//!   `peering_machine` makes the rest of peering's decisions as a state machine without I/O
+//!   (`recovery` performs its actions);
+//! * `admission` decides whether a client op is served, and what a replica's failure means;
 //! * `service` handles client ops, replica writes and map changes, with the network behind the
 //!   `Peers` trait;
 //! * `error` is the crate's error type (`OsdError`), which says whether a failure is worth
 //!   retrying;
 //! * `scrub` compares the members' copies of a PG's objects and repairs bad ones.
 
+pub mod admission;
 pub mod daemon;
 pub mod error;
 pub mod exec;
 pub mod heartbeat;
 pub mod net;
 pub mod peering;
+pub mod peering_machine;
 pub mod pglog;
 pub mod recovery;
 pub mod scrub;

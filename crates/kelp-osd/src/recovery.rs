@@ -1,4 +1,5 @@
-//! Peering and recovery, the I/O around the pure `peering::plan`.
+//! Peering and recovery: the I/O around the pure `peering::plan` and
+//! `peering_machine::PeeringMachine` (which makes every peering decision described below).
 //!
 //! When a map changes a PG's acting or up set, its primary stops serving the PG (client ops get
 //! `Inactive` and retry), gathers the logs of the acting members and of the up members outside
@@ -51,7 +52,12 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::error::OsdError;
-use crate::peering::{MemberPlan, MemberReport, plan_with_authority};
+use crate::peering::MemberReport;
+pub(crate) use crate::peering_machine::PeeringBlocked;
+use crate::peering_machine::{
+    Action, Event, Job, Lagging, Outcome, PeeringMachine, PeeringStart, RecoveryFlags, names,
+    split_paused,
+};
 use crate::pglog::{INTERNAL_NAMESPACE, LogEntry};
 use crate::service::{OsdService, PgHandle};
 
@@ -60,9 +66,6 @@ const SYNC_BATCH: usize = 32;
 /// …and at most about this many bytes: a large recovery transaction would hold up the client
 /// writes committed behind it in the store.
 const SYNC_BATCH_BYTES: u64 = 1 << 20;
-/// A primary that misses more objects than this asks for a `pg_temp` instead of copying them
-/// before it serves.
-const PRIMARY_SYNC_MAX_OBJECTS: usize = 32;
 /// When at most this many objects changed since the last round, the next round is the final
 /// one (done with client writes held back). Each round copies only what changed during the
 /// previous one, so under load the rounds shrink quickly (a 4 MiB object copy takes a few ms).
@@ -339,66 +342,11 @@ fn list_all(store: &dyn ObjectStore, coll: CollectionId) -> Result<Vec<ObjectId>
 /// Object → the PG version its copy on the member being recovered is at least as new as.
 type CopiedAt = BTreeMap<(String, String), u64>;
 
-/// What a member left behind needs.
-#[derive(Debug, Clone)]
-enum Job {
-    /// Log recovery: copy `objects`, then keep the log through `keep_through` and append
-    /// `entries`, which reach `base`.
-    Recover {
-        keep_through: u64,
-        objects: Vec<(String, String)>,
-        entries: Vec<LogEntry>,
-        log_tail: u64,
-        base: (u32, u64),
-    },
-    /// A full walk of the PG.
-    Backfill,
-}
-
 /// Round one of bringing a member up to date (see `first_round`).
 struct FirstRound {
     objects: Vec<(String, String)>,
     keep_only: Option<Vec<(String, String)>>,
     log: SyncLog,
-}
-
-/// A member left behind at activation.
-#[derive(Debug, Clone)]
-struct Lagging {
-    osd: i32,
-    job: Job,
-    /// In the acting set (its missing copies are degraded), not just a backfill target.
-    in_acting: bool,
-}
-
-/// How a peering attempt ended.
-enum Peered {
-    /// Ready to serve; these members are left behind for background recovery.
-    Active {
-        recovered: usize,
-        lagging: Vec<Lagging>,
-    },
-    /// This primary needs a backfill and asked the monitors for a `pg_temp`; the map that brings
-    /// it makes another member primary.
-    AwaitingPgTemp,
-    /// The monitors' activation record names members this peering did not hear from with
-    /// their history (`kelp_mon::pg_history`): ask `probe` (up, not yet asked), or wait
-    /// (`blocked`: none of them is up, or those that answered lost their copy).
-    Blocked {
-        probe: Vec<i32>,
-        blocked: Option<PeeringBlocked>,
-        record: kelp_proto::PgRecord,
-    },
-}
-
-/// Why a PG cannot go active, as Ceph names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PeeringBlocked {
-    /// Every OSD with the PG's latest acknowledged writes is down.
-    Down,
-    /// The OSDs that should have the PG's latest writes answered without them (their copy
-    /// was lost, e.g. a recreated store).
-    Incomplete,
 }
 
 /// Why a background recovery step stopped.
@@ -418,19 +366,6 @@ impl From<OsdError> for RecoveryError {
     fn from(e: OsdError) -> Self {
         RecoveryError::Failed(e)
     }
-}
-
-fn paused(job: &Job, (norecover, nobackfill): (bool, bool)) -> bool {
-    match job {
-        Job::Recover { .. } => norecover,
-        Job::Backfill => nobackfill,
-    }
-}
-
-fn names(objects: impl IntoIterator<Item = kelp_proto::ObjectLocator>) -> Vec<(String, String)> {
-    let set: BTreeSet<(String, String)> =
-        objects.into_iter().map(|o| (o.namespace, o.name)).collect();
-    set.into_iter().collect()
 }
 
 /// Counts a PG as peering until dropped.
@@ -796,7 +731,8 @@ impl OsdService {
                 .try_peer(pg, epoch, &m.acting, &m.up, &strays, authority)
                 .await
             {
-                Ok(Peered::Active { recovered, lagging }) => {
+                Outcome::Superseded => return,
+                Outcome::Active { recovered, lagging } => {
                     let flags = recovery_flags(&map);
                     let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
                     let Some(interval) = self
@@ -814,8 +750,7 @@ impl OsdService {
                     } else {
                         debug!(%pg, epoch, ms, "peered");
                     }
-                    let (run, wait): (Vec<Lagging>, Vec<Lagging>) =
-                        lagging.into_iter().partition(|l| !paused(&l.job, flags));
+                    let (run, wait) = split_paused(lagging, flags);
                     if !wait.is_empty() {
                         let ids: Vec<i32> = wait.iter().map(|l| l.osd).collect();
                         info!(
@@ -829,14 +764,14 @@ impl OsdService {
                     }
                     return;
                 }
-                Ok(Peered::AwaitingPgTemp) => {
+                Outcome::AwaitingPgTemp => {
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
-                Ok(Peered::Blocked {
+                Outcome::Blocked {
                     probe,
                     blocked,
                     record,
-                }) => {
+                } => {
                     if let Some(h) = self.pg_handle(pg) {
                         let mut st = h.write().await;
                         if st.blocked != blocked {
@@ -872,7 +807,7 @@ impl OsdService {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
-                Err(e) => {
+                Outcome::Failed(e) => {
                     attempt += 1;
                     if attempt == 1 || attempt.is_multiple_of(20) {
                         warn!(%pg, epoch, "peering failed (will retry): {e}");
@@ -938,7 +873,9 @@ impl OsdService {
         }
     }
 
-    /// One peering attempt.
+    /// One peering attempt: gathers what `PeeringMachine` starts from, performs its actions
+    /// in order and feeds their results back until it reaches an outcome. Every decision is
+    /// the machine's; this only does the I/O.
     async fn try_peer(
         &self,
         pg: PgId,
@@ -947,308 +884,105 @@ impl OsdService {
         up: &[i32],
         strays: &[i32],
         authority: Option<i32>,
-    ) -> Result<Peered, OsdError> {
+    ) -> Outcome {
         let map = self.map();
-        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
-        let me = self.id();
-        let mine = {
+        let Some(handle) = self.pg_handle(pg) else {
+            return Outcome::Failed(OsdError::PgNotOpen { pg });
+        };
+        let primary = {
             let st = OsdService::settled_read(&handle).await;
             MemberReport {
-                osd: me,
+                osd: self.id(),
                 last_update: st.meta.info.last_update,
                 log_tail: st.meta.info.log_tail,
                 entries: st.meta.entries(),
             }
         };
-        let have = mine.last_update;
-        // A member at this primary's `last_update` shares its history: its entries are this
-        // primary's (within the member's own log tail).
-        let report = |osd: i32, r: PgQueryReply, mine: &MemberReport| MemberReport {
-            osd,
-            last_update: r.last_update,
-            log_tail: r.log_tail,
-            entries: if r.last_update == mine.last_update && r.entries.is_empty() {
-                mine.entries
-                    .iter()
-                    .filter(|e| e.version > r.log_tail)
-                    .cloned()
-                    .collect()
-            } else {
-                r.entries.into_iter().map(Into::into).collect()
-            },
+        let start = PeeringStart {
+            pg,
+            epoch,
+            me: self.id(),
+            acting: acting.to_vec(),
+            up: up.to_vec(),
+            strays: strays.to_vec(),
+            authority,
+            min_size: map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize,
+            flags: recovery_flags(&map),
+            up_osds: map.osds.keys().copied().filter(|&o| map.is_up(o)).collect(),
+            can_request_pg_temp: self.mon_link().is_some(),
+            parallel: self.recovery.cfg().max_active as u32,
+            primary,
         };
-        let mut reports = vec![mine.clone()];
-        for &osd in acting.iter().filter(|&&o| o != me) {
-            let r = self.query_member(&map, pg, epoch, osd, have, false).await?;
-            reports.push(report(osd, r, &mine));
-        }
-        // Backfill targets (up, not acting) that do not answer are backfilled from scratch by
-        // the background task, which retries; they never hold up the PG.
-        let mut unanswered = Vec::new();
-        for &osd in up.iter().filter(|&&o| o != me && !acting.contains(&o)) {
-            match self.query_member(&map, pg, epoch, osd, have, false).await {
-                Ok(r) => reports.push(report(osd, r, &mine)),
-                Err(e) => {
-                    debug!(%pg, "backfill target osd.{osd} did not answer: {e}");
-                    unanswered.push(osd);
-                }
+        let (mut machine, first) = PeeringMachine::new(start);
+        let mut queue: std::collections::VecDeque<Action> = first.into();
+        while let Some(action) = queue.pop_front() {
+            if machine.outcome().is_some() {
+                break;
             }
-        }
-        // OSDs outside the PG's sets that hold its history (the monitors' record named them):
-        // their logs take part in choosing the authoritative history; they get no writes.
-        let mut stray_reports = Vec::new();
-        for &osd in strays {
-            if osd == me || acting.contains(&osd) || up.contains(&osd) || !map.is_up(osd) {
-                continue;
+            let now = self.map().epoch;
+            if now != epoch {
+                machine.handle(Event::NewMap { epoch: now });
+                break;
             }
-            match self.query_member(&map, pg, epoch, osd, have, false).await {
-                Ok(r) => {
-                    reports.push(report(osd, r, &mine));
-                    stray_reports.push(osd);
-                }
-                Err(e) => debug!(%pg, "stray osd.{osd} did not answer: {e}"),
-            }
+            let event = self.perform(&map, pg, epoch, action).await;
+            queue.extend(machine.handle(event));
         }
-        let Some(p) = plan_with_authority(&reports, authority) else {
-            return Ok(Peered::Active {
-                recovered: 0,
-                lagging: Vec::new(),
-            });
-        };
-        let flags = recovery_flags(&map);
-        let min_size = map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize;
-        let auth = reports
-            .iter()
-            .find(|r| r.osd == p.authoritative)
-            .cloned()
-            .ok_or_else(|| OsdError::PgBusy {
+        machine.into_outcome().unwrap_or_else(|| {
+            Outcome::Failed(OsdError::PgBusy {
                 pg,
-                reason: "the authoritative member vanished".into(),
-            })?;
-        let mut recovered = 0;
+                reason: "peering stopped without an outcome".into(),
+            })
+        })
+    }
 
-        // This primary first: it serves every read, so it must be complete. If it misses more
-        // than a few objects, the members that have the data serve the PG meanwhile (a
-        // `pg_temp`) and this OSD is recovered in the background like any other member.
-        let big = match p.members.get(&me) {
-            Some(MemberPlan::Backfill) => true,
-            Some(MemberPlan::Recover { objects, .. }) => objects.len() > PRIMARY_SYNC_MAX_OBJECTS,
-            _ => false,
-        };
-        if big && let Some(link) = self.mon_link() {
-            let temp: Vec<i32> = std::iter::once(auth.osd)
-                .chain(acting.iter().copied().filter(|&o| {
-                    o != auth.osd
-                        && o != me
-                        && !matches!(p.members.get(&o), Some(MemberPlan::Backfill))
-                }))
-                .collect();
-            if temp.len() >= min_size && temp.as_slice() != acting {
-                info!(%pg, epoch, ?temp, "behind its members: asking for a pg_temp");
-                link.send(MonCommand::PgTemp { pg, osds: temp })
-                    .map_err(|_| OsdError::MonLinkClosed)?;
-                return Ok(Peered::AwaitingPgTemp);
-            }
-        }
-        let own_unfound = match p.members.get(&me) {
-            Some(MemberPlan::Backfill) => {
-                let listing = self
-                    .query_member(&map, pg, epoch, auth.osd, (0, 0), true)
-                    .await?
-                    .objects
-                    .unwrap_or_default();
-                let unfound = self
-                    .sync_pg(PgSync {
-                        pg,
-                        epoch,
-                        source: auth.osd,
-                        objects: listing.clone(),
-                        keep_only: Some(listing),
-                        parallel: self.recovery.cfg().max_active as u32,
-                        log: Some(SyncLog {
-                            keep_through: None,
-                            entries: auth.entries.iter().cloned().map(Into::into).collect(),
-                            log_tail: auth.log_tail,
-                            last_update: p.last_update,
-                        }),
-                    })
-                    .await?;
-                recovered += 1;
-                unfound
-            }
-            Some(MemberPlan::Recover {
-                common_version,
-                objects,
-                entries,
-            }) => {
-                let unfound = self
-                    .sync_pg(PgSync {
-                        pg,
-                        epoch,
-                        source: auth.osd,
-                        objects: names(objects.iter().cloned()),
-                        keep_only: None,
-                        parallel: self.recovery.cfg().max_active as u32,
-                        log: Some(SyncLog {
-                            keep_through: Some(*common_version),
-                            entries: entries.iter().cloned().map(Into::into).collect(),
-                            log_tail: auth.log_tail,
-                            last_update: p.last_update,
-                        }),
-                    })
-                    .await?;
-                recovered += 1;
-                unfound
-            }
-            _ => Vec::new(),
-        };
-        if !own_unfound.is_empty() {
-            // Objects no member in sync can deliver readable: this primary cannot complete its
-            // copy. The authoritative member serves the PG meanwhile (reads of those objects
-            // fail with a checksum error there, never with other data) and this OSD is
-            // recovered in the background, which reports them as unfound.
-            let temp: Vec<i32> = std::iter::once(auth.osd)
-                .chain(acting.iter().copied().filter(|&o| o != auth.osd && o != me))
-                .collect();
-            warn!(
-                %pg, epoch, unfound = own_unfound.len(), ?temp,
-                "objects unfound while bringing the primary up to date; asking for a pg_temp"
-            );
-            match self.mon_link() {
-                Some(link) if temp.len() >= min_size && temp.as_slice() != acting => {
-                    link.send(MonCommand::PgTemp { pg, osds: temp })
-                        .map_err(|_| OsdError::MonLinkClosed)?;
-                    return Ok(Peered::AwaitingPgTemp);
-                }
-                _ => {
-                    return Err(OsdError::Unfound {
-                        objects: own_unfound,
-                    });
-                }
-            }
-        }
-
-        // The others: in sync, or left behind for background recovery — unless fewer than
-        // min_size acting members would be in sync, in which case they are synced now.
-        let in_sync = acting
-            .iter()
-            .filter(|&&o| o == me || p.members.get(&o) == Some(&MemberPlan::UpToDate))
-            .count();
-        let sync_now = in_sync < min_size;
-        let mut lagging = Vec::new();
-        for (&osd, plan) in &p.members {
-            let job = match plan {
-                _ if osd == me => continue,
-                _ if stray_reports.contains(&osd) => continue,
-                MemberPlan::UpToDate => continue,
-                MemberPlan::Recover {
-                    common_version,
-                    objects,
-                    entries,
-                } => Job::Recover {
-                    keep_through: *common_version,
-                    objects: names(objects.iter().cloned()),
-                    entries: entries.clone(),
-                    log_tail: auth.log_tail,
-                    base: p.last_update,
-                },
-                MemberPlan::Backfill => Job::Backfill,
-            };
-            let in_acting = acting.contains(&osd);
-            if sync_now && in_acting && !paused(&job, flags) {
-                let sync = self.full_sync(pg, epoch, &job).await?;
-                self.send_sync(osd, sync).await?;
-                recovered += 1;
-                continue;
-            }
-            lagging.push(Lagging {
+    /// Performs one of peering's actions; returns what happened.
+    async fn perform(
+        &self,
+        map: &kelp_maps::OsdMap,
+        pg: PgId,
+        epoch: u32,
+        action: Action,
+    ) -> Event {
+        match action {
+            Action::Query { osd, have } => Event::Queried {
                 osd,
-                job,
-                in_acting,
-            });
-        }
-        lagging.extend(unanswered.into_iter().map(|osd| Lagging {
-            osd,
-            job: Job::Backfill,
-            in_acting: false,
-        }));
-        // A PG with fewer acting members than min_size goes active as `peered`: it serves no
-        // I/O (client ops are refused with `Inactive` and retried), but it is reported as Ceph
-        // does (`undersized+degraded+peered`), not as forever `peering`.
-        let behind = lagging.iter().filter(|l| l.in_acting).count();
-        if acting.len() >= min_size && acting.len() - behind < min_size {
-            return Err(OsdError::BelowMinSize {
-                pg,
-                in_sync: acting.len() - behind,
-                acting: acting.len(),
-                min_size,
-            });
-        }
-        // Before serving, the monitors record who has every acknowledged write from now on;
-        // they refuse if this peering heard from none of the previous record's members. A PG
-        // below min_size serves nothing, so it neither needs nor changes a record.
-        if acting.len() >= min_size {
-            // The write set `activate` will give the PG, with this primary.
-            let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
-            let members: Vec<i32> = std::iter::once(me)
-                .chain(crate::service::write_targets(me, acting, up, &left))
-                .collect();
-            let activation = kelp_proto::PgActivation {
-                pg,
-                primary: me,
-                record: kelp_proto::PgRecord {
-                    epoch,
-                    members,
-                    last_update: p.last_update,
-                },
-                heard: reports.iter().map(|r| (r.osd, r.last_update)).collect(),
-            };
-            let verdict =
-                self.send_activation(activation)
+                result: self.query_member(map, pg, epoch, osd, have, false).await,
+            },
+            Action::List { osd } => Event::Listed {
+                osd,
+                result: self
+                    .query_member(map, pg, epoch, osd, (0, 0), true)
                     .await
-                    .map_err(|_| OsdError::Monitor {
+                    .map(|r| r.objects.unwrap_or_default()),
+            },
+            Action::RequestPgTemp { osds, why } => {
+                info!(%pg, epoch, temp = ?osds, "{why}: asking for a pg_temp");
+                let sent = match self.mon_link() {
+                    Some(link) => link
+                        .send(MonCommand::PgTemp { pg, osds })
+                        .map_err(|_| OsdError::MonLinkClosed),
+                    None => Err(OsdError::MonLinkClosed),
+                };
+                Event::PgTempRequested(sent)
+            }
+            Action::SyncPrimary(sync) => Event::PrimarySynced(self.sync_pg(sync).await),
+            Action::SyncMember { osd, job } => {
+                let result = match self.full_sync(pg, epoch, &job).await {
+                    Ok(sync) => self.send_sync(osd, sync).await,
+                    Err(e) => Err(e),
+                };
+                Event::MemberSynced { osd, result }
+            }
+            Action::RecordActivation(activation) => {
+                let verdict = match self.send_activation(activation).await {
+                    Ok(v) => v,
+                    Err(_) => Err(OsdError::Monitor {
                         reason: "the monitor link dropped the activation".into(),
-                    })??;
-            match verdict {
-                kelp_proto::ActivationVerdict::Recorded => {}
-                kelp_proto::ActivationVerdict::Blocked { current } => {
-                    let heard: Vec<i32> = reports.iter().map(|r| r.osd).collect();
-                    let probe: Vec<i32> = current
-                        .members
-                        .iter()
-                        .copied()
-                        .filter(|&o| map.is_up(o) && !heard.contains(&o) && !strays.contains(&o))
-                        .collect();
-                    // Up members already asked (strays) that did not answer with a copy
-                    // count as answered: the PG is incomplete, not down (it keeps retrying).
-                    let any_up = current.members.iter().any(|&o| map.is_up(o));
-                    let blocked = if !probe.is_empty() {
-                        None
-                    } else if any_up {
-                        Some(PeeringBlocked::Incomplete)
-                    } else {
-                        Some(PeeringBlocked::Down)
-                    };
-                    return Ok(Peered::Blocked {
-                        probe,
-                        blocked,
-                        record: current,
-                    });
-                }
-                kelp_proto::ActivationVerdict::Stale { current } => {
-                    return Err(OsdError::StaleEpoch {
-                        pg,
-                        epoch,
-                        current: current.epoch,
-                        what: "the monitors hold a newer activation than this peering's",
-                    });
-                }
-                kelp_proto::ActivationVerdict::NoSuchPg => {
-                    return Err(OsdError::NoSuchPg { pg });
-                }
+                    }),
+                };
+                Event::Verdict(verdict)
             }
         }
-        Ok(Peered::Active { recovered, lagging })
     }
 
     /// What brings a member left behind to this primary's history as of now: the objects to
@@ -1768,11 +1502,11 @@ pub(crate) fn peer_addr(
 const UNFOUND_RETRY: Duration = Duration::from_secs(5);
 
 /// `(norecover, nobackfill)` in `map`.
-pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> (bool, bool) {
-    (
-        map.has_flag(kelp_maps::ClusterFlag::NoRecover),
-        map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
-    )
+pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> RecoveryFlags {
+    RecoveryFlags {
+        norecover: map.has_flag(kelp_maps::ClusterFlag::NoRecover),
+        nobackfill: map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
+    }
 }
 
 #[cfg(test)]

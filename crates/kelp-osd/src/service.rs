@@ -41,6 +41,7 @@ use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
 use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard, watch};
 
+use crate::admission;
 use crate::error::OsdError;
 use crate::exec::{ExecError, Executed, Limits, Stamp, execute};
 use crate::pglog::{LogAppend, LogEntry, PgMeta};
@@ -134,7 +135,7 @@ pub(crate) struct PgState {
     pub(crate) left_behind: Vec<i32>,
     /// `(norecover, nobackfill)` when the PG was activated: when they change and members were
     /// left behind, the PG peers again.
-    pub(crate) recovery_flags: (bool, bool),
+    pub(crate) recovery_flags: crate::peering_machine::RecoveryFlags,
     /// Bumped whenever the PG is activated or deactivated: background recovery started for one
     /// peering stops once it sees another.
     pub(crate) interval: u64,
@@ -187,17 +188,7 @@ impl PgState {
 
 pub(crate) type PgHandle = Arc<RwLock<PgState>>;
 
-/// The members besides the primary `me` that get a PG's writes once it is activated for
-/// `acting` and `up` with `left_behind` not in sync (each once, in set order).
-pub(crate) fn write_targets(me: i32, acting: &[i32], up: &[i32], left_behind: &[i32]) -> Vec<i32> {
-    let mut to: Vec<i32> = Vec::new();
-    for &o in acting.iter().chain(up) {
-        if o != me && !left_behind.contains(&o) && !to.contains(&o) {
-            to.push(o);
-        }
-    }
-    to
-}
+pub(crate) use crate::peering_machine::write_targets;
 
 /// An activation record on its way to the monitors, with where their verdict goes.
 pub type ActivationRequest = (
@@ -232,6 +223,10 @@ pub struct OsdService {
 
 /// Clients count as busy on an OSD for this long after their last op.
 const CLIENTS_BUSY_FOR: Duration = Duration::from_millis(200);
+
+fn refuse(refusal: &admission::Refusal, epoch: u32) -> (OsdOpReply, Bytes) {
+    reply_err(refusal.code(), refusal.to_string(), epoch)
+}
 
 fn reply_err(code: ErrorCode, message: impl Into<String>, epoch: u32) -> (OsdOpReply, Bytes) {
     (
@@ -431,7 +426,7 @@ impl OsdService {
                     peered_up: Vec::new(),
                     write_to: Vec::new(),
                     left_behind: Vec::new(),
-                    recovery_flags: (false, false),
+                    recovery_flags: Default::default(),
                     interval: 0,
                     recovery_block: false,
                     recovery: None,
@@ -534,7 +529,7 @@ impl OsdService {
         acting: &[i32],
         up: &[i32],
         left_behind: &[i32],
-        recovery_flags: (bool, bool),
+        recovery_flags: crate::peering_machine::RecoveryFlags,
         record_epoch: u32,
     ) -> Option<u64> {
         let map = self.map();
@@ -621,11 +616,11 @@ impl OsdService {
                 map = self.map_at_least(op.epoch).await;
             }
             let full = map.has_flag(kelp_maps::ClusterFlag::Full);
-            if let Some(why) = self
+            if let Some(refusal) = self
                 .stats
                 .refuse_full(self.cfg.id, full, &op.ops, &*self.store)
             {
-                return reply_err(ErrorCode::Full, why, map.epoch);
+                return reply_err(refusal.code(), refusal.to_string(), map.epoch);
             }
         }
         let in_bytes = data.len() as u64;
@@ -647,68 +642,41 @@ impl OsdService {
     ) -> (OsdOpReply, Bytes) {
         let map = self.map_at_least(op.epoch).await;
         let epoch = map.epoch;
-        let Some(pool) = map.pools.get(&op.pg.pool.0) else {
-            return reply_err(
-                ErrorCode::NoSuchPool,
-                format!("pool {} does not exist", op.pg.pool),
-                epoch,
-            );
+        // Admission (`crate::admission`): the map's say first, then the PG's state.
+        let pool = map.pools.get(&op.pg.pool.0);
+        let mapping = pool.map(|_| self.mappings.get(&map, op.pg));
+        let placement = admission::admit_placement(&admission::OpFacts {
+            me: self.cfg.id,
+            epoch,
+            pg: op.pg,
+            pool: pool.map(|p| admission::PoolFacts {
+                id: p.id,
+                size: p.size,
+                min_size: p.min_size,
+            }),
+            object_pool: op.object.pool,
+            object_name: &op.object.name,
+            object_pg: pool.map(|p| {
+                p.placement().object_pg(
+                    &op.object.name,
+                    op.object.key.as_deref(),
+                    &op.object.namespace,
+                )
+            }),
+            mapping: match &mapping {
+                Some(Ok(m)) => Ok((m.acting_primary, &m.acting[..])),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err(format!("pool {} does not exist", op.pg.pool)),
+            },
+        });
+        if let Err(refusal) = placement {
+            return refuse(&refusal, epoch);
+        }
+        let Some(Ok(mapping)) = mapping else {
+            unreachable!("admitted ops have a mapping")
         };
-        if op.object.pool != pool.id {
-            return reply_err(
-                ErrorCode::Invalid,
-                "the object's pool differs from the PG's",
-                epoch,
-            );
-        }
-        let expected = pool.placement().object_pg(
-            &op.object.name,
-            op.object.key.as_deref(),
-            &op.object.namespace,
-        );
-        if expected != op.pg {
-            return reply_err(
-                ErrorCode::Invalid,
-                format!(
-                    "object '{}' belongs to PG {expected}, not {}",
-                    op.object.name, op.pg
-                ),
-                epoch,
-            );
-        }
-        let mapping = match self.mappings.get(&map, op.pg) {
-            Ok(m) => m,
-            Err(e) => return reply_err(ErrorCode::Invalid, e.to_string(), epoch),
-        };
-        if mapping.acting_primary != self.cfg.id {
-            return reply_err(
-                ErrorCode::Misdirected,
-                format!(
-                    "osd.{} is not the primary of PG {} at epoch {epoch} (osd.{} is)",
-                    self.cfg.id, op.pg, mapping.acting_primary
-                ),
-                epoch,
-            );
-        }
-        if (mapping.acting.len() as u32) < pool.min_size {
-            return reply_err(
-                ErrorCode::Inactive,
-                format!(
-                    "PG {} has {} of {} replicas up, fewer than min_size {}",
-                    op.pg,
-                    mapping.acting.len(),
-                    pool.size,
-                    pool.min_size
-                ),
-                epoch,
-            );
-        }
         let Some(pg) = self.pg(op.pg) else {
-            return reply_err(
-                ErrorCode::Misdirected,
-                format!("PG {} is not open here yet", op.pg),
-                epoch,
-            );
+            return refuse(&admission::Refusal::NotOpen { pg: op.pg }, epoch);
         };
         let is_write = op.ops.iter().any(|o| o.is_write());
         if !is_write {
@@ -723,12 +691,10 @@ impl OsdService {
                 drop(state);
                 settled.await;
             };
-            if state.active.as_deref() != Some(&mapping.acting[..]) {
-                return reply_err(
-                    ErrorCode::Inactive,
-                    format!("PG {} is peering", op.pg),
-                    epoch,
-                );
+            if let Err(refusal) =
+                admission::admit_to_pg(op.pg, &mapping.acting, state.active.as_deref(), false, &[])
+            {
+                return refuse(&refusal, epoch);
             }
             let store = self.store.clone();
             let limits = self.cfg.limits;
@@ -793,26 +759,19 @@ impl OsdService {
         let oid = crate::exec::object_id(&op.object);
         let mut state = loop {
             let mut state = pg.write().await;
-            if state.active.as_deref() != Some(&mapping.acting[..]) {
-                return reply_err(
-                    ErrorCode::Inactive,
-                    format!("PG {} is peering", op.pg),
-                    epoch,
-                );
+            if state.active.as_deref() == Some(&mapping.acting[..]) {
+                state
+                    .failed_replicas
+                    .retain(|osd| mapping.acting.contains(osd));
             }
-            state
-                .failed_replicas
-                .retain(|osd| mapping.acting.contains(osd));
-            if !state.failed_replicas.is_empty() {
-                return reply_err(
-                    ErrorCode::Inactive,
-                    format!(
-                        "PG {} is degraded: replicas {:?} missed a write and are still \
-                         acting; waiting for them to be marked down or recovered",
-                        op.pg, state.failed_replicas
-                    ),
-                    epoch,
-                );
+            if let Err(refusal) = admission::admit_to_pg(
+                op.pg,
+                &mapping.acting,
+                state.active.as_deref(),
+                true,
+                &state.failed_replicas,
+            ) {
+                return refuse(&refusal, epoch);
             }
             if state.recovery_block || state.scrub_block.as_ref().is_some_and(|b| b.blocks(&oid)) {
                 // The primary is comparing this object's chunk across the members, or handing
@@ -960,31 +919,32 @@ impl OsdService {
             .iter()
             .map(|(osd, _, why)| format!("osd.{osd}: {why}"))
             .collect();
-        let full: Vec<i32> = failures
-            .iter()
-            .filter(|(_, code, _)| *code == Some(ErrorCode::Full))
-            .map(|(osd, _, _)| *osd)
-            .collect();
-        if full.len() == failures.len() {
-            // Replicas that are out of space refused the write (and applied nothing): it
-            // fails with `Full`, and the PG rolls it back on every member by peering with a
-            // refusing replica's history as the authoritative one, then serves again. (Treating
-            // them as failed replicas would block the PG until a map change.)
-            state.deactivate();
-            tokio::spawn(
-                self.clone()
-                    .peer_with_authority(op.pg, epoch, Some(full[0])),
-            );
-            return reply_err(
-                ErrorCode::Full,
-                format!(
-                    "a replica has no space for the write ({})",
-                    detail.join("; ")
-                ),
-                epoch,
-            );
-        }
-        for (osd, _, _) in &failures {
+        let classified = admission::classify_replica_failures(
+            &failures
+                .iter()
+                .map(|(osd, code, _)| (*osd, *code))
+                .collect::<Vec<_>>(),
+        );
+        let missed = match classified {
+            admission::ReplicaFailures::AllFull { authority } => {
+                // Roll the write back on every member (see `ReplicaFailures::AllFull`).
+                state.deactivate();
+                tokio::spawn(
+                    self.clone()
+                        .peer_with_authority(op.pg, epoch, Some(authority)),
+                );
+                return reply_err(
+                    ErrorCode::Full,
+                    format!(
+                        "a replica has no space for the write ({})",
+                        detail.join("; ")
+                    ),
+                    epoch,
+                );
+            }
+            admission::ReplicaFailures::Missed { osds } => osds,
+        };
+        for osd in &missed {
             if !state.failed_replicas.contains(osd) {
                 state.failed_replicas.push(*osd);
             }
@@ -992,19 +952,21 @@ impl OsdService {
             // the next map brings it back.
             state.write_to.retain(|o| o != osd);
         }
-        // A failed replica that the current map still has in the acting set (a timeout, a
-        // lost connection, an OSD restarted before anyone noticed): peer again, which brings
-        // it back to the authoritative history (or waits for the map to drop it), instead of
-        // refusing writes until the next map change.
+        // A failed replica that the current map still has in the PG (a timeout, a lost
+        // connection, an OSD restarted before anyone noticed): peer again rather than refuse
+        // writes until the next map change (`admission::repeer_after_failures`).
         let current = self.map();
-        let still_acting = current.pg_mapping(op.pg).is_ok_and(|m| {
-            m.acting_primary == self.cfg.id
-                && state
-                    .failed_replicas
-                    .iter()
-                    .any(|o| m.acting.contains(o) || m.up.contains(o))
-        });
-        if still_acting && state.active.is_some() && current.epoch == epoch {
+        let current_mapping = current.pg_mapping(op.pg).ok();
+        if admission::repeer_after_failures(
+            self.cfg.id,
+            epoch,
+            current.epoch,
+            current_mapping
+                .as_ref()
+                .map(|m| (m.acting_primary, &m.acting[..], &m.up[..])),
+            &state.failed_replicas,
+            state.active.is_some(),
+        ) {
             state.deactivate();
             tokio::spawn(self.clone().peer(op.pg, epoch));
         }
