@@ -99,7 +99,18 @@ pub struct OpFacts<'a> {
     /// The PG the object maps to in the op's pool.
     pub object_pg: Option<PgId>,
     /// The PG's acting primary and acting set, or why they could not be computed.
-    pub mapping: Result<(i32, &'a [i32]), String>,
+    pub mapping: Mapping<'a>,
+}
+
+/// The PG's mapping as admission sees it.
+#[derive(Debug, Clone)]
+pub enum Mapping<'a> {
+    Mapped {
+        primary: i32,
+        acting: &'a [i32],
+    },
+    /// The map cannot place the PG (its reason).
+    Unmappable(String),
 }
 
 /// Whether the map lets this OSD serve the op (as the PG's acting primary, with `min_size`
@@ -121,8 +132,8 @@ pub fn admit_placement(f: &OpFacts<'_>) -> Result<(), Refusal> {
         });
     }
     let (primary, acting) = match &f.mapping {
-        Ok(m) => *m,
-        Err(reason) => {
+        Mapping::Mapped { primary, acting } => (*primary, *acting),
+        Mapping::Unmappable(reason) => {
             return Err(Refusal::BadMapping {
                 reason: reason.clone(),
             });
@@ -267,7 +278,7 @@ mod tests {
             object_pool: 2,
             object_name: "obj",
             object_pg: Some(PgId::new(2, 5)),
-            mapping: Ok((primary, acting)),
+            mapping: Mapping::Mapped { primary, acting },
         }
     }
 
@@ -296,7 +307,7 @@ mod tests {
         assert_eq!(e.code(), ErrorCode::Invalid);
         assert!(!e.retryable());
         let mut f = facts(&[1, 2], 1);
-        f.mapping = Err("no such PG".into());
+        f.mapping = Mapping::Unmappable("no such PG".into());
         assert_eq!(admit_placement(&f).unwrap_err().code(), ErrorCode::Invalid);
     }
 

@@ -13,7 +13,8 @@
 //!   `Peers` trait;
 //! * `error` is the crate's error type (`OsdError`), which says whether a failure is worth
 //!   retrying;
-//! * `scrub` compares the members' copies of a PG's objects and repairs bad ones.
+//! * `scrub_map` builds and compares scrub maps (pure comparison, blocking store reads), and
+//!   `scrub` runs scrubs and repairs as the PG's primary.
 
 pub mod admission;
 pub mod daemon;
@@ -21,11 +22,15 @@ pub mod error;
 pub mod exec;
 pub mod heartbeat;
 pub mod net;
+pub mod object_state;
 pub mod peering;
 pub mod peering_machine;
+pub(crate) mod pg;
 pub mod pglog;
 pub mod recovery;
+pub mod recovery_throttle;
 pub mod scrub;
+pub mod scrub_map;
 pub mod service;
 pub mod stats;
 

@@ -45,6 +45,14 @@ pub struct RecoveryFlags {
 }
 
 impl RecoveryFlags {
+    /// The flags set in `map`.
+    pub fn of(map: &kelp_maps::OsdMap) -> RecoveryFlags {
+        RecoveryFlags {
+            norecover: map.has_flag(kelp_maps::ClusterFlag::NoRecover),
+            nobackfill: map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
+        }
+    }
+
     /// Whether `job` may not run while these flags are set.
     pub fn pauses(&self, job: &Job) -> bool {
         match job {

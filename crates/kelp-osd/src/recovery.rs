@@ -37,29 +37,29 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use kelp_proto::{
-    ConfigEntry, ErrorCode, MonCommand, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync,
-    PgSyncReply, SyncLog,
+    ErrorCode, MonCommand, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, SyncLog,
 };
-use kelp_store::{CollectionId, ObjectId, ObjectStore, Op, StoreError, Transaction};
+use kelp_store::{StoreError, Transaction};
 use kelp_types::PgId;
-use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::error::OsdError;
+use crate::object_state::{apply_state, list_all, oid_for, peer_addr, read_state};
 use crate::peering::MemberReport;
 pub(crate) use crate::peering_machine::PeeringBlocked;
 use crate::peering_machine::{
     Action, Event, Job, Lagging, Outcome, PeeringMachine, PeeringStart, RecoveryFlags, names,
     split_paused,
 };
-use crate::pglog::{INTERNAL_NAMESPACE, LogEntry};
-use crate::service::{OsdService, PgHandle};
+use crate::pg::{PgHandle, settled_read, settled_write};
+use crate::pglog::LogEntry;
+pub use crate::recovery_throttle::RecoveryConfig;
+use crate::service::OsdService;
 
 /// Objects copied per store transaction during a sync, at most…
 const SYNC_BATCH: usize = 32;
@@ -75,269 +75,8 @@ const MAX_CATCH_UP_ROUNDS: usize = 8;
 /// The final hand-over gives up (and is retried) after this long, so client writes never wait
 /// longer for it.
 const FINAL_ROUND_TIMEOUT: Duration = Duration::from_secs(5);
-/// Clients' op priority (Ceph's `osd_client_op_priority`).
-const CLIENT_OP_PRIORITY: u32 = 63;
 
-/// Recovery throttles (Ceph's names), from the central config.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RecoveryConfig {
-    /// `osd_max_backfills`: PGs this OSD recovers or backfills at once, as their primary.
-    pub max_backfills: usize,
-    /// `osd_recovery_max_active`: objects this OSD copies at once for recovery.
-    pub max_active: usize,
-    /// `osd_recovery_sleep`: pause after every batch of copied objects.
-    pub sleep: Duration,
-    /// `osd_recovery_op_priority` (1–63): while clients use this OSD, recovery takes about
-    /// `p / 63` of the time: a PG member's recovery that took `t` is followed by a pause of
-    /// `t * 63 / p - t` before the slot goes to the next PG; 63 or more means no pause.
-    pub op_priority: u32,
-}
-
-impl Default for RecoveryConfig {
-    fn default() -> Self {
-        RecoveryConfig {
-            max_backfills: 2,
-            max_active: 4,
-            sleep: Duration::ZERO,
-            op_priority: 12,
-        }
-    }
-}
-
-impl RecoveryConfig {
-    /// Applies one central-config key; false if it is not a recovery key or does not parse.
-    pub fn set(&mut self, key: &str, value: &str) -> bool {
-        match key {
-            "osd_max_backfills" => match value.parse::<usize>() {
-                Ok(n) if n > 0 => self.max_backfills = n,
-                _ => return false,
-            },
-            "osd_recovery_max_active" => match value.parse::<usize>() {
-                Ok(n) if n > 0 => self.max_active = n,
-                _ => return false,
-            },
-            "osd_recovery_sleep" => match value.parse::<f64>() {
-                Ok(s) if s >= 0.0 && s.is_finite() => self.sleep = Duration::from_secs_f64(s),
-                _ => return false,
-            },
-            "osd_recovery_op_priority" => match value.parse::<u32>() {
-                Ok(p) if p > 0 => self.op_priority = p,
-                _ => return false,
-            },
-            _ => return false,
-        }
-        true
-    }
-
-    /// This OSD's settings from the central config table: `osd.N` over `osd` over `global`
-    /// over `self`.
-    pub fn with_central(&self, entries: &[ConfigEntry], osd: i32) -> RecoveryConfig {
-        let me = format!("osd.{osd}");
-        let mut out = *self;
-        for who in ["global", "osd", me.as_str()] {
-            for e in entries.iter().filter(|e| e.who == who) {
-                out.set(&e.key, &e.value);
-            }
-        }
-        out
-    }
-
-    /// The pause after recovery work that took `took`, when clients are busy on this OSD.
-    /// (The work itself runs at full speed: the longer a member's copy takes, the more objects
-    /// clients change meanwhile, which the catch-up rounds then copy again.)
-    pub fn priority_pause(&self, took: Duration, clients_busy: bool) -> Duration {
-        if clients_busy && self.op_priority < CLIENT_OP_PRIORITY {
-            took.mul_f64(f64::from(CLIENT_OP_PRIORITY) / f64::from(self.op_priority) - 1.0)
-        } else {
-            Duration::ZERO
-        }
-    }
-}
-
-/// What the stats report about a PG's background recovery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecoveryProgress {
-    /// Backfill (a full walk) rather than log recovery.
-    pub backfill: bool,
-    /// Waiting for an `osd_max_backfills` slot.
-    pub waiting: bool,
-    /// Objects left to copy for the member being recovered now, plus every object of the acting
-    /// members still waiting their turn (degraded copies).
-    pub degraded: u64,
-}
-
-/// Counting slots with a limit read at every acquisition (so a runtime change applies at once).
-#[derive(Debug, Default)]
-pub(crate) struct Slots {
-    used: Mutex<usize>,
-    freed: Notify,
-}
-
-pub(crate) struct SlotGuard<'a> {
-    slots: &'a Slots,
-    n: usize,
-}
-
-impl Slots {
-    /// Takes `n` slots (at most `limit`) once that many are free.
-    async fn acquire(&self, n: usize, limit: impl Fn() -> usize) -> SlotGuard<'_> {
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            {
-                let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-                let n = n.clamp(1, limit().max(1));
-                if *used + n <= limit().max(1) {
-                    *used += n;
-                    return SlotGuard { slots: self, n };
-                }
-            }
-            freed.await;
-        }
-    }
-}
-
-impl SlotGuard<'_> {
-    fn count(&self) -> usize {
-        self.n
-    }
-}
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        let mut used = self.slots.used.lock().unwrap_or_else(|p| p.into_inner());
-        *used -= self.n;
-        self.slots.freed.notify_waiters();
-    }
-}
-
-/// This OSD's recovery throttles and slots.
-#[derive(Debug, Default)]
-pub(crate) struct RecoveryCtl {
-    cfg: Mutex<RecoveryConfig>,
-    /// `osd_max_backfills`: PGs recovering at once.
-    pgs: Slots,
-    /// `osd_recovery_max_active`: objects being copied at once.
-    objects: Slots,
-}
-
-impl RecoveryCtl {
-    fn cfg(&self) -> RecoveryConfig {
-        *self.cfg.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-fn oid_for(pg: PgId, namespace: &str, name: &str) -> ObjectId {
-    let hash = kelp_crush::object_hash(name, None, namespace);
-    ObjectId::new(pg.pool.0, namespace, name, hash)
-}
-
-/// Reads an object's complete state (blocking).
-pub(crate) fn read_state(
-    store: &dyn ObjectStore,
-    coll: CollectionId,
-    oid: &ObjectId,
-) -> Result<(PgPullReply, Bytes), StoreError> {
-    let size = match store.stat(coll, oid) {
-        Ok(st) => st.size,
-        Err(StoreError::ObjectNotFound { .. }) => {
-            return Ok((
-                PgPullReply {
-                    error: None,
-                    exists: false,
-                    size: 0,
-                    xattrs: Vec::new(),
-                    omap_header: None,
-                    omap: Vec::new(),
-                },
-                Bytes::new(),
-            ));
-        }
-        Err(e) => return Err(e),
-    };
-    let data = store.read(coll, oid, 0, size)?;
-    let xattrs = store.xattrs(coll, oid)?.into_iter().collect();
-    let omap_header = store.omap_header(coll, oid)?;
-    let mut omap = Vec::new();
-    let mut after: Option<Vec<u8>> = None;
-    loop {
-        let page = store.omap_iter(coll, oid, after.as_deref(), 4096)?;
-        let last = page.entries.last().map(|(k, _)| k.clone());
-        omap.extend(page.entries);
-        match last {
-            Some(k) if page.more => after = Some(k),
-            _ => break,
-        }
-    }
-    Ok((
-        PgPullReply {
-            error: None,
-            exists: true,
-            size,
-            xattrs,
-            omap_header,
-            omap,
-        },
-        Bytes::from(data),
-    ))
-}
-
-/// Queues, in `txn`, making the local object exactly `state`.
-pub(crate) fn apply_state(
-    txn: &mut Transaction,
-    coll: CollectionId,
-    oid: &ObjectId,
-    local_exists: bool,
-    state: PgPullReply,
-    data: Bytes,
-) {
-    if local_exists {
-        txn.remove(coll, oid);
-    }
-    if !state.exists {
-        return;
-    }
-    txn.touch(coll, oid);
-    if !data.is_empty() {
-        txn.write(coll, oid, 0, data.to_vec());
-    }
-    txn.truncate(coll, oid, state.size);
-    if !state.xattrs.is_empty() {
-        txn.push(Op::SetXattrs {
-            coll,
-            oid: oid.clone(),
-            attrs: state.xattrs.into_iter().collect(),
-        });
-    }
-    if let Some(h) = state.omap_header {
-        txn.omap_set_header(coll, oid, h);
-    }
-    if !state.omap.is_empty() {
-        txn.omap_set(
-            coll,
-            oid,
-            state.omap.into_iter().collect::<BTreeMap<_, _>>(),
-        );
-    }
-}
-
-fn list_all(store: &dyn ObjectStore, coll: CollectionId) -> Result<Vec<ObjectId>, StoreError> {
-    let mut out = Vec::new();
-    let mut from: Option<ObjectId> = None;
-    loop {
-        let page = store.list_objects(coll, from.as_ref(), 1024)?;
-        out.extend(
-            page.objects
-                .into_iter()
-                .filter(|o| o.namespace != INTERNAL_NAMESPACE && o.snap == kelp_store::SNAP_HEAD),
-        );
-        match page.next {
-            Some(n) => from = Some(n),
-            None => return Ok(out),
-        }
-    }
-}
+pub use crate::pg::RecoveryProgress;
 
 /// Object → the PG version its copy on the member being recovered is at least as new as.
 type CopiedAt = BTreeMap<(String, String), u64>;
@@ -432,7 +171,7 @@ impl OsdService {
                 format!("osd.{} does not hold PG {}", self.id(), q.pg),
             );
         };
-        let state = OsdService::settled_read(&pg).await;
+        let state = settled_read(&pg).await;
         let objects = if q.want_objects {
             let store = self.store();
             let coll = state.meta.coll;
@@ -561,7 +300,7 @@ impl OsdService {
         let handle = self
             .pg_handle(s.pg)
             .ok_or(OsdError::PgNotOpen { pg: s.pg })?;
-        let mut state = OsdService::settled_write(&handle).await;
+        let mut state = settled_write(&handle).await;
         // Objects come and go here without write deltas: the PG's count stops following writes
         // and is recounted (after this sync releases the PG) if this member is its primary.
         self.stats.forget_count(s.pg);
@@ -890,7 +629,7 @@ impl OsdService {
             return Outcome::Failed(OsdError::PgNotOpen { pg });
         };
         let primary = {
-            let st = OsdService::settled_read(&handle).await;
+            let st = settled_read(&handle).await;
             MemberReport {
                 osd: self.id(),
                 last_update: st.meta.info.last_update,
@@ -1358,7 +1097,7 @@ impl OsdService {
         };
         let handed = tokio::time::timeout(FINAL_ROUND_TIMEOUT, async {
             // Writes admitted before the block settle first.
-            drop(OsdService::settled_read(handle).await);
+            drop(settled_read(handle).await);
             let (log, objects) = self
                 .changes_since(handle, interval, base.1, &copied_at)
                 .await?;
@@ -1484,94 +1223,10 @@ impl OsdService {
     }
 }
 
-/// Where `osd` listens, per `map`.
-pub(crate) fn peer_addr(
-    map: &kelp_maps::OsdMap,
-    osd: i32,
-) -> Result<std::net::SocketAddr, OsdError> {
-    map.osds
-        .get(&osd)
-        .and_then(|o| o.addr)
-        .ok_or_else(|| OsdError::PeerUnreachable {
-            osd,
-            reason: "it has no address".into(),
-        })
-}
-
 /// How often recovery tries again to copy objects that were unfound.
 const UNFOUND_RETRY: Duration = Duration::from_secs(5);
 
 /// `(norecover, nobackfill)` in `map`.
 pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> RecoveryFlags {
-    RecoveryFlags {
-        norecover: map.has_flag(kelp_maps::ClusterFlag::NoRecover),
-        nobackfill: map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn priority_sets_the_share_of_time_under_client_load() {
-        let mut c = RecoveryConfig::default();
-        let t = Duration::from_millis(100);
-        c.op_priority = 63;
-        assert_eq!(c.priority_pause(t, true), Duration::ZERO);
-        c.op_priority = 21;
-        assert_eq!(c.priority_pause(t, true), Duration::from_millis(200));
-        // idle clients: no pause
-        assert_eq!(c.priority_pause(t, false), Duration::ZERO);
-    }
-
-    #[test]
-    fn central_config_overrides_by_specificity() {
-        let e = |who: &str, key: &str, value: &str| ConfigEntry {
-            who: who.into(),
-            key: key.into(),
-            value: value.into(),
-        };
-        let entries = vec![
-            e("osd.2", "osd_max_backfills", "5"),
-            e("osd", "osd_max_backfills", "3"),
-            e("global", "osd_recovery_sleep", "0.25"),
-            e("osd", "osd_recovery_op_priority", "0"),
-        ];
-        let base = RecoveryConfig::default();
-        let c = base.with_central(&entries, 2);
-        assert_eq!(c.max_backfills, 5);
-        assert_eq!(c.sleep, Duration::from_millis(250));
-        assert_eq!(c.op_priority, base.op_priority, "0 is refused");
-        assert_eq!(base.with_central(&entries, 1).max_backfills, 3);
-    }
-
-    #[tokio::test]
-    async fn slots_follow_a_changing_limit() {
-        let slots = Arc::new(Slots::default());
-        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(1));
-        let l = limit.clone();
-        let a = slots
-            .acquire(1, move || l.load(std::sync::atomic::Ordering::SeqCst))
-            .await;
-        let (s2, l2) = (slots.clone(), limit.clone());
-        let waiter = tokio::spawn(async move {
-            let g = s2
-                .acquire(1, move || l2.load(std::sync::atomic::Ordering::SeqCst))
-                .await;
-            g.count()
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!waiter.is_finished(), "over the limit: waits");
-        limit.store(2, std::sync::atomic::Ordering::SeqCst);
-        slots.freed.notify_waiters();
-        assert_eq!(waiter.await.unwrap(), 1);
-        drop(a);
-        // asking for more than the limit takes the limit
-        let l = limit.clone();
-        let g = slots
-            .acquire(10, move || l.load(std::sync::atomic::Ordering::SeqCst))
-            .await;
-        assert_eq!(g.count(), 2);
-    }
+    RecoveryFlags::of(map)
 }

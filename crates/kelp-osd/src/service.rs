@@ -33,17 +33,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use kelp_maps::OsdMap;
 use kelp_proto::{
-    ErrorCode, ListCursor, ObjectLocator, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, PgPull,
-    PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
-    RepOpReply, ScrubMapReply, ScrubMapRequest,
+    ErrorCode, ListCursor, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, PgPull, PgPullReply,
+    PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
+    ScrubMapReply, ScrubMapRequest,
 };
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
-use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard, watch};
+use tokio::sync::{Notify, RwLock, watch};
 
 use crate::admission;
 use crate::error::OsdError;
 use crate::exec::{ExecError, Executed, Limits, Stamp, execute};
+use crate::pg::{InFlight, PgHandle, PgState};
 use crate::pglog::{LogAppend, LogEntry, PgMeta};
 
 /// OSD settings (Ceph's names where the concept is Ceph's).
@@ -111,83 +112,6 @@ pub trait Peers: Send + Sync {
     ) -> Result<PgPushReply, OsdError>;
 }
 
-/// A PG as this OSD holds it.
-#[derive(Debug)]
-pub(crate) struct PgState {
-    pub(crate) meta: PgMeta,
-    /// The acting set this OSD has peered the PG for as its primary; client ops are served
-    /// only while the current acting set is this one.
-    pub(crate) active: Option<Vec<i32>>,
-    /// Replicas that failed to commit a write this OSD applied as primary. While any of them is
-    /// still in the acting set the PG refuses writes (an ack would claim a write is on every
-    /// replica when it is not); a map that takes them out unblocks it, and recovery brings
-    /// them back.
-    pub(crate) failed_replicas: Vec<i32>,
-    /// The up set the PG was peered with: its members outside the acting set (`pg_temp`) are
-    /// backfill targets.
-    pub(crate) peered_up: Vec<i32>,
-    /// The members besides this primary that get the PG's writes: the acting members that are
-    /// in sync, and backfill targets once they have caught up.
-    pub(crate) write_to: Vec<i32>,
-    /// Members (acting or backfill targets) not yet in sync: they get no writes until
-    /// background recovery has brought them up to date, or, while `norecover`/`nobackfill`
-    /// pauses their recovery, until the PG peers again (the PG is degraded meanwhile).
-    pub(crate) left_behind: Vec<i32>,
-    /// `(norecover, nobackfill)` when the PG was activated: when they change and members were
-    /// left behind, the PG peers again.
-    pub(crate) recovery_flags: crate::peering_machine::RecoveryFlags,
-    /// Bumped whenever the PG is activated or deactivated: background recovery started for one
-    /// peering stops once it sees another.
-    pub(crate) interval: u64,
-    /// Set by background recovery while it hands a member the PG's last writes: client writes
-    /// wait (briefly) so the member joins the write set at an exact version.
-    pub(crate) recovery_block: bool,
-    /// Background recovery's progress (for the stats), while it runs or waits.
-    pub(crate) recovery: Option<crate::recovery::RecoveryProgress>,
-    /// Writes submitted to the store here (readable) whose outcome is not settled yet: not yet
-    /// durable here or, on the primary, not yet answered by every replica. Version → object.
-    pub(crate) in_flight: BTreeMap<u64, ObjectLocator>,
-    /// Woken whenever a write settles or the log advances.
-    pub(crate) changed: Arc<Notify>,
-    /// Set while the primary scrubs a chunk: client writes to objects in it wait.
-    pub(crate) scrub_block: Option<crate::scrub::ScrubBlock>,
-    /// Why peering cannot go active (`down`, `incomplete`), while it waits.
-    pub(crate) blocked: Option<crate::recovery::PeeringBlocked>,
-    /// Objects background recovery could not copy because every in-sync copy is unreadable
-    /// (`(namespace, name)`); reported as unfound until a recovery round copies them.
-    pub(crate) unfound: std::collections::BTreeSet<(String, String)>,
-    /// The map epoch of the activation record the monitors hold for this PG's current
-    /// interval (members joining the write set are recorded under it).
-    pub(crate) record_epoch: u32,
-}
-
-impl PgState {
-    fn in_flight_on(&self, object: &ObjectLocator) -> bool {
-        self.in_flight.values().any(|o| o == object)
-    }
-
-    /// Whether a write to the object named `namespace`/`name` is in flight.
-    pub(crate) fn in_flight_named(&self, namespace: &str, name: &str) -> bool {
-        self.in_flight
-            .values()
-            .any(|o| o.name == name && o.namespace == namespace)
-    }
-
-    /// Stops serving the PG (until it is peered again) and ends its background recovery.
-    pub(crate) fn deactivate(&mut self) {
-        self.active = None;
-        self.blocked = None;
-        self.unfound.clear();
-        self.interval += 1;
-        self.recovery = None;
-        if std::mem::take(&mut self.recovery_block) {
-            self.changed.notify_waiters();
-        }
-    }
-}
-
-pub(crate) type PgHandle = Arc<RwLock<PgState>>;
-
 pub(crate) use crate::peering_machine::write_targets;
 
 /// An activation record on its way to the monitors, with where their verdict goes.
@@ -205,8 +129,8 @@ pub struct OsdService {
     /// Client I/O counters, the full-ratio failsafe and PG count caches (`crate::stats`).
     pub(crate) stats: crate::stats::OsdStats,
     scrubber: crate::scrub::Scrubber,
-    /// Recovery throttles and slots (`crate::recovery`).
-    pub(crate) recovery: crate::recovery::RecoveryCtl,
+    /// Recovery throttles and slots (`crate::recovery_throttle`).
+    pub(crate) recovery: crate::recovery_throttle::RecoveryCtl,
     /// Commands to the monitors (a `pg_temp` request); unset in tests without monitors.
     mon_link: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>>,
     /// PG activation records to the monitors (`PgActivate`, batched by the daemon); unset in
@@ -263,7 +187,7 @@ impl OsdService {
             map_tx,
             pgs: Mutex::new(HashMap::new()),
             stats: crate::stats::OsdStats::default(),
-            recovery: crate::recovery::RecoveryCtl::default(),
+            recovery: crate::recovery_throttle::RecoveryCtl::default(),
             mon_link: std::sync::OnceLock::new(),
             activation_link: std::sync::OnceLock::new(),
             last_client_op_ms: AtomicU64::new(u64::MAX),
@@ -384,7 +308,7 @@ impl OsdService {
                     st.active.as_deref() != Some(&m.acting[..])
                         || st.peered_up != m.up
                         || (!st.left_behind.is_empty()
-                            && st.recovery_flags != crate::recovery::recovery_flags(&map))
+                            && st.recovery_flags != crate::peering_machine::RecoveryFlags::of(&map))
                 };
                 if repeer {
                     let peering = self.clone().peer(pg, map.epoch);
@@ -477,35 +401,6 @@ impl OsdService {
     /// Counters and the full-ratio failsafe behind this OSD's stats reports.
     pub fn stats(&self) -> &crate::stats::OsdStats {
         &self.stats
-    }
-
-    /// The PG's write lock, once no write of the PG is in flight (peering and recovery work on
-    /// settled histories only).
-    pub(crate) async fn settled_write(pg: &PgHandle) -> RwLockWriteGuard<'_, PgState> {
-        loop {
-            let state = pg.write().await;
-            if state.in_flight.is_empty() {
-                return state;
-            }
-            let changed = state.changed.clone();
-            let settled = changed.notified();
-            drop(state);
-            settled.await;
-        }
-    }
-
-    /// The PG's read lock, once no write of the PG is in flight.
-    pub(crate) async fn settled_read(pg: &PgHandle) -> RwLockReadGuard<'_, PgState> {
-        loop {
-            let state = pg.read().await;
-            if state.in_flight.is_empty() {
-                return state;
-            }
-            let changed = state.changed.clone();
-            let settled = changed.notified();
-            drop(state);
-            settled.await;
-        }
     }
 
     pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
@@ -664,9 +559,14 @@ impl OsdService {
                 )
             }),
             mapping: match &mapping {
-                Some(Ok(m)) => Ok((m.acting_primary, &m.acting[..])),
-                Some(Err(e)) => Err(e.to_string()),
-                None => Err(format!("pool {} does not exist", op.pg.pool)),
+                Some(Ok(m)) => admission::Mapping::Mapped {
+                    primary: m.acting_primary,
+                    acting: &m.acting[..],
+                },
+                Some(Err(e)) => admission::Mapping::Unmappable(e.to_string()),
+                None => {
+                    admission::Mapping::Unmappable(format!("pool {} does not exist", op.pg.pool))
+                }
             },
         });
         if let Err(refusal) = placement {
@@ -1207,44 +1107,6 @@ impl OsdService {
         let handle = self.pg(pg)?;
         let state = handle.read().await;
         Some((state.meta.info.last_update, state.meta.len()))
-    }
-}
-
-/// Marks a write of a PG as in flight until `settle`; if the handler is dropped before that
-/// (a panic, a cancelled task), the entry is still removed, so no reader or peering waits on
-/// it forever.
-struct InFlight {
-    pg: Option<PgHandle>,
-    version: u64,
-}
-
-impl InFlight {
-    fn new(pg: PgHandle, version: u64) -> Self {
-        InFlight {
-            pg: Some(pg),
-            version,
-        }
-    }
-
-    /// Removes the entry (the caller holds the PG's write lock) and wakes the waiters.
-    fn settle(mut self, state: &mut PgState) {
-        self.pg = None;
-        state.in_flight.remove(&self.version);
-        state.changed.notify_waiters();
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let Some(pg) = self.pg.take() else { return };
-        let version = self.version;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let mut state = pg.write().await;
-                state.in_flight.remove(&version);
-                state.changed.notify_waiters();
-            });
-        }
     }
 }
 

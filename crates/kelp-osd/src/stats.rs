@@ -371,7 +371,7 @@ impl OsdService {
                     state.recovery,
                     state
                         .blocked
-                        .map(|b| b == crate::recovery::PeeringBlocked::Down),
+                        .map(|b| b == crate::peering_machine::PeeringBlocked::Down),
                     state.unfound.len() as u64,
                 )
             };
