@@ -220,7 +220,8 @@ pub async fn run(
                     }
                     Err(e) => {
                         for reply in replies {
-                            let _ = reply.send(Err(e.clone()));
+                            let _ = reply
+                                .send(Err(crate::error::OsdError::Monitor { reason: e.clone() }));
                         }
                     }
                 }

@@ -5,21 +5,36 @@
 //!   checked first, so that the op applies completely or not at all;
 //! * `pglog` keeps each PG's log (`(epoch, version)` per write) in the same transaction as the
 //!   data, which is what peering and recovery compare later;
+//! * `peering` plans how every member reaches the authoritative history, and
+//!   `peering_machine` makes the rest of peering's decisions as a state machine without I/O
+//!   (`recovery` performs its actions);
+//! * `admission` decides whether a client op is served, and what a replica's failure means;
 //! * `service` handles client ops, replica writes and map changes, with the network behind the
 //!   `Peers` trait;
-//! * `scrub` compares the members' copies of a PG's objects and repairs bad ones.
+//! * `error` is the crate's error type (`OsdError`), which says whether a failure is worth
+//!   retrying;
+//! * `scrub_map` builds and compares scrub maps (pure comparison, blocking store reads), and
+//!   `scrub` runs scrubs and repairs as the PG's primary.
 
+pub mod admission;
 pub mod daemon;
+pub mod error;
 pub mod exec;
 pub mod heartbeat;
 pub mod net;
+pub mod object_state;
 pub mod peering;
+pub mod peering_machine;
+pub(crate) mod pg;
 pub mod pglog;
 pub mod recovery;
+pub mod recovery_throttle;
 pub mod scrub;
+pub mod scrub_map;
 pub mod service;
 pub mod stats;
 
+pub use error::OsdError;
 pub use exec::{ExecError, Executed, Limits, Stamp, StatDelta, execute, object_id};
 pub use pglog::{LogEntry, PgInfo, PgMeta};
 pub use scrub::ScrubConfig;

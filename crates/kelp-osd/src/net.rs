@@ -13,6 +13,7 @@ use kelp_proto::{
     ScrubMapRequest, decode, encode, msg_type,
 };
 
+use crate::error::OsdError;
 use crate::service::{OsdService, Peers};
 
 /// Application error code for a request the OSD could not decode.
@@ -164,16 +165,21 @@ impl Peers for MsgrPeers {
         addr: SocketAddr,
         op: RepOp,
         data: Bytes,
-    ) -> Result<RepOpReply, String> {
+    ) -> Result<RepOpReply, OsdError> {
         let conn = self.msgr.connection(addr);
         let resp = conn
             .call(msg_type::OSD_REPOP, encode(&op), data, self.timeout)
             .await
-            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
-        decode(&resp.meta, "RepOpReply").map_err(|e| format!("osd.{osd}: {e}"))
+            .map_err(|source| OsdError::Msgr { osd, addr, source })?;
+        decode(&resp.meta, "RepOpReply").map_err(|source| OsdError::Decode { osd, source })
     }
 
-    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String> {
+    async fn query(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        q: PgQuery,
+    ) -> Result<PgQueryReply, OsdError> {
         let resp = self
             .msgr
             .connection(addr)
@@ -184,8 +190,8 @@ impl Peers for MsgrPeers {
                 self.timeout,
             )
             .await
-            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
-        decode(&resp.meta, "PgQueryReply").map_err(|e| format!("osd.{osd}: {e}"))
+            .map_err(|source| OsdError::Msgr { osd, addr, source })?;
+        decode(&resp.meta, "PgQueryReply").map_err(|source| OsdError::Decode { osd, source })
     }
 
     async fn pull(
@@ -193,7 +199,7 @@ impl Peers for MsgrPeers {
         osd: i32,
         addr: SocketAddr,
         p: PgPull,
-    ) -> Result<(PgPullReply, Bytes), String> {
+    ) -> Result<(PgPullReply, Bytes), OsdError> {
         let resp = self
             .msgr
             .connection(addr)
@@ -204,12 +210,13 @@ impl Peers for MsgrPeers {
                 self.timeout,
             )
             .await
-            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
-        let reply = decode(&resp.meta, "PgPullReply").map_err(|e| format!("osd.{osd}: {e}"))?;
+            .map_err(|source| OsdError::Msgr { osd, addr, source })?;
+        let reply =
+            decode(&resp.meta, "PgPullReply").map_err(|source| OsdError::Decode { osd, source })?;
         Ok((reply, resp.data))
     }
 
-    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String> {
+    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, OsdError> {
         // A sync copies objects: allow it much longer than a single op.
         let resp = self
             .msgr
@@ -221,8 +228,8 @@ impl Peers for MsgrPeers {
                 self.timeout * 20,
             )
             .await
-            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
-        decode(&resp.meta, "PgSyncReply").map_err(|e| format!("osd.{osd}: {e}"))
+            .map_err(|source| OsdError::Msgr { osd, addr, source })?;
+        decode(&resp.meta, "PgSyncReply").map_err(|source| OsdError::Decode { osd, source })
     }
 
     async fn scrub_map(
@@ -230,7 +237,7 @@ impl Peers for MsgrPeers {
         osd: i32,
         addr: SocketAddr,
         req: ScrubMapRequest,
-    ) -> Result<ScrubMapReply, String> {
+    ) -> Result<ScrubMapReply, OsdError> {
         // A deep scrub map reads every byte of a chunk: allow it longer than one op.
         let resp = self
             .msgr
@@ -242,8 +249,8 @@ impl Peers for MsgrPeers {
                 self.timeout * 4,
             )
             .await
-            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
-        decode(&resp.meta, "ScrubMapReply").map_err(|e| format!("osd.{osd}: {e}"))
+            .map_err(|source| OsdError::Msgr { osd, addr, source })?;
+        decode(&resp.meta, "ScrubMapReply").map_err(|source| OsdError::Decode { osd, source })
     }
 
     async fn push(
@@ -252,13 +259,13 @@ impl Peers for MsgrPeers {
         addr: SocketAddr,
         p: PgPush,
         data: Bytes,
-    ) -> Result<PgPushReply, String> {
+    ) -> Result<PgPushReply, OsdError> {
         let resp = self
             .msgr
             .connection(addr)
             .call(msg_type::OSD_PG_PUSH, encode(&p), data, self.timeout)
             .await
-            .map_err(|e| format!("osd.{osd} at {addr}: {e}"))?;
-        decode(&resp.meta, "PgPushReply").map_err(|e| format!("osd.{osd}: {e}"))
+            .map_err(|source| OsdError::Msgr { osd, addr, source })?;
+        decode(&resp.meta, "PgPushReply").map_err(|source| OsdError::Decode { osd, source })
     }
 }

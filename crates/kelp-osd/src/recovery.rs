@@ -1,4 +1,5 @@
-//! Peering and recovery, the I/O around the pure `peering::plan`.
+//! Peering and recovery: the I/O around the pure `peering::plan` and
+//! `peering_machine::PeeringMachine` (which makes every peering decision described below).
 //!
 //! When a map changes a PG's acting or up set, its primary stops serving the PG (client ops get
 //! `Inactive` and retry), gathers the logs of the acting members and of the up members outside
@@ -36,32 +37,35 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use kelp_proto::{
-    ConfigEntry, ErrorCode, MonCommand, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync,
-    PgSyncReply, SyncLog,
+    ErrorCode, MonCommand, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, SyncLog,
 };
-use kelp_store::{CollectionId, ObjectId, ObjectStore, Op, StoreError, Transaction};
+use kelp_store::{StoreError, Transaction};
 use kelp_types::PgId;
-use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use crate::peering::{MemberPlan, MemberReport, plan_with_authority};
-use crate::pglog::{INTERNAL_NAMESPACE, LogEntry};
-use crate::service::{OsdService, PgHandle};
+use crate::error::OsdError;
+use crate::object_state::{apply_state, list_all, oid_for, peer_addr, read_state};
+use crate::peering::MemberReport;
+pub(crate) use crate::peering_machine::PeeringBlocked;
+use crate::peering_machine::{
+    Action, Event, Job, Lagging, Outcome, PeeringMachine, PeeringStart, RecoveryFlags, names,
+    split_paused,
+};
+use crate::pg::{PgHandle, settled_read, settled_write};
+use crate::pglog::LogEntry;
+pub use crate::recovery_throttle::RecoveryConfig;
+use crate::service::OsdService;
 
 /// Objects copied per store transaction during a sync, at most…
 const SYNC_BATCH: usize = 32;
 /// …and at most about this many bytes: a large recovery transaction would hold up the client
 /// writes committed behind it in the store.
 const SYNC_BATCH_BYTES: u64 = 1 << 20;
-/// A primary that misses more objects than this asks for a `pg_temp` instead of copying them
-/// before it serves.
-const PRIMARY_SYNC_MAX_OBJECTS: usize = 32;
 /// When at most this many objects changed since the last round, the next round is the final
 /// one (done with client writes held back). Each round copies only what changed during the
 /// previous one, so under load the rounds shrink quickly (a 4 MiB object copy takes a few ms).
@@ -71,333 +75,17 @@ const MAX_CATCH_UP_ROUNDS: usize = 8;
 /// The final hand-over gives up (and is retried) after this long, so client writes never wait
 /// longer for it.
 const FINAL_ROUND_TIMEOUT: Duration = Duration::from_secs(5);
-/// Clients' op priority (Ceph's `osd_client_op_priority`).
-const CLIENT_OP_PRIORITY: u32 = 63;
 
-/// Recovery throttles (Ceph's names), from the central config.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RecoveryConfig {
-    /// `osd_max_backfills`: PGs this OSD recovers or backfills at once, as their primary.
-    pub max_backfills: usize,
-    /// `osd_recovery_max_active`: objects this OSD copies at once for recovery.
-    pub max_active: usize,
-    /// `osd_recovery_sleep`: pause after every batch of copied objects.
-    pub sleep: Duration,
-    /// `osd_recovery_op_priority` (1–63): while clients use this OSD, recovery takes about
-    /// `p / 63` of the time: a PG member's recovery that took `t` is followed by a pause of
-    /// `t * 63 / p - t` before the slot goes to the next PG; 63 or more means no pause.
-    pub op_priority: u32,
-}
-
-impl Default for RecoveryConfig {
-    fn default() -> Self {
-        RecoveryConfig {
-            max_backfills: 2,
-            max_active: 4,
-            sleep: Duration::ZERO,
-            op_priority: 12,
-        }
-    }
-}
-
-impl RecoveryConfig {
-    /// Applies one central-config key; false if it is not a recovery key or does not parse.
-    pub fn set(&mut self, key: &str, value: &str) -> bool {
-        match key {
-            "osd_max_backfills" => match value.parse::<usize>() {
-                Ok(n) if n > 0 => self.max_backfills = n,
-                _ => return false,
-            },
-            "osd_recovery_max_active" => match value.parse::<usize>() {
-                Ok(n) if n > 0 => self.max_active = n,
-                _ => return false,
-            },
-            "osd_recovery_sleep" => match value.parse::<f64>() {
-                Ok(s) if s >= 0.0 && s.is_finite() => self.sleep = Duration::from_secs_f64(s),
-                _ => return false,
-            },
-            "osd_recovery_op_priority" => match value.parse::<u32>() {
-                Ok(p) if p > 0 => self.op_priority = p,
-                _ => return false,
-            },
-            _ => return false,
-        }
-        true
-    }
-
-    /// This OSD's settings from the central config table: `osd.N` over `osd` over `global`
-    /// over `self`.
-    pub fn with_central(&self, entries: &[ConfigEntry], osd: i32) -> RecoveryConfig {
-        let me = format!("osd.{osd}");
-        let mut out = *self;
-        for who in ["global", "osd", me.as_str()] {
-            for e in entries.iter().filter(|e| e.who == who) {
-                out.set(&e.key, &e.value);
-            }
-        }
-        out
-    }
-
-    /// The pause after recovery work that took `took`, when clients are busy on this OSD.
-    /// (The work itself runs at full speed: the longer a member's copy takes, the more objects
-    /// clients change meanwhile, which the catch-up rounds then copy again.)
-    pub fn priority_pause(&self, took: Duration, clients_busy: bool) -> Duration {
-        if clients_busy && self.op_priority < CLIENT_OP_PRIORITY {
-            took.mul_f64(f64::from(CLIENT_OP_PRIORITY) / f64::from(self.op_priority) - 1.0)
-        } else {
-            Duration::ZERO
-        }
-    }
-}
-
-/// What the stats report about a PG's background recovery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecoveryProgress {
-    /// Backfill (a full walk) rather than log recovery.
-    pub backfill: bool,
-    /// Waiting for an `osd_max_backfills` slot.
-    pub waiting: bool,
-    /// Objects left to copy for the member being recovered now, plus every object of the acting
-    /// members still waiting their turn (degraded copies).
-    pub degraded: u64,
-}
-
-/// Counting slots with a limit read at every acquisition (so a runtime change applies at once).
-#[derive(Debug, Default)]
-pub(crate) struct Slots {
-    used: Mutex<usize>,
-    freed: Notify,
-}
-
-pub(crate) struct SlotGuard<'a> {
-    slots: &'a Slots,
-    n: usize,
-}
-
-impl Slots {
-    /// Takes `n` slots (at most `limit`) once that many are free.
-    async fn acquire(&self, n: usize, limit: impl Fn() -> usize) -> SlotGuard<'_> {
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            {
-                let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-                let n = n.clamp(1, limit().max(1));
-                if *used + n <= limit().max(1) {
-                    *used += n;
-                    return SlotGuard { slots: self, n };
-                }
-            }
-            freed.await;
-        }
-    }
-}
-
-impl SlotGuard<'_> {
-    fn count(&self) -> usize {
-        self.n
-    }
-}
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        let mut used = self.slots.used.lock().unwrap_or_else(|p| p.into_inner());
-        *used -= self.n;
-        self.slots.freed.notify_waiters();
-    }
-}
-
-/// This OSD's recovery throttles and slots.
-#[derive(Debug, Default)]
-pub(crate) struct RecoveryCtl {
-    cfg: Mutex<RecoveryConfig>,
-    /// `osd_max_backfills`: PGs recovering at once.
-    pgs: Slots,
-    /// `osd_recovery_max_active`: objects being copied at once.
-    objects: Slots,
-}
-
-impl RecoveryCtl {
-    fn cfg(&self) -> RecoveryConfig {
-        *self.cfg.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-fn oid_for(pg: PgId, namespace: &str, name: &str) -> ObjectId {
-    let hash = kelp_crush::object_hash(name, None, namespace);
-    ObjectId::new(pg.pool.0, namespace, name, hash)
-}
-
-/// Reads an object's complete state (blocking).
-pub(crate) fn read_state(
-    store: &dyn ObjectStore,
-    coll: CollectionId,
-    oid: &ObjectId,
-) -> Result<(PgPullReply, Bytes), StoreError> {
-    let size = match store.stat(coll, oid) {
-        Ok(st) => st.size,
-        Err(StoreError::ObjectNotFound { .. }) => {
-            return Ok((
-                PgPullReply {
-                    error: None,
-                    exists: false,
-                    size: 0,
-                    xattrs: Vec::new(),
-                    omap_header: None,
-                    omap: Vec::new(),
-                },
-                Bytes::new(),
-            ));
-        }
-        Err(e) => return Err(e),
-    };
-    let data = store.read(coll, oid, 0, size)?;
-    let xattrs = store.xattrs(coll, oid)?.into_iter().collect();
-    let omap_header = store.omap_header(coll, oid)?;
-    let mut omap = Vec::new();
-    let mut after: Option<Vec<u8>> = None;
-    loop {
-        let page = store.omap_iter(coll, oid, after.as_deref(), 4096)?;
-        let last = page.entries.last().map(|(k, _)| k.clone());
-        omap.extend(page.entries);
-        match last {
-            Some(k) if page.more => after = Some(k),
-            _ => break,
-        }
-    }
-    Ok((
-        PgPullReply {
-            error: None,
-            exists: true,
-            size,
-            xattrs,
-            omap_header,
-            omap,
-        },
-        Bytes::from(data),
-    ))
-}
-
-/// Queues, in `txn`, making the local object exactly `state`.
-pub(crate) fn apply_state(
-    txn: &mut Transaction,
-    coll: CollectionId,
-    oid: &ObjectId,
-    local_exists: bool,
-    state: PgPullReply,
-    data: Bytes,
-) {
-    if local_exists {
-        txn.remove(coll, oid);
-    }
-    if !state.exists {
-        return;
-    }
-    txn.touch(coll, oid);
-    if !data.is_empty() {
-        txn.write(coll, oid, 0, data.to_vec());
-    }
-    txn.truncate(coll, oid, state.size);
-    if !state.xattrs.is_empty() {
-        txn.push(Op::SetXattrs {
-            coll,
-            oid: oid.clone(),
-            attrs: state.xattrs.into_iter().collect(),
-        });
-    }
-    if let Some(h) = state.omap_header {
-        txn.omap_set_header(coll, oid, h);
-    }
-    if !state.omap.is_empty() {
-        txn.omap_set(
-            coll,
-            oid,
-            state.omap.into_iter().collect::<BTreeMap<_, _>>(),
-        );
-    }
-}
-
-fn list_all(store: &dyn ObjectStore, coll: CollectionId) -> Result<Vec<ObjectId>, StoreError> {
-    let mut out = Vec::new();
-    let mut from: Option<ObjectId> = None;
-    loop {
-        let page = store.list_objects(coll, from.as_ref(), 1024)?;
-        out.extend(
-            page.objects
-                .into_iter()
-                .filter(|o| o.namespace != INTERNAL_NAMESPACE && o.snap == kelp_store::SNAP_HEAD),
-        );
-        match page.next {
-            Some(n) => from = Some(n),
-            None => return Ok(out),
-        }
-    }
-}
+pub use crate::pg::RecoveryProgress;
 
 /// Object → the PG version its copy on the member being recovered is at least as new as.
 type CopiedAt = BTreeMap<(String, String), u64>;
-
-/// What a member left behind needs.
-#[derive(Debug, Clone)]
-enum Job {
-    /// Log recovery: copy `objects`, then keep the log through `keep_through` and append
-    /// `entries`, which reach `base`.
-    Recover {
-        keep_through: u64,
-        objects: Vec<(String, String)>,
-        entries: Vec<LogEntry>,
-        log_tail: u64,
-        base: (u32, u64),
-    },
-    /// A full walk of the PG.
-    Backfill,
-}
 
 /// Round one of bringing a member up to date (see `first_round`).
 struct FirstRound {
     objects: Vec<(String, String)>,
     keep_only: Option<Vec<(String, String)>>,
     log: SyncLog,
-}
-
-/// A member left behind at activation.
-#[derive(Debug, Clone)]
-struct Lagging {
-    osd: i32,
-    job: Job,
-    /// In the acting set (its missing copies are degraded), not just a backfill target.
-    in_acting: bool,
-}
-
-/// How a peering attempt ended.
-enum Peered {
-    /// Ready to serve; these members are left behind for background recovery.
-    Active {
-        recovered: usize,
-        lagging: Vec<Lagging>,
-    },
-    /// This primary needs a backfill and asked the monitors for a `pg_temp`; the map that brings
-    /// it makes another member primary.
-    AwaitingPgTemp,
-    /// The monitors' activation record names members this peering did not hear from with
-    /// their history (`kelp_mon::pg_history`): ask `probe` (up, not yet asked), or wait
-    /// (`blocked`: none of them is up, or those that answered lost their copy).
-    Blocked {
-        probe: Vec<i32>,
-        blocked: Option<PeeringBlocked>,
-        record: kelp_proto::PgRecord,
-    },
-}
-
-/// Why a PG cannot go active, as Ceph names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PeeringBlocked {
-    /// Every OSD with the PG's latest acknowledged writes is down.
-    Down,
-    /// The OSDs that should have the PG's latest writes answered without them (their copy
-    /// was lost, e.g. a recreated store).
-    Incomplete,
 }
 
 /// Why a background recovery step stopped.
@@ -410,26 +98,13 @@ enum RecoveryError {
     /// These objects could not be copied: every in-sync copy is unreadable. The member
     /// stays behind (the rest was copied) until they are overwritten, removed or repaired.
     Unfound(Vec<(String, String)>),
-    Failed(String),
+    Failed(OsdError),
 }
 
-impl From<String> for RecoveryError {
-    fn from(e: String) -> Self {
+impl From<OsdError> for RecoveryError {
+    fn from(e: OsdError) -> Self {
         RecoveryError::Failed(e)
     }
-}
-
-fn paused(job: &Job, (norecover, nobackfill): (bool, bool)) -> bool {
-    match job {
-        Job::Recover { .. } => norecover,
-        Job::Backfill => nobackfill,
-    }
-}
-
-fn names(objects: impl IntoIterator<Item = kelp_proto::ObjectLocator>) -> Vec<(String, String)> {
-    let set: BTreeSet<(String, String)> =
-        objects.into_iter().map(|o| (o.namespace, o.name)).collect();
-    set.into_iter().collect()
 }
 
 /// Counts a PG as peering until dropped.
@@ -496,7 +171,7 @@ impl OsdService {
                 format!("osd.{} does not hold PG {}", self.id(), q.pg),
             );
         };
-        let state = OsdService::settled_read(&pg).await;
+        let state = settled_read(&pg).await;
         let objects = if q.want_objects {
             let store = self.store();
             let coll = state.meta.coll;
@@ -612,7 +287,7 @@ impl OsdService {
                 unfound,
             },
             Err(e) => PgSyncReply {
-                error: Some((ErrorCode::Io, e)),
+                error: Some((ErrorCode::Io, e.to_string())),
                 unfound: Vec::new(),
             },
         }
@@ -620,12 +295,12 @@ impl OsdService {
 
     /// Applies a sync; returns the objects the source could not deliver (every in-sync copy
     /// damaged): they are skipped and the sync's log is not adopted.
-    async fn sync_pg(&self, s: PgSync) -> Result<Vec<(String, String)>, String> {
+    async fn sync_pg(&self, s: PgSync) -> Result<Vec<(String, String)>, OsdError> {
         let map = self.map_at_least(s.epoch).await;
         let handle = self
             .pg_handle(s.pg)
-            .ok_or_else(|| format!("osd.{} does not hold PG {}", self.id(), s.pg))?;
-        let mut state = OsdService::settled_write(&handle).await;
+            .ok_or(OsdError::PgNotOpen { pg: s.pg })?;
+        let mut state = settled_write(&handle).await;
         // Objects come and go here without write deltas: the PG's count stops following writes
         // and is recounted (after this sync releases the PG) if this member is its primary.
         self.stats.forget_count(s.pg);
@@ -637,8 +312,7 @@ impl OsdService {
             let st = store.clone();
             let local = tokio::task::spawn_blocking(move || list_all(&*st, coll))
                 .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| OsdError::task("listing", e))??;
             let mut txn = Transaction::new();
             for o in local {
                 if !wanted.contains(&(o.namespace.clone(), o.name.clone())) {
@@ -653,11 +327,12 @@ impl OsdService {
         let mut unfound = Vec::new();
         if !s.objects.is_empty() {
             let source = s.source;
-            let source_addr = map
-                .osds
-                .get(&source)
-                .and_then(|o| o.addr)
-                .ok_or_else(|| format!("osd.{source} has no address"))?;
+            let source_addr = map.osds.get(&source).and_then(|o| o.addr).ok_or_else(|| {
+                OsdError::PeerUnreachable {
+                    osd: source,
+                    reason: "it has no address".into(),
+                }
+            })?;
             let (pg, epoch) = (s.pg, s.epoch);
             let peers = self.peers();
             let mut pulls = futures::stream::iter(s.objects)
@@ -685,12 +360,16 @@ impl OsdService {
                         continue;
                     }
                     Some((_, msg)) => {
-                        return Err(format!("pulling '{name}' from osd.{source}: {msg}"));
+                        return Err(OsdError::Remote {
+                            osd: source,
+                            code: ErrorCode::Io,
+                            message: format!("pulling '{name}': {msg}"),
+                        });
                     }
                     None => {}
                 }
                 let oid = oid_for(pg, &ns, &name);
-                let local_exists = store.exists(coll, &oid).map_err(|e| e.to_string())?;
+                let local_exists = store.exists(coll, &oid)?;
                 objects += 1;
                 bytes += data.len() as u64;
                 txn_bytes += data.len() as u64;
@@ -722,11 +401,8 @@ impl OsdService {
         Ok(unfound)
     }
 
-    async fn commit(&self, txn: Transaction) -> Result<(), String> {
-        match self.store().submit(txn) {
-            Ok(c) => c.await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+    async fn commit(&self, txn: Transaction) -> Result<(), OsdError> {
+        Ok(self.store().submit(txn)?.await?)
     }
 
     /// Applies new recovery throttles (from the central config).
@@ -794,7 +470,8 @@ impl OsdService {
                 .try_peer(pg, epoch, &m.acting, &m.up, &strays, authority)
                 .await
             {
-                Ok(Peered::Active { recovered, lagging }) => {
+                Outcome::Superseded => return,
+                Outcome::Active { recovered, lagging } => {
                     let flags = recovery_flags(&map);
                     let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
                     let Some(interval) = self
@@ -812,8 +489,7 @@ impl OsdService {
                     } else {
                         debug!(%pg, epoch, ms, "peered");
                     }
-                    let (run, wait): (Vec<Lagging>, Vec<Lagging>) =
-                        lagging.into_iter().partition(|l| !paused(&l.job, flags));
+                    let (run, wait) = split_paused(lagging, flags);
                     if !wait.is_empty() {
                         let ids: Vec<i32> = wait.iter().map(|l| l.osd).collect();
                         info!(
@@ -827,14 +503,14 @@ impl OsdService {
                     }
                     return;
                 }
-                Ok(Peered::AwaitingPgTemp) => {
+                Outcome::AwaitingPgTemp => {
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
-                Ok(Peered::Blocked {
+                Outcome::Blocked {
                     probe,
                     blocked,
                     record,
-                }) => {
+                } => {
                     if let Some(h) = self.pg_handle(pg) {
                         let mut st = h.write().await;
                         if st.blocked != blocked {
@@ -870,7 +546,7 @@ impl OsdService {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
-                Err(e) => {
+                Outcome::Failed(e) => {
                     attempt += 1;
                     if attempt == 1 || attempt.is_multiple_of(20) {
                         warn!(%pg, epoch, "peering failed (will retry): {e}");
@@ -891,12 +567,8 @@ impl OsdService {
         osd: i32,
         have: (u32, u64),
         want_objects: bool,
-    ) -> Result<PgQueryReply, String> {
-        let addr = map
-            .osds
-            .get(&osd)
-            .and_then(|o| o.addr)
-            .ok_or(format!("osd.{osd} has no address"))?;
+    ) -> Result<PgQueryReply, OsdError> {
+        let addr = peer_addr(map, osd)?;
         let q = PgQuery {
             pg,
             epoch,
@@ -905,19 +577,19 @@ impl OsdService {
         };
         let r = self.peers().query(osd, addr, q).await?;
         match r.error {
-            Some((_, msg)) => Err(format!("osd.{osd}: {msg}")),
+            Some(e) => Err(OsdError::remote(osd, e)),
             None => Ok(r),
         }
     }
 
     /// Sends a sync that must apply in full: objects found unreadable on every in-sync copy
     /// (unfound) make it fail.
-    async fn send_sync(&self, osd: i32, sync: PgSync) -> Result<(), String> {
+    async fn send_sync(&self, osd: i32, sync: PgSync) -> Result<(), OsdError> {
         let unfound = self.send_sync_unfound(osd, sync).await?;
         if unfound.is_empty() {
             Ok(())
         } else {
-            Err(unfound_error(&unfound))
+            Err(OsdError::Unfound { objects: unfound })
         }
     }
 
@@ -926,21 +598,23 @@ impl OsdService {
         &self,
         osd: i32,
         sync: PgSync,
-    ) -> Result<Vec<(String, String)>, String> {
+    ) -> Result<Vec<(String, String)>, OsdError> {
         let map = self.map();
-        let addr = map
-            .osds
-            .get(&osd)
-            .and_then(|o| o.addr)
-            .ok_or(format!("osd.{osd} has no address"))?;
+        let addr = peer_addr(&map, osd)?;
         let reply = self.peers().sync(osd, addr, sync).await?;
         match reply.error {
-            Some((_, msg)) => Err(format!("osd.{osd} could not sync: {msg}")),
+            Some((code, msg)) => Err(OsdError::Remote {
+                osd,
+                code,
+                message: format!("could not sync: {msg}"),
+            }),
             None => Ok(reply.unfound),
         }
     }
 
-    /// One peering attempt.
+    /// One peering attempt: gathers what `PeeringMachine` starts from, performs its actions
+    /// in order and feeds their results back until it reaches an outcome. Every decision is
+    /// the machine's; this only does the I/O.
     async fn try_peer(
         &self,
         pg: PgId,
@@ -949,307 +623,111 @@ impl OsdService {
         up: &[i32],
         strays: &[i32],
         authority: Option<i32>,
-    ) -> Result<Peered, String> {
+    ) -> Outcome {
         let map = self.map();
-        let handle = self.pg_handle(pg).ok_or("PG not open")?;
-        let me = self.id();
-        let mine = {
-            let st = OsdService::settled_read(&handle).await;
+        let Some(handle) = self.pg_handle(pg) else {
+            return Outcome::Failed(OsdError::PgNotOpen { pg });
+        };
+        let primary = {
+            let st = settled_read(&handle).await;
             MemberReport {
-                osd: me,
+                osd: self.id(),
                 last_update: st.meta.info.last_update,
                 log_tail: st.meta.info.log_tail,
                 entries: st.meta.entries(),
             }
         };
-        let have = mine.last_update;
-        // A member at this primary's `last_update` shares its history: its entries are this
-        // primary's (within the member's own log tail).
-        let report = |osd: i32, r: PgQueryReply, mine: &MemberReport| MemberReport {
-            osd,
-            last_update: r.last_update,
-            log_tail: r.log_tail,
-            entries: if r.last_update == mine.last_update && r.entries.is_empty() {
-                mine.entries
-                    .iter()
-                    .filter(|e| e.version > r.log_tail)
-                    .cloned()
-                    .collect()
-            } else {
-                r.entries.into_iter().map(Into::into).collect()
-            },
+        let start = PeeringStart {
+            pg,
+            epoch,
+            me: self.id(),
+            acting: acting.to_vec(),
+            up: up.to_vec(),
+            strays: strays.to_vec(),
+            authority,
+            min_size: map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize,
+            flags: recovery_flags(&map),
+            up_osds: map.osds.keys().copied().filter(|&o| map.is_up(o)).collect(),
+            can_request_pg_temp: self.mon_link().is_some(),
+            parallel: self.recovery.cfg().max_active as u32,
+            primary,
         };
-        let mut reports = vec![mine.clone()];
-        for &osd in acting.iter().filter(|&&o| o != me) {
-            let r = self.query_member(&map, pg, epoch, osd, have, false).await?;
-            reports.push(report(osd, r, &mine));
+        let (mut machine, first) = PeeringMachine::new(start);
+        let mut queue: std::collections::VecDeque<Action> = first.into();
+        while let Some(action) = queue.pop_front() {
+            if machine.outcome().is_some() {
+                break;
+            }
+            let now = self.map().epoch;
+            if now != epoch {
+                machine.handle(Event::NewMap { epoch: now });
+                break;
+            }
+            let event = self.perform(&map, pg, epoch, action).await;
+            queue.extend(machine.handle(event));
         }
-        // Backfill targets (up, not acting) that do not answer are backfilled from scratch by
-        // the background task, which retries; they never hold up the PG.
-        let mut unanswered = Vec::new();
-        for &osd in up.iter().filter(|&&o| o != me && !acting.contains(&o)) {
-            match self.query_member(&map, pg, epoch, osd, have, false).await {
-                Ok(r) => reports.push(report(osd, r, &mine)),
-                Err(e) => {
-                    debug!(%pg, "backfill target osd.{osd} did not answer: {e}");
-                    unanswered.push(osd);
-                }
-            }
-        }
-        // OSDs outside the PG's sets that hold its history (the monitors' record named them):
-        // their logs take part in choosing the authoritative history; they get no writes.
-        let mut stray_reports = Vec::new();
-        for &osd in strays {
-            if osd == me || acting.contains(&osd) || up.contains(&osd) || !map.is_up(osd) {
-                continue;
-            }
-            match self.query_member(&map, pg, epoch, osd, have, false).await {
-                Ok(r) => {
-                    reports.push(report(osd, r, &mine));
-                    stray_reports.push(osd);
-                }
-                Err(e) => debug!(%pg, "stray osd.{osd} did not answer: {e}"),
-            }
-        }
-        let Some(p) = plan_with_authority(&reports, authority) else {
-            return Ok(Peered::Active {
-                recovered: 0,
-                lagging: Vec::new(),
-            });
-        };
-        let flags = recovery_flags(&map);
-        let min_size = map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize;
-        let auth = reports
-            .iter()
-            .find(|r| r.osd == p.authoritative)
-            .cloned()
-            .ok_or("authoritative member vanished")?;
-        let mut recovered = 0;
-
-        // This primary first: it serves every read, so it must be complete. If it misses more
-        // than a few objects, the members that have the data serve the PG meanwhile (a
-        // `pg_temp`) and this OSD is recovered in the background like any other member.
-        let big = match p.members.get(&me) {
-            Some(MemberPlan::Backfill) => true,
-            Some(MemberPlan::Recover { objects, .. }) => objects.len() > PRIMARY_SYNC_MAX_OBJECTS,
-            _ => false,
-        };
-        if big && let Some(link) = self.mon_link() {
-            let temp: Vec<i32> = std::iter::once(auth.osd)
-                .chain(acting.iter().copied().filter(|&o| {
-                    o != auth.osd
-                        && o != me
-                        && !matches!(p.members.get(&o), Some(MemberPlan::Backfill))
-                }))
-                .collect();
-            if temp.len() >= min_size && temp.as_slice() != acting {
-                info!(%pg, epoch, ?temp, "behind its members: asking for a pg_temp");
-                link.send(MonCommand::PgTemp { pg, osds: temp })
-                    .map_err(|_| "the monitor link is closed".to_string())?;
-                return Ok(Peered::AwaitingPgTemp);
-            }
-        }
-        let own_unfound = match p.members.get(&me) {
-            Some(MemberPlan::Backfill) => {
-                let listing = self
-                    .query_member(&map, pg, epoch, auth.osd, (0, 0), true)
-                    .await?
-                    .objects
-                    .unwrap_or_default();
-                let unfound = self
-                    .sync_pg(PgSync {
-                        pg,
-                        epoch,
-                        source: auth.osd,
-                        objects: listing.clone(),
-                        keep_only: Some(listing),
-                        parallel: self.recovery.cfg().max_active as u32,
-                        log: Some(SyncLog {
-                            keep_through: None,
-                            entries: auth.entries.iter().cloned().map(Into::into).collect(),
-                            log_tail: auth.log_tail,
-                            last_update: p.last_update,
-                        }),
-                    })
-                    .await?;
-                recovered += 1;
-                unfound
-            }
-            Some(MemberPlan::Recover {
-                common_version,
-                objects,
-                entries,
-            }) => {
-                let unfound = self
-                    .sync_pg(PgSync {
-                        pg,
-                        epoch,
-                        source: auth.osd,
-                        objects: names(objects.iter().cloned()),
-                        keep_only: None,
-                        parallel: self.recovery.cfg().max_active as u32,
-                        log: Some(SyncLog {
-                            keep_through: Some(*common_version),
-                            entries: entries.iter().cloned().map(Into::into).collect(),
-                            log_tail: auth.log_tail,
-                            last_update: p.last_update,
-                        }),
-                    })
-                    .await?;
-                recovered += 1;
-                unfound
-            }
-            _ => Vec::new(),
-        };
-        if !own_unfound.is_empty() {
-            // Objects no member in sync can deliver readable: this primary cannot complete its
-            // copy. The authoritative member serves the PG meanwhile (reads of those objects
-            // fail with a checksum error there, never with other data) and this OSD is
-            // recovered in the background, which reports them as unfound.
-            let temp: Vec<i32> = std::iter::once(auth.osd)
-                .chain(acting.iter().copied().filter(|&o| o != auth.osd && o != me))
-                .collect();
-            warn!(
-                %pg, epoch, unfound = own_unfound.len(), ?temp,
-                "objects unfound while bringing the primary up to date; asking for a pg_temp"
-            );
-            match self.mon_link() {
-                Some(link) if temp.len() >= min_size && temp.as_slice() != acting => {
-                    link.send(MonCommand::PgTemp { pg, osds: temp })
-                        .map_err(|_| "the monitor link is closed".to_string())?;
-                    return Ok(Peered::AwaitingPgTemp);
-                }
-                _ => {
-                    return Err(unfound_error(&own_unfound));
-                }
-            }
-        }
-
-        // The others: in sync, or left behind for background recovery — unless fewer than
-        // min_size acting members would be in sync, in which case they are synced now.
-        let in_sync = acting
-            .iter()
-            .filter(|&&o| o == me || p.members.get(&o) == Some(&MemberPlan::UpToDate))
-            .count();
-        let sync_now = in_sync < min_size;
-        let mut lagging = Vec::new();
-        for (&osd, plan) in &p.members {
-            let job = match plan {
-                _ if osd == me => continue,
-                _ if stray_reports.contains(&osd) => continue,
-                MemberPlan::UpToDate => continue,
-                MemberPlan::Recover {
-                    common_version,
-                    objects,
-                    entries,
-                } => Job::Recover {
-                    keep_through: *common_version,
-                    objects: names(objects.iter().cloned()),
-                    entries: entries.clone(),
-                    log_tail: auth.log_tail,
-                    base: p.last_update,
-                },
-                MemberPlan::Backfill => Job::Backfill,
-            };
-            let in_acting = acting.contains(&osd);
-            if sync_now && in_acting && !paused(&job, flags) {
-                let sync = self.full_sync(pg, epoch, &job).await?;
-                self.send_sync(osd, sync).await?;
-                recovered += 1;
-                continue;
-            }
-            lagging.push(Lagging {
-                osd,
-                job,
-                in_acting,
-            });
-        }
-        lagging.extend(unanswered.into_iter().map(|osd| Lagging {
-            osd,
-            job: Job::Backfill,
-            in_acting: false,
-        }));
-        // A PG with fewer acting members than min_size goes active as `peered`: it serves no
-        // I/O (client ops are refused with `Inactive` and retried), but it is reported as Ceph
-        // does (`undersized+degraded+peered`), not as forever `peering`.
-        let behind = lagging.iter().filter(|l| l.in_acting).count();
-        if acting.len() >= min_size && acting.len() - behind < min_size {
-            return Err(format!(
-                "recovery paused (norecover/nobackfill) and only {} of {} members are up to \
-                 date, fewer than min_size {min_size}; waiting",
-                acting.len() - behind,
-                acting.len()
-            ));
-        }
-        // Before serving, the monitors record who has every acknowledged write from now on;
-        // they refuse if this peering heard from none of the previous record's members. A PG
-        // below min_size serves nothing, so it neither needs nor changes a record.
-        if acting.len() >= min_size {
-            // The write set `activate` will give the PG, with this primary.
-            let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
-            let members: Vec<i32> = std::iter::once(me)
-                .chain(crate::service::write_targets(me, acting, up, &left))
-                .collect();
-            let activation = kelp_proto::PgActivation {
+        machine.into_outcome().unwrap_or_else(|| {
+            Outcome::Failed(OsdError::PgBusy {
                 pg,
-                primary: me,
-                record: kelp_proto::PgRecord {
-                    epoch,
-                    members,
-                    last_update: p.last_update,
-                },
-                heard: reports.iter().map(|r| (r.osd, r.last_update)).collect(),
-            };
-            let verdict = self
-                .send_activation(activation)
-                .await
-                .map_err(|_| "the monitor link dropped the activation".to_string())?
-                .map_err(|e| format!("recording the activation: {e}"))?;
-            match verdict {
-                kelp_proto::ActivationVerdict::Recorded => {}
-                kelp_proto::ActivationVerdict::Blocked { current } => {
-                    let heard: Vec<i32> = reports.iter().map(|r| r.osd).collect();
-                    let probe: Vec<i32> = current
-                        .members
-                        .iter()
-                        .copied()
-                        .filter(|&o| map.is_up(o) && !heard.contains(&o) && !strays.contains(&o))
-                        .collect();
-                    // Up members already asked (strays) that did not answer with a copy
-                    // count as answered: the PG is incomplete, not down (it keeps retrying).
-                    let any_up = current.members.iter().any(|&o| map.is_up(o));
-                    let blocked = if !probe.is_empty() {
-                        None
-                    } else if any_up {
-                        Some(PeeringBlocked::Incomplete)
-                    } else {
-                        Some(PeeringBlocked::Down)
-                    };
-                    return Ok(Peered::Blocked {
-                        probe,
-                        blocked,
-                        record: current,
-                    });
-                }
-                kelp_proto::ActivationVerdict::Stale { current } => {
-                    return Err(format!(
-                        "the monitors hold a newer activation (epoch {}) than this peering's \
-                         epoch {epoch}",
-                        current.epoch
-                    ));
-                }
-                kelp_proto::ActivationVerdict::NoSuchPg => {
-                    return Err("the monitors say the PG no longer exists".into());
-                }
+                reason: "peering stopped without an outcome".into(),
+            })
+        })
+    }
+
+    /// Performs one of peering's actions; returns what happened.
+    async fn perform(
+        &self,
+        map: &kelp_maps::OsdMap,
+        pg: PgId,
+        epoch: u32,
+        action: Action,
+    ) -> Event {
+        match action {
+            Action::Query { osd, have } => Event::Queried {
+                osd,
+                result: self.query_member(map, pg, epoch, osd, have, false).await,
+            },
+            Action::List { osd } => Event::Listed {
+                osd,
+                result: self
+                    .query_member(map, pg, epoch, osd, (0, 0), true)
+                    .await
+                    .map(|r| r.objects.unwrap_or_default()),
+            },
+            Action::RequestPgTemp { osds, why } => {
+                info!(%pg, epoch, temp = ?osds, "{why}: asking for a pg_temp");
+                let sent = match self.mon_link() {
+                    Some(link) => link
+                        .send(MonCommand::PgTemp { pg, osds })
+                        .map_err(|_| OsdError::MonLinkClosed),
+                    None => Err(OsdError::MonLinkClosed),
+                };
+                Event::PgTempRequested(sent)
+            }
+            Action::SyncPrimary(sync) => Event::PrimarySynced(self.sync_pg(sync).await),
+            Action::SyncMember { osd, job } => {
+                let result = match self.full_sync(pg, epoch, &job).await {
+                    Ok(sync) => self.send_sync(osd, sync).await,
+                    Err(e) => Err(e),
+                };
+                Event::MemberSynced { osd, result }
+            }
+            Action::RecordActivation(activation) => {
+                let verdict = match self.send_activation(activation).await {
+                    Ok(v) => v,
+                    Err(_) => Err(OsdError::Monitor {
+                        reason: "the monitor link dropped the activation".into(),
+                    }),
+                };
+                Event::Verdict(verdict)
             }
         }
-        Ok(Peered::Active { recovered, lagging })
     }
 
     /// What brings a member left behind to this primary's history as of now: the objects to
     /// copy, for a backfill the listing to keep (everything else is removed), and the log to
     /// adopt afterwards.
-    async fn first_round(&self, handle: &PgHandle, job: &Job) -> Result<FirstRound, String> {
+    async fn first_round(&self, handle: &PgHandle, job: &Job) -> Result<FirstRound, OsdError> {
         Ok(match job {
             Job::Recover {
                 keep_through,
@@ -1280,8 +758,8 @@ impl OsdService {
 
     /// One sync that brings a member all the way to this primary's history (while the PG is not
     /// serving).
-    async fn full_sync(&self, pg: PgId, epoch: u32, job: &Job) -> Result<PgSync, String> {
-        let handle = self.pg_handle(pg).ok_or("PG not open")?;
+    async fn full_sync(&self, pg: PgId, epoch: u32, job: &Job) -> Result<PgSync, OsdError> {
+        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
         let round = self.first_round(&handle, job).await?;
         Ok(PgSync {
             pg,
@@ -1298,14 +776,13 @@ impl OsdService {
     async fn snapshot(
         &self,
         handle: &PgHandle,
-    ) -> Result<(SyncLog, Vec<(String, String)>), String> {
+    ) -> Result<(SyncLog, Vec<(String, String)>), OsdError> {
         let st = handle.read().await;
         let store = self.store();
         let coll = st.meta.coll;
         let listing = tokio::task::spawn_blocking(move || list_all(&*store, coll))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| OsdError::task("listing", e))??;
         let log = SyncLog {
             keep_through: None,
             entries: st.meta.entries().into_iter().map(Into::into).collect(),
@@ -1620,7 +1097,7 @@ impl OsdService {
         };
         let handed = tokio::time::timeout(FINAL_ROUND_TIMEOUT, async {
             // Writes admitted before the block settle first.
-            drop(OsdService::settled_read(handle).await);
+            drop(settled_read(handle).await);
             let (log, objects) = self
                 .changes_since(handle, interval, base.1, &copied_at)
                 .await?;
@@ -1685,11 +1162,13 @@ impl OsdService {
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(RecoveryError::Failed(format!(
-                "the final hand-over to osd.{} took over {} s",
-                l.osd,
-                FINAL_ROUND_TIMEOUT.as_secs()
-            ))),
+            Err(_) => Err(RecoveryError::Failed(OsdError::PeerUnreachable {
+                osd: l.osd,
+                reason: format!(
+                    "the final hand-over took over {} s",
+                    FINAL_ROUND_TIMEOUT.as_secs()
+                ),
+            })),
         }
     }
 
@@ -1744,89 +1223,10 @@ impl OsdService {
     }
 }
 
-/// The error for a sync that could not copy `unfound` (non-empty).
-fn unfound_error(unfound: &[(String, String)]) -> String {
-    format!(
-        "{} object(s) unfound (every in-sync copy unreadable), e.g. '{}'",
-        unfound.len(),
-        unfound.first().map_or("", |o| o.1.as_str())
-    )
-}
-
 /// How often recovery tries again to copy objects that were unfound.
 const UNFOUND_RETRY: Duration = Duration::from_secs(5);
 
 /// `(norecover, nobackfill)` in `map`.
-pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> (bool, bool) {
-    (
-        map.has_flag(kelp_maps::ClusterFlag::NoRecover),
-        map.has_flag(kelp_maps::ClusterFlag::NoBackfill),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn priority_sets_the_share_of_time_under_client_load() {
-        let mut c = RecoveryConfig::default();
-        let t = Duration::from_millis(100);
-        c.op_priority = 63;
-        assert_eq!(c.priority_pause(t, true), Duration::ZERO);
-        c.op_priority = 21;
-        assert_eq!(c.priority_pause(t, true), Duration::from_millis(200));
-        // idle clients: no pause
-        assert_eq!(c.priority_pause(t, false), Duration::ZERO);
-    }
-
-    #[test]
-    fn central_config_overrides_by_specificity() {
-        let e = |who: &str, key: &str, value: &str| ConfigEntry {
-            who: who.into(),
-            key: key.into(),
-            value: value.into(),
-        };
-        let entries = vec![
-            e("osd.2", "osd_max_backfills", "5"),
-            e("osd", "osd_max_backfills", "3"),
-            e("global", "osd_recovery_sleep", "0.25"),
-            e("osd", "osd_recovery_op_priority", "0"),
-        ];
-        let base = RecoveryConfig::default();
-        let c = base.with_central(&entries, 2);
-        assert_eq!(c.max_backfills, 5);
-        assert_eq!(c.sleep, Duration::from_millis(250));
-        assert_eq!(c.op_priority, base.op_priority, "0 is refused");
-        assert_eq!(base.with_central(&entries, 1).max_backfills, 3);
-    }
-
-    #[tokio::test]
-    async fn slots_follow_a_changing_limit() {
-        let slots = Arc::new(Slots::default());
-        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(1));
-        let l = limit.clone();
-        let a = slots
-            .acquire(1, move || l.load(std::sync::atomic::Ordering::SeqCst))
-            .await;
-        let (s2, l2) = (slots.clone(), limit.clone());
-        let waiter = tokio::spawn(async move {
-            let g = s2
-                .acquire(1, move || l2.load(std::sync::atomic::Ordering::SeqCst))
-                .await;
-            g.count()
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!waiter.is_finished(), "over the limit: waits");
-        limit.store(2, std::sync::atomic::Ordering::SeqCst);
-        slots.freed.notify_waiters();
-        assert_eq!(waiter.await.unwrap(), 1);
-        drop(a);
-        // asking for more than the limit takes the limit
-        let l = limit.clone();
-        let g = slots
-            .acquire(10, move || l.load(std::sync::atomic::Ordering::SeqCst))
-            .await;
-        assert_eq!(g.count(), 2);
-    }
+pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> RecoveryFlags {
+    RecoveryFlags::of(map)
 }

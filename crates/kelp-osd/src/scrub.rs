@@ -28,25 +28,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use kelp_maps::{ClusterFlag, OsdMap};
 use kelp_proto::{
-    ConfigEntry, ErrorCode, InconsistentObject, ListCursor, OsdScrubCommand, OsdScrubReply,
-    PgCommand, PgCommandKind, PgCommandReply, PgPull, PgPullReply, PgPush, PgPushReply,
-    PgScrubSummary, ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError, ShardReport,
+    ConfigEntry, ErrorCode, InconsistentObject, OsdScrubCommand, OsdScrubReply, PgCommand,
+    PgCommandKind, PgCommandReply, PgPull, PgPullReply, PgPush, PgPushReply, PgScrubSummary,
+    ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError,
 };
-use kelp_store::{CollectionId, ObjectId, ObjectStore, StoreError, Transaction};
+use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use crate::pglog::{INTERNAL_NAMESPACE, PgMeta};
-use crate::recovery::{apply_state, read_state};
-use crate::service::{OsdService, PgHandle, PgState};
+use crate::error::OsdError;
+use crate::object_state::{apply_state, peer_addr, read_state};
+use crate::pg::{PgHandle, PgState};
+use crate::pglog::PgMeta;
+pub(crate) use crate::scrub_map::ScrubBlock;
+pub use crate::scrub_map::{Authority, LogHint, choose_authoritative, compare_chunk};
+use crate::scrub_map::{build_map, cursor_oid, in_range, oid_cursor};
+use crate::service::OsdService;
 
 /// Attribute of the PG metadata object holding the scrub record.
 const RECORD_ATTR: &str = "scrub";
 const RECORD_FORMAT: u8 = 1;
-/// Data read per store call in a deep scrub.
-const DEEP_READ: u64 = 4 << 20;
 
 /// Scrub settings (Ceph's names and defaults).
 #[derive(Debug, Clone, PartialEq)]
@@ -139,193 +142,6 @@ impl ScrubConfig {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The pure part: comparing scrub maps and choosing the authoritative copy.
-
-/// What the PG log says about an object: the version of its newest entry and whether that
-/// entry deleted it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogHint {
-    pub version: u64,
-    pub deleted: bool,
-}
-
-/// The copy a repair installs everywhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Authority {
-    /// This member's copy.
-    Copy(i32),
-    /// The object must not exist (the PG log's newest entry deleted it).
-    Absent,
-    /// No member has a usable copy.
-    Unusable,
-}
-
-/// What two copies must share to be identical: size, version, attrs, omap and data digests.
-type Fingerprint = (u64, u64, u32, u32, Option<u32>);
-
-fn fingerprint(o: &ScrubObject) -> Fingerprint {
-    (
-        o.size,
-        o.version,
-        o.attrs_digest,
-        o.omap_digest,
-        o.data_digest,
-    )
-}
-
-/// Picks the authoritative copy among `copies` (member → its copy, `None` if it has none):
-/// copies with a read error are never chosen; if the log's newest entry deleted the object (and
-/// no copy is newer) the object should be absent; otherwise the copies at the version the log
-/// names (or, if the log no longer mentions the object, the newest version); among those the
-/// largest group of identical copies; ties go to the group holding the primary, then to the
-/// lowest OSD id. Within the chosen group the primary's copy is preferred.
-pub fn choose_authoritative(
-    copies: &BTreeMap<i32, Option<&ScrubObject>>,
-    primary: i32,
-    log: Option<LogHint>,
-) -> Authority {
-    let usable: Vec<(i32, &ScrubObject)> = copies
-        .iter()
-        .filter_map(|(&osd, c)| c.filter(|o| o.read_error.is_none()).map(|o| (osd, o)))
-        .collect();
-    let newest = usable.iter().map(|(_, o)| o.version).max();
-    if let Some(h) = log
-        && h.deleted
-        && newest.is_none_or(|v| v <= h.version)
-    {
-        return Authority::Absent;
-    }
-    let Some(newest) = newest else {
-        return Authority::Unusable;
-    };
-    let want_version = match log {
-        Some(h) if !h.deleted && usable.iter().any(|(_, o)| o.version == h.version) => h.version,
-        _ => newest,
-    };
-    let mut groups: BTreeMap<Fingerprint, Vec<i32>> = BTreeMap::new();
-    for (osd, o) in usable.iter().filter(|(_, o)| o.version == want_version) {
-        groups.entry(fingerprint(o)).or_default().push(*osd);
-    }
-    let best = groups
-        .values()
-        .max_by(|a, b| {
-            a.len()
-                .cmp(&b.len())
-                .then_with(|| a.contains(&primary).cmp(&b.contains(&primary)))
-                .then_with(|| b.iter().min().cmp(&a.iter().min()))
-        })
-        .expect("at least one usable copy at the chosen version");
-    if best.contains(&primary) {
-        Authority::Copy(primary)
-    } else {
-        Authority::Copy(*best.iter().min().expect("groups are not empty"))
-    }
-}
-
-/// What is wrong with `copy` measured against the authoritative one.
-fn shard_errors(copy: Option<&ScrubObject>, auth: Option<&ScrubObject>) -> Vec<ShardError> {
-    let mut e = Vec::new();
-    match (copy, auth) {
-        (None, Some(_)) => e.push(ShardError::Missing),
-        (None, None) => {}
-        (Some(_), None) => e.push(ShardError::Stale),
-        (Some(c), Some(a)) => {
-            if c.read_error.is_some() {
-                e.push(ShardError::ReadError);
-                return e;
-            }
-            if c.size != a.size {
-                e.push(ShardError::SizeMismatch);
-            }
-            if c.version != a.version {
-                e.push(ShardError::VersionMismatch);
-            }
-            if c.attrs_digest != a.attrs_digest {
-                e.push(ShardError::AttrMismatch);
-            }
-            if c.omap_digest != a.omap_digest {
-                e.push(ShardError::OmapDigestMismatch);
-            }
-            if let (Some(x), Some(y)) = (c.data_digest, a.data_digest)
-                && x != y
-            {
-                e.push(ShardError::DataDigestMismatch);
-            }
-        }
-    }
-    e
-}
-
-/// Compares the members' scrub maps of one chunk (member → its objects) and returns the
-/// objects whose copies disagree, in placement order. `log` gives the PG log's newest entry
-/// per (namespace, name).
-pub fn compare_chunk(
-    maps: &BTreeMap<i32, Vec<ScrubObject>>,
-    primary: i32,
-    log: &HashMap<(String, String), LogHint>,
-) -> Vec<InconsistentObject> {
-    let mut by_object: BTreeMap<(u32, String, String), BTreeMap<i32, &ScrubObject>> =
-        BTreeMap::new();
-    for (&osd, objects) in maps {
-        for o in objects {
-            by_object
-                .entry((o.hash, o.namespace.clone(), o.name.clone()))
-                .or_default()
-                .insert(osd, o);
-        }
-    }
-    let mut out = Vec::new();
-    for ((_, ns, name), have) in by_object {
-        let copies: BTreeMap<i32, Option<&ScrubObject>> = maps
-            .keys()
-            .map(|&osd| (osd, have.get(&osd).copied()))
-            .collect();
-        let hint = log.get(&(ns.clone(), name.clone())).copied();
-        let auth = choose_authoritative(&copies, primary, hint);
-        let auth_copy = match auth {
-            Authority::Copy(osd) => have.get(&osd).copied(),
-            _ => None,
-        };
-        let mut shards = Vec::new();
-        let mut union = BTreeSet::new();
-        for (&osd, copy) in &copies {
-            let errors = match auth {
-                Authority::Unusable => {
-                    // No good copy: every copy is bad (unreadable), every absence "missing".
-                    match copy {
-                        Some(_) => vec![ShardError::ReadError],
-                        None => vec![ShardError::Missing],
-                    }
-                }
-                _ => shard_errors(*copy, auth_copy),
-            };
-            union.extend(errors.iter().copied());
-            shards.push(ShardReport {
-                osd,
-                primary: osd == primary,
-                errors,
-                object: copy.cloned(),
-            });
-        }
-        if union.is_empty() {
-            continue;
-        }
-        out.push(InconsistentObject {
-            namespace: ns,
-            name,
-            auth_osd: match auth {
-                Authority::Copy(osd) => Some(osd),
-                _ => None,
-            },
-            version: auth_copy.map_or_else(|| hint.map_or(0, |h| h.version), |a| a.version),
-            errors: union.into_iter().collect(),
-            shards,
-        });
-    }
-    out
-}
-
 /// Which scheduled scrub a PG is due for, if any: `Some(true)` deep, `Some(false)` shallow.
 /// `now` and the summary's stamps are Unix seconds.
 pub fn scheduled_kind(
@@ -366,156 +182,6 @@ fn load_ok(threshold: f64) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scrub maps (blocking store reads).
-
-fn digest_attrs(attrs: &BTreeMap<String, Vec<u8>>) -> (u64, u32) {
-    let mut crc = 0u32;
-    let mut version = 0;
-    for (k, v) in attrs {
-        if k == "@v" {
-            if let Ok(b) = <[u8; 8]>::try_from(v.as_slice()) {
-                version = u64::from_le_bytes(b);
-            }
-            continue;
-        }
-        crc = kelp_types::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
-        crc = kelp_types::crc32c_append(crc, k.as_bytes());
-        crc = kelp_types::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
-        crc = kelp_types::crc32c_append(crc, v);
-    }
-    (version, crc)
-}
-
-fn digest_omap(
-    store: &dyn ObjectStore,
-    coll: CollectionId,
-    oid: &ObjectId,
-) -> Result<u32, StoreError> {
-    let mut crc = 0u32;
-    if let Some(h) = store.omap_header(coll, oid)? {
-        crc = kelp_types::crc32c_append(crc, &[1]);
-        crc = kelp_types::crc32c_append(crc, &(h.len() as u32).to_le_bytes());
-        crc = kelp_types::crc32c_append(crc, &h);
-    }
-    let mut after: Option<Vec<u8>> = None;
-    loop {
-        let page = store.omap_iter(coll, oid, after.as_deref(), 1024)?;
-        for (k, v) in &page.entries {
-            crc = kelp_types::crc32c_append(crc, &(k.len() as u32).to_le_bytes());
-            crc = kelp_types::crc32c_append(crc, k);
-            crc = kelp_types::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
-            crc = kelp_types::crc32c_append(crc, v);
-        }
-        match page.entries.last() {
-            Some((k, _)) if page.more => after = Some(k.clone()),
-            _ => return Ok(crc),
-        }
-    }
-}
-
-/// Describes one object; `None` if it vanished meanwhile.
-fn scrub_object(
-    store: &dyn ObjectStore,
-    coll: CollectionId,
-    oid: &ObjectId,
-    deep: bool,
-) -> Option<ScrubObject> {
-    let mut o = ScrubObject {
-        hash: oid.hash,
-        namespace: oid.namespace.clone(),
-        name: oid.name.clone(),
-        ..ScrubObject::default()
-    };
-    let shallow = (|| -> Result<(), StoreError> {
-        o.size = store.stat(coll, oid)?.size;
-        let (version, attrs) = digest_attrs(&store.xattrs(coll, oid)?);
-        o.version = version;
-        o.attrs_digest = attrs;
-        o.omap_digest = digest_omap(store, coll, oid)?;
-        Ok(())
-    })();
-    match shallow {
-        Ok(()) => {}
-        Err(StoreError::ObjectNotFound { .. }) => return None,
-        Err(e) => {
-            o.read_error = Some(e.to_string());
-            return Some(o);
-        }
-    }
-    if deep {
-        let mut crc = 0u32;
-        let mut off = 0;
-        while off < o.size {
-            let len = DEEP_READ.min(o.size - off);
-            match store.read_from_device(coll, oid, off, len) {
-                Ok(d) if d.len() as u64 == len => crc = kelp_types::crc32c_append(crc, &d),
-                Ok(d) => {
-                    o.read_error = Some(format!(
-                        "short read at offset {off}: {} of {len} bytes",
-                        d.len()
-                    ));
-                    return Some(o);
-                }
-                Err(e) => {
-                    o.read_error = Some(e.to_string());
-                    return Some(o);
-                }
-            }
-            off += len;
-        }
-        o.data_digest = Some(crc);
-    }
-    Some(o)
-}
-
-fn cursor_oid(pg: PgId, c: &ListCursor) -> ObjectId {
-    ObjectId::new(pg.pool.0, &c.namespace, &c.name, c.hash)
-}
-
-fn oid_cursor(o: &ObjectId) -> ListCursor {
-    ListCursor {
-        hash: o.hash,
-        namespace: o.namespace.clone(),
-        name: o.name.clone(),
-    }
-}
-
-/// The scrub map of `[start, end)` of a PG's collection (blocking).
-fn build_map(
-    store: &dyn ObjectStore,
-    coll: CollectionId,
-    start: Option<&ObjectId>,
-    end: Option<&ObjectId>,
-    deep: bool,
-) -> Result<Vec<ScrubObject>, StoreError> {
-    let mut out = Vec::new();
-    let mut from = start.cloned();
-    loop {
-        let page = store.list_objects(coll, from.as_ref(), 256)?;
-        for oid in &page.objects {
-            if end.is_some_and(|e| oid >= e) {
-                return Ok(out);
-            }
-            if oid.namespace == INTERNAL_NAMESPACE || oid.snap != kelp_store::SNAP_HEAD {
-                continue;
-            }
-            if let Some(o) = scrub_object(store, coll, oid, deep) {
-                out.push(o);
-            }
-        }
-        match page.next {
-            Some(n) => from = Some(n),
-            None => return Ok(out),
-        }
-    }
-}
-
-/// Whether `oid` lies in `[start, end)`.
-fn in_range(oid: &ObjectId, start: Option<&ObjectId>, end: Option<&ObjectId>) -> bool {
-    start.is_none_or(|s| oid >= s) && end.is_none_or(|e| oid < e)
-}
-
-// ---------------------------------------------------------------------------------------------
 // Per-OSD scrub state.
 
 /// The part of a PG's scrub state that is stored.
@@ -537,19 +203,6 @@ struct PgScrub {
     summary: PgScrubSummary,
     inconsistent: Vec<InconsistentObject>,
     queued: Option<Request>,
-}
-
-/// Writes to objects in this range wait (see `OsdService::client_op`).
-#[derive(Debug, Clone)]
-pub(crate) struct ScrubBlock {
-    start: Option<ObjectId>,
-    end: Option<ObjectId>,
-}
-
-impl ScrubBlock {
-    pub(crate) fn blocks(&self, oid: &ObjectId) -> bool {
-        in_range(oid, self.start.as_ref(), self.end.as_ref())
-    }
 }
 
 /// Scrub bookkeeping of one OSD.
@@ -680,8 +333,8 @@ impl Drop for BlockGuard {
     }
 }
 
-fn blocking_err(e: impl std::fmt::Display) -> String {
-    format!("scrub task failed: {e}")
+fn blocking_err(e: tokio::task::JoinError) -> OsdError {
+    OsdError::task("scrub", e)
 }
 
 impl OsdService {
@@ -858,7 +511,7 @@ impl OsdService {
                 }
                 Err(e) => {
                     warn!(%pg, deep, "scrub did not complete: {e}");
-                    p.summary.last_error = Some(e);
+                    p.summary.last_error = Some(e.to_string());
                     None
                 }
             }
@@ -870,9 +523,12 @@ impl OsdService {
         }
     }
 
-    async fn save_record(&self, pg: PgId, rec: &Record) -> Result<(), String> {
+    async fn save_record(&self, pg: PgId, rec: &Record) -> Result<(), OsdError> {
         let mut value = vec![RECORD_FORMAT];
-        value.extend(postcard::to_stdvec(rec).map_err(|e| e.to_string())?);
+        value.extend(postcard::to_stdvec(rec).map_err(|e| OsdError::Encoding {
+            what: "scrub record",
+            reason: e.to_string(),
+        })?);
         let coll = CollectionId(pg);
         let mut txn = Transaction::new();
         let mut attrs = BTreeMap::new();
@@ -885,33 +541,38 @@ impl OsdService {
         self.commit_txn(txn).await
     }
 
-    async fn commit_txn(&self, txn: Transaction) -> Result<(), String> {
-        match self.store().submit(txn) {
-            Ok(c) => c.await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+    async fn commit_txn(&self, txn: Transaction) -> Result<(), OsdError> {
+        Ok(self.store().submit(txn)?.await?)
     }
 
     /// The acting set this OSD serves `pg` for as its primary at the current map.
-    async fn serving(&self, pg: PgId) -> Result<(Arc<OsdMap>, Vec<i32>, PgHandle), String> {
+    async fn serving(&self, pg: PgId) -> Result<(Arc<OsdMap>, Vec<i32>, PgHandle), OsdError> {
         let map = self.map();
-        let m = map.pg_mapping(pg).map_err(|e| e.to_string())?;
+        let m = map.pg_mapping(pg).map_err(|_| OsdError::NoSuchPg { pg })?;
         if m.acting_primary != self.id() {
-            return Err(format!("osd.{} is not the primary of PG {pg}", self.id()));
+            return Err(OsdError::NotPrimary {
+                pg,
+                epoch: map.epoch,
+                osd: self.id(),
+            });
         }
-        let handle = self
-            .pg_handle(pg)
-            .ok_or_else(|| format!("PG {pg} is not open here"))?;
+        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
         {
             let st = handle.read().await;
             if st.active.as_deref() != Some(&m.acting[..]) {
-                return Err(format!("PG {pg} is not active"));
+                return Err(OsdError::PgBusy {
+                    pg,
+                    reason: "not active".into(),
+                });
             }
             if !st.left_behind.is_empty() {
-                return Err(format!(
-                    "PG {pg} is recovering members {:?}: scrub it once they are in sync",
-                    st.left_behind
-                ));
+                return Err(OsdError::PgBusy {
+                    pg,
+                    reason: format!(
+                        "recovering members {:?}: scrub it once they are in sync",
+                        st.left_behind
+                    ),
+                });
             }
         }
         Ok((map, m.acting, handle))
@@ -924,11 +585,14 @@ impl OsdService {
         acting: &[i32],
         start: Option<&ObjectId>,
         end: Option<&ObjectId>,
-    ) -> Result<BlockGuard, String> {
+    ) -> Result<BlockGuard, OsdError> {
         loop {
             let mut st = handle.write().await;
             if st.active.as_deref() != Some(acting) {
-                return Err("the PG was re-peered during the scrub".into());
+                return Err(OsdError::PgBusy {
+                    pg: st.meta.coll.0,
+                    reason: "re-peered during the scrub".into(),
+                });
             }
             let busy = st
                 .in_flight
@@ -959,7 +623,7 @@ impl OsdService {
         start: Option<&ObjectId>,
         end: Option<&ObjectId>,
         deep: bool,
-    ) -> Result<BTreeMap<i32, Vec<ScrubObject>>, String> {
+    ) -> Result<BTreeMap<i32, Vec<ScrubObject>>, OsdError> {
         let me = self.id();
         let req = ScrubMapRequest {
             pg,
@@ -970,11 +634,7 @@ impl OsdService {
         };
         let mut remote = Vec::new();
         for &osd in acting.iter().filter(|&&o| o != me) {
-            let addr = map
-                .osds
-                .get(&osd)
-                .and_then(|o| o.addr)
-                .ok_or_else(|| format!("osd.{osd} has no address"))?;
+            let addr = peer_addr(map, osd)?;
             let peers = self.peers();
             let r = req.clone();
             remote.push(async move { (osd, peers.scrub_map(osd, addr, r).await) });
@@ -988,15 +648,15 @@ impl OsdService {
             })
             .await
             .map_err(blocking_err)?
-            .map_err(|e| e.to_string())
+            .map_err(OsdError::from)
         };
         let (local, remote) = tokio::join!(local, futures::future::join_all(remote));
         let mut maps = BTreeMap::new();
         maps.insert(me, local?);
         for (osd, r) in remote {
             let r = r?;
-            if let Some((_, msg)) = r.error {
-                return Err(format!("osd.{osd}: {msg}"));
+            if let Some(e) = r.error {
+                return Err(OsdError::remote(osd, e));
             }
             maps.insert(osd, r.objects);
         }
@@ -1009,7 +669,7 @@ impl OsdService {
         pg: PgId,
         deep: bool,
         repair: bool,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Outcome, OsdError> {
         // A PG that is still peering (an OSD just restarted) gets a moment to activate.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let (map, acting, handle) = loop {
@@ -1034,8 +694,7 @@ impl OsdService {
             let page =
                 tokio::task::spawn_blocking(move || store.list_objects(coll, from.as_ref(), max))
                     .await
-                    .map_err(blocking_err)?
-                    .map_err(|e| e.to_string())?;
+                    .map_err(blocking_err)??;
             let end = page.next;
             let block = self
                 .block_range(&handle, &acting, start.as_ref(), end.as_ref())
@@ -1058,7 +717,10 @@ impl OsdService {
             out.inconsistent.extend(bad);
             out.repaired += repaired;
             if self.map().pg_mapping(pg).map(|m| m.acting).ok().as_deref() != Some(&acting[..]) {
-                return Err("the PG's acting set changed during the scrub".into());
+                return Err(OsdError::PgBusy {
+                    pg,
+                    reason: "the acting set changed during the scrub".into(),
+                });
             }
             match end {
                 None => return Ok(out),
@@ -1083,7 +745,7 @@ impl OsdService {
         end: Option<&ObjectId>,
         deep: bool,
         repair: bool,
-    ) -> Result<(u64, Vec<InconsistentObject>, u64), String> {
+    ) -> Result<(u64, Vec<InconsistentObject>, u64), OsdError> {
         let me = self.id();
         let log_hints = |st: &PgState| {
             let mut h = HashMap::new();
@@ -1125,15 +787,10 @@ impl OsdService {
                     let o = oid.clone();
                     tokio::task::spawn_blocking(move || read_state(&*store, CollectionId(pg), &o))
                         .await
-                        .map_err(blocking_err)?
-                        .map_err(|e| format!("reading the authoritative copy: {e}"))?
+                        .map_err(blocking_err)??
                 }
                 Some(osd) => {
-                    let addr = map
-                        .osds
-                        .get(&osd)
-                        .and_then(|o| o.addr)
-                        .ok_or_else(|| format!("osd.{osd} has no address"))?;
+                    let addr = peer_addr(map, osd)?;
                     let (r, d) = self
                         .peers()
                         .pull(
@@ -1147,8 +804,12 @@ impl OsdService {
                             },
                         )
                         .await?;
-                    if let Some((_, msg)) = r.error {
-                        return Err(format!("pulling '{}' from osd.{osd}: {msg}", obj.name));
+                    if let Some((code, msg)) = r.error {
+                        return Err(OsdError::Remote {
+                            osd,
+                            code,
+                            message: format!("pulling '{}': {msg}", obj.name),
+                        });
                     }
                     (r, d)
                 }
@@ -1165,15 +826,15 @@ impl OsdService {
                 let reply = if bad_osd == me {
                     self.pg_push(push, data.clone()).await
                 } else {
-                    let addr = map
-                        .osds
-                        .get(&bad_osd)
-                        .and_then(|o| o.addr)
-                        .ok_or_else(|| format!("osd.{bad_osd} has no address"))?;
+                    let addr = peer_addr(map, bad_osd)?;
                     self.peers().push(bad_osd, addr, push, data.clone()).await?
                 };
-                if let Some((_, msg)) = reply.error {
-                    return Err(format!("repairing '{}' on osd.{bad_osd}: {msg}", obj.name));
+                if let Some((code, msg)) = reply.error {
+                    return Err(OsdError::Remote {
+                        osd: bad_osd,
+                        code,
+                        message: format!("repairing '{}': {msg}", obj.name),
+                    });
                 }
             }
             info!(%pg, object = %obj.name, auth = ?obj.auth_osd, bad = ?obj.bad_osds(), "repaired");
@@ -1219,7 +880,7 @@ impl OsdService {
                 objects,
             },
             Ok(Err(e)) => fail(ErrorCode::Io, e.to_string()),
-            Err(e) => fail(ErrorCode::Io, blocking_err(e)),
+            Err(e) => fail(ErrorCode::Io, blocking_err(e).to_string()),
         }
     }
 
@@ -1242,7 +903,7 @@ impl OsdService {
         let exists = match tokio::task::spawn_blocking(move || store.exists(coll, &o)).await {
             Ok(Ok(e)) => e,
             Ok(Err(e)) => return fail(ErrorCode::Io, e.to_string()),
-            Err(e) => return fail(ErrorCode::Io, blocking_err(e)),
+            Err(e) => return fail(ErrorCode::Io, blocking_err(e).to_string()),
         };
         let mut txn = Transaction::new();
         apply_state(&mut txn, coll, &oid, exists, p.state, data);
@@ -1251,7 +912,7 @@ impl OsdService {
         }
         match self.commit_txn(txn).await {
             Ok(()) => PgPushReply { error: None },
-            Err(e) => fail(ErrorCode::Io, e),
+            Err(e) => fail(ErrorCode::Io, e.to_string()),
         }
     }
 
@@ -1342,11 +1003,13 @@ impl OsdService {
         &self,
         pg: PgId,
         object: &kelp_proto::ObjectLocator,
-    ) -> Result<i32, String> {
+    ) -> Result<i32, OsdError> {
         if object.key.is_some() {
-            return Err("objects with a locator key cannot be fetched from a replica yet".into());
+            return Err(OsdError::Unsupported {
+                reason: "objects with a locator key cannot be fetched from a replica yet".into(),
+            });
         }
-        let handle = self.pg_handle(pg).ok_or("PG not open")?;
+        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
         let map = self.map();
         let state = loop {
             let st = handle.write().await;
@@ -1363,7 +1026,10 @@ impl OsdService {
         // While the PG peers, its write set is the previous interval's, and a member being
         // synced now holds its copy locked until this pull answers: never ask then.
         if state.active.is_none() {
-            return Err("the PG is peering".into());
+            return Err(OsdError::PgBusy {
+                pg,
+                reason: "peering".into(),
+            });
         }
         let in_sync: Vec<i32> = state
             .write_to
@@ -1394,7 +1060,7 @@ impl OsdService {
             let (r, data) = match pulled {
                 Ok(x) => x,
                 Err(e) => {
-                    why.push(e);
+                    why.push(e.to_string());
                     continue;
                 }
             };
@@ -1415,7 +1081,10 @@ impl OsdService {
             pgs.entry(pg).or_default().summary.num_objects_repaired += 1;
             return Ok(osd);
         }
-        Err(format!("no replica has a good copy ({})", why.join("; ")))
+        Err(OsdError::NoGoodCopy {
+            object: object.name.clone(),
+            tried: why,
+        })
     }
 }
 
@@ -1433,6 +1102,8 @@ fn absent() -> PgPullReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[allow(unused_imports)]
+    use crate::scrub_map::*;
 
     fn obj(name: &str, size: u64, version: u64, data: u32) -> ScrubObject {
         ScrubObject {

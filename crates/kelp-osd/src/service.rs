@@ -33,15 +33,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use kelp_maps::OsdMap;
 use kelp_proto::{
-    ErrorCode, ListCursor, ObjectLocator, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, PgPull,
-    PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
-    RepOpReply, ScrubMapReply, ScrubMapRequest,
+    ErrorCode, ListCursor, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, PgPull, PgPullReply,
+    PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
+    ScrubMapReply, ScrubMapRequest,
 };
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
-use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard, watch};
+use tokio::sync::{Notify, RwLock, watch};
 
+use crate::admission;
+use crate::error::OsdError;
 use crate::exec::{ExecError, Executed, Limits, Stamp, execute};
+use crate::pg::{InFlight, PgHandle, PgState};
 use crate::pglog::{LogAppend, LogEntry, PgMeta};
 
 /// OSD settings (Ceph's names where the concept is Ceph's).
@@ -70,6 +73,10 @@ impl OsdConfig {
 }
 
 /// How an OSD reaches its peers (replica writes, peering, recovery).
+///
+/// An `Err` means the request or its reply did not make it (`OsdError::Msgr`,
+/// `OsdError::PeerUnreachable`, `OsdError::Decode`); an error the peer *answered* with travels
+/// in the reply's own `error` field.
 #[async_trait::async_trait]
 pub trait Peers: Send + Sync {
     async fn repop(
@@ -78,22 +85,23 @@ pub trait Peers: Send + Sync {
         addr: SocketAddr,
         op: RepOp,
         data: Bytes,
-    ) -> Result<RepOpReply, String>;
-    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String>;
+    ) -> Result<RepOpReply, OsdError>;
+    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery)
+    -> Result<PgQueryReply, OsdError>;
     async fn pull(
         &self,
         osd: i32,
         addr: SocketAddr,
         p: PgPull,
-    ) -> Result<(PgPullReply, Bytes), String>;
-    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String>;
+    ) -> Result<(PgPullReply, Bytes), OsdError>;
+    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, OsdError>;
     /// Scrub: a member's scrub map of a range of a PG.
     async fn scrub_map(
         &self,
         osd: i32,
         addr: SocketAddr,
         req: ScrubMapRequest,
-    ) -> Result<ScrubMapReply, String>;
+    ) -> Result<ScrubMapReply, OsdError>;
     /// Repair: install the authoritative copy of one object on a member.
     async fn push(
         &self,
@@ -101,102 +109,15 @@ pub trait Peers: Send + Sync {
         addr: SocketAddr,
         p: PgPush,
         data: Bytes,
-    ) -> Result<PgPushReply, String>;
+    ) -> Result<PgPushReply, OsdError>;
 }
 
-/// A PG as this OSD holds it.
-#[derive(Debug)]
-pub(crate) struct PgState {
-    pub(crate) meta: PgMeta,
-    /// The acting set this OSD has peered the PG for as its primary; client ops are served
-    /// only while the current acting set is this one.
-    pub(crate) active: Option<Vec<i32>>,
-    /// Replicas that failed to commit a write this OSD applied as primary. While any of them is
-    /// still in the acting set the PG refuses writes (an ack would claim a write is on every
-    /// replica when it is not); a map that takes them out unblocks it, and recovery brings
-    /// them back.
-    pub(crate) failed_replicas: Vec<i32>,
-    /// The up set the PG was peered with: its members outside the acting set (`pg_temp`) are
-    /// backfill targets.
-    pub(crate) peered_up: Vec<i32>,
-    /// The members besides this primary that get the PG's writes: the acting members that are
-    /// in sync, and backfill targets once they have caught up.
-    pub(crate) write_to: Vec<i32>,
-    /// Members (acting or backfill targets) not yet in sync: they get no writes until
-    /// background recovery has brought them up to date, or, while `norecover`/`nobackfill`
-    /// pauses their recovery, until the PG peers again (the PG is degraded meanwhile).
-    pub(crate) left_behind: Vec<i32>,
-    /// `(norecover, nobackfill)` when the PG was activated: when they change and members were
-    /// left behind, the PG peers again.
-    pub(crate) recovery_flags: (bool, bool),
-    /// Bumped whenever the PG is activated or deactivated: background recovery started for one
-    /// peering stops once it sees another.
-    pub(crate) interval: u64,
-    /// Set by background recovery while it hands a member the PG's last writes: client writes
-    /// wait (briefly) so the member joins the write set at an exact version.
-    pub(crate) recovery_block: bool,
-    /// Background recovery's progress (for the stats), while it runs or waits.
-    pub(crate) recovery: Option<crate::recovery::RecoveryProgress>,
-    /// Writes submitted to the store here (readable) whose outcome is not settled yet: not yet
-    /// durable here or, on the primary, not yet answered by every replica. Version → object.
-    pub(crate) in_flight: BTreeMap<u64, ObjectLocator>,
-    /// Woken whenever a write settles or the log advances.
-    pub(crate) changed: Arc<Notify>,
-    /// Set while the primary scrubs a chunk: client writes to objects in it wait.
-    pub(crate) scrub_block: Option<crate::scrub::ScrubBlock>,
-    /// Why peering cannot go active (`down`, `incomplete`), while it waits.
-    pub(crate) blocked: Option<crate::recovery::PeeringBlocked>,
-    /// Objects background recovery could not copy because every in-sync copy is unreadable
-    /// (`(namespace, name)`); reported as unfound until a recovery round copies them.
-    pub(crate) unfound: std::collections::BTreeSet<(String, String)>,
-    /// The map epoch of the activation record the monitors hold for this PG's current
-    /// interval (members joining the write set are recorded under it).
-    pub(crate) record_epoch: u32,
-}
-
-impl PgState {
-    fn in_flight_on(&self, object: &ObjectLocator) -> bool {
-        self.in_flight.values().any(|o| o == object)
-    }
-
-    /// Whether a write to the object named `namespace`/`name` is in flight.
-    pub(crate) fn in_flight_named(&self, namespace: &str, name: &str) -> bool {
-        self.in_flight
-            .values()
-            .any(|o| o.name == name && o.namespace == namespace)
-    }
-
-    /// Stops serving the PG (until it is peered again) and ends its background recovery.
-    pub(crate) fn deactivate(&mut self) {
-        self.active = None;
-        self.blocked = None;
-        self.unfound.clear();
-        self.interval += 1;
-        self.recovery = None;
-        if std::mem::take(&mut self.recovery_block) {
-            self.changed.notify_waiters();
-        }
-    }
-}
-
-pub(crate) type PgHandle = Arc<RwLock<PgState>>;
-
-/// The members besides the primary `me` that get a PG's writes once it is activated for
-/// `acting` and `up` with `left_behind` not in sync (each once, in set order).
-pub(crate) fn write_targets(me: i32, acting: &[i32], up: &[i32], left_behind: &[i32]) -> Vec<i32> {
-    let mut to: Vec<i32> = Vec::new();
-    for &o in acting.iter().chain(up) {
-        if o != me && !left_behind.contains(&o) && !to.contains(&o) {
-            to.push(o);
-        }
-    }
-    to
-}
+pub(crate) use crate::peering_machine::write_targets;
 
 /// An activation record on its way to the monitors, with where their verdict goes.
 pub type ActivationRequest = (
     kelp_proto::PgActivation,
-    tokio::sync::oneshot::Sender<Result<kelp_proto::ActivationVerdict, String>>,
+    tokio::sync::oneshot::Sender<Result<kelp_proto::ActivationVerdict, OsdError>>,
 );
 
 pub struct OsdService {
@@ -208,8 +129,8 @@ pub struct OsdService {
     /// Client I/O counters, the full-ratio failsafe and PG count caches (`crate::stats`).
     pub(crate) stats: crate::stats::OsdStats,
     scrubber: crate::scrub::Scrubber,
-    /// Recovery throttles and slots (`crate::recovery`).
-    pub(crate) recovery: crate::recovery::RecoveryCtl,
+    /// Recovery throttles and slots (`crate::recovery_throttle`).
+    pub(crate) recovery: crate::recovery_throttle::RecoveryCtl,
     /// Commands to the monitors (a `pg_temp` request); unset in tests without monitors.
     mon_link: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>>,
     /// PG activation records to the monitors (`PgActivate`, batched by the daemon); unset in
@@ -226,6 +147,10 @@ pub struct OsdService {
 
 /// Clients count as busy on an OSD for this long after their last op.
 const CLIENTS_BUSY_FOR: Duration = Duration::from_millis(200);
+
+fn refuse(refusal: &admission::Refusal, epoch: u32) -> (OsdOpReply, Bytes) {
+    reply_err(refusal.code(), refusal.to_string(), epoch)
+}
 
 fn reply_err(code: ErrorCode, message: impl Into<String>, epoch: u32) -> (OsdOpReply, Bytes) {
     (
@@ -262,7 +187,7 @@ impl OsdService {
             map_tx,
             pgs: Mutex::new(HashMap::new()),
             stats: crate::stats::OsdStats::default(),
-            recovery: crate::recovery::RecoveryCtl::default(),
+            recovery: crate::recovery_throttle::RecoveryCtl::default(),
             mon_link: std::sync::OnceLock::new(),
             activation_link: std::sync::OnceLock::new(),
             last_client_op_ms: AtomicU64::new(u64::MAX),
@@ -287,12 +212,12 @@ impl OsdService {
     pub(crate) fn send_activation(
         &self,
         a: kelp_proto::PgActivation,
-    ) -> tokio::sync::oneshot::Receiver<Result<kelp_proto::ActivationVerdict, String>> {
+    ) -> tokio::sync::oneshot::Receiver<Result<kelp_proto::ActivationVerdict, OsdError>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         match self.activation_link.get() {
             Some(link) => {
                 if let Err(e) = link.send((a, tx)) {
-                    let _ = e.0.1.send(Err("the monitor link is closed".into()));
+                    let _ = e.0.1.send(Err(OsdError::MonLinkClosed));
                 }
             }
             None => {
@@ -383,7 +308,7 @@ impl OsdService {
                     st.active.as_deref() != Some(&m.acting[..])
                         || st.peered_up != m.up
                         || (!st.left_behind.is_empty()
-                            && st.recovery_flags != crate::recovery::recovery_flags(&map))
+                            && st.recovery_flags != crate::peering_machine::RecoveryFlags::of(&map))
                 };
                 if repeer {
                     let peering = self.clone().peer(pg, map.epoch);
@@ -425,7 +350,7 @@ impl OsdService {
                     peered_up: Vec::new(),
                     write_to: Vec::new(),
                     left_behind: Vec::new(),
-                    recovery_flags: (false, false),
+                    recovery_flags: Default::default(),
                     interval: 0,
                     recovery_block: false,
                     recovery: None,
@@ -478,35 +403,6 @@ impl OsdService {
         &self.stats
     }
 
-    /// The PG's write lock, once no write of the PG is in flight (peering and recovery work on
-    /// settled histories only).
-    pub(crate) async fn settled_write(pg: &PgHandle) -> RwLockWriteGuard<'_, PgState> {
-        loop {
-            let state = pg.write().await;
-            if state.in_flight.is_empty() {
-                return state;
-            }
-            let changed = state.changed.clone();
-            let settled = changed.notified();
-            drop(state);
-            settled.await;
-        }
-    }
-
-    /// The PG's read lock, once no write of the PG is in flight.
-    pub(crate) async fn settled_read(pg: &PgHandle) -> RwLockReadGuard<'_, PgState> {
-        loop {
-            let state = pg.read().await;
-            if state.in_flight.is_empty() {
-                return state;
-            }
-            let changed = state.changed.clone();
-            let settled = changed.notified();
-            drop(state);
-            settled.await;
-        }
-    }
-
     pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
         self.store.clone()
     }
@@ -528,7 +424,7 @@ impl OsdService {
         acting: &[i32],
         up: &[i32],
         left_behind: &[i32],
-        recovery_flags: (bool, bool),
+        recovery_flags: crate::peering_machine::RecoveryFlags,
         record_epoch: u32,
     ) -> Option<u64> {
         let map = self.map();
@@ -615,11 +511,11 @@ impl OsdService {
                 map = self.map_at_least(op.epoch).await;
             }
             let full = map.has_flag(kelp_maps::ClusterFlag::Full);
-            if let Some(why) = self
+            if let Some(refusal) = self
                 .stats
                 .refuse_full(self.cfg.id, full, &op.ops, &*self.store)
             {
-                return reply_err(ErrorCode::Full, why, map.epoch);
+                return reply_err(refusal.code(), refusal.to_string(), map.epoch);
             }
         }
         let in_bytes = data.len() as u64;
@@ -641,68 +537,46 @@ impl OsdService {
     ) -> (OsdOpReply, Bytes) {
         let map = self.map_at_least(op.epoch).await;
         let epoch = map.epoch;
-        let Some(pool) = map.pools.get(&op.pg.pool.0) else {
-            return reply_err(
-                ErrorCode::NoSuchPool,
-                format!("pool {} does not exist", op.pg.pool),
-                epoch,
-            );
+        // Admission (`crate::admission`): the map's say first, then the PG's state.
+        let pool = map.pools.get(&op.pg.pool.0);
+        let mapping = pool.map(|_| self.mappings.get(&map, op.pg));
+        let placement = admission::admit_placement(&admission::OpFacts {
+            me: self.cfg.id,
+            epoch,
+            pg: op.pg,
+            pool: pool.map(|p| admission::PoolFacts {
+                id: p.id,
+                size: p.size,
+                min_size: p.min_size,
+            }),
+            object_pool: op.object.pool,
+            object_name: &op.object.name,
+            object_pg: pool.map(|p| {
+                p.placement().object_pg(
+                    &op.object.name,
+                    op.object.key.as_deref(),
+                    &op.object.namespace,
+                )
+            }),
+            mapping: match &mapping {
+                Some(Ok(m)) => admission::Mapping::Mapped {
+                    primary: m.acting_primary,
+                    acting: &m.acting[..],
+                },
+                Some(Err(e)) => admission::Mapping::Unmappable(e.to_string()),
+                None => {
+                    admission::Mapping::Unmappable(format!("pool {} does not exist", op.pg.pool))
+                }
+            },
+        });
+        if let Err(refusal) = placement {
+            return refuse(&refusal, epoch);
+        }
+        let Some(Ok(mapping)) = mapping else {
+            unreachable!("admitted ops have a mapping")
         };
-        if op.object.pool != pool.id {
-            return reply_err(
-                ErrorCode::Invalid,
-                "the object's pool differs from the PG's",
-                epoch,
-            );
-        }
-        let expected = pool.placement().object_pg(
-            &op.object.name,
-            op.object.key.as_deref(),
-            &op.object.namespace,
-        );
-        if expected != op.pg {
-            return reply_err(
-                ErrorCode::Invalid,
-                format!(
-                    "object '{}' belongs to PG {expected}, not {}",
-                    op.object.name, op.pg
-                ),
-                epoch,
-            );
-        }
-        let mapping = match self.mappings.get(&map, op.pg) {
-            Ok(m) => m,
-            Err(e) => return reply_err(ErrorCode::Invalid, e.to_string(), epoch),
-        };
-        if mapping.acting_primary != self.cfg.id {
-            return reply_err(
-                ErrorCode::Misdirected,
-                format!(
-                    "osd.{} is not the primary of PG {} at epoch {epoch} (osd.{} is)",
-                    self.cfg.id, op.pg, mapping.acting_primary
-                ),
-                epoch,
-            );
-        }
-        if (mapping.acting.len() as u32) < pool.min_size {
-            return reply_err(
-                ErrorCode::Inactive,
-                format!(
-                    "PG {} has {} of {} replicas up, fewer than min_size {}",
-                    op.pg,
-                    mapping.acting.len(),
-                    pool.size,
-                    pool.min_size
-                ),
-                epoch,
-            );
-        }
         let Some(pg) = self.pg(op.pg) else {
-            return reply_err(
-                ErrorCode::Misdirected,
-                format!("PG {} is not open here yet", op.pg),
-                epoch,
-            );
+            return refuse(&admission::Refusal::NotOpen { pg: op.pg }, epoch);
         };
         let is_write = op.ops.iter().any(|o| o.is_write());
         if !is_write {
@@ -717,12 +591,10 @@ impl OsdService {
                 drop(state);
                 settled.await;
             };
-            if state.active.as_deref() != Some(&mapping.acting[..]) {
-                return reply_err(
-                    ErrorCode::Inactive,
-                    format!("PG {} is peering", op.pg),
-                    epoch,
-                );
+            if let Err(refusal) =
+                admission::admit_to_pg(op.pg, &mapping.acting, state.active.as_deref(), false, &[])
+            {
+                return refuse(&refusal, epoch);
             }
             let store = self.store.clone();
             let limits = self.cfg.limits;
@@ -787,26 +659,19 @@ impl OsdService {
         let oid = crate::exec::object_id(&op.object);
         let mut state = loop {
             let mut state = pg.write().await;
-            if state.active.as_deref() != Some(&mapping.acting[..]) {
-                return reply_err(
-                    ErrorCode::Inactive,
-                    format!("PG {} is peering", op.pg),
-                    epoch,
-                );
+            if state.active.as_deref() == Some(&mapping.acting[..]) {
+                state
+                    .failed_replicas
+                    .retain(|osd| mapping.acting.contains(osd));
             }
-            state
-                .failed_replicas
-                .retain(|osd| mapping.acting.contains(osd));
-            if !state.failed_replicas.is_empty() {
-                return reply_err(
-                    ErrorCode::Inactive,
-                    format!(
-                        "PG {} is degraded: replicas {:?} missed a write and are still \
-                         acting; waiting for them to be marked down or recovered",
-                        op.pg, state.failed_replicas
-                    ),
-                    epoch,
-                );
+            if let Err(refusal) = admission::admit_to_pg(
+                op.pg,
+                &mapping.acting,
+                state.active.as_deref(),
+                true,
+                &state.failed_replicas,
+            ) {
+                return refuse(&refusal, epoch);
             }
             if state.recovery_block || state.scrub_block.as_ref().is_some_and(|b| b.blocks(&oid)) {
                 // The primary is comparing this object's chunk across the members, or handing
@@ -899,7 +764,10 @@ impl OsdService {
                 // client's retry meets the re-peered PG at once.
                 let result = tokio::select! {
                     r = peers.repop(osd, addr, r, d) => r,
-                    () = left => Err(format!("osd.{osd} left the acting set")),
+                    () = left => Err(OsdError::PeerUnreachable {
+                        osd,
+                        reason: "it left the acting set".into(),
+                    }),
                 };
                 (osd, result)
             });
@@ -941,7 +809,7 @@ impl OsdService {
                     error: Some((code, msg)),
                     ..
                 }) => failures.push((osd, Some(code), format!("{code:?}: {msg}"))),
-                Err(e) => failures.push((osd, None, e)),
+                Err(e) => failures.push((osd, None, e.to_string())),
             }
         }
         if failures.is_empty() {
@@ -951,31 +819,32 @@ impl OsdService {
             .iter()
             .map(|(osd, _, why)| format!("osd.{osd}: {why}"))
             .collect();
-        let full: Vec<i32> = failures
-            .iter()
-            .filter(|(_, code, _)| *code == Some(ErrorCode::Full))
-            .map(|(osd, _, _)| *osd)
-            .collect();
-        if full.len() == failures.len() {
-            // Replicas that are out of space refused the write (and applied nothing): it
-            // fails with `Full`, and the PG rolls it back on every member by peering with a
-            // refusing replica's history as the authoritative one, then serves again. (Treating
-            // them as failed replicas would block the PG until a map change.)
-            state.deactivate();
-            tokio::spawn(
-                self.clone()
-                    .peer_with_authority(op.pg, epoch, Some(full[0])),
-            );
-            return reply_err(
-                ErrorCode::Full,
-                format!(
-                    "a replica has no space for the write ({})",
-                    detail.join("; ")
-                ),
-                epoch,
-            );
-        }
-        for (osd, _, _) in &failures {
+        let classified = admission::classify_replica_failures(
+            &failures
+                .iter()
+                .map(|(osd, code, _)| (*osd, *code))
+                .collect::<Vec<_>>(),
+        );
+        let missed = match classified {
+            admission::ReplicaFailures::AllFull { authority } => {
+                // Roll the write back on every member (see `ReplicaFailures::AllFull`).
+                state.deactivate();
+                tokio::spawn(
+                    self.clone()
+                        .peer_with_authority(op.pg, epoch, Some(authority)),
+                );
+                return reply_err(
+                    ErrorCode::Full,
+                    format!(
+                        "a replica has no space for the write ({})",
+                        detail.join("; ")
+                    ),
+                    epoch,
+                );
+            }
+            admission::ReplicaFailures::Missed { osds } => osds,
+        };
+        for osd in &missed {
             if !state.failed_replicas.contains(osd) {
                 state.failed_replicas.push(*osd);
             }
@@ -983,19 +852,21 @@ impl OsdService {
             // the next map brings it back.
             state.write_to.retain(|o| o != osd);
         }
-        // A failed replica that the current map still has in the acting set (a timeout, a
-        // lost connection, an OSD restarted before anyone noticed): peer again, which brings
-        // it back to the authoritative history (or waits for the map to drop it), instead of
-        // refusing writes until the next map change.
+        // A failed replica that the current map still has in the PG (a timeout, a lost
+        // connection, an OSD restarted before anyone noticed): peer again rather than refuse
+        // writes until the next map change (`admission::repeer_after_failures`).
         let current = self.map();
-        let still_acting = current.pg_mapping(op.pg).is_ok_and(|m| {
-            m.acting_primary == self.cfg.id
-                && state
-                    .failed_replicas
-                    .iter()
-                    .any(|o| m.acting.contains(o) || m.up.contains(o))
-        });
-        if still_acting && state.active.is_some() && current.epoch == epoch {
+        let current_mapping = current.pg_mapping(op.pg).ok();
+        if admission::repeer_after_failures(
+            self.cfg.id,
+            epoch,
+            current.epoch,
+            current_mapping
+                .as_ref()
+                .map(|m| (m.acting_primary, &m.acting[..], &m.up[..])),
+            &state.failed_replicas,
+            state.active.is_some(),
+        ) {
             state.deactivate();
             tokio::spawn(self.clone().peer(op.pg, epoch));
         }
@@ -1236,44 +1107,6 @@ impl OsdService {
         let handle = self.pg(pg)?;
         let state = handle.read().await;
         Some((state.meta.info.last_update, state.meta.len()))
-    }
-}
-
-/// Marks a write of a PG as in flight until `settle`; if the handler is dropped before that
-/// (a panic, a cancelled task), the entry is still removed, so no reader or peering waits on
-/// it forever.
-struct InFlight {
-    pg: Option<PgHandle>,
-    version: u64,
-}
-
-impl InFlight {
-    fn new(pg: PgHandle, version: u64) -> Self {
-        InFlight {
-            pg: Some(pg),
-            version,
-        }
-    }
-
-    /// Removes the entry (the caller holds the PG's write lock) and wakes the waiters.
-    fn settle(mut self, state: &mut PgState) {
-        self.pg = None;
-        state.in_flight.remove(&self.version);
-        state.changed.notify_waiters();
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let Some(pg) = self.pg.take() else { return };
-        let version = self.version;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let mut state = pg.write().await;
-                state.in_flight.remove(&version);
-                state.changed.notify_waiters();
-            });
-        }
     }
 }
 

@@ -186,26 +186,16 @@ impl OsdStats {
         map_full: bool,
         ops: &[OpKind],
         store: &dyn ObjectStore,
-    ) -> Option<String> {
-        if ops.iter().all(OpKind::allowed_when_full) {
-            return None;
-        }
-        if map_full {
-            return Some(
-                "an OSD is at or past mon_osd_full_ratio (the OSD map's full flag is set); \
-                 writes resume once space is freed"
-                    .to_string(),
-            );
-        }
-        let ratio = self.full_ratio_ppm();
-        let used = self.usage_ppm(store)?;
-        (used >= ratio).then(|| {
-            format!(
-                "osd.{osd} is {:.1}% used, at or past the full ratio {:.1}%",
-                used as f64 / 10_000.0,
-                ratio as f64 / 10_000.0
-            )
-        })
+    ) -> Option<crate::admission::Refusal> {
+        // The decision is `admission::refuse_full`; this gathers its inputs (the store's usage
+        // only when it matters).
+        let writes = !ops.iter().all(OpKind::allowed_when_full);
+        let used = if writes && !map_full {
+            self.usage_ppm(store)
+        } else {
+            None
+        };
+        crate::admission::refuse_full(osd, writes, map_full, used, self.full_ratio_ppm())
     }
 
     fn cached_count(&self, pg: PgId, last_update: (u32, u64)) -> Option<(u64, u64)> {
@@ -381,7 +371,7 @@ impl OsdService {
                     state.recovery,
                     state
                         .blocked
-                        .map(|b| b == crate::recovery::PeeringBlocked::Down),
+                        .map(|b| b == crate::peering_machine::PeeringBlocked::Down),
                     state.unfound.len() as u64,
                 )
             };
@@ -616,7 +606,10 @@ mod tests {
         t.create_collection(coll).write(coll, &oid, 0, vec![0; 960]);
         store.submit(t).unwrap().wait().unwrap();
         std::thread::sleep(SPACE_CHECK_EVERY + Duration::from_millis(10));
-        let why = s.refuse_full(3, false, &write, &store).expect("refused");
+        let why = s
+            .refuse_full(3, false, &write, &store)
+            .expect("refused")
+            .to_string();
         assert!(why.contains("osd.3") && why.contains("96.0%"), "{why}");
         assert!(s.refuse_full(3, false, &delete, &store).is_none());
         s.set_full_ratio_ppm(990_000);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kelp_maps::{OsdMap, PoolSpec};
-use kelp_osd::{Limits, OsdConfig, OsdService, Peers, Stamp, execute};
+use kelp_osd::{Limits, OsdConfig, OsdError, OsdService, Peers, Stamp, execute};
 use kelp_proto::{
     ErrorCode, ObjectLocator, OpKind, OsdOp, OsdOpReply, PgCommand, PgCommandKind, PgPull,
     PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
@@ -30,14 +30,20 @@ struct LocalPeers {
 }
 
 impl LocalPeers {
-    fn get(&self, osd: i32) -> Result<Arc<OsdService>, String> {
+    fn get(&self, osd: i32) -> Result<Arc<OsdService>, OsdError> {
         if self.dead.lock().unwrap().contains(&osd) {
-            return Err(format!("connection to osd.{osd} lost"));
+            return Err(OsdError::PeerUnreachable {
+                osd,
+                reason: "connection lost".into(),
+            });
         }
         self.osds
             .get()
             .and_then(|m| m.get(&osd).cloned())
-            .ok_or_else(|| format!("osd.{osd} is not reachable yet"))
+            .ok_or_else(|| OsdError::PeerUnreachable {
+                osd,
+                reason: "not reachable yet".into(),
+            })
     }
 }
 
@@ -49,18 +55,29 @@ impl Peers for LocalPeers {
         _addr: SocketAddr,
         op: RepOp,
         data: Bytes,
-    ) -> Result<RepOpReply, String> {
+    ) -> Result<RepOpReply, OsdError> {
         let target = self.get(osd)?;
         let hold = self.hold.lock().unwrap().clone();
         if let Some(hold) = hold {
-            let _permit = hold.acquire().await.map_err(|e| e.to_string())?;
+            let _permit = hold
+                .acquire()
+                .await
+                .map_err(|e| OsdError::PeerUnreachable {
+                    osd,
+                    reason: e.to_string(),
+                })?;
         }
         if self.reorder.load(Ordering::Relaxed) && op.log_version % 2 == 1 {
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
         Ok(target.repop(op, data).await)
     }
-    async fn query(&self, osd: i32, _addr: SocketAddr, q: PgQuery) -> Result<PgQueryReply, String> {
+    async fn query(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        q: PgQuery,
+    ) -> Result<PgQueryReply, OsdError> {
         Ok(self.get(osd)?.pg_query(q).await)
     }
     async fn pull(
@@ -68,10 +85,10 @@ impl Peers for LocalPeers {
         osd: i32,
         _addr: SocketAddr,
         p: PgPull,
-    ) -> Result<(PgPullReply, Bytes), String> {
+    ) -> Result<(PgPullReply, Bytes), OsdError> {
         Ok(self.get(osd)?.pg_pull(p).await)
     }
-    async fn sync(&self, osd: i32, _addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, String> {
+    async fn sync(&self, osd: i32, _addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, OsdError> {
         Ok(self.get(osd)?.pg_sync(s).await)
     }
     async fn scrub_map(
@@ -79,7 +96,7 @@ impl Peers for LocalPeers {
         osd: i32,
         _addr: SocketAddr,
         r: ScrubMapRequest,
-    ) -> Result<ScrubMapReply, String> {
+    ) -> Result<ScrubMapReply, OsdError> {
         if self.slow_scrub.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -91,7 +108,7 @@ impl Peers for LocalPeers {
         _addr: SocketAddr,
         p: PgPush,
         data: Bytes,
-    ) -> Result<PgPushReply, String> {
+    ) -> Result<PgPushReply, OsdError> {
         Ok(self.get(osd)?.pg_push(p, data).await)
     }
 }
