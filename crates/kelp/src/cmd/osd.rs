@@ -203,7 +203,7 @@ pub async fn unclean_pgs(rados: &kelp_client::Rados) -> Result<Vec<String>> {
         MonReply::PgStats(d) => Ok(d
             .pgs
             .iter()
-            .filter(|p| p.state_name != "active+clean")
+            .filter(|p| p.state_name.parse() != Ok(kelp_health::PgState::ACTIVE_CLEAN))
             .map(|p| format!("pg {} is {}", p.stat.pg, p.state_name))
             .collect()),
         other => bail!("asking the monitors for PG states: unexpected reply {other:?}"),
