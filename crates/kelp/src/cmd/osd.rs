@@ -273,7 +273,7 @@ fn set_flag(a: FlagArgs, on: bool, g: &crate::cmd::common::Global) -> Result<Exi
 fn run_daemon(a: RunArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     common::init_logging("info");
     let conf_path = g.conf.path();
-    let conf = kelp_client::ClusterConf::load(&conf_path)?;
+    let conf = kelp_config::ClusterConf::load(&conf_path)?;
     let keyring = kelp_msgr::Keyring::load(&conf.global.keyring)
         .with_context(|| format!("keyring {}", conf.global.keyring.display()))?;
     let weight = kelp_crush::weight_from_f32(a.weight)
