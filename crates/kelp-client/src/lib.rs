@@ -31,9 +31,11 @@ mod ops;
 mod rados;
 mod scrub;
 
-pub use config::{ClientConfig, ClusterConf, GlobalSection, OsdSection};
+pub use config::ClientConfig;
 pub use error::ClientError;
 pub use ioctx::{IoCtx, ObjectStat};
+/// The `kelp.conf` schema, from `kelp-config` (kept here so clients need one import).
+pub use kelp_config::{ClusterConf, ConfFileError, GlobalSection, OsdSection};
 /// Pool parameters for [`Rados::create_pool`].
 pub use kelp_maps::PoolSpec;
 pub use ops::{ReadOp, ReadResult, WriteOp};

@@ -42,12 +42,15 @@ pub struct LivenessParams {
 }
 
 impl Default for LivenessParams {
+    /// The registry's defaults of the keys named on the fields.
     fn default() -> Self {
+        use kelp_config::keys;
+        let down_out = keys::MON_OSD_DOWN_OUT_INTERVAL.default.as_duration();
         LivenessParams {
-            session_grace: Duration::from_secs(5),
-            report_grace: Duration::from_secs(6),
-            min_down_reporters: 2,
-            down_out_interval: Some(Duration::from_secs(600)),
+            session_grace: keys::MON_OSD_SESSION_GRACE.default.as_duration(),
+            report_grace: keys::OSD_HEARTBEAT_GRACE.default.as_duration(),
+            min_down_reporters: keys::MON_OSD_MIN_DOWN_REPORTERS.default.as_u64() as usize,
+            down_out_interval: (!down_out.is_zero()).then_some(down_out),
         }
     }
 }

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use kelp_config::keys;
 use kelp_maps::OsdMap;
 use kelp_msgr::{
     Dispatcher, KeyLookup, Keyring, Messenger, Peer, RemoteError, Request, Response, Secret,
@@ -717,9 +718,9 @@ impl Inner {
         let who = format!("osd.{}", report.osd);
         let interval = a
             .state
-            .config_value(&who, "osd_stats_interval")
+            .config_value(&who, keys::OSD_STATS_INTERVAL.name)
             .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(2.0);
+            .unwrap_or(keys::OSD_STATS_INTERVAL.default.as_f64());
         let ack = StatsAck {
             interval_ms: (interval * 1000.0) as u64,
             full_ratio_ppm: full_ratios(&a.state).full_ppm,
@@ -894,9 +895,9 @@ fn full_ratios(state: &crate::state::MonState) -> FullRatios {
 /// at least 5 s.
 fn stale_after(state: &crate::state::MonState) -> f64 {
     let interval = state
-        .config_value("osd", "osd_stats_interval")
+        .config_value("osd", keys::OSD_STATS_INTERVAL.name)
         .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(2.0);
+        .unwrap_or(keys::OSD_STATS_INTERVAL.default.as_f64());
     (3.0 * interval).max(5.0)
 }
 
@@ -1011,9 +1012,9 @@ fn liveness_params(state: &crate::state::MonState) -> LivenessParams {
         session_grace: secs("mon_osd_session_grace"),
         report_grace: secs("osd_heartbeat_grace"),
         min_down_reporters: state
-            .config_value("mon", "mon_osd_min_down_reporters")
+            .config_value("mon", keys::MON_OSD_MIN_DOWN_REPORTERS.name)
             .and_then(|v| v.parse().ok())
-            .unwrap_or(2),
+            .unwrap_or(keys::MON_OSD_MIN_DOWN_REPORTERS.default.as_u64() as usize),
         down_out_interval: (down_out > 0.0).then(|| Duration::from_secs_f64(down_out)),
     }
 }

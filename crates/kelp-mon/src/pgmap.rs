@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use kelp_maps::OsdMap;
 use kelp_proto::{
     Fullness, IoCounters, IoRates, OsdStatsReport, OsdSummary, PgMapDigest, PgMapTotals, PgStat,
-    PgStateFlag, PgSummary, RecoveryCounters, RecoveryRates, pg_state_name,
+    PgState, PgStateFlag, PgSummary, RecoveryCounters, RecoveryRates,
 };
 use kelp_types::PgId;
 
@@ -246,7 +246,7 @@ impl PgMap {
                 totals.misplaced_objects += stat.num_objects_misplaced;
                 totals.unfound_objects += stat.num_objects_unfound;
                 pgs.push(PgSummary {
-                    state_name: pg_state_name(&stat.state),
+                    state_name: PgState::from_flags(&stat.state).to_string(),
                     stat,
                     reported,
                 });

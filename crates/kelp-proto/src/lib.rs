@@ -31,8 +31,8 @@ pub use scrub::{
 };
 pub use stats::{
     Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdStatsReportV1, OsdSummary,
-    PG_STATE_ORDER, PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgStateFlag, PgSummary,
-    RecoveryCounters, RecoveryRates, StatsAck, pg_state_name,
+    PG_STATE_ORDER, PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgState, PgStateFlag, PgSummary,
+    RecoveryCounters, RecoveryRates, StatsAck, UnknownPgState, pg_state_name,
 };
 
 /// Message types carried in the messenger's frame header.

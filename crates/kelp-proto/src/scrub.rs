@@ -149,23 +149,29 @@ pub struct PgScrubSummary {
 }
 
 impl PgScrubSummary {
-    /// The state words this summary adds to a PG's state (`inconsistent`, `scrubbing`,
-    /// `deep`, `repair`), in Ceph's order.
-    pub fn state_words(&self) -> Vec<&'static str> {
-        let mut w = Vec::new();
+    /// The states this summary adds to a PG's state (`scrubbing`, `deep`, `inconsistent`,
+    /// `repair`).
+    pub fn state(&self) -> crate::PgState {
+        use crate::PgStateFlag as F;
+        let mut s = crate::PgState::UNKNOWN;
         if self.num_objects_inconsistent > 0 {
-            w.push("inconsistent");
+            s.insert(F::Inconsistent);
         }
         if self.scrubbing {
-            w.push("scrubbing");
+            s.insert(F::Scrubbing);
             if self.deep {
-                w.push("deep");
+                s.insert(F::Deep);
             }
             if self.repair {
-                w.push("repair");
+                s.insert(F::Repair);
             }
         }
-        w
+        s
+    }
+
+    /// The names of [`PgScrubSummary::state`], in Ceph's order.
+    pub fn state_words(&self) -> Vec<&'static str> {
+        self.state().names()
     }
 }
 

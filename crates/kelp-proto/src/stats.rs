@@ -103,19 +103,140 @@ impl PgStateFlag {
     }
 }
 
-/// Ceph's printed form of a set of states: names joined by `+` in [`PG_STATE_ORDER`];
-/// `unknown` for none.
-pub fn pg_state_name(flags: &[PgStateFlag]) -> String {
-    let names: Vec<&str> = PG_STATE_ORDER
-        .iter()
-        .filter(|f| flags.contains(f))
-        .map(|f| f.name())
-        .collect();
-    if names.is_empty() {
-        "unknown".to_string()
-    } else {
-        names.join("+")
+impl PgStateFlag {
+    /// The flag named `word` (Ceph's name, as [`PgStateFlag::name`] prints it).
+    pub fn from_name(word: &str) -> Option<PgStateFlag> {
+        PG_STATE_ORDER.iter().copied().find(|f| f.name() == word)
     }
+
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+/// A PG's states as a set: the one place PG state names are composed and parsed.
+///
+/// `Display` prints Ceph's form (names joined by `+` in [`PG_STATE_ORDER`]: `active+clean`,
+/// `stale+active+undersized+degraded`; `unknown` for the empty set) and `FromStr` reads it
+/// back. On the wire a PG's states travel as a list of [`PgStateFlag`]s (`PgStat::state`) and
+/// as this printed form (`PgSummary::state_name`); both convert to and from a `PgState`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct PgState(u32);
+
+/// A word that is not a PG state name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown PG state '{word}'")]
+pub struct UnknownPgState {
+    pub word: String,
+}
+
+impl PgState {
+    /// No state: printed `unknown` (nothing reported).
+    pub const UNKNOWN: PgState = PgState(0);
+    /// `active+clean`: what every PG of a healthy, settled cluster is.
+    pub const ACTIVE_CLEAN: PgState =
+        PgState((1 << PgStateFlag::Active as u32) | (1 << PgStateFlag::Clean as u32));
+
+    pub fn from_flags(flags: &[PgStateFlag]) -> PgState {
+        flags.iter().fold(PgState::UNKNOWN, |s, f| s.with(*f))
+    }
+
+    /// This set and `flag`.
+    #[must_use]
+    pub fn with(self, flag: PgStateFlag) -> PgState {
+        PgState(self.0 | flag.bit())
+    }
+
+    /// Both sets' states.
+    #[must_use]
+    pub fn union(self, other: PgState) -> PgState {
+        PgState(self.0 | other.0)
+    }
+
+    pub fn insert(&mut self, flag: PgStateFlag) {
+        self.0 |= flag.bit();
+    }
+
+    pub fn contains(self, flag: PgStateFlag) -> bool {
+        self.0 & flag.bit() != 0
+    }
+
+    pub fn is_unknown(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Serving I/O now: `active` and not `stale` (a stale PG's primary has stopped reporting).
+    pub fn is_active(self) -> bool {
+        self.contains(PgStateFlag::Active) && !self.contains(PgStateFlag::Stale)
+    }
+
+    /// Active and clean, not stale (scrubbing or inconsistent or not).
+    pub fn is_active_clean(self) -> bool {
+        self.is_active() && self.contains(PgStateFlag::Clean)
+    }
+
+    /// The flags in Ceph's order.
+    pub fn flags(self) -> impl Iterator<Item = PgStateFlag> {
+        PG_STATE_ORDER
+            .iter()
+            .copied()
+            .filter(move |f| self.contains(*f))
+    }
+
+    /// The flags' names in Ceph's order (empty for `unknown`).
+    pub fn names(self) -> Vec<&'static str> {
+        self.flags().map(PgStateFlag::name).collect()
+    }
+
+    /// The flags in Ceph's order, as `PgStat::state` carries them.
+    pub fn to_flags(self) -> Vec<PgStateFlag> {
+        self.flags().collect()
+    }
+}
+
+impl From<&[PgStateFlag]> for PgState {
+    fn from(flags: &[PgStateFlag]) -> PgState {
+        PgState::from_flags(flags)
+    }
+}
+
+impl std::fmt::Display for PgState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_unknown() {
+            return f.write_str("unknown");
+        }
+        for (i, name) in self.flags().map(PgStateFlag::name).enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            f.write_str(name)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for PgState {
+    type Err = UnknownPgState;
+
+    /// Reads Ceph's printed form, words in any order; `unknown` (alone) is the empty set.
+    fn from_str(s: &str) -> Result<PgState, UnknownPgState> {
+        if s == "unknown" {
+            return Ok(PgState::UNKNOWN);
+        }
+        s.split('+').try_fold(PgState::UNKNOWN, |state, word| {
+            PgStateFlag::from_name(word)
+                .map(|f| state.with(f))
+                .ok_or_else(|| UnknownPgState {
+                    word: word.to_string(),
+                })
+        })
+    }
+}
+
+/// Ceph's printed form of a set of states ([`PgState`]'s `Display`): names joined by `+` in
+/// [`PG_STATE_ORDER`]; `unknown` for none.
+pub fn pg_state_name(flags: &[PgStateFlag]) -> String {
+    PgState::from_flags(flags).to_string()
 }
 
 /// Capacity and usage of an OSD's store, bytes.
@@ -379,6 +500,49 @@ mod tests {
         assert_eq!(old, sample_v1());
         assert!(OsdStatsReport::decode(&[]).is_err());
         assert!(OsdStatsReport::decode(&[9, 1]).is_err());
+    }
+
+    #[test]
+    fn pg_state_prints_and_parses_ceph_names() {
+        use std::str::FromStr;
+        let s = PgState::from_flags(&[
+            PgStateFlag::Inconsistent,
+            PgStateFlag::Deep,
+            PgStateFlag::Scrubbing,
+            PgStateFlag::Clean,
+            PgStateFlag::Active,
+        ]);
+        assert_eq!(s.to_string(), "active+clean+scrubbing+deep+inconsistent");
+        assert_eq!(PgState::from_str(&s.to_string()), Ok(s));
+        assert_eq!(
+            PgState::from_str("degraded+active+undersized")
+                .unwrap()
+                .to_string(),
+            "active+undersized+degraded"
+        );
+        assert_eq!(PgState::from_str("unknown"), Ok(PgState::UNKNOWN));
+        assert_eq!(PgState::UNKNOWN.to_string(), "unknown");
+        assert_eq!(
+            PgState::from_str("active+frobbing").unwrap_err().word,
+            "frobbing"
+        );
+        assert!(PgState::from_str("active+clean").unwrap().is_active_clean());
+        assert!(
+            !PgState::from_str("stale+active+clean")
+                .unwrap()
+                .is_active_clean()
+        );
+        assert!(
+            PgState::from_str("active+clean+inconsistent")
+                .unwrap()
+                .is_active_clean()
+        );
+        assert!(!PgState::from_str("peering").unwrap().is_active());
+        // every flag round-trips through its name
+        for f in PG_STATE_ORDER {
+            assert_eq!(PgStateFlag::from_name(f.name()), Some(*f));
+            assert_eq!(PgState::UNKNOWN.with(*f).to_flags(), vec![*f]);
+        }
     }
 
     #[test]

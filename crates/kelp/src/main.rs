@@ -70,8 +70,8 @@ enum Command {
     /// `list-inconsistent`.
     #[command(subcommand)]
     Pg(cmd::pg::PgCommand),
-    /// Central configuration kept by the monitors: set, get, rm, dump.
-    #[command(subcommand)]
+    /// Central configuration kept by the monitors: set, get, rm, dump; help on every key.
+    #[command(subcommand, disable_help_subcommand = true)]
     Config(cmd::config::ConfigCommand),
     /// The S3 gateway daemon: a stateless S3 service on the cluster (run as many as you like).
     Rgw(cmd::rgw::RgwArgs),

@@ -21,6 +21,15 @@ pub enum ConfigCommand {
     Rm(GetArgs),
     /// Every centrally set value.
     Dump(DumpArgs),
+    /// What KEY does: its type, default, accepted range and who reads it; without KEY, every
+    /// key the monitors accept (no cluster needed).
+    Help(HelpArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct HelpArgs {
+    /// The option's name; all of them when omitted.
+    pub key: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -53,7 +62,57 @@ async fn dump(conf: &ConfArgs) -> Result<Vec<ConfigEntry>> {
     }
 }
 
+/// `kelp config help [KEY]`: the registry, no cluster needed.
+fn help(a: &HelpArgs, format: OutputFormat) -> Result<ExitCode> {
+    let defs: Vec<&kelp_config::KeyDef> = match &a.key {
+        Some(k) => match kelp_config::key_def(k) {
+            Some(d) => vec![d],
+            None => bail!("unknown config key '{k}' (`kelp config help` lists them)"),
+        },
+        None => kelp_config::KEYS.to_vec(),
+    };
+    match format {
+        OutputFormat::Json => {
+            let v: Vec<_> = defs
+                .iter()
+                .map(|d| {
+                    serde_json::json!({"name": d.name, "type": d.kind().name(),
+                        "default": d.default.to_string(), "range": d.range(),
+                        "read_by": d.readers, "description": d.doc})
+                })
+                .collect();
+            if a.key.is_some() {
+                println!("{}", serde_json::to_string_pretty(&v[0])?);
+            } else {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+        }
+        OutputFormat::Plain if a.key.is_some() => {
+            print!("{}", kelp_config::keys::help_text(defs[0]))
+        }
+        OutputFormat::Plain => {
+            println!(
+                "{:<28} {:<8} {:<8} DESCRIPTION",
+                "OPTION", "TYPE", "DEFAULT"
+            );
+            for d in defs {
+                println!(
+                    "{:<28} {:<8} {:<8} {}",
+                    d.name,
+                    d.kind().name(),
+                    d.default.to_string(),
+                    d.doc
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(cmd: ConfigCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
+    if let ConfigCommand::Help(a) = &cmd {
+        return help(a, g.format);
+    }
     let rt = common::runtime()?;
     rt.block_on(async move {
         match cmd {
@@ -96,6 +155,7 @@ pub fn run(cmd: ConfigCommand, g: &crate::cmd::common::Global) -> Result<ExitCod
                     ),
                 }
             }
+            ConfigCommand::Help(_) => unreachable!("answered without a cluster above"),
             ConfigCommand::Dump(_) => {
                 let entries = dump(&g.conf).await?;
                 match g.format {

@@ -203,7 +203,7 @@ pub async fn unclean_pgs(rados: &kelp_client::Rados) -> Result<Vec<String>> {
         MonReply::PgStats(d) => Ok(d
             .pgs
             .iter()
-            .filter(|p| p.state_name != "active+clean")
+            .filter(|p| p.state_name.parse() != Ok(kelp_health::PgState::ACTIVE_CLEAN))
             .map(|p| format!("pg {} is {}", p.stat.pg, p.state_name))
             .collect()),
         other => bail!("asking the monitors for PG states: unexpected reply {other:?}"),
@@ -273,7 +273,7 @@ fn set_flag(a: FlagArgs, on: bool, g: &crate::cmd::common::Global) -> Result<Exi
 fn run_daemon(a: RunArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     common::init_logging("info");
     let conf_path = g.conf.path();
-    let conf = kelp_client::ClusterConf::load(&conf_path)?;
+    let conf = kelp_config::ClusterConf::load(&conf_path)?;
     let keyring = kelp_msgr::Keyring::load(&conf.global.keyring)
         .with_context(|| format!("keyring {}", conf.global.keyring.display()))?;
     let weight = kelp_crush::weight_from_f32(a.weight)

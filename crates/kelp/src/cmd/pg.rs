@@ -94,18 +94,7 @@ pub fn run_pg(cmd: PgCommand, g: &crate::cmd::common::Global) -> Result<ExitCode
         })
         .collect();
     let state_of = |p: &kelp_proto::PgSummary| {
-        let mut state = p.state_name.clone();
-        for w in scrubs
-            .get(&p.stat.pg)
-            .map(|s| s.state_words())
-            .unwrap_or_default()
-        {
-            if !state.split('+').any(|have| have == w) {
-                state.push('+');
-                state.push_str(w);
-            }
-        }
-        state
+        kelp_health::pg_state_with_scrub(&p.state_name, scrubs.get(&p.stat.pg))
     };
     match g.format {
         OutputFormat::Json => {

@@ -2,9 +2,9 @@
 //!
 //! PG states, object counts, usage and client I/O rates come from the leader monitor's digest
 //! of the OSDs' statistics reports (`MonCommand::PgStats`); OSD up/in and flags come from the
-//! OSD map. Health checks use Ceph's names: `OSD_DOWN`, `OSDMAP_FLAGS`, `OSD_FULL`,
-//! `OSD_BACKFILLFULL`, `OSD_NEARFULL`, `PG_AVAILABILITY`, `PG_DEGRADED`, `OBJECT_MISPLACED`,
-//! `OBJECT_UNFOUND`, `TOO_FEW_OSDS`.
+//! OSD map. The health checks (Ceph's names: `OSD_DOWN`, `OSDMAP_FLAGS`, `OSD_FULL`, …,
+//! `PG_DAMAGED`) and PG state names are computed by `kelp-health`; this module gathers its
+//! inputs from the cluster and prints the results.
 //!
 //! While objects are degraded or misplaced, the recovery rate (the leader's sum of the OSDs'
 //! recovery counters, Ceph's `recovering_objects_per_sec` / `recovering_bytes_per_sec`) and a
@@ -17,10 +17,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use kelp_maps::{ClusterFlag, OsdMap};
-use kelp_proto::{
-    ClusterStatus, Fullness, MonCommand, MonReply, PgMapDigest, PgMapTotals, RecoveryRates,
-};
+use kelp_health::{HealthCheck, Severity};
+use kelp_maps::OsdMap;
+use kelp_proto::{ClusterStatus, MonCommand, MonReply, PgMapDigest, PgMapTotals, RecoveryRates};
 
 use crate::cmd::OutputFormat;
 use crate::cmd::common::{self, ConfArgs};
@@ -43,34 +42,19 @@ pub struct HealthArgs {
     pub timeout: u64,
 }
 
-/// One failed health check (Ceph's stable names).
-#[derive(Debug, Clone)]
-pub struct Check {
-    pub name: &'static str,
-    pub severity: &'static str,
-    pub summary: String,
-    pub detail: Vec<String>,
-}
-
 pub struct Report {
     pub map: std::sync::Arc<OsdMap>,
     pub mon: Option<ClusterStatus>,
     /// The leader's statistics digest (`None` if the monitors could not give one).
     pub digest: Option<PgMapDigest>,
-    pub checks: Vec<Check>,
+    pub checks: Vec<HealthCheck>,
     pub pgs_by_state: BTreeMap<String, u32>,
     pub num_pgs: u32,
 }
 
 impl Report {
-    pub fn status(&self) -> &'static str {
-        if self.checks.iter().any(|c| c.severity == "HEALTH_ERR") {
-            "HEALTH_ERR"
-        } else if self.checks.is_empty() {
-            "HEALTH_OK"
-        } else {
-            "HEALTH_WARN"
-        }
+    pub fn status(&self) -> Severity {
+        kelp_health::overall(&self.checks)
     }
 
     pub fn totals(&self) -> PgMapTotals {
@@ -83,14 +67,7 @@ impl Report {
 
     /// PGs whose state is active and clean (scrubbing or not), not stale.
     pub fn clean_pgs(&self) -> u32 {
-        self.pgs_by_state
-            .iter()
-            .filter(|(s, _)| {
-                let w: Vec<&str> = s.split('+').collect();
-                w.contains(&"active") && w.contains(&"clean") && !w.contains(&"stale")
-            })
-            .map(|(_, n)| n)
-            .sum()
+        kelp_health::clean_pgs(&self.pgs_by_state)
     }
 
     pub fn progress(&self) -> Option<RecoveryProgress> {
@@ -201,15 +178,6 @@ pub fn progress_lines(p: &RecoveryProgress) -> [String; 2] {
     ]
 }
 
-/// `part / whole` as a percentage with three decimals, as Ceph prints ratios.
-fn percent(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 * 100.0 / whole as f64
-    }
-}
-
 /// Bytes the way Ceph prints them (`4.5 MiB`, `300 GiB`).
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -226,272 +194,23 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-/// Evaluates the health checks from the map and the statistics digest (pure).
-pub fn health_checks(map: &OsdMap, digest: Option<&PgMapDigest>) -> Vec<Check> {
-    let mut checks = Vec::new();
-    let down: Vec<String> = map
-        .osds
-        .values()
-        .filter(|o| !o.up && o.is_in())
-        .map(|o| format!("osd.{} is down", o.id))
-        .collect();
-    if !down.is_empty() {
-        checks.push(Check {
-            name: "OSD_DOWN",
-            severity: "HEALTH_WARN",
-            summary: format!("{} osds down", down.len()),
-            detail: down,
-        });
-    }
-    let flags: Vec<String> = map
-        .flags
-        .iter()
-        .filter(|f| **f != ClusterFlag::Full)
-        .map(|f| f.to_string())
-        .collect();
-    if !flags.is_empty() {
-        checks.push(Check {
-            name: "OSDMAP_FLAGS",
-            severity: "HEALTH_WARN",
-            summary: format!("{} flag(s) set", flags.join(",")),
-            detail: vec![],
-        });
-    }
-    let by_fullness = |level: Fullness, what: &str| -> Vec<String> {
-        digest
-            .map(|d| {
-                d.osds
-                    .iter()
-                    .filter(|o| o.up && o.fullness == level)
-                    .map(|o| {
-                        format!(
-                            "osd.{} is {what} ({:.1}% used)",
-                            o.id,
-                            percent(o.space.used, o.space.total)
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let ratio = |ppm: Option<u32>| ppm.map_or(String::new(), |p| format!("{}", p as f64 / 1e6));
-    let full = by_fullness(Fullness::Full, "full");
-    if !full.is_empty() || map.has_flag(ClusterFlag::Full) {
-        let summary = if full.is_empty() {
-            "the full flag is set (waiting for the OSDs' next reports)".to_string()
-        } else {
-            format!(
-                "{} full osd(s) (full ratio {}): writes are refused",
-                full.len(),
-                ratio(digest.map(|d| d.full_ratio_ppm))
-            )
-        };
-        checks.push(Check {
-            name: "OSD_FULL",
-            severity: "HEALTH_ERR",
-            summary,
-            detail: full,
-        });
-    }
-    let backfillfull = by_fullness(Fullness::BackfillFull, "backfill full");
-    if !backfillfull.is_empty() {
-        checks.push(Check {
-            name: "OSD_BACKFILLFULL",
-            severity: "HEALTH_WARN",
-            summary: format!(
-                "{} backfillfull osd(s) (backfillfull ratio {})",
-                backfillfull.len(),
-                ratio(digest.map(|d| d.backfillfull_ratio_ppm))
-            ),
-            detail: backfillfull,
-        });
-    }
-    let nearfull = by_fullness(Fullness::NearFull, "near full");
-    if !nearfull.is_empty() {
-        checks.push(Check {
-            name: "OSD_NEARFULL",
-            severity: "HEALTH_WARN",
-            summary: format!(
-                "{} nearfull osd(s) (nearfull ratio {})",
-                nearfull.len(),
-                ratio(digest.map(|d| d.nearfull_ratio_ppm))
-            ),
-            detail: nearfull,
-        });
-    }
-    if let Some(d) = digest {
-        let mut inactive = Vec::new();
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut degraded = Vec::new();
-        let (mut n_degraded, mut n_undersized) = (0, 0);
-        for p in &d.pgs {
-            let states: Vec<&str> = p.state_name.split('+').collect();
-            let active = states.contains(&"active");
-            let stale = states.contains(&"stale");
-            if !active || stale {
-                inactive.push(format!(
-                    "pg {} is {}, acting {:?}",
-                    p.stat.pg, p.state_name, p.stat.acting
-                ));
-                for s in [
-                    "unknown",
-                    "peering",
-                    "stale",
-                    "down",
-                    "incomplete",
-                    "peered",
-                ] {
-                    if states.contains(&s) {
-                        *counts.entry(s).or_default() += 1;
-                    }
-                }
-            }
-            let is_degraded = states.contains(&"degraded");
-            let is_undersized = states.contains(&"undersized");
-            n_degraded += usize::from(is_degraded);
-            n_undersized += usize::from(is_undersized);
-            if is_degraded || is_undersized {
-                degraded.push(format!(
-                    "pg {} is {}, acting {:?}",
-                    p.stat.pg, p.state_name, p.stat.acting
-                ));
-            }
-        }
-        if !inactive.is_empty() {
-            let mut parts = vec![format!("{} pgs inactive", inactive.len())];
-            parts.extend(counts.iter().map(|(s, n)| format!("{n} pgs {s}")));
-            checks.push(Check {
-                name: "PG_AVAILABILITY",
-                severity: "HEALTH_ERR",
-                summary: format!("Reduced data availability: {}", parts.join(", ")),
-                detail: inactive,
-            });
-        }
-        let t = &d.totals;
-        if !degraded.is_empty() || t.degraded_objects > 0 {
-            let mut parts = Vec::new();
-            if t.degraded_objects > 0 {
-                parts.push(format!(
-                    "{}/{} objects degraded ({:.3}%)",
-                    t.degraded_objects,
-                    t.degraded_total,
-                    percent(t.degraded_objects, t.degraded_total)
-                ));
-            }
-            if n_degraded > 0 {
-                parts.push(format!("{n_degraded} pgs degraded"));
-            }
-            if n_undersized > 0 {
-                parts.push(format!("{n_undersized} pgs undersized"));
-            }
-            checks.push(Check {
-                name: "PG_DEGRADED",
-                severity: "HEALTH_WARN",
-                summary: format!("Degraded data redundancy: {}", parts.join(", ")),
-                detail: degraded,
-            });
-        }
-        if t.misplaced_objects > 0 {
-            checks.push(Check {
-                name: "OBJECT_MISPLACED",
-                severity: "HEALTH_WARN",
-                summary: format!(
-                    "{}/{} objects misplaced ({:.3}%)",
-                    t.misplaced_objects,
-                    t.degraded_total,
-                    percent(t.misplaced_objects, t.degraded_total)
-                ),
-                detail: vec![],
-            });
-        }
-        if t.unfound_objects > 0 {
-            checks.push(Check {
-                name: "OBJECT_UNFOUND",
-                severity: "HEALTH_WARN",
-                summary: format!("{} objects unfound", t.unfound_objects),
-                detail: d
-                    .pgs
-                    .iter()
-                    .filter(|p| p.stat.num_objects_unfound > 0)
-                    .map(|p| {
-                        format!(
-                            "pg {} has {} unfound objects (every in-sync copy unreadable; \
-                             names in the primary osd.{}'s log): overwrite or remove them",
-                            p.stat.pg,
-                            p.stat.num_objects_unfound,
-                            p.stat.acting.first().copied().unwrap_or(-1)
-                        )
-                    })
-                    .collect(),
-            });
-        }
-    } else if map.pools.values().any(|p| p.pg_num > 0) {
-        checks.push(Check {
-            name: "PG_AVAILABILITY",
-            severity: "HEALTH_ERR",
-            summary: "PG states unknown: the monitors gave no statistics".into(),
-            detail: vec![],
-        });
-    }
-    if map.osds.is_empty() {
-        checks.push(Check {
-            name: "TOO_FEW_OSDS",
-            severity: "HEALTH_WARN",
-            summary: "no OSDs".into(),
-            detail: vec![],
-        });
-    }
-    checks
-}
-
 /// Adds to `PG_AVAILABILITY`'s detail, for each `down` or `incomplete` PG, the OSDs it waits
-/// for: the members of its activation record (the last OSDs known to hold all its writes).
+/// for: the members of its activation record (asked from the monitors).
 async fn explain_blocked_pgs(
     rados: &kelp_client::Rados,
     map: &OsdMap,
     d: &PgMapDigest,
-    checks: &mut [Check],
+    checks: &mut [HealthCheck],
 ) {
-    let Some(check) = checks.iter_mut().find(|c| c.name == "PG_AVAILABILITY") else {
-        return;
-    };
-    for p in &d.pgs {
-        let states: Vec<&str> = p.state_name.split('+').collect();
-        let down = states.contains(&"down");
-        if !down && !states.contains(&"incomplete") {
-            continue;
-        }
+    for p in kelp_health::blocked_pgs(d) {
         let Ok(MonReply::PgRecord(Some(r))) = rados
             .mon_command(MonCommand::PgRecordGet { pg: p.stat.pg })
             .await
         else {
             continue;
         };
-        let prefix = format!("pg {} is {}", p.stat.pg, p.state_name);
-        let osds: Vec<String> = r
-            .members
-            .iter()
-            .map(|o| {
-                let state = if map.is_up(*o) { "up" } else { "down" };
-                format!("osd.{o} ({state})")
-            })
-            .collect();
-        let why = if down {
-            "waiting for one of the OSDs that held its latest writes"
-        } else {
-            "the OSDs that held its latest writes answered without them"
-        };
-        let line = format!(
-            "{prefix}, acting {:?}: {why}: {}; bring one back, or give up on its data with \
-             `kelp osd lost ID --yes-i-really-mean-it`",
-            p.stat.acting,
-            osds.join(", ")
-        );
-        if let Some(l) = check.detail.iter_mut().find(|l| l.starts_with(&prefix)) {
-            *l = line;
-        } else {
-            check.detail.push(line);
-        }
+        let members: Vec<(i32, bool)> = r.members.iter().map(|o| (*o, map.is_up(*o))).collect();
+        kelp_health::explain_blocked_pg(checks, p, &members);
     }
 }
 
@@ -516,31 +235,20 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
         .await;
     }
     let map = rados.osd_map();
-    let mut checks = health_checks(&map, digest.as_ref());
-    if let Some(d) = &digest {
-        explain_blocked_pgs(&rados, &map, d, &mut checks).await;
-    }
     // scrub states and errors come from the primaries themselves (one request per up OSD)
     let scrubs =
         crate::cmd::scrub::scrub_summaries(&rados, std::time::Duration::from_secs(2)).await;
-    checks.extend(crate::cmd::scrub::scrub_checks(&scrubs));
+    let mut checks = kelp_health::health_checks(&map, digest.as_ref(), &scrubs);
+    if let Some(d) = &digest {
+        explain_blocked_pgs(&rados, &map, d, &mut checks).await;
+    }
     let mut pgs_by_state: BTreeMap<String, u32> = BTreeMap::new();
     let mut num_pgs = 0;
     match &digest {
         Some(d) => {
             for p in &d.pgs {
                 num_pgs += 1;
-                let mut state = p.state_name.clone();
-                for w in scrubs
-                    .get(&p.stat.pg)
-                    .map(|s| s.state_words())
-                    .unwrap_or_default()
-                {
-                    if !state.split('+').any(|have| have == w) {
-                        state.push('+');
-                        state.push_str(w);
-                    }
-                }
+                let state = kelp_health::pg_state_with_scrub(&p.state_name, scrubs.get(&p.stat.pg));
                 *pgs_by_state.entry(state).or_default() += 1;
             }
         }
@@ -567,8 +275,8 @@ pub fn status_json(r: &Report) -> serde_json::Value {
         .iter()
         .map(|c| {
             (
-                c.name.to_string(),
-                serde_json::json!({"severity": c.severity,
+                c.code.to_string(),
+                serde_json::json!({"severity": c.severity.as_str(),
                     "summary": {"message": c.summary, "count": c.detail.len()},
                     "detail": c.detail.iter().map(|d| serde_json::json!({"message": d})).collect::<Vec<_>>()}),
             )
@@ -578,7 +286,7 @@ pub fn status_json(r: &Report) -> serde_json::Value {
     let t = r.totals();
     serde_json::json!({
         "fsid": map.fsid,
-        "health": {"status": r.status(), "checks": checks},
+        "health": {"status": r.status().as_str(), "checks": checks},
         "monmap": r.mon.as_ref().map(|m| serde_json::json!({
             "num_mons": m.monitors.len(),
             "quorum_names": m.monitors.iter().filter(|(_, q)| *q).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
@@ -624,7 +332,7 @@ pub fn print_status(r: &Report) {
     println!("    id:     {}", map.fsid);
     println!("    health: {}", r.status());
     for c in &r.checks {
-        println!("            {}: {}", c.name, c.summary);
+        println!("            {}: {}", c.code, c.summary);
     }
     println!();
     println!("  services:");
@@ -679,7 +387,7 @@ pub fn print_status(r: &Report) {
             "{}/{} objects degraded ({:.3}%)",
             t.degraded_objects,
             t.degraded_total,
-            percent(t.degraded_objects, t.degraded_total)
+            kelp_health::percent(t.degraded_objects, t.degraded_total)
         ));
     }
     if t.misplaced_objects > 0 {
@@ -687,7 +395,7 @@ pub fn print_status(r: &Report) {
             "{}/{} objects misplaced ({:.3}%)",
             t.misplaced_objects,
             t.degraded_total,
-            percent(t.misplaced_objects, t.degraded_total)
+            kelp_health::percent(t.misplaced_objects, t.degraded_total)
         ));
     }
     for (state, count) in &r.pgs_by_state {
@@ -736,37 +444,7 @@ pub async fn not_ready(rados: &kelp_client::Rados) -> Result<Vec<String>> {
         rados.wait_for_epoch(digest.epoch),
     )
     .await;
-    Ok(readiness(&rados.osd_map(), &digest))
-}
-
-/// [`not_ready`] on a map and a digest (pure).
-pub fn readiness(map: &OsdMap, digest: &PgMapDigest) -> Vec<String> {
-    let mut why = Vec::new();
-    let down: Vec<String> = map
-        .osds
-        .iter()
-        .filter(|(_, o)| !o.up)
-        .map(|(id, _)| format!("osd.{id}"))
-        .collect();
-    if !down.is_empty() {
-        why.push(format!("{} down", down.join(", ")));
-    }
-    let want: u32 = map.pools.values().map(|p| p.pg_num).sum();
-    if digest.epoch < map.epoch || digest.pgs.len() != want as usize {
-        why.push(format!(
-            "PG statistics not yet reported for map epoch {} ({} of {want} PGs)",
-            map.epoch,
-            digest.pgs.len()
-        ));
-    }
-    let mut unclean: BTreeMap<&str, u32> = BTreeMap::new();
-    for p in digest.pgs.iter().filter(|p| p.state_name != "active+clean") {
-        *unclean.entry(p.state_name.as_str()).or_default() += 1;
-    }
-    for (state, n) in unclean {
-        why.push(format!("{n} pgs {state}"));
-    }
-    why
+    Ok(kelp_health::readiness(&rados.osd_map(), &digest))
 }
 
 /// Waits until [`not_ready`] is empty; after `timeout`, an error naming what is still not
@@ -821,7 +499,7 @@ pub fn run_health(a: HealthArgs, g: &crate::cmd::common::Global) -> Result<ExitC
     }
     if a.detail.is_some() {
         for c in &r.checks {
-            println!("[{}] {}: {}", &c.severity[7..], c.name, c.summary);
+            println!("[{}] {}: {}", c.severity.short(), c.code, c.summary);
             for d in &c.detail {
                 println!("    {d}");
             }

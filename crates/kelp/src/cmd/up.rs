@@ -348,15 +348,15 @@ fn create(dir: &Path, a: &UpArgs) -> Result<()> {
         keyring.insert(&format!("osd.{i}"), generate_secret())?;
     }
     keyring.save(dir.join("keyring"))?;
-    let conf = kelp_client::ClusterConf {
-        global: kelp_client::GlobalSection {
+    let conf = kelp_config::ClusterConf {
+        global: kelp_config::GlobalSection {
             fsid: fsid.clone(),
             mon_host: mons.iter().map(|(_, a)| *a).collect(),
             keyring: PathBuf::from("keyring"),
         },
         // The OSDs share one machine: half the store's default memory budget each (no
         // measured cost in `kelp rados bench`; docs/benchmarks/rados.md, 2026-11-25 16:58-18:41 UTC).
-        osd: kelp_client::OsdSection {
+        osd: kelp_config::OsdSection {
             cache: Some(UP_OSD_CACHE.to_string()),
             threads: None,
         },
@@ -513,7 +513,7 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
     // The OSDs share this machine's CPUs: about CPUs / OSDs async workers each (at least one),
     // unless kelp.conf's `[osd] threads` says otherwise. Fewer workers than CPUs per OSD means
     // fewer cross-thread wake-ups per replicated write (docs/benchmarks/rados.md, 2026-11-25).
-    let conf_threads = kelp_client::ClusterConf::load(&dir.join("kelp.conf"))
+    let conf_threads = kelp_config::ClusterConf::load(&dir.join("kelp.conf"))
         .map(|c| c.osd.threads)
         .unwrap_or(None);
     if conf_threads.is_none() && !osds.is_empty() {
@@ -921,7 +921,7 @@ async fn answers_http(addr: SocketAddr) -> bool {
 }
 
 fn print_banner(dir: &Path, detached: bool) -> Result<()> {
-    let conf = kelp_client::ClusterConf::load(&dir.join("kelp.conf"))?;
+    let conf = kelp_config::ClusterConf::load(&dir.join("kelp.conf"))?;
     let list = daemons(dir)?;
     let osds = list.iter().filter(|d| d.name.starts_with("osd.")).count();
     let mons: Vec<String> = conf.global.mon_host.iter().map(|a| a.to_string()).collect();

@@ -47,7 +47,7 @@ impl Snapshot {
                 .iter()
                 .map(|c| {
                     (
-                        c.name.to_string(),
+                        c.code.to_string(),
                         (c.severity.to_string(), c.summary.clone()),
                     )
                 })
