@@ -398,6 +398,20 @@ impl OsdService {
         pgs.iter().map(|(pg, h)| (*pg, h.clone())).collect()
     }
 
+    /// This OSD's statistics report: store usage, client I/O counters, and its primary PGs
+    /// (`crate::stats`).
+    pub async fn stats_report(&self) -> kelp_proto::OsdStatsReport {
+        let map = self.map();
+        crate::stats::OsdStats::report(crate::stats::ReportSource {
+            me: self.cfg.id,
+            map: &map,
+            store: self.store.clone(),
+            pgs: self.pg_handles(),
+            stats: &self.stats,
+        })
+        .await
+    }
+
     /// Counters and the full-ratio failsafe behind this OSD's stats reports.
     pub fn stats(&self) -> &crate::stats::OsdStats {
         &self.stats

@@ -31,7 +31,7 @@ use kelp_proto::{
 use kelp_store::{ObjectStore, StoreSpace};
 use kelp_types::PgId;
 
-use crate::service::OsdService;
+use crate::pg::PgHandle;
 
 /// How stale the failsafe's view of the store's usage may be.
 pub const SPACE_CHECK_EVERY: Duration = Duration::from_millis(100);
@@ -334,15 +334,30 @@ pub fn degraded_and_misplaced(f: &PgFacts, objects: u64, behind: u64) -> (u64, u
     (objects * missing + behind, objects * f.acting_not_up as u64)
 }
 
-impl OsdService {
-    /// This OSD's report: store usage, client I/O counters, and its primary PGs.
-    pub async fn stats_report(&self) -> OsdStatsReport {
-        let map = self.map();
-        let me = self.id();
-        let store = self.store();
+/// What a statistics report is made from: the OSD's id, its current map, its store, the PGs it
+/// holds and its counters. (`OsdService::stats_report` passes its own; nothing else of the
+/// service is needed.)
+pub(crate) struct ReportSource<'a> {
+    pub me: i32,
+    pub map: &'a kelp_maps::OsdMap,
+    pub store: std::sync::Arc<dyn ObjectStore>,
+    pub pgs: Vec<(PgId, PgHandle)>,
+    pub stats: &'a OsdStats,
+}
+
+impl OsdStats {
+    /// An OSD's report: store usage, client I/O counters, and its primary PGs.
+    pub(crate) async fn report(src: ReportSource<'_>) -> OsdStatsReport {
+        let ReportSource {
+            me,
+            map,
+            store,
+            pgs: handles,
+            stats,
+        } = src;
         let space = store.space().unwrap_or_default();
         let mut pgs = Vec::new();
-        for (pg, handle) in self.pg_handles() {
+        for (pg, handle) in handles {
             let Ok(m) = map.pg_mapping(pg) else { continue };
             if m.acting_primary != me {
                 continue;
@@ -375,7 +390,7 @@ impl OsdService {
                     state.unfound.len() as u64,
                 )
             };
-            let (objects, bytes) = match self.stats.cached_count(pg, last_update) {
+            let (objects, bytes) = match stats.cached_count(pg, last_update) {
                 Some(c) => c,
                 None => {
                     // Counted with the PG's writes held back, so that the count is exact at
@@ -387,7 +402,7 @@ impl OsdService {
                         tokio::task::spawn_blocking(move || count_objects(&*st, coll)).await;
                     match counted {
                         Ok(Ok((o, b))) => {
-                            self.stats.store_count(pg, last_update, o, b);
+                            stats.store_count(pg, last_update, o, b);
                             (o, b)
                         }
                         _ => (0, 0),
@@ -437,9 +452,9 @@ impl OsdService {
                 used: space.used,
                 available: space.available,
             },
-            io: self.stats.io(),
+            io: stats.io(),
             pgs,
-            recovery: self.stats.recovery(),
+            recovery: stats.recovery(),
         }
     }
 }
