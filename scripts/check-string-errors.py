@@ -48,7 +48,7 @@ ALLOWED = {
     "crates/kelp-mon/src/network.rs": 1,
     "crates/kelp-rgw/src/layout.rs": 1,
     "crates/kelp-rgw/src/lifecycle.rs": 2,
-    "crates/kelp-store/src/kelpstore.rs": 3,
+    "crates/kelp-store/src/kelpstore/mod.rs": 3,
 }
 
 
