@@ -77,9 +77,9 @@ impl ClusterConf {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut conf = ClusterConf::parse(&text).map_err(|message| ConfFileError::Parse {
+        let mut conf = ClusterConf::parse(&text).map_err(|e| ConfFileError::Parse {
             path: path.to_path_buf(),
-            message,
+            message: e.to_string(),
         })?;
         if conf.global.mon_host.is_empty() {
             return Err(ConfFileError::NoMonitors {
@@ -94,8 +94,8 @@ impl ClusterConf {
     }
 
     /// Parses the file's text (no checks beyond the schema).
-    pub fn parse(text: &str) -> Result<ClusterConf, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+    pub fn parse(text: &str) -> Result<ClusterConf, toml::de::Error> {
+        toml::from_str(text)
     }
 
     /// The file's text.
@@ -129,7 +129,7 @@ mod tests {
     #[test]
     fn unknown_osd_keys_are_refused() {
         let text = format!("{GLOBAL}[osd]\ncahce = \"128MiB\"\n");
-        let e = ClusterConf::parse(&text).unwrap_err();
+        let e = ClusterConf::parse(&text).unwrap_err().to_string();
         assert!(e.contains("cahce"), "{e}");
     }
 
