@@ -197,36 +197,32 @@ fn s3_gateway_with_real_clients() {
         "user create bob",
     ))
     .unwrap();
-    let out = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/acl_cors_post.py"))
-        .envs(&env)
-        .env(
-            "OTHER_ACCESS_KEY_ID",
-            bob["keys"][0]["access_key"].as_str().unwrap(),
-        )
-        .env(
-            "OTHER_SECRET_ACCESS_KEY",
-            bob["keys"][0]["secret_key"].as_str().unwrap(),
-        )
-        .output()
-        .unwrap();
+    // a suite script run with the default user's environment and bob's keys as the other user
+    let suite = |script: &str| {
+        Command::new("python3")
+            .arg(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/s3")
+                    .join(script),
+            )
+            .envs(&env)
+            .env(
+                "OTHER_ACCESS_KEY_ID",
+                bob["keys"][0]["access_key"].as_str().unwrap(),
+            )
+            .env(
+                "OTHER_SECRET_ACCESS_KEY",
+                bob["keys"][0]["secret_key"].as_str().unwrap(),
+            )
+            .output()
+            .unwrap()
+    };
+    let out = suite("acl_cors_post.py");
     ok(&out, "ACL / CORS / POST suite");
 
     // what the gateway does not do is refused with AWS's code and stores nothing; default
     // client checksums are verified, wrong ones refused
-    let out = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/refusals.py"))
-        .envs(&env)
-        .env(
-            "OTHER_ACCESS_KEY_ID",
-            bob["keys"][0]["access_key"].as_str().unwrap(),
-        )
-        .env(
-            "OTHER_SECRET_ACCESS_KEY",
-            bob["keys"][0]["secret_key"].as_str().unwrap(),
-        )
-        .output()
-        .unwrap();
+    let out = suite("refusals.py");
     ok(&out, "refusals");
 
     // a gateway killed (SIGKILL) mid-upload loses nothing it acknowledged
