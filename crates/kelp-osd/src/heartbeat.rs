@@ -53,9 +53,10 @@ pub struct HeartbeatConfig {
 
 impl Default for HeartbeatConfig {
     fn default() -> Self {
+        use kelp_config::keys;
         HeartbeatConfig {
-            interval: Duration::from_secs(1),
-            grace: Duration::from_secs(6),
+            interval: keys::OSD_HEARTBEAT_INTERVAL.default.as_duration(),
+            grace: keys::OSD_HEARTBEAT_GRACE.default.as_duration(),
             min_peers: 10,
         }
     }

@@ -29,11 +29,12 @@ pub struct RecoveryConfig {
 
 impl Default for RecoveryConfig {
     fn default() -> Self {
+        use kelp_config::keys;
         RecoveryConfig {
-            max_backfills: 2,
-            max_active: 4,
-            sleep: Duration::ZERO,
-            op_priority: 12,
+            max_backfills: keys::OSD_MAX_BACKFILLS.default.as_u64() as usize,
+            max_active: keys::OSD_RECOVERY_MAX_ACTIVE.default.as_u64() as usize,
+            sleep: keys::OSD_RECOVERY_SLEEP.default.as_duration(),
+            op_priority: keys::OSD_RECOVERY_OP_PRIORITY.default.as_u64() as _,
         }
     }
 }

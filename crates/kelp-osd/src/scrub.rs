@@ -76,13 +76,14 @@ pub struct ScrubConfig {
 
 impl Default for ScrubConfig {
     fn default() -> Self {
+        use kelp_config::keys;
         ScrubConfig {
-            chunk_max: 25,
-            sleep: Duration::ZERO,
-            min_interval: Duration::from_secs(86_400),
-            max_interval: Duration::from_secs(7 * 86_400),
-            deep_interval: Duration::from_secs(7 * 86_400),
-            load_threshold: 0.5,
+            chunk_max: keys::OSD_SCRUB_CHUNK_MAX.default.as_u64() as _,
+            sleep: keys::OSD_SCRUB_SLEEP.default.as_duration(),
+            min_interval: keys::OSD_SCRUB_MIN_INTERVAL.default.as_duration(),
+            max_interval: keys::OSD_SCRUB_MAX_INTERVAL.default.as_duration(),
+            deep_interval: keys::OSD_DEEP_SCRUB_INTERVAL.default.as_duration(),
+            load_threshold: keys::OSD_SCRUB_LOAD_THRESHOLD.default.as_f64() as _,
             tick: Duration::from_secs(1),
         }
     }
