@@ -25,6 +25,9 @@ pub enum ClientError {
     Corrupt(String),
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The pool cannot do this (omap on an erasure-coded pool).
+    #[error("not supported: {0}")]
+    NotSupported(String),
     #[error("I/O error on the OSD: {0}")]
     Io(String),
     /// The operation did not complete within the op timeout; `last` says what went wrong
@@ -62,6 +65,7 @@ impl ClientError {
             ErrorCode::Full => ClientError::Full(message),
             ErrorCode::Corrupt => ClientError::Corrupt(message),
             ErrorCode::Invalid => ClientError::Invalid(message),
+            ErrorCode::NotSupported => ClientError::NotSupported(message),
             ErrorCode::Io | ErrorCode::Misdirected | ErrorCode::Inactive => {
                 ClientError::Io(message)
             }

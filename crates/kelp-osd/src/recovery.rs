@@ -344,6 +344,7 @@ impl OsdService {
                             epoch,
                             namespace: namespace.clone(),
                             name: name.clone(),
+                            shard: None,
                         };
                         (namespace, name, peers.pull(source, source_addr, req).await)
                     }

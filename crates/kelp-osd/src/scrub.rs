@@ -802,6 +802,7 @@ impl OsdService {
                                 epoch: map.epoch,
                                 namespace: obj.namespace.clone(),
                                 name: obj.name.clone(),
+                                shard: None,
                             },
                         )
                         .await?;
@@ -1055,6 +1056,7 @@ impl OsdService {
                         epoch: map.epoch,
                         namespace: object.namespace.clone(),
                         name: object.name.clone(),
+                        shard: None,
                     },
                 )
                 .await;

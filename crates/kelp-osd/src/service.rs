@@ -761,6 +761,7 @@ impl OsdService {
             mtime_ns: stamp.mtime_ns,
             object: op.object,
             ops: op.ops,
+            internal_xattrs: Vec::new(),
         };
         let mut replicas = Vec::new();
         let mut unreachable = Vec::new();

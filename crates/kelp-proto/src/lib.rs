@@ -20,9 +20,9 @@ pub use mon::{
     OsdFailure, PgActivation, PgRecord, Subscribe,
 };
 pub use osd::{
-    CmpOp, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp, OsdOpReply, OsdPing,
-    OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery, PgQueryReply, PgSync,
-    PgSyncReply, RepOp, RepOpReply, SyncLog, WireLogEntry,
+    CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
+    OsdOpReply, OsdPing, OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery,
+    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, SyncLog, WireLogEntry,
 };
 pub use scrub::{
     InconsistentObject, OsdScrubCommand, OsdScrubReply, PgCommand, PgCommandKind, PgCommandReply,
@@ -75,4 +75,6 @@ pub mod msg_type {
     pub const OSD_SCRUB_COMMAND: u16 = 0x0223;
     /// OSD → OSD: `OsdPing`; reply `OsdPingReply` (peer heartbeats).
     pub const OSD_PING: u16 = 0x0224;
+    /// Primary → member: `EcRead`; reply `EcReadReply` + shard bytes (erasure-coded pools).
+    pub const OSD_EC_READ: u16 = 0x0230;
 }

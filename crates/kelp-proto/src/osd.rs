@@ -197,6 +197,8 @@ pub enum ErrorCode {
     Corrupt,
     /// Any other I/O failure on the OSD.
     Io,
+    /// The pool cannot do this (omap on an erasure-coded pool: EOPNOTSUPP).
+    NotSupported,
 }
 
 /// Per-op outputs; read payloads are in the reply's data segment in op order.
@@ -248,6 +250,9 @@ pub struct RepOp {
     pub mtime_ns: u64,
     pub object: ObjectLocator,
     pub ops: Vec<OpKind>,
+    /// Kelp's own attributes to set after `ops` if the object exists then (an erasure-coded
+    /// object's shard metadata, `@ec`: each shard gets its own).
+    pub internal_xattrs: Vec<(String, Vec<u8>)>,
 }
 
 /// Lists the objects of one PG (served by its primary), in placement-hash order.
@@ -319,6 +324,10 @@ pub struct PgPull {
     pub epoch: u32,
     pub namespace: String,
     pub name: String,
+    /// Erasure-coded pools: the shard the puller holds; the source rebuilds that shard from
+    /// the PG's other members. `None`: the source's own copy (replicated pools, and the
+    /// members' own shards that a rebuild gathers).
+    pub shard: Option<u32>,
 }
 
 /// An object's complete state; its data is the reply's data segment.
@@ -429,4 +438,28 @@ mod tests {
         assert!(decode::<OsdOp>(&bytes[..bytes.len() / 2], "op").is_err());
         assert!(decode::<OsdOp>(&[], "op").is_err());
     }
+}
+
+/// Erasure-coded pools, primary → member: read byte ranges of the member's shard of an object,
+/// once the member has applied every PG-log entry up to `after_version` (so a partial-stripe
+/// write reads the bytes its predecessors left).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EcRead {
+    pub pg: PgId,
+    pub epoch: u32,
+    pub object: ObjectLocator,
+    /// (offset, length) in the shard; the data comes back concatenated, each range padded
+    /// with zeros to its full length.
+    pub extents: Vec<(u64, u64)>,
+    pub after_version: u64,
+}
+
+/// A member's answer to `EcRead`: whether it has the object, the object's version there and
+/// its shard metadata (`@ec`), and the bytes as the reply's data segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EcReadReply {
+    pub error: Option<(ErrorCode, String)>,
+    pub exists: bool,
+    pub version: u64,
+    pub meta: Option<Vec<u8>>,
 }
