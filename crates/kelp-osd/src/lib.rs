@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod daemon;
+pub mod ec;
 pub mod error;
 pub mod exec;
 pub mod heartbeat;
