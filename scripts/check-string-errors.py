@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Fails when a library crate returns `Result<_, String>` outside the known list.
+"""Fails when a library crate returns `Result<_, String>` outside the known list, or when a
+crate does not take the workspace lints (`[lints] workspace = true`, which deny `unwrap()`
+outside tests).
 
 Library crates (everything under crates/*/src except the `kelp` binary, which may use anyhow)
 keep one typed error enum each, so callers can tell a retryable failure from a fatal one
@@ -10,6 +12,7 @@ fails the test run, and so does a listed one that no longer exists (remove it fr
 import pathlib
 import re
 import sys
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULT = re.compile(r"\bResult<")
@@ -53,6 +56,16 @@ def string_errors(code: str) -> list[int]:
 ALLOWED: dict[str, int] = {}
 
 
+def without_workspace_lints() -> list[str]:
+    """Crates whose Cargo.toml does not opt into the workspace lints."""
+    return [
+        manifest.relative_to(ROOT).as_posix()
+        for manifest in sorted(ROOT.glob("crates/*/Cargo.toml"))
+        if tomllib.loads(manifest.read_text(encoding="utf-8")).get("lints", {}).get("workspace")
+        is not True
+    ]
+
+
 def main() -> int:
     found = {}
     lines = {}
@@ -79,6 +92,10 @@ def main() -> int:
             bad = True
             print(f"{rel}: now {found.get(rel, 0)} `Result<_, String>`, listed as {allowed}: "
                   "lower the count in scripts/check-string-errors.py")
+    for manifest in without_workspace_lints():
+        bad = True
+        print(f"{manifest}: add `[lints] workspace = true` (the workspace lints of the root "
+              "Cargo.toml deny unwrap() outside tests)")
     if bad:
         return 1
     print(f"string errors: {sum(found.values())} left, all listed")
