@@ -429,12 +429,11 @@ pub(crate) fn primary_of(
             epoch: map.epoch,
         });
     }
-    let addr =
-        map.osds
-            .get(&m.acting_primary)
-            .and_then(|o| o.addr)
-            .ok_or(NoPrimary::NoAddress {
-                osd: m.acting_primary,
-            })?;
-    Ok((m.acting_primary, addr))
+    let osd = m.acting_primary;
+    let addr = map
+        .osds
+        .get(&osd)
+        .and_then(|o| o.addr)
+        .ok_or(NoPrimary::NoAddress { osd })?;
+    Ok((osd, addr))
 }
