@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use kelp_proto::ErrorCode;
+use kelp_types::PgId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -71,4 +72,17 @@ impl ClientError {
             }
         }
     }
+}
+
+/// Why an op cannot be sent to its PG's primary at one map epoch. Always retryable: the op
+/// waits for a newer map (or a short pause) and tries again until its timeout, which then
+/// reports this as the last problem.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoPrimary {
+    #[error(transparent)]
+    Mapping(#[from] kelp_maps::MapError),
+    #[error("PG {pg} has no OSD up at epoch {epoch}")]
+    NoneUp { pg: PgId, epoch: u32 },
+    #[error("osd.{osd} has no address")]
+    NoAddress { osd: i32 },
 }

@@ -76,7 +76,7 @@ impl IoCtx {
             .rados
             .submit(&self.loc(name), op.ops, op.data.freeze())
             .await?;
-        split_results(reply.outs, data).map_err(ClientError::Invalid)
+        split_results(reply.outs, data)
     }
 
     /// Replaces the object's data (creating it).

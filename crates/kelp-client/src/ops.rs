@@ -15,6 +15,8 @@
 use bytes::{Bytes, BytesMut};
 use kelp_proto::{CmpOp, OpKind, OpResult};
 
+use crate::ClientError;
+
 /// A write made of steps; data of all steps travels in one buffer.
 #[derive(Debug, Default, Clone)]
 pub struct WriteOp {
@@ -238,17 +240,18 @@ pub enum ReadResult {
     },
 }
 
-/// Splits a reply's data segment among its results.
+/// Splits a reply's data segment among its results. A reply whose results promise more data
+/// than it carries is refused as [`ClientError::Invalid`].
 pub(crate) fn split_results(
     outs: Vec<OpResult>,
     mut data: Bytes,
-) -> Result<Vec<ReadResult>, String> {
-    let mut take = |len: u64| -> Result<Bytes, String> {
+) -> Result<Vec<ReadResult>, ClientError> {
+    let mut take = |len: u64| -> Result<Bytes, ClientError> {
         if len > data.len() as u64 {
-            return Err(format!(
+            return Err(ClientError::Invalid(format!(
                 "reply promises {len} bytes but only {} remain",
                 data.len()
-            ));
+            )));
         }
         Ok(data.split_to(len as usize))
     };

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use crate::config::ClientConfig;
-use crate::error::ClientError;
+use crate::error::{ClientError, NoPrimary};
 use crate::ioctx::IoCtx;
 
 pub(crate) struct Inner {
@@ -376,7 +376,7 @@ impl Rados {
             let (primary, addr) = match primary_of(&map, &inner.mappings, pg) {
                 Ok(p) => p,
                 Err(why) => {
-                    retry.wait(inner, map.epoch, why).await;
+                    retry.wait(inner, map.epoch, why.to_string()).await;
                     continue;
                 }
             };
@@ -421,15 +421,19 @@ pub(crate) fn primary_of(
     map: &Arc<OsdMap>,
     mappings: &kelp_maps::MappingCache,
     pg: PgId,
-) -> Result<(i32, std::net::SocketAddr), String> {
-    let m = mappings.get(map, pg).map_err(|e| e.to_string())?;
+) -> Result<(i32, std::net::SocketAddr), NoPrimary> {
+    let m = mappings.get(map, pg)?;
     if m.acting_primary < 0 {
-        return Err(format!("PG {pg} has no OSD up at epoch {}", map.epoch));
+        return Err(NoPrimary::NoneUp {
+            pg,
+            epoch: map.epoch,
+        });
     }
+    let osd = m.acting_primary;
     let addr = map
         .osds
-        .get(&m.acting_primary)
+        .get(&osd)
         .and_then(|o| o.addr)
-        .ok_or_else(|| format!("osd.{} has no address", m.acting_primary))?;
-    Ok((m.acting_primary, addr))
+        .ok_or(NoPrimary::NoAddress { osd })?;
+    Ok((osd, addr))
 }

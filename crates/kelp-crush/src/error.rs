@@ -17,6 +17,11 @@ pub enum CrushError {
     #[error("unsupported CRUSH feature: {0}")]
     Unsupported(String),
 
+    /// A tunable name that CRUSH does not have (the text map's `tunable` lines and
+    /// [`crate::Tunables::set`]).
+    #[error("unknown tunable '{name}'")]
+    UnknownTunable { name: String },
+
     /// A mapping request named a rule that is not in the map.
     #[error("rule {rule} does not exist (rules in this map: {known})")]
     NoSuchRule { rule: u32, known: String },

@@ -96,7 +96,7 @@ impl Tunables {
     }
 
     /// Sets one tunable by its text name.
-    pub fn set(&mut self, name: &str, value: u32) -> Result<(), String> {
+    pub fn set(&mut self, name: &str, value: u32) -> Result<()> {
         let slot = match name {
             "choose_local_tries" => &mut self.choose_local_tries,
             "choose_local_fallback_tries" => &mut self.choose_local_fallback_tries,
@@ -106,7 +106,11 @@ impl Tunables {
             "chooseleaf_stable" => &mut self.chooseleaf_stable,
             "straw_calc_version" => &mut self.straw_calc_version,
             "allowed_bucket_algs" => &mut self.allowed_bucket_algs,
-            other => return Err(format!("unknown tunable '{other}'")),
+            other => {
+                return Err(CrushError::UnknownTunable {
+                    name: other.to_string(),
+                });
+            }
         };
         *slot = value;
         Ok(())

@@ -153,9 +153,7 @@ pub fn parse_text(text: &str) -> Result<CrushMap> {
                 p.pos += 1;
                 let name = p.next("a tunable name")?;
                 let value: u32 = p.int("a tunable value")?;
-                if let Err(e) = map.tunables.set(name, value) {
-                    return Err(CrushError::Parse { line, message: e });
-                }
+                p.at(line, map.tunables.set(name, value))?;
             }
             "device" => {
                 p.pos += 1;

@@ -1,6 +1,7 @@
 //! Properties of placement that must hold for any map: marking an OSD out moves only the PGs
 //! that had it, and about its share of them; `indep` positions are stable; printing and parsing
 //! a map keeps every mapping.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use kelp_crush::{CrushMap, ITEM_NONE, ItemId, Rule, Step, WEIGHT_ONE, parse_text};
 use proptest::prelude::*;

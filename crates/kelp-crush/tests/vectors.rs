@@ -6,6 +6,7 @@
 //! The vectors live outside the repository, beside it (`../shared/vectors`); set
 //! `KELP_VECTORS_DIR` to point elsewhere. A missing directory fails the test: a placement
 //! check that silently does nothing is worse than none.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;

@@ -87,7 +87,10 @@ impl RaftNetworkFactory<TypeConfig> for MsgrNetwork {
             .addr
             .parse::<SocketAddr>()
             .map(|a| self.msgr.connection(a))
-            .map_err(|e| format!("bad monitor address '{}': {e}", node.addr));
+            .map_err(|source| BadAddr {
+                addr: node.addr.clone(),
+                source,
+            });
         MonPeer {
             target,
             node: node.clone(),
@@ -100,12 +103,23 @@ impl RaftNetworkFactory<TypeConfig> for MsgrNetwork {
 pub struct MonPeer {
     target: NodeId,
     node: BasicNode,
-    conn: Result<Connection, String>,
+    conn: Result<Connection, BadAddr>,
 }
 
+/// A peer's address in the Raft membership does not parse: it stays unreachable.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Msg(String);
+#[error("bad monitor address '{addr}': {source}")]
+struct BadAddr {
+    addr: String,
+    source: std::net::AddrParseError,
+}
+
+/// A peer answered a Raft RPC with a reply of another kind.
+#[derive(Debug, thiserror::Error)]
+#[error("monitor {target} answered with the wrong reply type")]
+struct WrongReply {
+    target: NodeId,
+}
 
 impl MonPeer {
     async fn call<E: std::error::Error>(
@@ -116,7 +130,7 @@ impl MonPeer {
         let conn = self
             .conn
             .as_ref()
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e.clone()))))?;
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(e)))?;
         let resp = conn
             .call(msg_type::MON_RAFT, encode(&rpc), Bytes::new(), ttl)
             .await
@@ -128,10 +142,9 @@ impl MonPeer {
     }
 
     fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
-        RPCError::Network(NetworkError::new(&Msg(format!(
-            "monitor {} answered with the wrong reply type",
-            self.target
-        ))))
+        RPCError::Network(NetworkError::new(&WrongReply {
+            target: self.target,
+        }))
     }
 
     fn remote<E: std::error::Error>(

@@ -1,6 +1,7 @@
 //! Monitors over the real messenger on 127.0.0.1: one monitor serving commands, boots,
 //! subscriptions and session-loss down marking; three monitors electing, forwarding and
 //! replicating; restarts recovering everything.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,4 +1,5 @@
 //! The state machine alone: a sequence of entries applied to `MonState`, no Raft, no network.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use kelp_maps::PoolSpec;
 use kelp_mon::{InitSpec, MonEntry, MonInfo, MonState};

@@ -1,6 +1,7 @@
 //! Hostile peers: garbage, truncated frames, huge lengths, stalls and a fuzz loop, before and
 //! after authentication. The server must close the offending connection promptly, never crash
 //! or hang, and keep serving everyone else.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Three OSD services in one process, wired by an in-memory `Peers`: replication, ordering,
 //! `min_size`, misdirected ops and replica failures.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

@@ -1,4 +1,5 @@
 //! Op execution and PG-log semantics against the in-memory store.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use bytes::Bytes;
 use kelp_osd::{Executed, Limits, LogEntry, PgMeta, Stamp, execute};

@@ -1,5 +1,6 @@
 //! Three OSD services on real messengers over 127.0.0.1: client ops, replication and PG
 //! listing through the wire protocol, with authentication.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 #![allow(clippy::needless_range_loop)] // ids index parallel vectors of secrets, addresses and services
 
 use std::collections::BTreeSet;

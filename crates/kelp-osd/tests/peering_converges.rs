@@ -1,6 +1,7 @@
 //! Property: peering converges. Fed the same member reports in any order, the peering state
 //! machine reaches the same verdict and asks for the same work (the same pg_temp, syncs and
 //! write set), whatever the members' histories, reachability, flags and `min_size`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeSet;
 

@@ -14,6 +14,7 @@
 //! entry wherever two logs overlap), every acknowledged write is in it (its version at the
 //! same epoch and object, unless trimmed), and each member's log reloads from its store as it
 //! is in memory.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::sync::Arc;
 

@@ -416,22 +416,33 @@ pub fn check_uid(uid: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Why a tag set is refused (S3 answers `InvalidTag`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TagError {
+    #[error("at most {max} tags are allowed")]
+    TooMany { max: usize },
+    #[error("tag key '{key}' must be 1 to 128 characters")]
+    KeyLength { key: String },
+    #[error("the value of tag '{key}' is longer than 256 characters")]
+    ValueTooLong { key: String },
+    #[error("tag key '{key}' uses the reserved prefix aws:")]
+    ReservedPrefix { key: String },
+}
+
 /// Checks a tag set against S3's limits (`max` tags, keys 1–128 and values ≤ 256 characters).
-pub fn check_tags(tags: &BTreeMap<String, String>, max: usize) -> Result<(), String> {
+pub fn check_tags(tags: &BTreeMap<String, String>, max: usize) -> Result<(), TagError> {
     if tags.len() > max {
-        return Err(format!("at most {max} tags are allowed"));
+        return Err(TagError::TooMany { max });
     }
     for (k, v) in tags {
         if k.is_empty() || k.chars().count() > 128 {
-            return Err(format!("tag key '{k}' must be 1 to 128 characters"));
+            return Err(TagError::KeyLength { key: k.clone() });
         }
         if v.chars().count() > 256 {
-            return Err(format!(
-                "the value of tag '{k}' is longer than 256 characters"
-            ));
+            return Err(TagError::ValueTooLong { key: k.clone() });
         }
         if k.starts_with("aws:") {
-            return Err(format!("tag key '{k}' uses the reserved prefix aws:"));
+            return Err(TagError::ReservedPrefix { key: k.clone() });
         }
     }
     Ok(())

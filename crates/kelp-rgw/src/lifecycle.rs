@@ -56,29 +56,44 @@ pub struct Rule {
     pub abort_multipart_days: Option<u32>,
 }
 
+/// Why a lifecycle configuration is refused (S3 answers `InvalidArgument`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("a lifecycle configuration needs at least one rule")]
+    NoRules,
+    #[error("at most {MAX_RULES} rules")]
+    TooManyRules,
+    #[error("rule ID '{0}' appears twice")]
+    DuplicateId(String),
+    #[error("a rule ID has at most 255 characters")]
+    LongId,
+    #[error("rule '{0}': Expiration takes Days or Date, not both")]
+    DaysAndDate(String),
+    #[error("rule '{0}': Days must be a positive integer")]
+    ZeroDays(String),
+    #[error("rule '{0}': DaysAfterInitiation must be a positive integer")]
+    ZeroDaysAfterInitiation(String),
+    #[error(
+        "rule '{0}' has no action (Expiration, NoncurrentVersionExpiration or AbortIncompleteMultipartUpload)"
+    )]
+    NoAction(String),
+}
+
 impl Rule {
     /// Checks a rule as AWS does when it is put.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), LifecycleError> {
+        let id = || self.id.clone();
         if self.id.len() > 255 {
-            return Err("a rule ID has at most 255 characters".into());
+            return Err(LifecycleError::LongId);
         }
         if self.expiration_days.is_some() && self.expiration_date_ns.is_some() {
-            return Err(format!(
-                "rule '{}': Expiration takes Days or Date, not both",
-                self.id
-            ));
+            return Err(LifecycleError::DaysAndDate(id()));
         }
         if self.expiration_days == Some(0) || self.noncurrent_days == Some(0) {
-            return Err(format!(
-                "rule '{}': Days must be a positive integer",
-                self.id
-            ));
+            return Err(LifecycleError::ZeroDays(id()));
         }
         if self.abort_multipart_days == Some(0) {
-            return Err(format!(
-                "rule '{}': DaysAfterInitiation must be a positive integer",
-                self.id
-            ));
+            return Err(LifecycleError::ZeroDaysAfterInitiation(id()));
         }
         if self.expiration_days.is_none()
             && self.expiration_date_ns.is_none()
@@ -86,10 +101,7 @@ impl Rule {
             && self.noncurrent_days.is_none()
             && self.abort_multipart_days.is_none()
         {
-            return Err(format!(
-                "rule '{}' has no action (Expiration, NoncurrentVersionExpiration or AbortIncompleteMultipartUpload)",
-                self.id
-            ));
+            return Err(LifecycleError::NoAction(id()));
         }
         Ok(())
     }
@@ -118,18 +130,18 @@ fn age(days: u32, day: Duration) -> u64 {
 }
 
 /// Checks a whole configuration (unique ids, rule count).
-pub fn validate(rules: &[Rule]) -> std::result::Result<(), String> {
+pub fn validate(rules: &[Rule]) -> std::result::Result<(), LifecycleError> {
     if rules.is_empty() {
-        return Err("a lifecycle configuration needs at least one rule".into());
+        return Err(LifecycleError::NoRules);
     }
     if rules.len() > MAX_RULES {
-        return Err(format!("at most {MAX_RULES} rules"));
+        return Err(LifecycleError::TooManyRules);
     }
     let mut ids = std::collections::HashSet::new();
     for r in rules {
         r.validate()?;
         if !r.id.is_empty() && !ids.insert(r.id.as_str()) {
-            return Err(format!("rule ID '{}' appears twice", r.id));
+            return Err(LifecycleError::DuplicateId(r.id.clone()));
         }
     }
     Ok(())
@@ -318,23 +330,29 @@ mod tests {
     #[test]
     fn validation() {
         assert!(validate(&[rule()]).is_ok());
-        assert!(validate(&[]).is_err());
-        assert!(validate(&[rule(), rule()]).is_err(), "duplicate ids");
+        assert_eq!(validate(&[]), Err(LifecycleError::NoRules));
+        assert_eq!(
+            validate(&[rule(), rule()]),
+            Err(LifecycleError::DuplicateId("r".into()))
+        );
         let none = Rule {
             expiration_days: None,
             ..rule()
         };
-        assert!(none.validate().is_err(), "no action");
+        assert_eq!(none.validate(), Err(LifecycleError::NoAction("r".into())));
         let both = Rule {
             expiration_date_ns: Some(1),
             ..rule()
         };
-        assert!(both.validate().is_err(), "days and date");
+        assert_eq!(
+            both.validate(),
+            Err(LifecycleError::DaysAndDate("r".into()))
+        );
         let zero = Rule {
             expiration_days: Some(0),
             ..rule()
         };
-        assert!(zero.validate().is_err());
+        assert_eq!(zero.validate(), Err(LifecycleError::ZeroDays("r".into())));
     }
 
     #[test]

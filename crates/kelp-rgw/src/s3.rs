@@ -98,6 +98,9 @@ impl StatusExt for S3Error {
 /// Looks access keys up in the metadata pool (cached briefly).
 /// access key → (when looked up, uid, secret)
 type KeyCache = std::sync::Arc<Mutex<HashMap<String, (Instant, String, String)>>>;
+/// Nothing panics while holding the key cache's lock (map get, insert, clear), so it is never
+/// poisoned.
+const KEY_CACHE_LOCK: &str = "key cache lock: no holder panics";
 
 #[derive(Clone)]
 pub struct KelpAuth {
@@ -115,13 +118,13 @@ impl KelpAuth {
 
     /// (uid, secret) of an access key.
     async fn lookup(&self, access_key: &str) -> S3Result<(String, String)> {
-        if let Some((at, uid, secret)) = self.cache.lock().unwrap().get(access_key)
+        if let Some((at, uid, secret)) = self.cache.lock().expect(KEY_CACHE_LOCK).get(access_key)
             && at.elapsed() < KEY_CACHE_TTL
         {
             return Ok((uid.clone(), secret.clone()));
         }
         let (uid, secret) = self.rgw.secret_for(access_key).await.map_err(s3_err)?;
-        let mut cache = self.cache.lock().unwrap();
+        let mut cache = self.cache.lock().expect(KEY_CACHE_LOCK);
         if cache.len() > 10_000 {
             cache.clear();
         }

@@ -1,6 +1,7 @@
 //! The load generator against real S3 servers on 127.0.0.1: `s3s-fs` (an S3 implementation over
 //! a directory, with SigV4 authentication) in-process, and a tiny hyper server that fails every
 //! PUT, for the error paths.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -6,6 +6,7 @@
 //! tenth and bytes on disk per record.
 //!
 //! `cargo run --release -p kelp-store --example kv_choice -- DIR [N]`
+#![allow(clippy::unwrap_used)] // a measurement program: a failure ends the run
 
 use std::path::Path;
 use std::time::Instant;

@@ -3,6 +3,7 @@
 //! (twice: default configuration, and with small whole-unit writes not deferred, so both write
 //! paths are covered) by the `conformance!` macro at the bottom. Runs in a few seconds in debug
 //! builds.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 

@@ -12,6 +12,7 @@
 //!
 //! Default: 30 kills (about 20 s in debug on 2 cores). Long variant: `KELP_CRASH_KILLS=200
 //! cargo test -p kelp-store --release --test crash -- --nocapture`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -1,5 +1,6 @@
 //! Failure behaviour specific to the durable store: corrupted data blocks, damaged
 //! superblocks, a full device, double mounts.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;

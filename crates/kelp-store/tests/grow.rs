@@ -1,5 +1,6 @@
 //! Data files that grow (`MkfsOptions::grow`): created sparse, written with zeros in steps
 //! ahead of the allocator, every byte kept across remounts, and `NoSpace` only at the end.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;

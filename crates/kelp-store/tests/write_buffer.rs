@@ -3,6 +3,7 @@
 //! mount and accept writes. fjall 2.x wakes its flush worker only once per partition at startup,
 //! so most of those memtables used to stay queued forever, counted in its write buffer: above
 //! `max_write_buffer_size` every write halted for good (docs/STORE.md, "Write buffer").
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::Path;
 use std::sync::mpsc;

@@ -23,6 +23,7 @@
 //! CI runs a short variant (`KELP_CHAOS_SECS`, default 30 s of faults). By hand:
 //! `KELP_CHAOS_SECS=600 cargo test --release -p kelp --test chaos -- --nocapture`;
 //! `KELP_CHAOS_SEED=N` replays a fault schedule.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod heal_support;
 

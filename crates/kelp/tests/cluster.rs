@@ -3,6 +3,7 @@
 //! exactly: with concurrent clients, across a full restart, and while an OSD is killed with
 //! SIGKILL and brought back; that a wrong key is refused; and that garbage sent to the daemons'
 //! ports does not hurt them. Bounded: the whole test takes well under two minutes.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 use std::io::Write;

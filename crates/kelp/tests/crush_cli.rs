@@ -1,5 +1,6 @@
 //! `kelp crush …` as a user runs it: the real binary, its stdout compared line for line with
 //! what Ceph's tools printed (the shared vectors), and clear failures on bad input.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -5,6 +5,7 @@
 //! nothing; and a file system too small for any cluster gets a clear refusal, not a half-made
 //! cluster. Needs root (mount) and e2fsprogs; the aws CLI for the S3 write (`.ci/run`
 //! installs it).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -6,6 +6,7 @@
 //!    full" error that comes promptly (not an op timeout); status shows HEALTH_ERR with
 //!    OSD_FULL; every acknowledged object reads back exactly; deletes work while full; once
 //!    enough is deleted, writes resume; nothing stored was harmed.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -12,6 +12,7 @@
 //! 6. `noup` keeps a restarted OSD down until it is unset, then it boots by itself;
 //!
 //! and at the end every acknowledged write reads back exactly.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod heal_support;
 

@@ -1,5 +1,6 @@
 //! `kelp osd run` settings from the command line and from `kelp.conf`'s `[osd]` section: bad
 //! values are refused with a message naming the setting, before anything is mounted.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

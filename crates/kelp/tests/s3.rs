@@ -7,6 +7,7 @@
 //! nothing; default client checksums are verified), the `aws` CLI syncing a
 //! directory tree up and down byte for byte, `kelp s3 bench`, and the `kelp s3` admin commands. Needs python3 with boto3 and awscli (`.ci/run` installs
 //! them); bounded to a few minutes.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -7,6 +7,7 @@
 //!
 //! How the bytes are found: the test searches the stopped OSD's data file (`osd.N/block`) for
 //! a 64-byte run of the object's (pseudo-random, unique) content and flips 16 bytes there.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};

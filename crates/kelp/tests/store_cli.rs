@@ -1,5 +1,6 @@
 //! `kelp store mkfs` / `fsck` end to end: exit statuses, a damaged block named by
 //! `fsck --deep`, a damaged superblock refused with a clear message.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

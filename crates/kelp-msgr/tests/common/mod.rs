@@ -1,5 +1,6 @@
 //! Shared fixtures: a test server with a handler that can echo, sleep, fail, panic, hang,
 //! count concurrency and push; client builders; a small deterministic PRNG.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

@@ -116,21 +116,22 @@ static EMPTY_DEFERRED: BTreeMap<u64, Arc<Vec<u8>>> = BTreeMap::new();
 /// Completion of a transaction's new-extent data writes, which its submitter performs after
 /// releasing the apply lock (so several writes proceed in parallel); the committer waits for it
 /// before flushing the data file and committing the metadata that points at the data.
+/// Every waiter sees the one outcome, hence the shared error.
 #[derive(Default)]
 struct DataDone {
-    state: Mutex<Option<std::result::Result<(), String>>>,
+    state: Mutex<Option<std::result::Result<(), Arc<StoreError>>>>,
     cv: Condvar,
 }
 
 impl DataDone {
-    fn finish(&self, r: std::result::Result<(), String>) {
+    fn finish(&self, r: std::result::Result<(), Arc<StoreError>>) {
         *lock(&self.state) = Some(r);
         self.cv.notify_all();
     }
     fn is_done(&self) -> bool {
         lock(&self.state).is_some()
     }
-    fn wait(&self) -> std::result::Result<(), String> {
+    fn wait(&self) -> std::result::Result<(), Arc<StoreError>> {
         let mut g = lock(&self.state);
         loop {
             if let Some(r) = &*g {
@@ -1026,7 +1027,7 @@ impl ObjectStore for KelpStore {
             for w in &cow {
                 let part = &w.data.bytes()[w.start..w.start + w.units as usize * u];
                 if let Err(e) = inner.dev_write(part, w.punit * inner.geo.unit) {
-                    result = Err(e.to_string());
+                    result = Err(Arc::new(e));
                     break;
                 }
             }

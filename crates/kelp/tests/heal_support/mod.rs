@@ -2,7 +2,7 @@
 //! directory, daemons signalled by the pids in its `run/` folder (only the daemons this test
 //! started), and polling helpers. Dropping the cluster continues any OSD left stopped, then
 //! stops every daemon and removes the directory.
-
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
