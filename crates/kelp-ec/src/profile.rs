@@ -79,7 +79,7 @@ impl Profile {
             match key.trim() {
                 "k" => p.k = int("k")?,
                 "m" => p.m = int("m")?,
-                "stripe_unit" => p.stripe_unit = parse_size(value).map_err(bad)?,
+                "stripe_unit" => p.stripe_unit = parse_size(value)?,
                 "crush-failure-domain" => p.failure_domain = nonempty(key, value)?,
                 "crush-device-class" => {
                     p.device_class = (!value.is_empty()).then(|| value.to_string())
@@ -196,7 +196,7 @@ fn nonempty(key: &str, value: &str) -> Result<String, EcError> {
 }
 
 /// `4096`, `4K`, `4KiB`, `64k`, `1M` → bytes.
-fn parse_size(s: &str) -> Result<u32, String> {
+fn parse_size(s: &str) -> Result<u32, EcError> {
     let lower = s.to_ascii_lowercase();
     let (digits, mult) = if let Some(d) = lower
         .strip_suffix("kib")
@@ -218,7 +218,9 @@ fn parse_size(s: &str) -> Result<u32, String> {
         .parse::<u32>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("stripe_unit={s:?} is not a size (e.g. 4096 or 4K)"))
+        .ok_or_else(|| {
+            EcError::InvalidProfile(format!("stripe_unit={s:?} is not a size (e.g. 4096 or 4K)"))
+        })
 }
 
 #[cfg(test)]

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Properties of the erasure code and the write planner, against a plain byte-vector model.
 
 use kelp_ec::{Codec, Layout, ShardWrite};
