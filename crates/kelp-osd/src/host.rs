@@ -91,3 +91,163 @@ pub(crate) trait PgHost: Send + Sync + 'static {
         async move { Ok(store.submit(txn)?.await?) }
     }
 }
+
+/// A stand-in OSD for unit tests of the workers: a map, a `MemStore`, the PGs opened in it and
+/// peers that never answer; `extra` holds what a worker's own trait needs (the `Scrubber`, the
+/// recovery state), whose impl lives next to that worker's tests.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use kelp_maps::PoolSpec;
+    use kelp_store::{CollectionId, MemStore};
+    use tokio::sync::RwLock;
+
+    use super::*;
+    use crate::pg::PgState;
+    use crate::pglog::PgMeta;
+
+    /// `osds` OSDs, up, and one pool (id returned) of `pg_num` PGs of size 3.
+    pub(crate) fn map(osds: i32, pg_num: u32) -> (OsdMap, u32) {
+        let mut map = OsdMap::new("fsid", "osd").expect("map");
+        for i in 0..osds {
+            let (id, inc) = map
+                .propose_osd_create(&format!("u{i}"), "localhost", 0x10000)
+                .expect("create");
+            map.apply(&inc.expect("new osd")).expect("apply");
+            let addr: SocketAddr = format!("127.0.0.1:{}", 7000 + i).parse().expect("addr");
+            let boot = map.propose_osd_boot(id, addr).expect("boot");
+            map.apply(&boot.expect("boot inc")).expect("apply");
+        }
+        let (pool, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "data".into(),
+                pg_num: Some(pg_num),
+                size: Some(3),
+                ..PoolSpec::default()
+            })
+            .expect("pool");
+        map.apply(&inc).expect("apply");
+        (map, pool)
+    }
+
+    pub(crate) struct FakeOsd<X> {
+        pub(crate) id: i32,
+        pub(crate) map: Arc<OsdMap>,
+        pub(crate) store: Arc<MemStore>,
+        pgs: Mutex<HashMap<PgId, PgHandle>>,
+        pub(crate) extra: X,
+    }
+
+    impl<X> FakeOsd<X> {
+        pub(crate) fn new(id: i32, map: OsdMap, extra: X) -> Self {
+            FakeOsd {
+                id,
+                map: Arc::new(map),
+                store: Arc::new(MemStore::new()),
+                pgs: Mutex::new(HashMap::new()),
+                extra,
+            }
+        }
+
+        /// Creates an empty PG in the store and opens it.
+        pub(crate) fn open(&self, pg: PgId) -> PgHandle {
+            let mut txn = Transaction::new();
+            let meta = PgMeta::create(&mut txn, CollectionId(pg), 100);
+            self.store
+                .submit(txn)
+                .expect("submit")
+                .wait()
+                .expect("commit");
+            let handle = Arc::new(RwLock::new(PgState::new(meta)));
+            self.pgs.lock().expect("pgs").insert(pg, handle.clone());
+            handle
+        }
+    }
+
+    impl<X: Send + Sync + 'static> PgHost for FakeOsd<X> {
+        fn id(&self) -> i32 {
+            self.id
+        }
+
+        fn map(&self) -> Arc<OsdMap> {
+            self.map.clone()
+        }
+
+        async fn map_at_least(&self, _epoch: u32) -> Arc<OsdMap> {
+            self.map.clone()
+        }
+
+        fn pg_handle(&self, pg: PgId) -> Option<PgHandle> {
+            self.pgs.lock().expect("pgs").get(&pg).cloned()
+        }
+
+        fn store(&self) -> Arc<dyn ObjectStore> {
+            self.store.clone()
+        }
+
+        fn peers(&self) -> Arc<dyn Peers> {
+            Arc::new(Unreachable)
+        }
+    }
+
+    /// Peers that never answer.
+    struct Unreachable;
+
+    fn unreachable<T>(osd: i32) -> Result<T, OsdError> {
+        Err(OsdError::PeerUnreachable {
+            osd,
+            reason: "unit test without peers".into(),
+        })
+    }
+
+    #[async_trait::async_trait]
+    impl Peers for Unreachable {
+        async fn repop(
+            &self,
+            osd: i32,
+            _: SocketAddr,
+            _: RepOp,
+            _: Bytes,
+        ) -> Result<RepOpReply, OsdError> {
+            unreachable(osd)
+        }
+        async fn query(
+            &self,
+            osd: i32,
+            _: SocketAddr,
+            _: PgQuery,
+        ) -> Result<PgQueryReply, OsdError> {
+            unreachable(osd)
+        }
+        async fn pull(
+            &self,
+            osd: i32,
+            _: SocketAddr,
+            _: PgPull,
+        ) -> Result<(PgPullReply, Bytes), OsdError> {
+            unreachable(osd)
+        }
+        async fn sync(&self, osd: i32, _: SocketAddr, _: PgSync) -> Result<PgSyncReply, OsdError> {
+            unreachable(osd)
+        }
+        async fn scrub_map(
+            &self,
+            osd: i32,
+            _: SocketAddr,
+            _: ScrubMapRequest,
+        ) -> Result<ScrubMapReply, OsdError> {
+            unreachable(osd)
+        }
+        async fn push(
+            &self,
+            osd: i32,
+            _: SocketAddr,
+            _: PgPush,
+            _: Bytes,
+        ) -> Result<PgPushReply, OsdError> {
+            unreachable(osd)
+        }
+    }
+}

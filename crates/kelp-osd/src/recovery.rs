@@ -1327,3 +1327,167 @@ const UNFOUND_RETRY: Duration = Duration::from_secs(5);
 pub(crate) fn recovery_flags(map: &kelp_maps::OsdMap) -> RecoveryFlags {
     RecoveryFlags::of(map)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use kelp_proto::WireLogEntry;
+    use kelp_store::{CollectionId, ObjectStore};
+
+    use super::*;
+    use crate::host::fake::{FakeOsd, map};
+    use crate::pglog::PgMeta;
+
+    /// What `RecoveryHost` adds to the fake OSD; pg_temp requests are recorded.
+    #[derive(Default)]
+    struct Bits {
+        recovery: Recovery,
+        stats: OsdStats,
+        pg_temps: Mutex<Vec<(PgId, Vec<i32>)>>,
+    }
+
+    impl RecoveryHost for FakeOsd<Bits> {
+        async fn pg_or_stray(&self, pg: PgId) -> Option<PgHandle> {
+            self.pg_handle(pg)
+        }
+        fn recovery(&self) -> &Recovery {
+            &self.extra.recovery
+        }
+        fn stats(&self) -> &OsdStats {
+            &self.extra.stats
+        }
+        fn clients_busy(&self) -> bool {
+            false
+        }
+        fn send_activation(
+            &self,
+            _: PgActivation,
+        ) -> oneshot::Receiver<Result<ActivationVerdict, OsdError>> {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Ok(ActivationVerdict::Recorded));
+            rx
+        }
+        fn can_request_pg_temp(&self) -> bool {
+            true
+        }
+        fn request_pg_temp(&self, pg: PgId, osds: Vec<i32>) -> Result<(), OsdError> {
+            self.extra
+                .pg_temps
+                .lock()
+                .expect("pg_temps")
+                .push((pg, osds));
+            Ok(())
+        }
+        async fn repair_from_replica(&self, pg: PgId, _: &ObjectLocator) -> Result<i32, OsdError> {
+            Err(OsdError::PgBusy {
+                pg,
+                reason: "no repair in this test".into(),
+            })
+        }
+    }
+
+    fn entry(pool: u32, name: &str, version: u64) -> WireLogEntry {
+        WireLogEntry {
+            epoch: 1,
+            version,
+            object: ObjectLocator {
+                pool,
+                namespace: String::new(),
+                key: None,
+                name: name.into(),
+            },
+            reqid: ("client.1".into(), version),
+            deleted: false,
+        }
+    }
+
+    fn names(store: &dyn ObjectStore, pg: PgId) -> Vec<String> {
+        let mut out: Vec<String> = list_all(store, CollectionId(pg))
+            .expect("list")
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// A backfill sync (`keep_only`, no objects to pull) removes the objects the authoritative
+    /// member does not have and adopts its log, in memory and in the store; a query from a
+    /// primary already at that version then ships no entries.
+    #[tokio::test]
+    async fn a_backfill_sync_drops_what_the_authority_lacks_and_adopts_its_log() {
+        let (m, pool) = map(3, 1);
+        let pg = PgId::new(pool, 0);
+        let epoch = m.epoch;
+        let osd = FakeOsd::new(1, m, Bits::default());
+        let handle = osd.open(pg);
+        let mut txn = Transaction::new();
+        for name in ["a", "b", "c"] {
+            txn.touch(CollectionId(pg), &oid_for(pg, "", name));
+        }
+        osd.commit(txn).await.expect("objects");
+        assert_eq!(names(&*osd.store, pg), ["a", "b", "c"]);
+
+        let log = SyncLog {
+            keep_through: None,
+            entries: vec![entry(pool, "a", 4), entry(pool, "a", 5)],
+            log_tail: 3,
+            last_update: (1, 5),
+        };
+        let reply = pg_sync(
+            &osd,
+            PgSync {
+                pg,
+                epoch,
+                source: 0,
+                objects: Vec::new(),
+                keep_only: Some(vec![(String::new(), "a".into())]),
+                parallel: 1,
+                log: Some(log),
+            },
+        )
+        .await;
+        assert_eq!(reply.error, None);
+        assert!(reply.unfound.is_empty());
+        assert_eq!(names(&*osd.store, pg), ["a"]);
+        assert_eq!(handle.read().await.meta.info.last_update, (1, 5));
+        let mut fixup = Transaction::new();
+        let stored = PgMeta::load(&*osd.store, CollectionId(pg), 100, &mut fixup).expect("load");
+        assert_eq!(stored.info.last_update, (1, 5));
+        assert_eq!(stored.info.log_tail, 3);
+        assert_eq!(stored.len(), 2);
+
+        let query = |have| PgQuery {
+            pg,
+            epoch,
+            want_objects: false,
+            have,
+        };
+        let behind = pg_query(&osd, query((1, 4))).await;
+        assert_eq!(behind.error, None);
+        assert_eq!(behind.last_update, (1, 5));
+        assert_eq!(behind.entries.len(), 2);
+        let same = pg_query(&osd, query((1, 5))).await;
+        assert_eq!(same.last_update, (1, 5));
+        assert!(same.entries.is_empty());
+    }
+
+    /// A PG counts as peering from the call to `peer` until its future is done (here at once:
+    /// this OSD is not the PG's primary).
+    #[tokio::test]
+    async fn a_pg_counts_as_peering_until_its_peering_ends() {
+        let (m, pool) = map(3, 1);
+        let pg = PgId::new(pool, 0);
+        let primary = m.pg_mapping(pg).expect("mapping").acting_primary;
+        let other = (0..3).find(|&o| o != primary).expect("another OSD");
+        let epoch = m.epoch;
+        let osd = Arc::new(FakeOsd::new(other, m, Bits::default()));
+        osd.open(pg);
+        let peering = peer(osd.clone(), pg, epoch);
+        assert_eq!(osd.recovery().peering(), 1);
+        peering.await;
+        assert_eq!(osd.recovery().peering(), 0);
+        assert!(osd.extra.pg_temps.lock().expect("pg_temps").is_empty());
+    }
+}

@@ -1288,4 +1288,62 @@ mod tests {
         assert_eq!(c.chunk_max, 7);
         assert!(!ScrubConfig::default().set("osd_scrub_chunk_max", "0"));
     }
+
+    impl ScrubHost for crate::host::fake::FakeOsd<Scrubber> {
+        fn scrubber(&self) -> &Scrubber {
+            &self.extra
+        }
+    }
+
+    /// Operator requests reach only the PG's primary, and the scrubber takes them repairs
+    /// first, then deep scrubs, then shallow ones, whatever order they came in; a PG that is
+    /// due on schedule but not active (none is, here) is not taken.
+    #[tokio::test]
+    async fn operator_requests_are_taken_repairs_first() {
+        use kelp_proto::{OsdScrubCommand, PgCommand, PgCommandKind};
+
+        let (map, pool) = crate::host::fake::map(3, 16);
+        let epoch = map.epoch;
+        let primary = |seed| {
+            map.pg_mapping(PgId::new(pool, seed))
+                .expect("mapping")
+                .acting_primary
+        };
+        let me = (0..3)
+            .max_by_key(|&osd| (0..16).filter(|&seed| primary(seed) == osd).count())
+            .expect("an OSD");
+        let (mine, theirs): (Vec<PgId>, Vec<PgId>) = (0..16)
+            .map(|seed| PgId::new(pool, seed))
+            .partition(|&pg| map.pg_mapping(pg).expect("mapping").acting_primary == me);
+        assert!(mine.len() >= 3 && !theirs.is_empty(), "{mine:?} {theirs:?}");
+        let osd = crate::host::fake::FakeOsd::new(me, map, Scrubber::new(ScrubConfig::default()));
+        for &pg in mine.iter().chain(&theirs) {
+            osd.open(pg);
+        }
+        let command = |pg, kind| PgCommand { pg, epoch, kind };
+
+        let refused = pg_command(&osd, command(theirs[0], PgCommandKind::Repair)).await;
+        assert_eq!(refused.error.map(|e| e.0), Some(ErrorCode::Misdirected));
+
+        let (a, b, c) = (mine[0], mine[1], mine[2]);
+        let shallow = pg_command(&osd, command(a, PgCommandKind::Scrub { deep: false })).await;
+        let deep = pg_command(&osd, command(b, PgCommandKind::Scrub { deep: true })).await;
+        let repair = pg_command(&osd, command(c, PgCommandKind::Repair)).await;
+        assert_eq!(shallow.error, None);
+        assert!(shallow.queued_seq < deep.queued_seq && deep.queued_seq < repair.queued_seq);
+
+        let taken: Vec<(PgId, bool, bool)> = std::iter::from_fn(|| next_scrub(&osd))
+            .map(|(pg, r)| (pg, r.deep, r.repair))
+            .collect();
+        assert_eq!(
+            taken,
+            [(c, true, true), (b, true, false), (a, false, false)]
+        );
+
+        // `osd scrub` queues every PG this OSD is primary for, and only those.
+        let all = osd_scrub_command(&osd, OsdScrubCommand::Scrub { deep: false }).await;
+        let listed: BTreeSet<PgId> = all.pgs.iter().map(|(pg, _)| *pg).collect();
+        assert_eq!(listed, mine.iter().copied().collect());
+        assert_eq!(std::iter::from_fn(|| next_scrub(&osd)).count(), mine.len());
+    }
 }
