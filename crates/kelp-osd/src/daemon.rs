@@ -22,9 +22,11 @@ use kelp_proto::{MonCommand, MonReply, OsdBoot};
 use kelp_store::{KelpStore, StoreConfig};
 use tracing::{debug, info, warn};
 
+use crate::exec::ExecError;
 use crate::net::{MsgrPeers, OsdDispatcher};
 use crate::service::{ActivationRequest, OsdConfig, OsdService};
 
+/// Why the OSD daemon could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error("store: {0}")]
@@ -33,8 +35,31 @@ pub enum DaemonError {
     Mon(#[from] kelp_monc::MonClientError),
     #[error("network: {0}")]
     Msgr(#[from] kelp_msgr::MsgrError),
-    #[error("{0}")]
-    Setup(String),
+    /// The keyring has no secret for this OSD (`osd.N`).
+    #[error("the keyring has no key for {entity}")]
+    NoKey { entity: String },
+    /// The store was made for another OSD (a data directory given to the wrong OSD id).
+    #[error("the store in {} belongs to osd.{owner}, not osd.{id}", data.display())]
+    WrongOsd { data: PathBuf, owner: i32, id: i32 },
+    /// The monitors answered a command with a reply of another kind.
+    #[error("unexpected reply to {command}: {reply:?}")]
+    UnexpectedReply {
+        command: &'static str,
+        reply: Box<MonReply>,
+    },
+    /// The monitors' map subscription ended before the first map arrived.
+    #[error("the map subscription ended")]
+    MapSubscriptionEnded,
+    /// The PGs this OSD holds could not be opened from the store.
+    #[error("opening PGs: {0}")]
+    OpenPgs(#[source] ExecError),
+    /// A blocking store task (mount, flush, close) panicked or was cancelled.
+    #[error("{what} task failed: {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 /// What `kelp osd` needs to run.
@@ -68,7 +93,9 @@ pub async fn run(
     let secret = opts
         .keyring
         .secret_for(&entity)
-        .ok_or_else(|| DaemonError::Setup(format!("the keyring has no key for {entity}")))?;
+        .ok_or_else(|| DaemonError::NoKey {
+            entity: entity.clone(),
+        })?;
     let data = opts.data.clone();
     // A previous instance that is still exiting (a thread finishing a disk flush) holds the
     // store's lock for a moment: wait for it rather than fail a restart.
@@ -86,7 +113,10 @@ pub async fn run(
         }
     })
     .await
-    .map_err(|e| DaemonError::Setup(format!("mount task failed: {e}")))??;
+    .map_err(|source| DaemonError::Task {
+        what: "mount",
+        source,
+    })??;
     let uuid = store.superblock().store_id.clone();
     let store = Arc::new(store);
     info!(%entity, %uuid, data = %opts.data.display(), "store mounted");
@@ -115,23 +145,22 @@ pub async fn run(
     };
     match reply {
         MonReply::OsdId { id: got, .. } if got == id => {}
-        MonReply::OsdId { id: got, .. } => {
-            return Err(DaemonError::Setup(format!(
-                "the store in {} belongs to osd.{got}, not osd.{id}",
-                opts.data.display()
-            )));
+        MonReply::OsdId { id: owner, .. } => {
+            return Err(DaemonError::WrongOsd {
+                data: opts.data.clone(),
+                owner,
+                id,
+            });
         }
         other => {
-            return Err(DaemonError::Setup(format!(
-                "unexpected reply to osd create: {other:?}"
-            )));
+            return Err(DaemonError::UnexpectedReply {
+                command: "osd create",
+                reply: Box::new(other),
+            });
         }
     }
     let mut maps = mon.subscribe(None)?;
-    let first = maps
-        .next()
-        .await
-        .ok_or_else(|| DaemonError::Setup("the map subscription ended".into()))?;
+    let first = maps.next().await.ok_or(DaemonError::MapSubscriptionEnded)?;
 
     let keys: Arc<dyn KeyLookup> = match opts.keyring_path {
         Some(p) => Arc::new(ReloadingKeyring::new(p, opts.keyring)),
@@ -231,7 +260,7 @@ pub async fn run(
     service
         .set_map((*first).clone())
         .await
-        .map_err(|e| DaemonError::Setup(format!("opening PGs: {e}")))?;
+        .map_err(DaemonError::OpenPgs)?;
     service_slot.set(service.clone()).ok();
     let addr = msgr.bind(opts.bind).await?;
     info!(%entity, %addr, "serving");
@@ -315,13 +344,19 @@ pub async fn run(
     match Arc::try_unwrap(store) {
         Ok(store) => tokio::task::spawn_blocking(move || store.close())
             .await
-            .map_err(|e| DaemonError::Setup(format!("close task failed: {e}")))??,
+            .map_err(|source| DaemonError::Task {
+                what: "close",
+                source,
+            })??,
         Err(store) => {
             // Requests still hold the store: flush what is committed; Drop closes the rest.
             let s = store.clone();
             tokio::task::spawn_blocking(move || kelp_store::ObjectStore::flush(&*s))
                 .await
-                .map_err(|e| DaemonError::Setup(format!("flush task failed: {e}")))??;
+                .map_err(|source| DaemonError::Task {
+                    what: "flush",
+                    source,
+                })??;
         }
     }
     info!(%entity, "stopped");

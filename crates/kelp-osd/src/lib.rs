@@ -10,7 +10,8 @@
 //!   (`recovery` performs its actions);
 //! * `admission` decides whether a client op is served, and what a replica's failure means;
 //! * `service` handles client ops, replica writes and map changes, with the network behind the
-//!   `Peers` trait;
+//!   `Peers` trait; it owns the OSD's state and implements the narrow interfaces (`host`) through
+//!   which `recovery` and `scrub` reach it, so they never depend on it;
 //! * `error` is the crate's error type (`OsdError`), which says whether a failure is worth
 //!   retrying;
 //! * `scrub_map` builds and compares scrub maps (pure comparison, blocking store reads), and
@@ -22,6 +23,7 @@ pub mod ec;
 pub mod error;
 pub mod exec;
 pub mod heartbeat;
+pub mod host;
 pub mod net;
 pub mod object_state;
 pub mod peering;
@@ -37,6 +39,7 @@ pub mod stats;
 
 pub use error::OsdError;
 pub use exec::{ExecError, Executed, Limits, Stamp, StatDelta, execute, object_id};
+pub use host::Peers;
 pub use pglog::{LogEntry, PgInfo, PgMeta};
 pub use scrub::ScrubConfig;
-pub use service::{ActivationRequest, OsdConfig, OsdService, Peers};
+pub use service::{ActivationRequest, OsdConfig, OsdService};

@@ -14,7 +14,8 @@ use kelp_proto::{
 };
 
 use crate::error::OsdError;
-use crate::service::{OsdService, Peers};
+use crate::host::Peers;
+use crate::service::OsdService;
 
 /// Application error code for a request the OSD could not decode.
 pub const BAD_REQUEST: u32 = 1;

@@ -1,7 +1,8 @@
 //! A PG as this OSD holds it: its log, whether and for whom it is active, its write set and
 //! members left behind, the writes in flight, and what holds writes back (a scrub chunk, a
 //! recovery hand-over). Shared by the client-op path (`service`), peering and recovery
-//! (`recovery`), scrub (`scrub`) and the statistics (`stats`); it depends on none of them.
+//! (`recovery`), scrub (`scrub`), the statistics (`stats`) and the seam between them (`host`);
+//! it depends on none of them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -74,6 +75,28 @@ pub(crate) struct PgState {
 }
 
 impl PgState {
+    /// A PG just opened from (or created in) the store: not active, nothing in flight.
+    pub(crate) fn new(meta: PgMeta) -> Self {
+        PgState {
+            meta,
+            active: None,
+            failed_replicas: Vec::new(),
+            peered_up: Vec::new(),
+            write_to: Vec::new(),
+            left_behind: Vec::new(),
+            recovery_flags: Default::default(),
+            interval: 0,
+            recovery_block: false,
+            recovery: None,
+            in_flight: BTreeMap::new(),
+            changed: Arc::new(Notify::new()),
+            scrub_block: None,
+            blocked: None,
+            unfound: Default::default(),
+            record_epoch: 0,
+        }
+    }
+
     pub(crate) fn in_flight_on(&self, object: &ObjectLocator) -> bool {
         self.in_flight.values().any(|o| o == object)
     }

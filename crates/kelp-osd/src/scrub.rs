@@ -20,6 +20,10 @@
 //! `osd_scrub_max_interval`, `osd_deep_scrub_interval` and `osd_scrub_load_threshold` and
 //! honour the `noscrub`/`nodeep-scrub` flags; operator requests ignore the flags, as in Ceph.
 //! One scrub runs at a time per OSD (Ceph's `osd_max_scrubs = 1`).
+//!
+//! The OSD around this module is a `ScrubHost` (a `PgHost` that keeps the `Scrubber`): the
+//! service implements it and calls `start`, the member-side requests (`scrub_map`, `pg_push`),
+//! the operator commands and `repair_from_replica`; nothing here names the service.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -39,13 +43,20 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::error::OsdError;
+use crate::host::PgHost;
 use crate::object_state::{apply_state, peer_addr, read_state};
 use crate::pg::{PgHandle, PgState};
 use crate::pglog::PgMeta;
 pub(crate) use crate::scrub_map::ScrubBlock;
 pub use crate::scrub_map::{Authority, LogHint, choose_authoritative, compare_chunk};
 use crate::scrub_map::{build_map, cursor_oid, in_range, oid_cursor};
-use crate::service::OsdService;
+
+/// What scrub and repair need from the OSD they run in, beyond `PgHost`: the scrub
+/// bookkeeping it keeps for them.
+pub(crate) trait ScrubHost: PgHost {
+    /// This OSD's scrub settings, queue, summaries and inconsistent objects.
+    fn scrubber(&self) -> &Scrubber;
+}
 
 /// Attribute of the PG metadata object holding the scrub record.
 const RECORD_ATTR: &str = "scrub";
@@ -225,8 +236,18 @@ impl Scrubber {
         }
     }
 
-    fn config(&self) -> ScrubConfig {
+    /// The scrub settings in force.
+    pub(crate) fn config(&self) -> ScrubConfig {
         self.cfg.lock().expect("scrub config").clone()
+    }
+
+    /// Replaces the scrub settings (from the central config).
+    pub(crate) fn set_config(&self, cfg: ScrubConfig) {
+        let mut cur = self.cfg.lock().expect("scrub config");
+        if *cur != cfg {
+            info!(?cfg, "scrub settings changed");
+            *cur = cfg;
+        }
     }
 
     /// Loads a PG's stored record (blocking), or starts its stamps now so that a new PG is not
@@ -259,13 +280,17 @@ impl Scrubber {
         e.inconsistent = rec.inconsistent;
     }
 
-    fn summary(&self, pg: PgId) -> PgScrubSummary {
+    /// A PG's scrub summary, if this OSD keeps one for it.
+    pub(crate) fn summary_of(&self, pg: PgId) -> Option<PgScrubSummary> {
         self.pgs
             .lock()
             .expect("scrub table")
             .get(&pg)
             .map(|p| p.summary.clone())
-            .unwrap_or_default()
+    }
+
+    fn summary(&self, pg: PgId) -> PgScrubSummary {
+        self.summary_of(pg).unwrap_or_default()
     }
 
     /// Queues a request (merged with one already queued); returns its sequence number.
@@ -338,757 +363,724 @@ fn blocking_err(e: tokio::task::JoinError) -> OsdError {
     OsdError::task("scrub", e)
 }
 
-impl OsdService {
-    /// Replaces the scrub settings (from the central config).
-    pub fn set_scrub_config(&self, cfg: ScrubConfig) {
-        let mut cur = self.scrubber().cfg.lock().expect("scrub config");
-        if *cur != cfg {
-            info!(?cfg, "scrub settings changed");
-            *cur = cfg;
-        }
-    }
-
-    /// A PG's scrub summary as this OSD keeps it (meaningful on the PG's primary): what a PG
-    /// statistics report to the monitors should carry.
-    pub fn scrub_summary(&self, pg: PgId) -> Option<PgScrubSummary> {
-        self.scrubber()
-            .pgs
-            .lock()
-            .expect("scrub table")
-            .get(&pg)
-            .map(|p| p.summary.clone())
-    }
-
-    /// The scrub settings in force.
-    pub fn scrub_config(&self) -> ScrubConfig {
-        self.scrubber().config()
-    }
-
-    /// Runs queued and scheduled scrubs, one at a time, until the service is dropped.
-    pub fn start_scrubber(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            loop {
-                let Some(this) = weak.upgrade() else { return };
-                let tick = this.scrubber().config().tick;
-                match this.next_scrub() {
-                    Some((pg, req)) => this.run_scrub(pg, req).await,
-                    None => {
-                        let wake = this.scrubber().wake.clone();
-                        drop(this);
-                        let _ = tokio::time::timeout(tick, wake.notified()).await;
-                    }
-                }
-            }
-        })
-    }
-
-    /// The PG to scrub next: an operator request first (repairs, then deep), else a PG whose
-    /// schedule is due.
-    fn next_scrub(&self) -> Option<(PgId, Request)> {
-        let map = self.map();
-        let me = self.id();
-        let primary_of = |pg: PgId| map.pg_mapping(pg).is_ok_and(|m| m.acting_primary == me);
-        let s = self.scrubber();
-        let mut pgs = s.pgs.lock().expect("scrub table");
-        let queued = pgs
-            .iter()
-            .filter_map(|(&pg, p)| p.queued.map(|q| (pg, q)))
-            .filter(|(pg, _)| primary_of(*pg))
-            .max_by_key(|(_, q)| (q.repair, q.deep, std::cmp::Reverse(q.seq)));
-        if let Some((pg, q)) = queued {
-            if let Some(p) = pgs.get_mut(&pg) {
-                p.queued = None;
-            }
-            return Some((pg, q));
-        }
-        let cfg = s.config();
-        let flags = (
-            map.flags.contains(&ClusterFlag::NoScrub),
-            map.flags.contains(&ClusterFlag::NoDeepScrub),
-        );
-        if flags.0 && flags.1 {
-            return None;
-        }
-        let now = now_secs();
-        let load = load_ok(cfg.load_threshold);
-        // Only PGs that serve I/O now with every member in sync (a member still being
-        // recovered holds stale copies; a busy lock just means "not this tick").
-        let active = |pg: PgId| {
-            let Ok(m) = map.pg_mapping(pg) else {
-                return false;
-            };
-            self.pg_handle(pg).is_some_and(|h| {
-                h.try_read().is_ok_and(|st| {
-                    st.active.as_deref() == Some(&m.acting[..]) && st.left_behind.is_empty()
-                })
-            })
-        };
-        let mut due: Vec<(u64, PgId, bool)> = pgs
-            .iter()
-            .filter(|(pg, _)| primary_of(**pg) && active(**pg))
-            .filter_map(|(&pg, p)| {
-                scheduled_kind(now, &p.summary, &cfg, flags, load).map(|deep| {
-                    let stamp = if deep {
-                        p.summary.last_deep_scrub_stamp
-                    } else {
-                        p.summary.last_scrub_stamp
-                    };
-                    (stamp, pg, deep)
-                })
-            })
-            .collect();
-        due.sort();
-        let (_, pg, deep) = due.first().copied()?;
-        Some((
-            pg,
-            Request {
-                deep,
-                repair: false,
-                seq: 0,
-            },
-        ))
-    }
-
-    /// Scrubs one PG and records the outcome (in memory and in the store).
-    async fn run_scrub(self: &Arc<Self>, pg: PgId, req: Request) {
-        let s = self.scrubber();
-        {
-            let mut pgs = s.pgs.lock().expect("scrub table");
-            let p = pgs.entry(pg).or_default();
-            p.summary.scrubbing = true;
-            p.summary.deep = req.deep || req.repair;
-            p.summary.repair = req.repair;
-        }
-        let deep = req.deep || req.repair;
-        let started = std::time::Instant::now();
-        let result = self.scrub_pg(pg, deep, req.repair).await;
-        let record = {
-            let mut pgs = s.pgs.lock().expect("scrub table");
-            let p = pgs.entry(pg).or_default();
-            p.summary.scrubbing = false;
-            p.summary.deep = false;
-            p.summary.repair = false;
-            p.summary.completed_seq = p.summary.completed_seq.max(req.seq);
-            match result {
-                Ok(out) => {
-                    let now = now_secs();
-                    p.summary.last_scrub_stamp = now;
-                    if deep {
-                        p.summary.last_deep_scrub_stamp = now;
-                    }
-                    p.summary.objects_scrubbed = out.objects;
-                    p.summary.num_objects_inconsistent = out.inconsistent.len() as u64;
-                    p.summary.num_scrub_errors = out
-                        .inconsistent
-                        .iter()
-                        .map(|o| o.bad_osds().len() as u64)
-                        .sum();
-                    p.summary.num_objects_unrepairable = out
-                        .inconsistent
-                        .iter()
-                        .filter(|o| o.auth_osd.is_none())
-                        .count() as u64;
-                    p.summary.num_objects_repaired = out.repaired;
-                    p.summary.last_error = None;
-                    let level = if out.inconsistent.is_empty() {
-                        tracing::Level::INFO
-                    } else {
-                        tracing::Level::WARN
-                    };
-                    if level == tracing::Level::WARN {
-                        warn!(%pg, deep, repair = req.repair, objects = out.objects,
-                            inconsistent = out.inconsistent.len(), repaired = out.repaired,
-                            "scrub found inconsistent objects");
-                    } else {
-                        info!(%pg, deep, repair = req.repair, objects = out.objects,
-                            repaired = out.repaired, elapsed = ?started.elapsed(), "scrub ok");
-                    }
-                    p.inconsistent = out.inconsistent;
-                    Some(Record {
-                        summary: p.summary.clone(),
-                        inconsistent: p.inconsistent.clone(),
-                    })
-                }
-                Err(e) => {
-                    warn!(%pg, deep, "scrub did not complete: {e}");
-                    p.summary.last_error = Some(e.to_string());
-                    None
-                }
-            }
-        };
-        if let Some(rec) = record
-            && let Err(e) = self.save_record(pg, &rec).await
-        {
-            warn!(%pg, "storing the scrub record: {e}");
-        }
-    }
-
-    async fn save_record(&self, pg: PgId, rec: &Record) -> Result<(), OsdError> {
-        let mut value = vec![RECORD_FORMAT];
-        value.extend(postcard::to_stdvec(rec).map_err(|e| OsdError::Encoding {
-            what: "scrub record",
-            reason: e.to_string(),
-        })?);
-        let coll = CollectionId(pg);
-        let mut txn = Transaction::new();
-        let mut attrs = BTreeMap::new();
-        attrs.insert(RECORD_ATTR.to_string(), value);
-        txn.push(kelp_store::Op::SetXattrs {
-            coll,
-            oid: PgMeta::meta_oid(coll),
-            attrs,
-        });
-        self.commit_txn(txn).await
-    }
-
-    async fn commit_txn(&self, txn: Transaction) -> Result<(), OsdError> {
-        Ok(self.store().submit(txn)?.await?)
-    }
-
-    /// The acting set this OSD serves `pg` for as its primary at the current map.
-    async fn serving(&self, pg: PgId) -> Result<(Arc<OsdMap>, Vec<i32>, PgHandle), OsdError> {
-        let map = self.map();
-        let m = map.pg_mapping(pg).map_err(|_| OsdError::NoSuchPg { pg })?;
-        if m.acting_primary != self.id() {
-            return Err(OsdError::NotPrimary {
-                pg,
-                epoch: map.epoch,
-                osd: self.id(),
-            });
-        }
-        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
-        {
-            let st = handle.read().await;
-            if st.active.as_deref() != Some(&m.acting[..]) {
-                return Err(OsdError::PgBusy {
-                    pg,
-                    reason: "not active".into(),
-                });
-            }
-            if !st.left_behind.is_empty() {
-                return Err(OsdError::PgBusy {
-                    pg,
-                    reason: format!(
-                        "recovering members {:?}: scrub it once they are in sync",
-                        st.left_behind
-                    ),
-                });
-            }
-        }
-        Ok((map, m.acting, handle))
-    }
-
-    /// Holds back writes to `[start, end)` once none is in flight there.
-    async fn block_range(
-        &self,
-        handle: &PgHandle,
-        acting: &[i32],
-        start: Option<&ObjectId>,
-        end: Option<&ObjectId>,
-    ) -> Result<BlockGuard, OsdError> {
+/// Runs queued and scheduled scrubs, one at a time, until the host is dropped.
+pub(crate) fn start<H: ScrubHost>(host: &Arc<H>) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(host);
+    tokio::spawn(async move {
         loop {
-            let mut st = handle.write().await;
-            if st.active.as_deref() != Some(acting) {
-                return Err(OsdError::PgBusy {
-                    pg: st.meta.coll.0,
-                    reason: "re-peered during the scrub".into(),
-                });
+            let Some(this) = weak.upgrade() else { return };
+            let tick = this.scrubber().config().tick;
+            match next_scrub(&*this) {
+                Some((pg, req)) => run_scrub(&*this, pg, req).await,
+                None => {
+                    let wake = this.scrubber().wake.clone();
+                    drop(this);
+                    let _ = tokio::time::timeout(tick, wake.notified()).await;
+                }
             }
-            let busy = st
-                .in_flight
-                .values()
-                .any(|o| in_range(&crate::exec::object_id(o), start, end));
-            if !busy {
-                st.scrub_block = Some(ScrubBlock {
-                    start: start.cloned(),
-                    end: end.cloned(),
-                });
-                return Ok(BlockGuard {
-                    pg: Some(handle.clone()),
-                });
-            }
-            let changed = st.changed.clone();
-            let settled = changed.notified();
-            drop(st);
-            settled.await;
         }
-    }
+    })
+}
 
-    /// Every member's scrub map of `[start, end)`.
-    async fn gather_maps(
-        &self,
-        pg: PgId,
-        map: &OsdMap,
-        acting: &[i32],
-        start: Option<&ObjectId>,
-        end: Option<&ObjectId>,
-        deep: bool,
-    ) -> Result<BTreeMap<i32, Vec<ScrubObject>>, OsdError> {
-        let me = self.id();
-        let req = ScrubMapRequest {
+/// The PG to scrub next: an operator request first (repairs, then deep), else a PG whose
+/// schedule is due.
+fn next_scrub<H: ScrubHost>(host: &H) -> Option<(PgId, Request)> {
+    let map = host.map();
+    let me = host.id();
+    let primary_of = |pg: PgId| map.pg_mapping(pg).is_ok_and(|m| m.acting_primary == me);
+    let s = host.scrubber();
+    let mut pgs = s.pgs.lock().expect("scrub table");
+    let queued = pgs
+        .iter()
+        .filter_map(|(&pg, p)| p.queued.map(|q| (pg, q)))
+        .filter(|(pg, _)| primary_of(*pg))
+        .max_by_key(|(_, q)| (q.repair, q.deep, std::cmp::Reverse(q.seq)));
+    if let Some((pg, q)) = queued {
+        if let Some(p) = pgs.get_mut(&pg) {
+            p.queued = None;
+        }
+        return Some((pg, q));
+    }
+    let cfg = s.config();
+    let flags = (
+        map.flags.contains(&ClusterFlag::NoScrub),
+        map.flags.contains(&ClusterFlag::NoDeepScrub),
+    );
+    if flags.0 && flags.1 {
+        return None;
+    }
+    let now = now_secs();
+    let load = load_ok(cfg.load_threshold);
+    // Only PGs that serve I/O now with every member in sync (a member still being
+    // recovered holds stale copies; a busy lock just means "not this tick").
+    let active = |pg: PgId| {
+        let Ok(m) = map.pg_mapping(pg) else {
+            return false;
+        };
+        host.pg_handle(pg).is_some_and(|h| {
+            h.try_read().is_ok_and(|st| {
+                st.active.as_deref() == Some(&m.acting[..]) && st.left_behind.is_empty()
+            })
+        })
+    };
+    let mut due: Vec<(u64, PgId, bool)> = pgs
+        .iter()
+        .filter(|(pg, _)| primary_of(**pg) && active(**pg))
+        .filter_map(|(&pg, p)| {
+            scheduled_kind(now, &p.summary, &cfg, flags, load).map(|deep| {
+                let stamp = if deep {
+                    p.summary.last_deep_scrub_stamp
+                } else {
+                    p.summary.last_scrub_stamp
+                };
+                (stamp, pg, deep)
+            })
+        })
+        .collect();
+    due.sort();
+    let (_, pg, deep) = due.first().copied()?;
+    Some((
+        pg,
+        Request {
+            deep,
+            repair: false,
+            seq: 0,
+        },
+    ))
+}
+
+/// Scrubs one PG and records the outcome (in memory and in the store).
+async fn run_scrub<H: ScrubHost>(host: &H, pg: PgId, req: Request) {
+    let s = host.scrubber();
+    {
+        let mut pgs = s.pgs.lock().expect("scrub table");
+        let p = pgs.entry(pg).or_default();
+        p.summary.scrubbing = true;
+        p.summary.deep = req.deep || req.repair;
+        p.summary.repair = req.repair;
+    }
+    let deep = req.deep || req.repair;
+    let started = std::time::Instant::now();
+    let result = scrub_pg(host, pg, deep, req.repair).await;
+    let record = {
+        let mut pgs = s.pgs.lock().expect("scrub table");
+        let p = pgs.entry(pg).or_default();
+        p.summary.scrubbing = false;
+        p.summary.deep = false;
+        p.summary.repair = false;
+        p.summary.completed_seq = p.summary.completed_seq.max(req.seq);
+        match result {
+            Ok(out) => {
+                let now = now_secs();
+                p.summary.last_scrub_stamp = now;
+                if deep {
+                    p.summary.last_deep_scrub_stamp = now;
+                }
+                p.summary.objects_scrubbed = out.objects;
+                p.summary.num_objects_inconsistent = out.inconsistent.len() as u64;
+                p.summary.num_scrub_errors = out
+                    .inconsistent
+                    .iter()
+                    .map(|o| o.bad_osds().len() as u64)
+                    .sum();
+                p.summary.num_objects_unrepairable = out
+                    .inconsistent
+                    .iter()
+                    .filter(|o| o.auth_osd.is_none())
+                    .count() as u64;
+                p.summary.num_objects_repaired = out.repaired;
+                p.summary.last_error = None;
+                let level = if out.inconsistent.is_empty() {
+                    tracing::Level::INFO
+                } else {
+                    tracing::Level::WARN
+                };
+                if level == tracing::Level::WARN {
+                    warn!(%pg, deep, repair = req.repair, objects = out.objects,
+                        inconsistent = out.inconsistent.len(), repaired = out.repaired,
+                        "scrub found inconsistent objects");
+                } else {
+                    info!(%pg, deep, repair = req.repair, objects = out.objects,
+                        repaired = out.repaired, elapsed = ?started.elapsed(), "scrub ok");
+                }
+                p.inconsistent = out.inconsistent;
+                Some(Record {
+                    summary: p.summary.clone(),
+                    inconsistent: p.inconsistent.clone(),
+                })
+            }
+            Err(e) => {
+                warn!(%pg, deep, "scrub did not complete: {e}");
+                p.summary.last_error = Some(e.to_string());
+                None
+            }
+        }
+    };
+    if let Some(rec) = record
+        && let Err(e) = save_record(host, pg, &rec).await
+    {
+        warn!(%pg, "storing the scrub record: {e}");
+    }
+}
+
+async fn save_record<H: PgHost>(host: &H, pg: PgId, rec: &Record) -> Result<(), OsdError> {
+    let mut value = vec![RECORD_FORMAT];
+    value.extend(postcard::to_stdvec(rec).map_err(|e| OsdError::Encoding {
+        what: "scrub record",
+        reason: e.to_string(),
+    })?);
+    let coll = CollectionId(pg);
+    let mut txn = Transaction::new();
+    let mut attrs = BTreeMap::new();
+    attrs.insert(RECORD_ATTR.to_string(), value);
+    txn.push(kelp_store::Op::SetXattrs {
+        coll,
+        oid: PgMeta::meta_oid(coll),
+        attrs,
+    });
+    host.commit(txn).await
+}
+
+/// The acting set this OSD serves `pg` for as its primary at the current map.
+async fn serving<H: PgHost>(
+    host: &H,
+    pg: PgId,
+) -> Result<(Arc<OsdMap>, Vec<i32>, PgHandle), OsdError> {
+    let map = host.map();
+    let m = map.pg_mapping(pg).map_err(|_| OsdError::NoSuchPg { pg })?;
+    if m.acting_primary != host.id() {
+        return Err(OsdError::NotPrimary {
             pg,
             epoch: map.epoch,
-            start: start.map(oid_cursor),
-            end: end.map(oid_cursor),
-            deep,
-        };
-        let mut remote = Vec::new();
-        for &osd in acting.iter().filter(|&&o| o != me) {
-            let addr = peer_addr(map, osd)?;
-            let peers = self.peers();
-            let r = req.clone();
-            remote.push(async move { (osd, peers.scrub_map(osd, addr, r).await) });
+            osd: host.id(),
+        });
+    }
+    let handle = host.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
+    {
+        let st = handle.read().await;
+        if st.active.as_deref() != Some(&m.acting[..]) {
+            return Err(OsdError::PgBusy {
+                pg,
+                reason: "not active".into(),
+            });
         }
-        let local = async {
-            let store = self.store();
-            let coll = CollectionId(pg);
-            let (s, e) = (start.cloned(), end.cloned());
-            tokio::task::spawn_blocking(move || {
-                build_map(&*store, coll, s.as_ref(), e.as_ref(), deep)
-            })
+        if !st.left_behind.is_empty() {
+            return Err(OsdError::PgBusy {
+                pg,
+                reason: format!(
+                    "recovering members {:?}: scrub it once they are in sync",
+                    st.left_behind
+                ),
+            });
+        }
+    }
+    Ok((map, m.acting, handle))
+}
+
+/// Holds back writes to `[start, end)` once none is in flight there.
+async fn block_range(
+    handle: &PgHandle,
+    acting: &[i32],
+    start: Option<&ObjectId>,
+    end: Option<&ObjectId>,
+) -> Result<BlockGuard, OsdError> {
+    loop {
+        let mut st = handle.write().await;
+        if st.active.as_deref() != Some(acting) {
+            return Err(OsdError::PgBusy {
+                pg: st.meta.coll.0,
+                reason: "re-peered during the scrub".into(),
+            });
+        }
+        let busy = st
+            .in_flight
+            .values()
+            .any(|o| in_range(&crate::exec::object_id(o), start, end));
+        if !busy {
+            st.scrub_block = Some(ScrubBlock {
+                start: start.cloned(),
+                end: end.cloned(),
+            });
+            return Ok(BlockGuard {
+                pg: Some(handle.clone()),
+            });
+        }
+        let changed = st.changed.clone();
+        let settled = changed.notified();
+        drop(st);
+        settled.await;
+    }
+}
+
+/// Every member's scrub map of `[start, end)`.
+async fn gather_maps<H: PgHost>(
+    host: &H,
+    pg: PgId,
+    map: &OsdMap,
+    acting: &[i32],
+    start: Option<&ObjectId>,
+    end: Option<&ObjectId>,
+    deep: bool,
+) -> Result<BTreeMap<i32, Vec<ScrubObject>>, OsdError> {
+    let me = host.id();
+    let req = ScrubMapRequest {
+        pg,
+        epoch: map.epoch,
+        start: start.map(oid_cursor),
+        end: end.map(oid_cursor),
+        deep,
+    };
+    let mut remote = Vec::new();
+    for &osd in acting.iter().filter(|&&o| o != me) {
+        let addr = peer_addr(map, osd)?;
+        let peers = host.peers();
+        let r = req.clone();
+        remote.push(async move { (osd, peers.scrub_map(osd, addr, r).await) });
+    }
+    let local = async {
+        let store = host.store();
+        let coll = CollectionId(pg);
+        let (s, e) = (start.cloned(), end.cloned());
+        tokio::task::spawn_blocking(move || build_map(&*store, coll, s.as_ref(), e.as_ref(), deep))
             .await
             .map_err(blocking_err)?
             .map_err(OsdError::from)
-        };
-        let (local, remote) = tokio::join!(local, futures::future::join_all(remote));
-        let mut maps = BTreeMap::new();
-        maps.insert(me, local?);
-        for (osd, r) in remote {
-            let r = r?;
-            if let Some(e) = r.error {
-                return Err(OsdError::remote(osd, e));
-            }
-            maps.insert(osd, r.objects);
+    };
+    let (local, remote) = tokio::join!(local, futures::future::join_all(remote));
+    let mut maps = BTreeMap::new();
+    maps.insert(me, local?);
+    for (osd, r) in remote {
+        let r = r?;
+        if let Some(e) = r.error {
+            return Err(OsdError::remote(osd, e));
         }
-        Ok(maps)
+        maps.insert(osd, r.objects);
     }
+    Ok(maps)
+}
 
-    /// Scrubs every chunk of a PG (repairing what it can if `repair`).
-    async fn scrub_pg(
-        self: &Arc<Self>,
-        pg: PgId,
-        deep: bool,
-        repair: bool,
-    ) -> Result<Outcome, OsdError> {
-        // A PG that is still peering (an OSD just restarted) gets a moment to activate.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let (map, acting, handle) = loop {
-            match self.serving(pg).await {
-                Ok(s) => break s,
-                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
-                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-            }
-        };
-        let coll = CollectionId(pg);
-        let mut out = Outcome {
-            objects: 0,
-            inconsistent: Vec::new(),
-            repaired: 0,
-        };
-        let mut start: Option<ObjectId> = None;
-        loop {
-            let cfg = self.scrubber().config();
-            let store = self.store();
-            let from = start.clone();
-            let max = cfg.chunk_max.max(1);
-            let page =
-                tokio::task::spawn_blocking(move || store.list_objects(coll, from.as_ref(), max))
-                    .await
-                    .map_err(blocking_err)??;
-            let end = page.next;
-            let block = self
-                .block_range(&handle, &acting, start.as_ref(), end.as_ref())
-                .await?;
-            let result = self
-                .scrub_chunk(
-                    pg,
-                    &map,
-                    &acting,
-                    &handle,
-                    start.as_ref(),
-                    end.as_ref(),
-                    deep,
-                    repair,
-                )
-                .await;
-            block.release().await;
-            let (objects, bad, repaired) = result?;
-            out.objects += objects;
-            out.inconsistent.extend(bad);
-            out.repaired += repaired;
-            if self.map().pg_mapping(pg).map(|m| m.acting).ok().as_deref() != Some(&acting[..]) {
-                return Err(OsdError::PgBusy {
-                    pg,
-                    reason: "the acting set changed during the scrub".into(),
-                });
-            }
-            match end {
-                None => return Ok(out),
-                Some(e) => start = Some(e),
-            }
-            if !cfg.sleep.is_zero() {
-                tokio::time::sleep(cfg.sleep).await;
-            }
+/// Scrubs every chunk of a PG (repairing what it can if `repair`).
+async fn scrub_pg<H: ScrubHost>(
+    host: &H,
+    pg: PgId,
+    deep: bool,
+    repair: bool,
+) -> Result<Outcome, OsdError> {
+    // A PG that is still peering (an OSD just restarted) gets a moment to activate.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (map, acting, handle) = loop {
+        match serving(host, pg).await {
+            Ok(s) => break s,
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
+    let coll = CollectionId(pg);
+    let mut out = Outcome {
+        objects: 0,
+        inconsistent: Vec::new(),
+        repaired: 0,
+    };
+    let mut start: Option<ObjectId> = None;
+    loop {
+        let cfg = host.scrubber().config();
+        let store = host.store();
+        let from = start.clone();
+        let max = cfg.chunk_max.max(1);
+        let page =
+            tokio::task::spawn_blocking(move || store.list_objects(coll, from.as_ref(), max))
+                .await
+                .map_err(blocking_err)??;
+        let end = page.next;
+        let block = block_range(&handle, &acting, start.as_ref(), end.as_ref()).await?;
+        let result = scrub_chunk(
+            host,
+            pg,
+            &map,
+            &acting,
+            &handle,
+            start.as_ref(),
+            end.as_ref(),
+            deep,
+            repair,
+        )
+        .await;
+        block.release().await;
+        let (objects, bad, repaired) = result?;
+        out.objects += objects;
+        out.inconsistent.extend(bad);
+        out.repaired += repaired;
+        if host.map().pg_mapping(pg).map(|m| m.acting).ok().as_deref() != Some(&acting[..]) {
+            return Err(OsdError::PgBusy {
+                pg,
+                reason: "the acting set changed during the scrub".into(),
+            });
+        }
+        match end {
+            None => return Ok(out),
+            Some(e) => start = Some(e),
+        }
+        if !cfg.sleep.is_zero() {
+            tokio::time::sleep(cfg.sleep).await;
         }
     }
+}
 
-    /// One chunk, with writes to it held back: compare, repair, verify. Returns (objects
-    /// seen, inconsistent objects left, objects repaired).
-    #[allow(clippy::too_many_arguments)]
-    async fn scrub_chunk(
-        &self,
-        pg: PgId,
-        map: &OsdMap,
-        acting: &[i32],
-        handle: &PgHandle,
-        start: Option<&ObjectId>,
-        end: Option<&ObjectId>,
-        deep: bool,
-        repair: bool,
-    ) -> Result<(u64, Vec<InconsistentObject>, u64), OsdError> {
-        let me = self.id();
-        let log_hints = |st: &PgState| {
-            let mut h = HashMap::new();
-            for e in st.meta.entries() {
-                h.insert(
-                    (e.object.namespace.clone(), e.object.name.clone()),
-                    LogHint {
-                        version: e.version,
-                        deleted: e.deleted,
-                    },
-                );
-            }
-            h
-        };
-        let hints = log_hints(&*handle.read().await);
-        let maps = self.gather_maps(pg, map, acting, start, end, deep).await?;
-        let objects = maps
+/// One chunk, with writes to it held back: compare, repair, verify. Returns (objects
+/// seen, inconsistent objects left, objects repaired).
+#[allow(clippy::too_many_arguments)]
+async fn scrub_chunk<H: ScrubHost>(
+    host: &H,
+    pg: PgId,
+    map: &OsdMap,
+    acting: &[i32],
+    handle: &PgHandle,
+    start: Option<&ObjectId>,
+    end: Option<&ObjectId>,
+    deep: bool,
+    repair: bool,
+) -> Result<(u64, Vec<InconsistentObject>, u64), OsdError> {
+    let me = host.id();
+    let log_hints = |st: &PgState| {
+        let mut h = HashMap::new();
+        for e in st.meta.entries() {
+            h.insert(
+                (e.object.namespace.clone(), e.object.name.clone()),
+                LogHint {
+                    version: e.version,
+                    deleted: e.deleted,
+                },
+            );
+        }
+        h
+    };
+    let hints = log_hints(&*handle.read().await);
+    let maps = gather_maps(host, pg, map, acting, start, end, deep).await?;
+    let objects = maps
+        .values()
+        .flat_map(|v| v.iter().map(|o| (o.hash, &o.namespace, &o.name)))
+        .collect::<BTreeSet<_>>()
+        .len() as u64;
+    let bad = compare_chunk(&maps, me, &hints);
+    if !repair || bad.is_empty() {
+        return Ok((objects, bad, 0));
+    }
+    let mut repaired = 0;
+    for obj in &bad {
+        let hash = maps
             .values()
-            .flat_map(|v| v.iter().map(|o| (o.hash, &o.namespace, &o.name)))
-            .collect::<BTreeSet<_>>()
-            .len() as u64;
-        let bad = compare_chunk(&maps, me, &hints);
-        if !repair || bad.is_empty() {
-            return Ok((objects, bad, 0));
-        }
-        let mut repaired = 0;
-        for obj in &bad {
-            let hash = maps
-                .values()
-                .flatten()
-                .find(|o| o.namespace == obj.namespace && o.name == obj.name)
-                .map_or(0, |o| o.hash);
-            let oid = ObjectId::new(pg.pool.0, &obj.namespace, &obj.name, hash);
-            let (state, data) = match obj.auth_osd {
-                None if obj.errors.contains(&ShardError::Stale) => (absent(), Bytes::new()),
-                None => continue, // nothing good to copy
-                Some(osd) if osd == me => {
-                    let store = self.store();
-                    let o = oid.clone();
-                    tokio::task::spawn_blocking(move || read_state(&*store, CollectionId(pg), &o))
-                        .await
-                        .map_err(blocking_err)??
-                }
-                Some(osd) => {
-                    let addr = peer_addr(map, osd)?;
-                    let (r, d) = self
-                        .peers()
-                        .pull(
-                            osd,
-                            addr,
-                            PgPull {
-                                pg,
-                                epoch: map.epoch,
-                                namespace: obj.namespace.clone(),
-                                name: obj.name.clone(),
-                                shard: None,
-                            },
-                        )
-                        .await?;
-                    if let Some((code, msg)) = r.error {
-                        return Err(OsdError::Remote {
-                            osd,
-                            code,
-                            message: format!("pulling '{}': {msg}", obj.name),
-                        });
-                    }
-                    (r, d)
-                }
-            };
-            for bad_osd in obj.bad_osds() {
-                let push = PgPush {
-                    pg,
-                    epoch: map.epoch,
-                    hash,
-                    namespace: obj.namespace.clone(),
-                    name: obj.name.clone(),
-                    state: state.clone(),
-                };
-                let reply = if bad_osd == me {
-                    self.pg_push(push, data.clone()).await
-                } else {
-                    let addr = peer_addr(map, bad_osd)?;
-                    self.peers().push(bad_osd, addr, push, data.clone()).await?
-                };
-                if let Some((code, msg)) = reply.error {
+            .flatten()
+            .find(|o| o.namespace == obj.namespace && o.name == obj.name)
+            .map_or(0, |o| o.hash);
+        let oid = ObjectId::new(pg.pool.0, &obj.namespace, &obj.name, hash);
+        let (state, data) = match obj.auth_osd {
+            None if obj.errors.contains(&ShardError::Stale) => (absent(), Bytes::new()),
+            None => continue, // nothing good to copy
+            Some(osd) if osd == me => {
+                let store = host.store();
+                let o = oid.clone();
+                tokio::task::spawn_blocking(move || read_state(&*store, CollectionId(pg), &o))
+                    .await
+                    .map_err(blocking_err)??
+            }
+            Some(osd) => {
+                let addr = peer_addr(map, osd)?;
+                let (r, d) = host
+                    .peers()
+                    .pull(
+                        osd,
+                        addr,
+                        PgPull {
+                            pg,
+                            epoch: map.epoch,
+                            namespace: obj.namespace.clone(),
+                            name: obj.name.clone(),
+                            shard: None,
+                        },
+                    )
+                    .await?;
+                if let Some((code, msg)) = r.error {
                     return Err(OsdError::Remote {
-                        osd: bad_osd,
+                        osd,
                         code,
-                        message: format!("repairing '{}': {msg}", obj.name),
+                        message: format!("pulling '{}': {msg}", obj.name),
                     });
                 }
+                (r, d)
             }
-            info!(%pg, object = %obj.name, auth = ?obj.auth_osd, bad = ?obj.bad_osds(), "repaired");
-            repaired += 1;
-        }
-        // Verify: the chunk again, deep, with writes still held back.
-        let maps = self.gather_maps(pg, map, acting, start, end, true).await?;
-        let left = compare_chunk(&maps, me, &hints);
-        Ok((objects, left, repaired))
-    }
-
-    /// A member's scrub map of a range of one of its PGs.
-    pub async fn scrub_map(&self, req: ScrubMapRequest) -> ScrubMapReply {
-        let fail = |code, msg: String| ScrubMapReply {
-            error: Some((code, msg)),
-            objects: Vec::new(),
         };
-        let map = self.map_at_least(req.epoch).await;
-        if map.epoch < req.epoch {
-            return fail(
-                ErrorCode::Misdirected,
-                format!("osd.{} has not seen epoch {} yet", self.id(), req.epoch),
-            );
+        for bad_osd in obj.bad_osds() {
+            let push = PgPush {
+                pg,
+                epoch: map.epoch,
+                hash,
+                namespace: obj.namespace.clone(),
+                name: obj.name.clone(),
+                state: state.clone(),
+            };
+            let reply = if bad_osd == me {
+                pg_push(host, push, data.clone()).await
+            } else {
+                let addr = peer_addr(map, bad_osd)?;
+                host.peers().push(bad_osd, addr, push, data.clone()).await?
+            };
+            if let Some((code, msg)) = reply.error {
+                return Err(OsdError::Remote {
+                    osd: bad_osd,
+                    code,
+                    message: format!("repairing '{}': {msg}", obj.name),
+                });
+            }
         }
-        if self.pg_handle(req.pg).is_none() {
-            return fail(
-                ErrorCode::Misdirected,
-                format!("osd.{} does not hold PG {}", self.id(), req.pg),
-            );
-        }
-        let store = self.store();
-        let coll = CollectionId(req.pg);
-        let start = req.start.as_ref().map(|c| cursor_oid(req.pg, c));
-        let end = req.end.as_ref().map(|c| cursor_oid(req.pg, c));
-        let deep = req.deep;
-        match tokio::task::spawn_blocking(move || {
-            build_map(&*store, coll, start.as_ref(), end.as_ref(), deep)
-        })
-        .await
-        {
-            Ok(Ok(objects)) => ScrubMapReply {
-                error: None,
-                objects,
-            },
-            Ok(Err(e)) => fail(ErrorCode::Io, e.to_string()),
-            Err(e) => fail(ErrorCode::Io, blocking_err(e).to_string()),
-        }
+        info!(%pg, object = %obj.name, auth = ?obj.auth_osd, bad = ?obj.bad_osds(), "repaired");
+        repaired += 1;
     }
+    // Verify: the chunk again, deep, with writes still held back.
+    let maps = gather_maps(host, pg, map, acting, start, end, true).await?;
+    let left = compare_chunk(&maps, me, &hints);
+    Ok((objects, left, repaired))
+}
 
-    /// Installs a repaired copy of one object (sent by the PG's primary, whose writes to the
-    /// object are held back meanwhile).
-    pub async fn pg_push(&self, p: PgPush, data: Bytes) -> PgPushReply {
-        let fail = |code, msg: String| PgPushReply {
-            error: Some((code, msg)),
-        };
-        if self.pg_handle(p.pg).is_none() {
-            return fail(
-                ErrorCode::Misdirected,
-                format!("osd.{} does not hold PG {}", self.id(), p.pg),
-            );
-        }
-        let coll = CollectionId(p.pg);
-        let oid = ObjectId::new(p.pg.pool.0, &p.namespace, &p.name, p.hash);
-        let store = self.store();
-        let o = oid.clone();
-        let exists = match tokio::task::spawn_blocking(move || store.exists(coll, &o)).await {
-            Ok(Ok(e)) => e,
-            Ok(Err(e)) => return fail(ErrorCode::Io, e.to_string()),
-            Err(e) => return fail(ErrorCode::Io, blocking_err(e).to_string()),
-        };
-        let mut txn = Transaction::new();
-        apply_state(&mut txn, coll, &oid, exists, p.state, data);
-        if txn.is_empty() {
-            return PgPushReply { error: None };
-        }
-        match self.commit_txn(txn).await {
-            Ok(()) => PgPushReply { error: None },
-            Err(e) => fail(ErrorCode::Io, e.to_string()),
-        }
+/// A member's scrub map of a range of one of its PGs.
+pub(crate) async fn scrub_map<H: PgHost>(host: &H, req: ScrubMapRequest) -> ScrubMapReply {
+    let fail = |code, msg: String| ScrubMapReply {
+        error: Some((code, msg)),
+        objects: Vec::new(),
+    };
+    let map = host.map_at_least(req.epoch).await;
+    if map.epoch < req.epoch {
+        return fail(
+            ErrorCode::Misdirected,
+            format!("osd.{} has not seen epoch {} yet", host.id(), req.epoch),
+        );
     }
-
-    /// An operator's request to a PG's primary.
-    pub async fn pg_command(&self, c: PgCommand) -> PgCommandReply {
-        let map = self.map_at_least(c.epoch).await;
-        let mut reply = PgCommandReply {
+    if host.pg_handle(req.pg).is_none() {
+        return fail(
+            ErrorCode::Misdirected,
+            format!("osd.{} does not hold PG {}", host.id(), req.pg),
+        );
+    }
+    let store = host.store();
+    let coll = CollectionId(req.pg);
+    let start = req.start.as_ref().map(|c| cursor_oid(req.pg, c));
+    let end = req.end.as_ref().map(|c| cursor_oid(req.pg, c));
+    let deep = req.deep;
+    match tokio::task::spawn_blocking(move || {
+        build_map(&*store, coll, start.as_ref(), end.as_ref(), deep)
+    })
+    .await
+    {
+        Ok(Ok(objects)) => ScrubMapReply {
             error: None,
-            epoch: map.epoch,
-            osd: self.id(),
-            summary: PgScrubSummary::default(),
-            inconsistent: Vec::new(),
-            queued_seq: 0,
-        };
-        match map.pg_mapping(c.pg) {
-            Ok(m) if m.acting_primary == self.id() => {}
-            Ok(_) => {
-                reply.error = Some((
-                    ErrorCode::Misdirected,
-                    format!("osd.{} is not the primary of PG {}", self.id(), c.pg),
-                ));
-                return reply;
-            }
-            Err(e) => {
-                reply.error = Some((ErrorCode::NoSuchPool, e.to_string()));
-                return reply;
-            }
-        }
-        if self.pg_handle(c.pg).is_none() {
+            objects,
+        },
+        Ok(Err(e)) => fail(ErrorCode::Io, e.to_string()),
+        Err(e) => fail(ErrorCode::Io, blocking_err(e).to_string()),
+    }
+}
+
+/// Installs a repaired copy of one object (sent by the PG's primary, whose writes to the
+/// object are held back meanwhile).
+pub(crate) async fn pg_push<H: PgHost>(host: &H, p: PgPush, data: Bytes) -> PgPushReply {
+    let fail = |code, msg: String| PgPushReply {
+        error: Some((code, msg)),
+    };
+    if host.pg_handle(p.pg).is_none() {
+        return fail(
+            ErrorCode::Misdirected,
+            format!("osd.{} does not hold PG {}", host.id(), p.pg),
+        );
+    }
+    let coll = CollectionId(p.pg);
+    let oid = ObjectId::new(p.pg.pool.0, &p.namespace, &p.name, p.hash);
+    let store = host.store();
+    let o = oid.clone();
+    let exists = match tokio::task::spawn_blocking(move || store.exists(coll, &o)).await {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => return fail(ErrorCode::Io, e.to_string()),
+        Err(e) => return fail(ErrorCode::Io, blocking_err(e).to_string()),
+    };
+    let mut txn = Transaction::new();
+    apply_state(&mut txn, coll, &oid, exists, p.state, data);
+    if txn.is_empty() {
+        return PgPushReply { error: None };
+    }
+    match host.commit(txn).await {
+        Ok(()) => PgPushReply { error: None },
+        Err(e) => fail(ErrorCode::Io, e.to_string()),
+    }
+}
+
+/// An operator's request to a PG's primary.
+pub(crate) async fn pg_command<H: ScrubHost>(host: &H, c: PgCommand) -> PgCommandReply {
+    let map = host.map_at_least(c.epoch).await;
+    let mut reply = PgCommandReply {
+        error: None,
+        epoch: map.epoch,
+        osd: host.id(),
+        summary: PgScrubSummary::default(),
+        inconsistent: Vec::new(),
+        queued_seq: 0,
+    };
+    match map.pg_mapping(c.pg) {
+        Ok(m) if m.acting_primary == host.id() => {}
+        Ok(_) => {
             reply.error = Some((
-                ErrorCode::Inactive,
-                format!("PG {} is not open here yet", c.pg),
+                ErrorCode::Misdirected,
+                format!("osd.{} is not the primary of PG {}", host.id(), c.pg),
             ));
             return reply;
         }
-        let s = self.scrubber();
-        match c.kind {
-            PgCommandKind::Scrub { deep } => reply.queued_seq = s.queue(c.pg, deep, false),
-            PgCommandKind::Repair => reply.queued_seq = s.queue(c.pg, true, true),
-            PgCommandKind::Status => {}
-            PgCommandKind::ListInconsistent => {
-                reply.inconsistent = s
-                    .pgs
-                    .lock()
-                    .expect("scrub table")
-                    .get(&c.pg)
-                    .map(|p| p.inconsistent.clone())
-                    .unwrap_or_default();
-            }
-        }
-        reply.summary = s.summary(c.pg);
-        reply
-    }
-
-    /// An operator's request to this OSD about every PG it is primary for.
-    pub async fn osd_scrub_command(&self, c: OsdScrubCommand) -> OsdScrubReply {
-        let map = self.map();
-        let me = self.id();
-        let mut pgs = Vec::new();
-        for pool in map.pools.values() {
-            for seed in 0..pool.pg_num {
-                let pg = PgId::new(pool.id, seed);
-                if map.pg_mapping(pg).is_ok_and(|m| m.acting_primary == me)
-                    && self.pg_handle(pg).is_some()
-                {
-                    pgs.push(pg);
-                }
-            }
-        }
-        let s = self.scrubber();
-        if let OsdScrubCommand::Scrub { deep } = c {
-            for &pg in &pgs {
-                s.queue(pg, deep, false);
-            }
-        }
-        OsdScrubReply {
-            error: None,
-            osd: me,
-            pgs: pgs.into_iter().map(|pg| (pg, s.summary(pg))).collect(),
+        Err(e) => {
+            reply.error = Some((ErrorCode::NoSuchPool, e.to_string()));
+            return reply;
         }
     }
-
-    /// A client read (or a recovery pull) found this primary's copy of `object` damaged: copy
-    /// it from another member in sync (writes to the PG wait meanwhile; members left behind
-    /// for recovery may hold an older version and are never used), so the read can be answered
-    /// from a good copy. Errors if no member has a good copy.
-    pub(crate) async fn repair_from_replica(
-        &self,
-        pg: PgId,
-        object: &kelp_proto::ObjectLocator,
-    ) -> Result<i32, OsdError> {
-        if object.key.is_some() {
-            return Err(OsdError::Unsupported {
-                reason: "objects with a locator key cannot be fetched from a replica yet".into(),
-            });
+    if host.pg_handle(c.pg).is_none() {
+        reply.error = Some((
+            ErrorCode::Inactive,
+            format!("PG {} is not open here yet", c.pg),
+        ));
+        return reply;
+    }
+    let s = host.scrubber();
+    match c.kind {
+        PgCommandKind::Scrub { deep } => reply.queued_seq = s.queue(c.pg, deep, false),
+        PgCommandKind::Repair => reply.queued_seq = s.queue(c.pg, true, true),
+        PgCommandKind::Status => {}
+        PgCommandKind::ListInconsistent => {
+            reply.inconsistent = s
+                .pgs
+                .lock()
+                .expect("scrub table")
+                .get(&c.pg)
+                .map(|p| p.inconsistent.clone())
+                .unwrap_or_default();
         }
-        let handle = self.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
-        let map = self.map();
-        let state = loop {
-            let st = handle.write().await;
-            if !st.in_flight.values().any(|o| o == object) {
-                break st;
+    }
+    reply.summary = s.summary(c.pg);
+    reply
+}
+
+/// An operator's request to this OSD about every PG it is primary for.
+pub(crate) async fn osd_scrub_command<H: ScrubHost>(host: &H, c: OsdScrubCommand) -> OsdScrubReply {
+    let map = host.map();
+    let me = host.id();
+    let mut pgs = Vec::new();
+    for pool in map.pools.values() {
+        for seed in 0..pool.pg_num {
+            let pg = PgId::new(pool.id, seed);
+            if map.pg_mapping(pg).is_ok_and(|m| m.acting_primary == me)
+                && host.pg_handle(pg).is_some()
+            {
+                pgs.push(pg);
             }
-            let changed = st.changed.clone();
-            let settled = changed.notified();
-            drop(st);
-            settled.await;
+        }
+    }
+    let s = host.scrubber();
+    if let OsdScrubCommand::Scrub { deep } = c {
+        for &pg in &pgs {
+            s.queue(pg, deep, false);
+        }
+    }
+    OsdScrubReply {
+        error: None,
+        osd: me,
+        pgs: pgs.into_iter().map(|pg| (pg, s.summary(pg))).collect(),
+    }
+}
+
+/// A client read (or a recovery pull) found this primary's copy of `object` damaged: copy
+/// it from another member in sync (writes to the PG wait meanwhile; members left behind
+/// for recovery may hold an older version and are never used), so the read can be answered
+/// from a good copy. Errors if no member has a good copy.
+pub(crate) async fn repair_from_replica<H: ScrubHost>(
+    host: &H,
+    pg: PgId,
+    object: &kelp_proto::ObjectLocator,
+) -> Result<i32, OsdError> {
+    if object.key.is_some() {
+        return Err(OsdError::Unsupported {
+            reason: "objects with a locator key cannot be fetched from a replica yet".into(),
+        });
+    }
+    let handle = host.pg_handle(pg).ok_or(OsdError::PgNotOpen { pg })?;
+    let map = host.map();
+    let state = loop {
+        let st = handle.write().await;
+        if !st.in_flight.values().any(|o| o == object) {
+            break st;
+        }
+        let changed = st.changed.clone();
+        let settled = changed.notified();
+        drop(st);
+        settled.await;
+    };
+    let oid = crate::exec::object_id(object);
+    let mut why = Vec::new();
+    // While the PG peers, its write set is the previous interval's, and a member being
+    // synced now holds its copy locked until this pull answers: never ask then.
+    if state.active.is_none() {
+        return Err(OsdError::PgBusy {
+            pg,
+            reason: "peering".into(),
+        });
+    }
+    let in_sync: Vec<i32> = state
+        .write_to
+        .iter()
+        .copied()
+        .filter(|o| !state.failed_replicas.contains(o))
+        .collect();
+    if in_sync.is_empty() {
+        why.push("no other member is in sync".to_string());
+    }
+    for &osd in in_sync.iter().filter(|&&o| o != host.id()) {
+        let Some(addr) = map.osds.get(&osd).and_then(|o| o.addr) else {
+            continue;
         };
-        let oid = crate::exec::object_id(object);
-        let mut why = Vec::new();
-        // While the PG peers, its write set is the previous interval's, and a member being
-        // synced now holds its copy locked until this pull answers: never ask then.
-        if state.active.is_none() {
-            return Err(OsdError::PgBusy {
-                pg,
-                reason: "peering".into(),
-            });
-        }
-        let in_sync: Vec<i32> = state
-            .write_to
-            .iter()
-            .copied()
-            .filter(|o| !state.failed_replicas.contains(o))
-            .collect();
-        if in_sync.is_empty() {
-            why.push("no other member is in sync".to_string());
-        }
-        for &osd in in_sync.iter().filter(|&&o| o != self.id()) {
-            let Some(addr) = map.osds.get(&osd).and_then(|o| o.addr) else {
-                continue;
-            };
-            let pulled = self
-                .peers()
-                .pull(
-                    osd,
-                    addr,
-                    PgPull {
-                        pg,
-                        epoch: map.epoch,
-                        namespace: object.namespace.clone(),
-                        name: object.name.clone(),
-                        shard: None,
-                    },
-                )
-                .await;
-            let (r, data) = match pulled {
-                Ok(x) => x,
-                Err(e) => {
-                    why.push(e.to_string());
-                    continue;
-                }
-            };
-            if let Some((_, msg)) = r.error {
-                why.push(format!("osd.{osd}: {msg}"));
+        let pulled = host
+            .peers()
+            .pull(
+                osd,
+                addr,
+                PgPull {
+                    pg,
+                    epoch: map.epoch,
+                    namespace: object.namespace.clone(),
+                    name: object.name.clone(),
+                    shard: None,
+                },
+            )
+            .await;
+        let (r, data) = match pulled {
+            Ok(x) => x,
+            Err(e) => {
+                why.push(e.to_string());
                 continue;
             }
-            if !r.exists {
-                why.push(format!("osd.{osd} does not have it"));
-                continue;
-            }
-            let mut txn = Transaction::new();
-            apply_state(&mut txn, state.meta.coll, &oid, true, r, data);
-            self.commit_txn(txn).await?;
-            drop(state);
-            warn!(%pg, object = %object.name, "read error on the primary's copy; repaired from osd.{osd}");
-            let mut pgs = self.scrubber().pgs.lock().expect("scrub table");
-            pgs.entry(pg).or_default().summary.num_objects_repaired += 1;
-            return Ok(osd);
+        };
+        if let Some((_, msg)) = r.error {
+            why.push(format!("osd.{osd}: {msg}"));
+            continue;
         }
-        Err(OsdError::NoGoodCopy {
-            object: object.name.clone(),
-            tried: why,
-        })
+        if !r.exists {
+            why.push(format!("osd.{osd} does not have it"));
+            continue;
+        }
+        let mut txn = Transaction::new();
+        apply_state(&mut txn, state.meta.coll, &oid, true, r, data);
+        host.commit(txn).await?;
+        drop(state);
+        warn!(%pg, object = %object.name, "read error on the primary's copy; repaired from osd.{osd}");
+        let mut pgs = host.scrubber().pgs.lock().expect("scrub table");
+        pgs.entry(pg).or_default().summary.num_objects_repaired += 1;
+        return Ok(osd);
     }
+    Err(OsdError::NoGoodCopy {
+        object: object.name.clone(),
+        tried: why,
+    })
 }
 
 fn absent() -> PgPullReply {
@@ -1297,5 +1289,63 @@ mod tests {
         let c = ScrubConfig::default().with_central(&entries, 1);
         assert_eq!(c.chunk_max, 7);
         assert!(!ScrubConfig::default().set("osd_scrub_chunk_max", "0"));
+    }
+
+    impl ScrubHost for crate::host::fake::FakeOsd<Scrubber> {
+        fn scrubber(&self) -> &Scrubber {
+            &self.extra
+        }
+    }
+
+    /// Operator requests reach only the PG's primary, and the scrubber takes them repairs
+    /// first, then deep scrubs, then shallow ones, whatever order they came in; a PG that is
+    /// due on schedule but not active (none is, here) is not taken.
+    #[tokio::test]
+    async fn operator_requests_are_taken_repairs_first() {
+        use kelp_proto::{OsdScrubCommand, PgCommand, PgCommandKind};
+
+        let (map, pool) = crate::host::fake::map(3, 16);
+        let epoch = map.epoch;
+        let primary = |seed| {
+            map.pg_mapping(PgId::new(pool, seed))
+                .expect("mapping")
+                .acting_primary
+        };
+        let me = (0..3)
+            .max_by_key(|&osd| (0..16).filter(|&seed| primary(seed) == osd).count())
+            .expect("an OSD");
+        let (mine, theirs): (Vec<PgId>, Vec<PgId>) = (0..16)
+            .map(|seed| PgId::new(pool, seed))
+            .partition(|&pg| map.pg_mapping(pg).expect("mapping").acting_primary == me);
+        assert!(mine.len() >= 3 && !theirs.is_empty(), "{mine:?} {theirs:?}");
+        let osd = crate::host::fake::FakeOsd::new(me, map, Scrubber::new(ScrubConfig::default()));
+        for &pg in mine.iter().chain(&theirs) {
+            osd.open(pg);
+        }
+        let command = |pg, kind| PgCommand { pg, epoch, kind };
+
+        let refused = pg_command(&osd, command(theirs[0], PgCommandKind::Repair)).await;
+        assert_eq!(refused.error.map(|e| e.0), Some(ErrorCode::Misdirected));
+
+        let (a, b, c) = (mine[0], mine[1], mine[2]);
+        let shallow = pg_command(&osd, command(a, PgCommandKind::Scrub { deep: false })).await;
+        let deep = pg_command(&osd, command(b, PgCommandKind::Scrub { deep: true })).await;
+        let repair = pg_command(&osd, command(c, PgCommandKind::Repair)).await;
+        assert_eq!(shallow.error, None);
+        assert!(shallow.queued_seq < deep.queued_seq && deep.queued_seq < repair.queued_seq);
+
+        let taken: Vec<(PgId, bool, bool)> = std::iter::from_fn(|| next_scrub(&osd))
+            .map(|(pg, r)| (pg, r.deep, r.repair))
+            .collect();
+        assert_eq!(
+            taken,
+            [(c, true, true), (b, true, false), (a, false, false)]
+        );
+
+        // `osd scrub` queues every PG this OSD is primary for, and only those.
+        let all = osd_scrub_command(&osd, OsdScrubCommand::Scrub { deep: false }).await;
+        let listed: BTreeSet<PgId> = all.pgs.iter().map(|(pg, _)| *pg).collect();
+        assert_eq!(listed, mine.iter().copied().collect());
+        assert_eq!(std::iter::from_fn(|| next_scrub(&osd)).count(), mine.len());
     }
 }

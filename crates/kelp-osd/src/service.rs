@@ -22,9 +22,14 @@
 //!
 //! The network is behind the `Peers` trait, so a whole cluster of services can be tested in
 //! one process; the daemon implements it over the messenger.
+//!
+//! Peering, recovery and scrub are not here: `OsdService` implements the narrow interfaces
+//! those workers are written against (`host::PgHost`, `recovery::RecoveryHost`,
+//! `scrub::ScrubHost`), starts them (`recovery::peer` on a map change or a failed write,
+//! `scrub::repair_from_replica` on a damaged read, `scrub::start`) and hands them their
+//! requests. The dependency is one-way: this module uses them, they never name it.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -33,19 +38,24 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use kelp_maps::OsdMap;
 use kelp_proto::{
-    ErrorCode, ListCursor, OpResult, OsdOp, OsdOpReply, PgList, PgListReply, PgPull, PgPullReply,
-    PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply,
-    ScrubMapReply, ScrubMapRequest,
+    ActivationVerdict, ErrorCode, ListCursor, MonCommand, ObjectLocator, OpResult, OsdOp,
+    OsdOpReply, OsdScrubCommand, OsdScrubReply, PgActivation, PgCommand, PgCommandReply, PgList,
+    PgListReply, PgPull, PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgScrubSummary,
+    PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply, ScrubMapRequest,
 };
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
-use tokio::sync::{Notify, RwLock, watch};
+use tokio::sync::{RwLock, oneshot, watch};
 
 use crate::admission;
 use crate::error::OsdError;
 use crate::exec::{ExecError, Executed, Limits, Stamp, execute};
+use crate::host::PgHost;
 use crate::pg::{InFlight, PgHandle, PgState};
 use crate::pglog::{LogAppend, LogEntry, PgMeta};
+use crate::recovery::{self, Recovery, RecoveryConfig, RecoveryHost};
+use crate::scrub::{self, ScrubConfig, ScrubHost, Scrubber};
+use crate::stats::{OsdStats, ReportSource};
 
 /// OSD settings (Ceph's names where the concept is Ceph's).
 #[derive(Debug, Clone)]
@@ -57,7 +67,7 @@ pub struct OsdConfig {
     /// How long a client op waits for this OSD to catch up with the client's newer map.
     pub map_wait: Duration,
     /// Scrub settings (the initial ones; the central config may change them at runtime).
-    pub scrub: crate::scrub::ScrubConfig,
+    pub scrub: ScrubConfig,
 }
 
 impl OsdConfig {
@@ -67,52 +77,12 @@ impl OsdConfig {
             max_pg_log_entries: 3000,
             limits: Limits::default(),
             map_wait: Duration::from_secs(5),
-            scrub: crate::scrub::ScrubConfig::default(),
+            scrub: ScrubConfig::default(),
         }
     }
 }
 
-/// How an OSD reaches its peers (replica writes, peering, recovery).
-///
-/// An `Err` means the request or its reply did not make it (`OsdError::Msgr`,
-/// `OsdError::PeerUnreachable`, `OsdError::Decode`); an error the peer *answered* with travels
-/// in the reply's own `error` field.
-#[async_trait::async_trait]
-pub trait Peers: Send + Sync {
-    async fn repop(
-        &self,
-        osd: i32,
-        addr: SocketAddr,
-        op: RepOp,
-        data: Bytes,
-    ) -> Result<RepOpReply, OsdError>;
-    async fn query(&self, osd: i32, addr: SocketAddr, q: PgQuery)
-    -> Result<PgQueryReply, OsdError>;
-    async fn pull(
-        &self,
-        osd: i32,
-        addr: SocketAddr,
-        p: PgPull,
-    ) -> Result<(PgPullReply, Bytes), OsdError>;
-    async fn sync(&self, osd: i32, addr: SocketAddr, s: PgSync) -> Result<PgSyncReply, OsdError>;
-    /// Scrub: a member's scrub map of a range of a PG.
-    async fn scrub_map(
-        &self,
-        osd: i32,
-        addr: SocketAddr,
-        req: ScrubMapRequest,
-    ) -> Result<ScrubMapReply, OsdError>;
-    /// Repair: install the authoritative copy of one object on a member.
-    async fn push(
-        &self,
-        osd: i32,
-        addr: SocketAddr,
-        p: PgPush,
-        data: Bytes,
-    ) -> Result<PgPushReply, OsdError>;
-}
-
-pub(crate) use crate::peering_machine::write_targets;
+pub use crate::host::Peers;
 
 /// An activation record on its way to the monitors, with where their verdict goes.
 pub type ActivationRequest = (
@@ -127,10 +97,12 @@ pub struct OsdService {
     map_tx: watch::Sender<Arc<OsdMap>>,
     pgs: Mutex<HashMap<PgId, PgHandle>>,
     /// Client I/O counters, the full-ratio failsafe and PG count caches (`crate::stats`).
-    pub(crate) stats: crate::stats::OsdStats,
-    scrubber: crate::scrub::Scrubber,
-    /// Recovery throttles and slots (`crate::recovery_throttle`).
-    pub(crate) recovery: crate::recovery_throttle::RecoveryCtl,
+    stats: OsdStats,
+    /// Scrub settings, queue and summaries (`crate::scrub`, through `ScrubHost`).
+    scrubber: Scrubber,
+    /// Recovery throttles and slots, and the PGs peering now (`crate::recovery`, through
+    /// `RecoveryHost`).
+    recovery: Recovery,
     /// Commands to the monitors (a `pg_temp` request); unset in tests without monitors.
     mon_link: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>>,
     /// PG activation records to the monitors (`PgActivate`, batched by the daemon); unset in
@@ -139,8 +111,6 @@ pub struct OsdService {
     /// When this OSD last served a client op (ms since `started`), for recovery's scheduler.
     last_client_op_ms: AtomicU64,
     started: Instant,
-    /// PGs this OSD is peering right now (as their primary).
-    pub(crate) peering: std::sync::atomic::AtomicUsize,
     /// PG mappings of the current map, for the client-op path.
     mappings: kelp_maps::MappingCache,
 }
@@ -178,7 +148,7 @@ impl OsdService {
         map: OsdMap,
     ) -> Arc<OsdService> {
         let (map_tx, _) = watch::channel(Arc::new(map));
-        let scrubber = crate::scrub::Scrubber::new(cfg.scrub.clone());
+        let scrubber = Scrubber::new(cfg.scrub.clone());
         Arc::new(OsdService {
             scrubber,
             cfg,
@@ -186,13 +156,12 @@ impl OsdService {
             peers,
             map_tx,
             pgs: Mutex::new(HashMap::new()),
-            stats: crate::stats::OsdStats::default(),
-            recovery: crate::recovery_throttle::RecoveryCtl::default(),
+            stats: OsdStats::default(),
+            recovery: Recovery::default(),
             mon_link: std::sync::OnceLock::new(),
             activation_link: std::sync::OnceLock::new(),
             last_client_op_ms: AtomicU64::new(u64::MAX),
             started: Instant::now(),
-            peering: std::sync::atomic::AtomicUsize::new(0),
             mappings: kelp_maps::MappingCache::new(),
         })
     }
@@ -207,52 +176,19 @@ impl OsdService {
         let _ = self.activation_link.set(tx);
     }
 
-    /// Queues an activation record for the monitors; the receiver gets their verdict. Without
-    /// monitors (tests) the verdict is `Recorded` at once.
-    pub(crate) fn send_activation(
-        &self,
-        a: kelp_proto::PgActivation,
-    ) -> tokio::sync::oneshot::Receiver<Result<kelp_proto::ActivationVerdict, OsdError>> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        match self.activation_link.get() {
-            Some(link) => {
-                if let Err(e) = link.send((a, tx)) {
-                    let _ = e.0.1.send(Err(OsdError::MonLinkClosed));
-                }
-            }
-            None => {
-                let _ = tx.send(Ok(kelp_proto::ActivationVerdict::Recorded));
-            }
-        }
-        rx
-    }
-
-    pub(crate) fn mon_link(
-        &self,
-    ) -> Option<&tokio::sync::mpsc::UnboundedSender<kelp_proto::MonCommand>> {
-        self.mon_link.get()
-    }
-
     /// Waits (at most `limit`) until no PG of this OSD is peering, so that a statistics report
     /// shows the states peering settles on rather than the few milliseconds of peering after a
     /// map change (a PG still peering after `limit` is reported as peering).
     pub async fn settle_peering(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        while self.peering.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+        while self.recovery.peering() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Whether any PG of this OSD is peering right now.
     pub fn is_peering(&self) -> bool {
-        self.peering.load(Ordering::Relaxed) > 0
-    }
-
-    /// Whether clients used this OSD in the last `CLIENTS_BUSY_FOR`.
-    pub(crate) fn clients_busy(&self) -> bool {
-        let last = self.last_client_op_ms.load(Ordering::Relaxed);
-        let now = self.started.elapsed().as_millis() as u64;
-        last != u64::MAX && now.saturating_sub(last) < CLIENTS_BUSY_FOR.as_millis() as u64
+        self.recovery.peering() > 0
     }
 
     pub fn id(&self) -> i32 {
@@ -311,7 +247,7 @@ impl OsdService {
                             && st.recovery_flags != crate::peering_machine::RecoveryFlags::of(&map))
                 };
                 if repeer {
-                    let peering = self.clone().peer(pg, map.epoch);
+                    let peering = recovery::peer(self.clone(), pg, map.epoch);
                     handle.write().await.deactivate();
                     tokio::spawn(peering);
                 }
@@ -342,26 +278,8 @@ impl OsdService {
         }
         let mut pgs = self.pgs.lock().expect("pg table");
         for (pg, meta) in opened {
-            pgs.entry(pg).or_insert_with(|| {
-                Arc::new(RwLock::new(PgState {
-                    meta,
-                    active: None,
-                    failed_replicas: Vec::new(),
-                    peered_up: Vec::new(),
-                    write_to: Vec::new(),
-                    left_behind: Vec::new(),
-                    recovery_flags: Default::default(),
-                    interval: 0,
-                    recovery_block: false,
-                    recovery: None,
-                    in_flight: BTreeMap::new(),
-                    changed: Arc::new(Notify::new()),
-                    scrub_block: None,
-                    blocked: None,
-                    unfound: Default::default(),
-                    record_epoch: 0,
-                }))
-            });
+            pgs.entry(pg)
+                .or_insert_with(|| Arc::new(RwLock::new(PgState::new(meta))));
         }
         Ok(())
     }
@@ -370,30 +288,8 @@ impl OsdService {
         self.pgs.lock().expect("pg table").get(&pg).cloned()
     }
 
-    pub(crate) fn pg_handle(&self, pg: PgId) -> Option<PgHandle> {
-        self.pg(pg)
-    }
-
-    /// The PG, opened from the store if this OSD holds a copy it has not opened (a stray: no
-    /// longer mapped here, but asked for its history by a primary).
-    pub(crate) async fn pg_or_stray(&self, pg: PgId) -> Option<PgHandle> {
-        if let Some(h) = self.pg(pg) {
-            return Some(h);
-        }
-        // Rare (a peering after a restart) and small (one PG's log): opened inline.
-        let opened = match self.store.collection_exists(CollectionId(pg)) {
-            Ok(true) => self.open_pgs(&[pg]),
-            Ok(false) => Ok(()),
-            Err(e) => Err(e.into()),
-        };
-        if let Err(e) = opened {
-            tracing::warn!(%pg, "opening a stray copy: {}", e.message);
-        }
-        self.pg(pg)
-    }
-
     /// Every PG this OSD holds.
-    pub(crate) fn pg_handles(&self) -> Vec<(PgId, PgHandle)> {
+    fn pg_handles(&self) -> Vec<(PgId, PgHandle)> {
         let pgs = self.pgs.lock().expect("pg table");
         pgs.iter().map(|(pg, h)| (*pg, h.clone())).collect()
     }
@@ -402,7 +298,7 @@ impl OsdService {
     /// (`crate::stats`).
     pub async fn stats_report(&self) -> kelp_proto::OsdStatsReport {
         let map = self.map();
-        crate::stats::OsdStats::report(crate::stats::ReportSource {
+        OsdStats::report(ReportSource {
             me: self.cfg.id,
             map: &map,
             store: self.store.clone(),
@@ -413,54 +309,8 @@ impl OsdService {
     }
 
     /// Counters and the full-ratio failsafe behind this OSD's stats reports.
-    pub fn stats(&self) -> &crate::stats::OsdStats {
+    pub fn stats(&self) -> &OsdStats {
         &self.stats
-    }
-
-    pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
-        self.store.clone()
-    }
-
-    pub(crate) fn peers(&self) -> Arc<dyn Peers> {
-        self.peers.clone()
-    }
-
-    pub(crate) fn scrubber(&self) -> &crate::scrub::Scrubber {
-        &self.scrubber
-    }
-
-    /// Marks a PG active for `acting` and `up` (after peering): writes go to every member
-    /// except those `left_behind` (not in sync yet). Returns the new interval, or `None` if the
-    /// map moved on meanwhile.
-    pub(crate) async fn activate(
-        &self,
-        pg: PgId,
-        acting: &[i32],
-        up: &[i32],
-        left_behind: &[i32],
-        recovery_flags: crate::peering_machine::RecoveryFlags,
-        record_epoch: u32,
-    ) -> Option<u64> {
-        let map = self.map();
-        let still = map
-            .pg_mapping(pg)
-            .is_ok_and(|m| m.acting == acting && m.up == up && m.acting_primary == self.cfg.id);
-        if !still {
-            return None;
-        }
-        let handle = self.pg(pg)?;
-        let mut state = handle.write().await;
-        state.deactivate();
-        state.active = Some(acting.to_vec());
-        state.peered_up = up.to_vec();
-        state.write_to = write_targets(self.cfg.id, acting, up, left_behind);
-        // Peering brought every member to one history: nobody has a missed write any more.
-        state.failed_replicas.clear();
-        state.left_behind = left_behind.to_vec();
-        state.recovery_flags = recovery_flags;
-        state.record_epoch = record_epoch;
-        self.stats.state_changed.notify_one();
-        Some(state.interval)
     }
 
     /// Resolves once a map newer than `epoch` no longer has `osd` in `pg`'s acting or up set.
@@ -496,16 +346,6 @@ impl OsdService {
                 st.active.as_deref() == Some(acting) && st.left_behind.is_empty()
             }
             None => false,
-        }
-    }
-
-    /// Waits (bounded) until this OSD's map is at least `epoch`.
-    pub(crate) async fn map_at_least(&self, epoch: u32) -> Arc<OsdMap> {
-        let mut rx = self.map_tx.subscribe();
-        let wait = rx.wait_for(|m| m.epoch >= epoch);
-        match tokio::time::timeout(self.cfg.map_wait, wait).await {
-            Ok(Ok(m)) => m.clone(),
-            _ => self.map(),
         }
     }
 
@@ -641,7 +481,7 @@ impl OsdService {
             {
                 // This copy failed its checksum: never answer from it. Fetch a good copy from
                 // another member (which also repairs this one) and read again.
-                if let Err(why) = self.repair_from_replica(pgid, &object).await {
+                if let Err(why) = scrub::repair_from_replica(&**self, pgid, &object).await {
                     return reply_err(
                         ErrorCode::Corrupt,
                         format!("osd.{}: {}; {why}", self.cfg.id, e.message),
@@ -809,7 +649,7 @@ impl OsdService {
             // Readable here but not durable, and replicas may have applied it: this copy may now
             // be behind them. Stop serving the PG and peer again, which reconciles the histories.
             state.deactivate();
-            tokio::spawn(self.clone().peer(op.pg, epoch));
+            tokio::spawn(recovery::peer(self.clone(), op.pg, epoch));
             let e = ExecError::from(e);
             return reply_err(e.code, format!("osd.{}: {}", self.cfg.id, e.message), epoch);
         }
@@ -844,10 +684,12 @@ impl OsdService {
             admission::ReplicaFailures::AllFull { authority } => {
                 // Roll the write back on every member (see `ReplicaFailures::AllFull`).
                 state.deactivate();
-                tokio::spawn(
-                    self.clone()
-                        .peer_with_authority(op.pg, epoch, Some(authority)),
-                );
+                tokio::spawn(recovery::peer_with_authority(
+                    self.clone(),
+                    op.pg,
+                    epoch,
+                    Some(authority),
+                ));
                 return reply_err(
                     ErrorCode::Full,
                     format!(
@@ -883,7 +725,7 @@ impl OsdService {
             state.active.is_some(),
         ) {
             state.deactivate();
-            tokio::spawn(self.clone().peer(op.pg, epoch));
+            tokio::spawn(recovery::peer(self.clone(), op.pg, epoch));
         }
         reply_err(
             ErrorCode::Io,
@@ -1122,6 +964,183 @@ impl OsdService {
         let handle = self.pg(pg)?;
         let state = handle.read().await;
         Some((state.meta.info.last_update, state.meta.len()))
+    }
+}
+
+/// Requests and settings that peering, recovery and scrub handle: the service hands them to
+/// `crate::recovery` and `crate::scrub`, which reach the service back only through
+/// `RecoveryHost` and `ScrubHost` (below).
+impl OsdService {
+    /// Answers a primary's query for this member's log of a PG.
+    pub async fn pg_query(&self, q: PgQuery) -> PgQueryReply {
+        recovery::pg_query(self, q).await
+    }
+
+    /// Serves one object's complete state to a recovering member.
+    pub async fn pg_pull(&self, p: PgPull) -> (PgPullReply, Bytes) {
+        recovery::pg_pull(self, p).await
+    }
+
+    /// Brings this member's copy of a PG closer to the authoritative history (see `PgSync`).
+    pub async fn pg_sync(&self, s: PgSync) -> PgSyncReply {
+        recovery::pg_sync(self, s).await
+    }
+
+    /// Applies new recovery throttles (from the central config).
+    pub fn set_recovery_config(&self, cfg: RecoveryConfig) {
+        self.recovery.set_config(cfg);
+    }
+
+    /// The recovery throttles in force.
+    pub fn recovery_config(&self) -> RecoveryConfig {
+        self.recovery.config()
+    }
+
+    /// A member's scrub map of a range of one of its PGs.
+    pub async fn scrub_map(&self, req: ScrubMapRequest) -> ScrubMapReply {
+        scrub::scrub_map(self, req).await
+    }
+
+    /// Installs a repaired copy of one object (sent by the PG's primary).
+    pub async fn pg_push(&self, p: PgPush, data: Bytes) -> PgPushReply {
+        scrub::pg_push(self, p, data).await
+    }
+
+    /// An operator's request to a PG's primary (scrub, repair, status, inconsistent objects).
+    pub async fn pg_command(&self, c: PgCommand) -> PgCommandReply {
+        scrub::pg_command(self, c).await
+    }
+
+    /// An operator's request to this OSD about every PG it is primary for.
+    pub async fn osd_scrub_command(&self, c: OsdScrubCommand) -> OsdScrubReply {
+        scrub::osd_scrub_command(self, c).await
+    }
+
+    /// Replaces the scrub settings (from the central config).
+    pub fn set_scrub_config(&self, cfg: ScrubConfig) {
+        self.scrubber.set_config(cfg);
+    }
+
+    /// The scrub settings in force.
+    pub fn scrub_config(&self) -> ScrubConfig {
+        self.scrubber.config()
+    }
+
+    /// A PG's scrub summary as this OSD keeps it (meaningful on the PG's primary): what a PG
+    /// statistics report to the monitors should carry.
+    pub fn scrub_summary(&self, pg: PgId) -> Option<PgScrubSummary> {
+        self.scrubber.summary_of(pg)
+    }
+
+    /// Runs queued and scheduled scrubs, one at a time, until the service is dropped.
+    pub fn start_scrubber(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        scrub::start(self)
+    }
+}
+
+impl PgHost for OsdService {
+    fn id(&self) -> i32 {
+        self.cfg.id
+    }
+
+    fn map(&self) -> Arc<OsdMap> {
+        self.map_tx.borrow().clone()
+    }
+
+    async fn map_at_least(&self, epoch: u32) -> Arc<OsdMap> {
+        let mut rx = self.map_tx.subscribe();
+        let wait = rx.wait_for(|m| m.epoch >= epoch);
+        match tokio::time::timeout(self.cfg.map_wait, wait).await {
+            Ok(Ok(m)) => m.clone(),
+            _ => PgHost::map(self),
+        }
+    }
+
+    fn pg_handle(&self, pg: PgId) -> Option<PgHandle> {
+        self.pg(pg)
+    }
+
+    fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    fn peers(&self) -> Arc<dyn Peers> {
+        self.peers.clone()
+    }
+}
+
+impl RecoveryHost for OsdService {
+    async fn pg_or_stray(&self, pg: PgId) -> Option<PgHandle> {
+        if let Some(h) = self.pg(pg) {
+            return Some(h);
+        }
+        // Rare (a peering after a restart) and small (one PG's log): opened inline.
+        let opened = match self.store.collection_exists(CollectionId(pg)) {
+            Ok(true) => self.open_pgs(&[pg]),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = opened {
+            tracing::warn!(%pg, "opening a stray copy: {}", e.message);
+        }
+        self.pg(pg)
+    }
+
+    fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    fn stats(&self) -> &OsdStats {
+        &self.stats
+    }
+
+    /// Whether clients used this OSD in the last `CLIENTS_BUSY_FOR`.
+    fn clients_busy(&self) -> bool {
+        let last = self.last_client_op_ms.load(Ordering::Relaxed);
+        let now = self.started.elapsed().as_millis() as u64;
+        last != u64::MAX && now.saturating_sub(last) < CLIENTS_BUSY_FOR.as_millis() as u64
+    }
+
+    /// Without monitors (tests) the verdict is `Recorded` at once.
+    fn send_activation(
+        &self,
+        a: PgActivation,
+    ) -> oneshot::Receiver<Result<ActivationVerdict, OsdError>> {
+        let (tx, rx) = oneshot::channel();
+        match self.activation_link.get() {
+            Some(link) => {
+                if let Err(e) = link.send((a, tx)) {
+                    let _ = e.0.1.send(Err(OsdError::MonLinkClosed));
+                }
+            }
+            None => {
+                let _ = tx.send(Ok(ActivationVerdict::Recorded));
+            }
+        }
+        rx
+    }
+
+    fn can_request_pg_temp(&self) -> bool {
+        self.mon_link.get().is_some()
+    }
+
+    fn request_pg_temp(&self, pg: PgId, osds: Vec<i32>) -> Result<(), OsdError> {
+        match self.mon_link.get() {
+            Some(link) => link
+                .send(MonCommand::PgTemp { pg, osds })
+                .map_err(|_| OsdError::MonLinkClosed),
+            None => Err(OsdError::MonLinkClosed),
+        }
+    }
+
+    async fn repair_from_replica(&self, pg: PgId, object: &ObjectLocator) -> Result<i32, OsdError> {
+        scrub::repair_from_replica(self, pg, object).await
+    }
+}
+
+impl ScrubHost for OsdService {
+    fn scrubber(&self) -> &Scrubber {
+        &self.scrubber
     }
 }
 
