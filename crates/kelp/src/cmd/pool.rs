@@ -92,6 +92,7 @@ pub fn run(cmd: PoolCommand, g: &crate::cmd::common::Global) -> Result<ExitCode>
                     size: a.size,
                     min_size: a.min_size,
                     crush_rule: a.rule,
+                    erasure: None,
                 };
                 let id = rados.create_pool(spec).await?;
                 eprintln!("pool '{}' created (id {id})", a.name);
