@@ -132,6 +132,69 @@ impl Rados {
         Ok(())
     }
 
+    /// `osd erasure-code-profile set`: creates erasure-code profile `name` from `key=value`
+    /// words (`k=4`, `m=2`, `crush-failure-domain=host`, ...; the monitors validate them), or
+    /// replaces a different one of that name when `force`; waits until this client's map has
+    /// it.
+    pub async fn ec_profile_set(
+        &self,
+        name: &str,
+        words: &[String],
+        force: bool,
+    ) -> Result<(), ClientError> {
+        let reply = self
+            .mon_command(MonCommand::EcProfileSet {
+                name: name.to_string(),
+                words: words.to_vec(),
+                force,
+            })
+            .await?;
+        match reply {
+            MonReply::Done { epoch } => {
+                self.wait_for_epoch(epoch).await?;
+                Ok(())
+            }
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// `osd erasure-code-profile get`: the profile's `key=value` pairs, sorted by key.
+    pub async fn ec_profile_get(&self, name: &str) -> Result<Vec<(String, String)>, ClientError> {
+        let reply = self
+            .mon_command(MonCommand::EcProfileGet {
+                name: name.to_string(),
+            })
+            .await?;
+        match reply {
+            MonReply::EcProfile { pairs, .. } => Ok(pairs),
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// `osd erasure-code-profile ls`: profile names, sorted.
+    pub async fn ec_profile_ls(&self) -> Result<Vec<String>, ClientError> {
+        match self.mon_command(MonCommand::EcProfileLs).await? {
+            MonReply::EcProfileNames(names) => Ok(names),
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// `osd erasure-code-profile rm`: removes a profile no pool was created from.
+    pub async fn ec_profile_rm(&self, name: &str) -> Result<(), ClientError> {
+        let reply = self
+            .mon_command(MonCommand::EcProfileRm {
+                name: name.to_string(),
+            })
+            .await?;
+        match reply {
+            MonReply::Done { epoch } => {
+                self.wait_for_epoch(epoch).await?;
+                Ok(())
+            }
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     /// An I/O context on a pool (by name).
     pub async fn ioctx(&self, pool: &str) -> Result<IoCtx, ClientError> {
         let map = self.osd_map();

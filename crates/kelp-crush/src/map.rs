@@ -199,6 +199,36 @@ impl Rule {
             ],
         }
     }
+
+    /// The rule Ceph makes for an erasure-coded pool (`type erasure`): more tries than the
+    /// tunables' defaults (an `indep` position that cannot be filled stays a hole, so CRUSH
+    /// should work harder before giving up), take `take` (a root, or its shadow for a device
+    /// class), one shard under each of `k+m` distinct buckets of type `failure_domain`
+    /// (`chooseleaf indep 0 type T`; `choose indep 0 type osd` when the failure domain is the
+    /// device type itself, id 0), emit. Positions are kept: shard `i` is the `i`-th result.
+    pub fn erasure(id: u32, name: &str, take: ItemId, failure_domain: u32) -> Rule {
+        Rule {
+            id,
+            name: name.to_string(),
+            rule_type: RULE_TYPE_ERASURE,
+            // Ceph's values for an `indep` rule (`CrushWrapper::add_simple_rule_at`); the
+            // mapper does not check them.
+            min_size: 3,
+            max_size: 20,
+            steps: vec![
+                Step::SetChooseleafTries(5),
+                Step::SetChooseTries(100),
+                Step::Take(take),
+                Step::Choose {
+                    leaf: failure_domain != 0,
+                    indep: true,
+                    num: 0,
+                    type_id: failure_domain,
+                },
+                Step::Emit,
+            ],
+        }
+    }
 }
 
 /// A whole CRUSH map. Build with the `add_*` methods or `parse_text`, then call `finalize`.
@@ -603,6 +633,19 @@ impl CrushMap {
         Ok(())
     }
 
+    /// The lowest rule id not in use (for a new rule).
+    pub fn free_rule_id(&self) -> u32 {
+        (0..).find(|&id| self.rule(id).is_none()).unwrap_or(0)
+    }
+
+    /// Removes rule `id` and returns it. Pools that use it are the caller's business.
+    pub fn remove_rule(&mut self, id: u32) -> Result<Rule> {
+        self.rules
+            .get_mut(id as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| CrushError::Invalid(format!("rule id {id} does not exist")))
+    }
+
     /// Adds `item` (an existing device or bucket) to `bucket` with a 16.16 `weight`, and
     /// propagates the bucket's new weight to its parents (as `ceph osd crush add` does). Call
     /// `finalize` before mapping again.
@@ -991,6 +1034,37 @@ mod tests {
         assert_eq!(map.bucket(root).unwrap().weight, WEIGHT_ONE / 2);
         map.finalize().unwrap();
         assert!(map.to_text().contains("item osd.1 weight 0.500"));
+    }
+
+    #[test]
+    fn erasure_rules_print_as_ceph_writes_them_and_can_be_removed() {
+        let mut map = CrushMap::with_default_types();
+        let root = map.add_bucket(None, "default", 11, &[]).unwrap();
+        let host = map.add_bucket(None, "host0", 1, &[]).unwrap();
+        map.insert_item(root, host, 0).unwrap();
+        map.add_device(0, "osd.0", None).unwrap();
+        map.insert_item(host, 0, WEIGHT_ONE).unwrap();
+        map.add_rule(Rule::replicated(0, "replicated_rule", root, 1))
+            .unwrap();
+        assert_eq!(map.free_rule_id(), 1);
+        map.add_rule(Rule::erasure(1, "ec", root, 1)).unwrap();
+        map.add_rule(Rule::erasure(2, "ec-osd", root, 0)).unwrap();
+        map.finalize().unwrap();
+        let text = map.to_text();
+        assert!(
+            text.contains(
+                "rule ec {\n\tid 1\n\ttype erasure\n\tmin_size 3\n\tmax_size 20\n\
+                 \tstep set_chooseleaf_tries 5\n\tstep set_choose_tries 100\n\
+                 \tstep take default\n\tstep chooseleaf indep 0 type host\n\tstep emit\n}"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("\tstep choose indep 0 type osd\n"), "{text}");
+        assert_eq!(crate::parse_text(&text).unwrap().to_text(), text);
+        assert_eq!(map.remove_rule(1).unwrap().name, "ec");
+        assert!(map.remove_rule(1).is_err());
+        assert!(map.rule_by_name("ec").is_none());
+        assert_eq!(map.free_rule_id(), 1);
     }
 
     #[test]

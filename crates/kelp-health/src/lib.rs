@@ -417,7 +417,12 @@ fn pg_checks(d: &PgMapDigest) -> Vec<HealthCheck> {
                          names in the primary osd.{}'s log): overwrite or remove them",
                         p.stat.pg,
                         p.stat.num_objects_unfound,
-                        p.stat.acting.first().copied().unwrap_or(-1)
+                        p.stat
+                            .acting
+                            .iter()
+                            .copied()
+                            .find(|&o| o != kelp_maps::ITEM_NONE)
+                            .unwrap_or(-1)
                     )
                 })
                 .collect(),

@@ -21,6 +21,56 @@ pub enum MapError {
     EpochGap { have: u32, got: u32, want: u32 },
     #[error("CRUSH: {0}")]
     Crush(#[from] kelp_crush::CrushError),
+    #[error("erasure-code profile '{0}' does not exist")]
+    NoSuchEcProfile(String),
+    /// `erasure-code-profile rm` of a profile pools were created from (Ceph refuses too, even
+    /// though each pool keeps its own copy of the profile).
+    #[error(
+        "erasure-code profile '{name}' is used by pool(s) {}: delete them first",
+        pools.join(", ")
+    )]
+    EcProfileInUse { name: String, pools: Vec<String> },
+    /// `erasure-code-profile set` of an existing name with different settings, without
+    /// `force` (Ceph's message). `used_by` lists the pools made from the profile.
+    #[error(
+        "will not override erasure code profile {name} because the existing profile {existing} \
+         is different from the proposed profile {proposed}{}",
+        if used_by.is_empty() {
+            " (--force replaces it)".to_string()
+        } else {
+            format!(
+                " (used by pool(s) {}, which keep their own copy; --force replaces it)",
+                used_by.join(", ")
+            )
+        }
+    )]
+    EcProfileDiffers {
+        name: String,
+        existing: String,
+        proposed: String,
+        used_by: Vec<String>,
+    },
+    /// An erasure-coded pool needs `k+m` distinct failure domains; CRUSH would leave holes.
+    #[error(
+        "profile '{profile}' needs k+m = {need} failure domains of type {domain}{} under root \
+         {root}, the CRUSH map has {have}: {}",
+        class.as_ref().map(|c| format!(" with device class {c}")).unwrap_or_default(),
+        if domain == "osd" {
+            "add OSDs or use a profile with a smaller k+m".to_string()
+        } else {
+            format!("use crush-failure-domain=osd or add {domain}s")
+        }
+    )]
+    NotEnoughFailureDomains {
+        profile: String,
+        need: u32,
+        domain: String,
+        class: Option<String>,
+        root: String,
+        have: u32,
+    },
+    #[error(transparent)]
+    Ec(#[from] kelp_ec::EcError),
     #[error("cannot decode {what}: {reason}")]
     Decode { what: &'static str, reason: String },
     #[error("{what} is format version {got}; this build reads up to {max}")]

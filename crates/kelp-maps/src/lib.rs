@@ -9,8 +9,12 @@
 //!
 //! Invariants: `epoch` grows by exactly one per applied incremental; every pool's `crush_rule`
 //! exists in the CRUSH map; every OSD in the CRUSH map exists in `osds`; pool ids and names are
-//! unique; the CRUSH map is always finalized.
+//! unique; the CRUSH map is always finalized. An erasure-coded pool carries its own copy of the
+//! erasure-code profile it was made from (`PoolKind::Erasure`), so profile changes never
+//! reach existing pools, and its PG mappings keep shard positions (holes are [`ITEM_NONE`]).
 
+#[cfg(test)]
+mod ec_tests;
 mod error;
 mod mapcache;
 mod osdmap;
@@ -18,6 +22,10 @@ mod osdmap;
 pub use error::MapError;
 pub use mapcache::MappingCache;
 pub use osdmap::{
-    Change, ClusterFlag, Incremental, OSD_MAP_FORMAT, OsdInfo, OsdMap, PgMapping, Pool, PoolKind,
-    PoolSpec,
+    Change, ClusterFlag, DEFAULT_EC_PROFILE, Incremental, OSD_MAP_FORMAT, OsdInfo, OsdMap,
+    PgMapping, Pool, PoolKind, PoolSpec,
 };
+
+/// The hole marker in an erasure-coded pool's `up` / `acting` sets (see [`PgMapping`]): a
+/// shard position with no OSD. CRUSH's own `ITEM_NONE`, `0x7fff_ffff`.
+pub use kelp_crush::ITEM_NONE;

@@ -4,7 +4,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 
-use kelp_crush::{CrushMap, ITEM_NONE, ItemId, PoolPlacement, Rule, WEIGHT_ONE};
+use kelp_crush::{
+    CrushMap, ITEM_NONE, ItemId, PoolPlacement, RULE_TYPE_ERASURE, RULE_TYPE_REPLICATED, Rule,
+    WEIGHT_ONE,
+};
+use kelp_ec::Profile;
 use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
 
@@ -102,20 +106,33 @@ impl OsdInfo {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How a pool keeps its objects safe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PoolKind {
+    /// `size` full copies.
     Replicated,
+    /// Each object cut into `k` data and `m` parity shards, shard `i` on the `i`-th OSD of the
+    /// PG's acting set (`size = k + m`). `profile` is the name of the erasure-code profile the
+    /// pool was created from; `code` is a copy of that profile taken at creation, so that
+    /// changing (`--force`) or removing the named profile later never changes how the pool's
+    /// objects are coded.
+    Erasure { profile: String, code: Profile },
 }
 
 /// A pool.
+///
+/// Maps are postcard-encoded, which has no field names: new fields go at the end. Maps
+/// persisted before `kind` could be `Erasure` and `fast_read` existed (and before
+/// `OsdMap::ec_profiles`) do not decode; clusters from before that change are recreated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pool {
     pub id: u32,
     pub name: String,
     pub kind: PoolKind,
-    /// Replicas kept.
+    /// Replicas kept (replicated), or shards per object `k + m` (erasure-coded; fixed at
+    /// creation).
     pub size: u32,
-    /// Fewest replicas with which the pool still serves I/O.
+    /// Fewest replicas (or shards, at least `k`) with which the pool still serves I/O.
     pub min_size: u32,
     pub pg_num: u32,
     pub pgp_num: u32,
@@ -123,9 +140,40 @@ pub struct Pool {
     pub hashpspool: bool,
     /// Epoch the pool was created in.
     pub created: u32,
+    /// Erasure-coded pools only (Ceph's `fast_read`): a read asks every shard and decodes from
+    /// the first `k` answers instead of reading the `k` data shards. Always false for
+    /// replicated pools.
+    pub fast_read: bool,
 }
 
 impl Pool {
+    /// The erasure code of an erasure-coded pool (its own copy of the profile), `None` for a
+    /// replicated pool.
+    pub fn ec(&self) -> Option<&Profile> {
+        match &self.kind {
+            PoolKind::Replicated => None,
+            PoolKind::Erasure { code, .. } => Some(code),
+        }
+    }
+
+    /// Name of the erasure-code profile an erasure-coded pool was created from.
+    pub fn ec_profile_name(&self) -> Option<&str> {
+        match &self.kind {
+            PoolKind::Replicated => None,
+            PoolKind::Erasure { profile, .. } => Some(profile),
+        }
+    }
+
+    /// `replicated` or `erasure`, as Ceph prints a pool's type.
+    pub fn type_name(&self) -> &'static str {
+        match self.kind {
+            PoolKind::Replicated => "replicated",
+            PoolKind::Erasure { .. } => "erasure",
+        }
+    }
+
+    /// What CRUSH needs to place the pool's PGs. Erasure-coded pools map with
+    /// `erasure: true`: positions are kept and holes stay [`ITEM_NONE`].
     pub fn placement(&self) -> PoolPlacement {
         PoolPlacement {
             pool_id: self.id,
@@ -134,7 +182,7 @@ impl Pool {
             hashpspool: self.hashpspool,
             crush_rule: self.crush_rule,
             size: self.size as usize,
-            erasure: false,
+            erasure: self.ec().is_some(),
         }
     }
 }
@@ -144,10 +192,17 @@ impl Pool {
 pub struct PoolSpec {
     pub name: String,
     pub pg_num: Option<u32>,
+    /// Replicated: replicas (default 3). Erasure-coded: must be `k + m` if given.
     pub size: Option<u32>,
+    /// Replicated: default `size - size/2`. Erasure-coded: default the profile's
+    /// `default_min_size()` (`k + 1`, at most `k + m`), within `k..=k+m`.
     pub min_size: Option<u32>,
-    /// Rule name or id.
+    /// Rule name or id. Erasure-coded pools: an existing `type erasure` rule; by default a new
+    /// rule named after the pool is made from the profile (as Ceph does).
     pub crush_rule: Option<String>,
+    /// `Some(profile name)`: an erasure-coded pool with that profile (appended field: see
+    /// [`Pool`] on encoding).
+    pub erasure: Option<String>,
 }
 
 /// One change within an incremental.
@@ -188,10 +243,19 @@ pub enum Change {
         flag: ClusterFlag,
         on: bool,
     },
-    /// Temporary acting set for a PG; empty removes it.
+    /// Temporary acting set for a PG; empty removes it. For an erasure-coded pool it has one
+    /// entry per shard position (`ITEM_NONE` where no OSD serves that shard).
     SetPgTemp {
         pg: PgId,
         osds: Vec<i32>,
+    },
+    /// Creates or replaces an erasure-code profile (pools keep their own copy).
+    SetEcProfile {
+        name: String,
+        profile: Profile,
+    },
+    RemoveEcProfile {
+        name: String,
     },
 }
 
@@ -235,12 +299,37 @@ fn check_version<'a>(bytes: &'a [u8], what: &'static str) -> Result<&'a [u8], Ma
 
 /// Where a PG lives: the up set (CRUSH result minus down OSDs) and the acting set (who serves
 /// it: the up set, or `pg_temp` while data moves).
+///
+/// Replicated pools: `up` and `acting` list OSDs only, gaps closed (fewer entries than `size`
+/// when CRUSH found too few or some are down).
+///
+/// Erasure-coded pools: positions matter (entry `i` holds shard `i`), so `up` and `acting`
+/// always have exactly `size` (`k + m`) entries, and a position with no OSD — CRUSH could not
+/// fill it (fewer failure domains than `k + m`), or its OSD is down or gone — holds the hole
+/// marker [`ITEM_NONE`] (`kelp_crush::ITEM_NONE` = `0x7fff_ffff` = 2147483647, re-exported as
+/// `kelp_maps::ITEM_NONE`). Never treat it as an OSD id: use [`PgMapping::up_osds`] /
+/// [`PgMapping::acting_osds`] to iterate the OSDs only.
+///
+/// Both kinds: `up_primary` / `acting_primary` are the first entry that is not a hole, or `-1`
+/// when there is none.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgMapping {
     pub up: Vec<i32>,
     pub up_primary: i32,
     pub acting: Vec<i32>,
     pub acting_primary: i32,
+}
+
+impl PgMapping {
+    /// The OSDs of the up set, holes skipped.
+    pub fn up_osds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.up.iter().copied().filter(|&o| o != ITEM_NONE)
+    }
+
+    /// The OSDs of the acting set, holes skipped.
+    pub fn acting_osds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.acting.iter().copied().filter(|&o| o != ITEM_NONE)
+    }
 }
 
 /// The OSD map.
@@ -255,6 +344,10 @@ pub struct OsdMap {
     pub pool_max: u32,
     pub crush: CrushMap,
     pub pg_temp: BTreeMap<PgId, Vec<i32>>,
+    /// Erasure-code profiles by name (`kelp osd erasure-code-profile set`); a new map has
+    /// `default` (k=2 m=2, one shard per host, as Ceph). Pools copy the profile they are
+    /// created from, so changing one here never changes an existing pool.
+    pub ec_profiles: BTreeMap<String, Profile>,
     /// CRUSH reweight vector derived from `osds` (rebuilt on every change).
     reweights: Vec<u32>,
 }
@@ -270,11 +363,15 @@ struct OsdMapWire {
     pool_max: u32,
     crush: String,
     pg_temp: BTreeMap<PgId, Vec<i32>>,
+    /// Appended with erasure-coded pools: older encoded maps do not decode (see [`Pool`]).
+    ec_profiles: BTreeMap<String, Profile>,
 }
 
 /// Name of the root bucket and the default rule Kelp creates.
 pub const DEFAULT_ROOT: &str = "default";
 pub const DEFAULT_RULE: &str = "replicated_rule";
+/// Name of the erasure-code profile every new map has (`kelp pool create NAME --erasure`).
+pub const DEFAULT_EC_PROFILE: &str = "default";
 
 impl OsdMap {
     /// A new cluster's map at epoch 1: no OSDs, no pools, a CRUSH root `default` and rule 0
@@ -301,6 +398,7 @@ impl OsdMap {
             pool_max: 0,
             crush,
             pg_temp: BTreeMap::new(),
+            ec_profiles: BTreeMap::from([(DEFAULT_EC_PROFILE.to_string(), Profile::default())]),
             reweights: Vec::new(),
         };
         map.rebuild_reweights();
@@ -317,6 +415,7 @@ impl OsdMap {
             pool_max: self.pool_max,
             crush: self.crush.to_text(),
             pg_temp: self.pg_temp.clone(),
+            ec_profiles: self.ec_profiles.clone(),
         };
         let mut out = vec![OSD_MAP_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("maps always encode"));
@@ -339,6 +438,7 @@ impl OsdMap {
             pool_max: wire.pool_max,
             crush,
             pg_temp: wire.pg_temp,
+            ec_profiles: wire.ec_profiles,
             reweights: Vec::new(),
         };
         map.rebuild_reweights();
@@ -490,6 +590,14 @@ impl OsdMap {
                     self.pg_temp.insert(*pg, osds.clone());
                 }
             }
+            Change::SetEcProfile { name, profile } => {
+                self.ec_profiles.insert(name.clone(), profile.clone());
+            }
+            Change::RemoveEcProfile { name } => {
+                self.ec_profiles
+                    .remove(name)
+                    .ok_or_else(|| MapError::NoSuchEcProfile(name.clone()))?;
+            }
         }
         Ok(())
     }
@@ -638,7 +746,9 @@ impl OsdMap {
     }
 
     /// Sets (or, with an empty list or one equal to the up set, removes) a PG's temporary
-    /// acting set. Every member must exist and be up. `None` when nothing changes.
+    /// acting set. Every member must exist and be up. For an erasure-coded pool the list keeps
+    /// positions: exactly `size` entries, `ITEM_NONE` for a shard no OSD serves. `None` when
+    /// nothing changes.
     pub fn propose_pg_temp(&self, pg: PgId, osds: &[i32]) -> Result<Option<Incremental>, MapError> {
         let pool = self
             .pools
@@ -653,7 +763,29 @@ impl OsdMap {
                 ),
             });
         }
+        let erasure = pool.ec().is_some();
+        if erasure && !osds.is_empty() && osds.len() != pool.size as usize {
+            return Err(MapError::InvalidValue {
+                field: "pg_temp",
+                reason: format!(
+                    "pool {} is erasure-coded: a temporary acting set has one entry per shard \
+                     ({}, ITEM_NONE for a shard no OSD serves), not {}",
+                    pool.name,
+                    pool.size,
+                    osds.len()
+                ),
+            });
+        }
+        if erasure && !osds.is_empty() && osds.iter().all(|&o| o == ITEM_NONE) {
+            return Err(MapError::InvalidValue {
+                field: "pg_temp",
+                reason: "a temporary acting set needs at least one OSD".into(),
+            });
+        }
         for &o in osds {
+            if erasure && o == ITEM_NONE {
+                continue;
+            }
             if !self.osds.contains_key(&o) || !self.is_up(o) {
                 return Err(MapError::InvalidValue {
                     field: "pg_temp",
@@ -686,7 +818,31 @@ impl OsdMap {
         }
     }
 
-    /// `pool create`. Defaults: 32 PGs, size 3, min_size = size - size/2, the default rule.
+    /// Resolves a rule for a replicated or an erasure-coded pool: the rule's type
+    /// (`replicated` / `erasure`) must match the pool's, as Ceph requires.
+    fn resolve_rule_for(&self, rule: &str, erasure: bool) -> Result<u32, MapError> {
+        let id = self.resolve_rule(rule)?;
+        let (want, kind, pool) = if erasure {
+            (RULE_TYPE_ERASURE, "erasure", "an erasure-coded")
+        } else {
+            (RULE_TYPE_REPLICATED, "replicated", "a replicated")
+        };
+        if self.crush.rule(id).map(|r| r.rule_type) != Some(want) {
+            return Err(MapError::InvalidValue {
+                field: "crush_rule",
+                reason: format!("rule '{rule}' is not a type {kind} rule, which {pool} pool needs"),
+            });
+        }
+        Ok(id)
+    }
+
+    /// `pool create`. Replicated defaults: 32 PGs, size 3, min_size = size - size/2, the
+    /// default rule. Erasure-coded (`spec.erasure = Some(profile)`): size `k+m`, min_size the
+    /// profile's default (within `k..=k+m`), and, unless `spec.crush_rule` names an erasure
+    /// rule, a new `type erasure` rule named after the pool made from the profile (its root,
+    /// device class and failure domain; an existing erasure rule of that name is reused, as
+    /// Ceph does). Refused when the CRUSH map has fewer failure domains of the profile's type
+    /// than `k+m`: every PG would have holes.
     pub fn propose_pool_create(&self, spec: &PoolSpec) -> Result<(u32, Incremental), MapError> {
         let name = spec.name.trim();
         if name.is_empty() || name.len() > 128 || name.contains(char::is_whitespace) {
@@ -705,18 +861,81 @@ impl OsdMap {
                 reason: format!("{pg_num} is outside 1..=65536"),
             });
         }
-        let size = spec.size.unwrap_or(3);
-        let min_size = spec.min_size.unwrap_or(size - size / 2);
-        check_sizes(size, min_size)?;
-        let crush_rule = match &spec.crush_rule {
-            Some(r) => self.resolve_rule(r)?,
-            None => self.resolve_rule(DEFAULT_RULE)?,
+        let mut changes = Vec::new();
+        let (kind, size, min_size, crush_rule) = match &spec.erasure {
+            None => {
+                let size = spec.size.unwrap_or(3);
+                let min_size = spec.min_size.unwrap_or(size - size / 2);
+                check_sizes(size, min_size)?;
+                let rule = spec.crush_rule.as_deref().unwrap_or(DEFAULT_RULE);
+                let crush_rule = self.resolve_rule_for(rule, false)?;
+                (PoolKind::Replicated, size, min_size, crush_rule)
+            }
+            Some(profile) => {
+                let code = self
+                    .ec_profiles
+                    .get(profile)
+                    .ok_or_else(|| MapError::NoSuchEcProfile(profile.clone()))?
+                    .clone();
+                let size = code.size();
+                if let Some(asked) = spec.size
+                    && asked != size
+                {
+                    return Err(MapError::InvalidValue {
+                        field: "size",
+                        reason: format!(
+                            "the size of an erasure-coded pool is k+m = {size} (profile \
+                             '{profile}': k={} m={}), not {asked}",
+                            code.k, code.m
+                        ),
+                    });
+                }
+                let min_size = spec.min_size.unwrap_or(code.default_min_size());
+                check_ec_min_size(&code, min_size)?;
+                let have = self.failure_domains(&code)?;
+                if have < size {
+                    return Err(MapError::NotEnoughFailureDomains {
+                        profile: profile.clone(),
+                        need: size,
+                        domain: code.failure_domain.clone(),
+                        class: code.device_class.clone(),
+                        root: code.root.clone(),
+                        have,
+                    });
+                }
+                let crush_rule = match &spec.crush_rule {
+                    Some(rule) => self.resolve_rule_for(rule, true)?,
+                    None => match self.crush.rule_by_name(name) {
+                        Some(r) if r.rule_type == RULE_TYPE_ERASURE => r.id,
+                        Some(_) => {
+                            return Err(MapError::InvalidValue {
+                                field: "crush_rule",
+                                reason: format!(
+                                    "a replicated CRUSH rule named '{name}' exists, and an \
+                                     erasure-coded pool's own rule is named after the pool: \
+                                     choose another pool name or give an erasure rule"
+                                ),
+                            });
+                        }
+                        None => {
+                            let (id, crush) = self.with_ec_rule(name, &code)?;
+                            changes.push(Change::SetCrush(crush.to_text()));
+                            id
+                        }
+                    },
+                };
+                let kind = PoolKind::Erasure {
+                    profile: profile.clone(),
+                    code,
+                };
+                (kind, size, min_size, crush_rule)
+            }
         };
         let id = self.pool_max + 1;
-        let pool = Pool {
+        changes.push(Change::SetPool(Pool {
             id,
             name: name.to_string(),
-            kind: PoolKind::Replicated,
+            kind,
             size,
             min_size,
             pg_num,
@@ -724,18 +943,132 @@ impl OsdMap {
             crush_rule,
             hashpspool: true,
             created: self.epoch + 1,
-        };
-        Ok((id, self.next(vec![Change::SetPool(pool)])))
+            fast_read: false,
+        }));
+        Ok((id, self.next(changes)))
     }
 
+    /// The CRUSH map with a new erasure rule named `name` for `code` (Ceph's shape:
+    /// `set_chooseleaf_tries 5`, `set_choose_tries 100`, `take ROOT [class C]`,
+    /// `chooseleaf indep 0 type DOMAIN` or `choose indep 0 type osd`, `emit`), and its id.
+    fn with_ec_rule(&self, name: &str, code: &Profile) -> Result<(u32, CrushMap), MapError> {
+        let (take, domain) = self.ec_take_and_domain(code)?;
+        let take = take.ok_or_else(|| MapError::InvalidValue {
+            field: "crush-device-class",
+            reason: format!(
+                "no OSD of device class '{}' under root {}",
+                code.device_class.as_deref().unwrap_or(""),
+                code.root
+            ),
+        })?;
+        let mut crush = self.crush.clone();
+        let id = crush.free_rule_id();
+        crush.add_rule(Rule::erasure(id, name, take, domain))?;
+        crush.finalize()?;
+        Ok((id, crush))
+    }
+
+    /// Where an erasure rule for `code` starts (the root, or its shadow for the device class;
+    /// `None` when the class has no shadow under the root) and the failure domain's type id.
+    fn ec_take_and_domain(&self, code: &Profile) -> Result<(Option<ItemId>, u32), MapError> {
+        let root = self
+            .crush
+            .item_id(&code.root)
+            .filter(|&id| self.crush.bucket(id).is_some())
+            .ok_or_else(|| MapError::InvalidValue {
+                field: "crush-root",
+                reason: format!("'{}' is not a bucket of the CRUSH map", code.root),
+            })?;
+        let domain =
+            self.crush
+                .type_id(&code.failure_domain)
+                .ok_or_else(|| MapError::InvalidValue {
+                    field: "crush-failure-domain",
+                    reason: format!(
+                        "'{}' is not a CRUSH type (known: {})",
+                        code.failure_domain,
+                        self.crush
+                            .types()
+                            .map(|(_, n)| n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })?;
+        let take = match &code.device_class {
+            None => Some(root),
+            Some(class) => self
+                .crush
+                .class_id(class)
+                .and_then(|c| self.crush.shadow_of(root, c)),
+        };
+        Ok((take, domain))
+    }
+
+    /// How many distinct failure domains of `code`'s type, with CRUSH weight > 0, lie under
+    /// its root (only counting OSDs of its device class, if set): the most shards CRUSH can
+    /// place apart.
+    pub fn failure_domains(&self, code: &Profile) -> Result<u32, MapError> {
+        let (take, domain) = self.ec_take_and_domain(code)?;
+        let Some(take) = take else { return Ok(0) };
+        let crush = &self.crush;
+        if crush.bucket(take).is_some_and(|b| b.type_id == domain) {
+            return Ok(u32::from(crush.bucket(take).is_some_and(|b| b.weight > 0)));
+        }
+        let mut found = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![take];
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            let Some(b) = crush.bucket(id) else { continue };
+            for (&item, &w) in b.items.iter().zip(&b.item_weights) {
+                if w == 0 {
+                    continue;
+                }
+                if item >= 0 {
+                    // devices are CRUSH type 0 (`osd`)
+                    if domain == 0 {
+                        found.insert(item);
+                    }
+                } else if crush.bucket(item).is_some_and(|c| c.type_id == domain) {
+                    found.insert(item);
+                } else {
+                    stack.push(item);
+                }
+            }
+        }
+        Ok(found.len() as u32)
+    }
+
+    /// `pool rm`. An erasure-coded pool's own rule (named after it, `type erasure`) goes with
+    /// it when no other pool uses it.
     pub fn propose_pool_delete(&self, name: &str) -> Result<Incremental, MapError> {
         let pool = self
             .pool_by_name(name)
             .ok_or_else(|| MapError::NoSuchPool(name.to_string()))?;
-        Ok(self.next(vec![Change::RemovePool { id: pool.id }]))
+        let mut changes = vec![Change::RemovePool { id: pool.id }];
+        let own_rule = pool.ec().is_some()
+            && self
+                .crush
+                .rule(pool.crush_rule)
+                .is_some_and(|r| r.name == pool.name && r.rule_type == RULE_TYPE_ERASURE);
+        let shared = self
+            .pools
+            .values()
+            .any(|p| p.id != pool.id && p.crush_rule == pool.crush_rule);
+        if own_rule && !shared {
+            let mut crush = self.crush.clone();
+            crush.remove_rule(pool.crush_rule)?;
+            crush.finalize()?;
+            changes.push(Change::SetCrush(crush.to_text()));
+        }
+        Ok(self.next(changes))
     }
 
-    /// `pool set NAME KEY VALUE` for `size`, `min_size` and `crush_rule`.
+    /// `pool set NAME KEY VALUE` for `size`, `min_size`, `crush_rule` and `fast_read`. An
+    /// erasure-coded pool's size is `k+m` for good; its `min_size` stays within `k..=k+m`;
+    /// `fast_read` (`true`/`false`/`1`/`0`) is for erasure-coded pools only.
     pub fn propose_pool_set(
         &self,
         name: &str,
@@ -752,15 +1085,52 @@ impl OsdMap {
                 reason: format!("'{value}' is not a number"),
             })
         };
+        let code = pool.ec().cloned();
         match key {
             "size" => {
-                pool.size = number("size")?;
+                let size = number("size")?;
+                if let Some(code) = &code {
+                    if size == pool.size {
+                        return Ok(None);
+                    }
+                    return Err(MapError::InvalidValue {
+                        field: "size",
+                        reason: format!(
+                            "the size of an erasure-coded pool is k+m and cannot change \
+                             (pool '{}': k={} m={}, size {})",
+                            pool.name, code.k, code.m, pool.size
+                        ),
+                    });
+                }
+                pool.size = size;
                 if pool.min_size > pool.size {
                     pool.min_size = pool.size;
                 }
             }
             "min_size" => pool.min_size = number("min_size")?,
-            "crush_rule" => pool.crush_rule = self.resolve_rule(value)?,
+            "crush_rule" => pool.crush_rule = self.resolve_rule_for(value, code.is_some())?,
+            "fast_read" => {
+                if code.is_none() {
+                    return Err(MapError::InvalidValue {
+                        field: "fast_read",
+                        reason: format!(
+                            "fast_read applies to erasure-coded pools only; pool '{}' is \
+                             replicated",
+                            pool.name
+                        ),
+                    });
+                }
+                pool.fast_read = match value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    other => {
+                        return Err(MapError::InvalidValue {
+                            field: "fast_read",
+                            reason: format!("'{other}' is not true or false"),
+                        });
+                    }
+                };
+            }
             "pg_num" | "pgp_num" => {
                 return Err(MapError::InvalidValue {
                     field: "pg_num",
@@ -770,15 +1140,79 @@ impl OsdMap {
             other => {
                 return Err(MapError::InvalidValue {
                     field: "key",
-                    reason: format!("unknown pool setting '{other}' (size, min_size, crush_rule)"),
+                    reason: format!(
+                        "unknown pool setting '{other}' (size, min_size, crush_rule, fast_read)"
+                    ),
                 });
             }
         }
-        check_sizes(pool.size, pool.min_size)?;
+        match &code {
+            Some(code) => check_ec_min_size(code, pool.min_size)?,
+            None => check_sizes(pool.size, pool.min_size)?,
+        }
         if Some(&pool) == self.pools.get(&pool.id) {
             return Ok(None);
         }
         Ok(Some(self.next(vec![Change::SetPool(pool)])))
+    }
+
+    /// Pools created from erasure-code profile `name`.
+    fn pools_using_profile(&self, name: &str) -> Vec<String> {
+        self.pools
+            .values()
+            .filter(|p| p.ec_profile_name() == Some(name))
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// `osd erasure-code-profile set NAME ...`. Setting an existing profile to the same
+    /// settings changes nothing (`None`); to different ones is refused unless `force` (Ceph's
+    /// rule), naming the pools made from it — they keep their own copy either way.
+    pub fn propose_ec_profile_set(
+        &self,
+        name: &str,
+        profile: &Profile,
+        force: bool,
+    ) -> Result<Option<Incremental>, MapError> {
+        if name.is_empty() || name.len() > 128 || name.contains(char::is_whitespace) {
+            return Err(MapError::InvalidValue {
+                field: "name",
+                reason: format!("'{name}' is not a valid erasure-code profile name"),
+            });
+        }
+        match self.ec_profiles.get(name) {
+            Some(existing) if existing == profile => return Ok(None),
+            Some(existing) if !force => {
+                return Err(MapError::EcProfileDiffers {
+                    name: name.to_string(),
+                    existing: profile_text(existing),
+                    proposed: profile_text(profile),
+                    used_by: self.pools_using_profile(name),
+                });
+            }
+            _ => {}
+        }
+        Ok(Some(self.next(vec![Change::SetEcProfile {
+            name: name.to_string(),
+            profile: profile.clone(),
+        }])))
+    }
+
+    /// `osd erasure-code-profile rm NAME`: refused while pools made from it exist.
+    pub fn propose_ec_profile_rm(&self, name: &str) -> Result<Incremental, MapError> {
+        if !self.ec_profiles.contains_key(name) {
+            return Err(MapError::NoSuchEcProfile(name.to_string()));
+        }
+        let pools = self.pools_using_profile(name);
+        if !pools.is_empty() {
+            return Err(MapError::EcProfileInUse {
+                name: name.to_string(),
+                pools,
+            });
+        }
+        Ok(self.next(vec![Change::RemoveEcProfile {
+            name: name.to_string(),
+        }]))
     }
 
     // ---- mapping -------------------------------------------------------------------------
@@ -798,38 +1232,33 @@ impl OsdMap {
         Ok(pool.placement().object_pg(name, key, namespace))
     }
 
-    /// Up and acting sets of a PG.
+    /// Up and acting sets of a PG (see [`PgMapping`] for holes in erasure-coded pools).
     pub fn pg_mapping(&self, pg: PgId) -> Result<PgMapping, MapError> {
         let pool = self
             .pools
             .get(&pg.pool.0)
             .ok_or(MapError::NoSuchPoolId(pg.pool.0))?;
-        let raw = pool
-            .placement()
-            .raw_osds(&self.crush, pg.seed, &self.reweights)?;
-        // Drop OSDs that do not exist, then those that are down.
-        let up: Vec<i32> = raw
-            .into_iter()
-            .filter(|&o| o != ITEM_NONE && self.osds.contains_key(&o) && self.is_up(o))
-            .collect();
-        let up_primary = up.first().copied().unwrap_or(-1);
-        // A temporary acting set, without its members that are down or gone since.
+        let placement = pool.placement();
+        let raw = placement.raw_osds(&self.crush, pg.seed, &self.reweights)?;
+        let serves = |o: i32| o != ITEM_NONE && self.osds.contains_key(&o) && self.is_up(o);
+        // Without OSDs that do not exist or are down: replicated pools close the gaps,
+        // erasure-coded pools keep positions (holes are ITEM_NONE).
+        let mut up = placement.up_osds(&raw, serves);
+        if placement.erasure {
+            up.resize(placement.size, ITEM_NONE);
+        }
+        let first = |set: &[i32]| set.iter().copied().find(|&o| o != ITEM_NONE).unwrap_or(-1);
+        let up_primary = first(&up);
+        // A temporary acting set, without its members that are down or gone since (holes in
+        // their place for an erasure-coded pool); one with no member left is ignored.
         let temp: Vec<i32> = self
             .pg_temp
             .get(&pg)
-            .map(|t| {
-                t.iter()
-                    .copied()
-                    .filter(|&o| self.osds.contains_key(&o) && self.is_up(o))
-                    .collect()
-            })
+            .map(|t| placement.up_osds(t, serves))
+            .filter(|t| t.iter().any(|&o| o != ITEM_NONE))
             .unwrap_or_default();
         let acting = if temp.is_empty() { up.clone() } else { temp };
-        let acting_primary = acting
-            .iter()
-            .copied()
-            .find(|&o| o != ITEM_NONE)
-            .unwrap_or(-1);
+        let acting_primary = first(&acting);
         Ok(PgMapping {
             up,
             up_primary,
@@ -867,6 +1296,32 @@ fn check_sizes(size: u32, min_size: u32) -> Result<(), MapError> {
         });
     }
     Ok(())
+}
+
+/// An erasure-coded pool serves I/O with at least `k` shards (fewer cannot decode) and at most
+/// `k+m` can be asked for.
+fn check_ec_min_size(code: &Profile, min_size: u32) -> Result<(), MapError> {
+    if !(code.k..=code.size()).contains(&min_size) {
+        return Err(MapError::InvalidValue {
+            field: "min_size",
+            reason: format!(
+                "{min_size} must be between k = {} and k+m = {} for an erasure-coded pool",
+                code.k,
+                code.size()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A profile as Ceph prints one in messages: `{k=2,m=1,...}`.
+fn profile_text(p: &Profile) -> String {
+    let pairs: Vec<String> = p
+        .to_pairs()
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    format!("{{{}}}", pairs.join(","))
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! Monitors keep the full OSD map and hand out incrementals; OSDs and clients start from a
 //! full map of some epoch (possibly old) and apply the incrementals after it, in order, as
 //! they arrive over the wire. Whatever sequence of changes the monitors made (OSDs created,
-//! booted, marked down, reweighted, removed; pools created and resized; flags; `pg_temp`), the
+//! booted, marked down, reweighted, removed; replicated and erasure-coded pools created,
+//! resized and deleted; erasure-code profiles set and removed; flags; `pg_temp`), the
 //! follower must end with exactly the monitors' map: the same encoding and the same PG
 //! mappings.
 
@@ -16,15 +17,58 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    CreateOsd { host: u8 },
-    Boot { osd: u8, port: u16 },
-    Down { osd: u8 },
-    Weight { osd: u8, weight: u32 },
-    Remove { osd: u8 },
-    CreatePool { pg_num: u32, size: u32 },
-    PoolSize { pool: u8, size: u32 },
-    Flag { flag: u8, on: bool },
-    PgTemp { pool: u8, seed: u32, osds: Vec<u8> },
+    CreateOsd {
+        host: u8,
+    },
+    Boot {
+        osd: u8,
+        port: u16,
+    },
+    Down {
+        osd: u8,
+    },
+    Weight {
+        osd: u8,
+        weight: u32,
+    },
+    Remove {
+        osd: u8,
+    },
+    CreatePool {
+        pg_num: u32,
+        size: u32,
+    },
+    PoolSize {
+        pool: u8,
+        size: u32,
+    },
+    Flag {
+        flag: u8,
+        on: bool,
+    },
+    PgTemp {
+        pool: u8,
+        seed: u32,
+        osds: Vec<u8>,
+    },
+    /// Profile `ec{k}{m}` by OSD (forced over an existing one of that name).
+    EcProfile {
+        k: u32,
+        m: u32,
+    },
+    EcProfileRm {
+        k: u32,
+        m: u32,
+    },
+    /// An erasure-coded pool with profile `ec{k}{m}` (its own CRUSH rule).
+    CreateEcPool {
+        pg_num: u32,
+        k: u32,
+        m: u32,
+    },
+    DeletePool {
+        pool: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -40,6 +84,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..4, any::<bool>()).prop_map(|(flag, on)| Op::Flag { flag, on }),
         2 => (0u8..3, 0u32..16, proptest::collection::vec(0u8..10, 0..4))
             .prop_map(|(pool, seed, osds)| Op::PgTemp { pool, seed, osds }),
+        2 => (1u32..4, 1u32..3).prop_map(|(k, m)| Op::EcProfile { k, m }),
+        1 => (1u32..4, 1u32..3).prop_map(|(k, m)| Op::EcProfileRm { k, m }),
+        2 => (1u32..17, 1u32..4, 1u32..3)
+            .prop_map(|(pg_num, k, m)| Op::CreateEcPool { pg_num, k, m }),
+        1 => (0u8..3).prop_map(|pool| Op::DeletePool { pool }),
     ]
 }
 
@@ -94,6 +143,7 @@ fn propose(map: &OsdMap, op: &Op) -> Option<Incremental> {
                 size: Some(*size),
                 min_size: None,
                 crush_rule: None,
+                erasure: None,
             };
             map.propose_pool_create(&spec).ok().map(|(_, inc)| inc)
         }
@@ -119,7 +169,38 @@ fn propose(map: &OsdMap, op: &Op) -> Option<Incremental> {
                     ids.push(id);
                 }
             }
+            if p.ec().is_some() {
+                // one entry per shard position
+                ids.resize(p.size as usize, kelp_maps::ITEM_NONE);
+            }
             map.propose_pg_temp(pg, &ids).ok()?
+        }
+        Op::EcProfile { k, m } => {
+            let words = [
+                format!("k={k}"),
+                format!("m={m}"),
+                "crush-failure-domain=osd".to_string(),
+            ];
+            let profile = kelp_ec::Profile::from_words(&words).ok()?;
+            map.propose_ec_profile_set(&format!("ec{k}{m}"), &profile, true)
+                .ok()?
+        }
+        Op::EcProfileRm { k, m } => map.propose_ec_profile_rm(&format!("ec{k}{m}")).ok(),
+        Op::CreateEcPool { pg_num, k, m } => {
+            let spec = PoolSpec {
+                name: format!("ecpool{}", map.epoch),
+                pg_num: Some(*pg_num),
+                erasure: Some(format!("ec{k}{m}")),
+                ..PoolSpec::default()
+            };
+            map.propose_pool_create(&spec).ok().map(|(_, inc)| inc)
+        }
+        Op::DeletePool { pool } => {
+            if pool_names.is_empty() {
+                return None;
+            }
+            map.propose_pool_delete(&pool_names[*pool as usize % pool_names.len()])
+                .ok()
         }
     }
 }

@@ -51,6 +51,9 @@ pub enum MonError {
     Msgr(#[from] kelp_msgr::MsgrError),
     #[error("invalid monitor spec: {0}")]
     InvalidSpec(String),
+    /// An erasure-code profile's words are malformed or out of range.
+    #[error(transparent)]
+    Ec(#[from] kelp_ec::EcError),
 }
 
 impl MonError {

@@ -567,7 +567,9 @@ impl Inner {
             MonCommand::Status
             | MonCommand::ConfigDump
             | MonCommand::AuthList
-            | MonCommand::PgRecordGet { .. } => {
+            | MonCommand::PgRecordGet { .. }
+            | MonCommand::EcProfileGet { .. }
+            | MonCommand::EcProfileLs => {
                 if self.is_leader() && self.raft.ensure_linearizable().await.is_ok() {
                     self.read_only(&cmd)
                 } else {

@@ -191,8 +191,8 @@ impl PgMap {
             };
             for pg in ids {
                 let Ok(m) = map.pg_mapping(pg) else { continue };
-                for o in &m.acting {
-                    *pgs_per_osd.entry(*o).or_default() += 1;
+                for o in m.acting_osds() {
+                    *pgs_per_osd.entry(o).or_default() += 1;
                 }
                 let blank = PgStat {
                     pg,

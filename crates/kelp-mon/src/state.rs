@@ -407,7 +407,18 @@ impl MonState {
                 }
                 Ok(MonReply::PgActivated(verdicts))
             }
-            MonCommand::PgRecordGet { .. } => Ok(self.read_only(cmd)),
+            MonCommand::PgRecordGet { .. }
+            | MonCommand::EcProfileGet { .. }
+            | MonCommand::EcProfileLs => Ok(self.read_only(cmd)),
+            MonCommand::EcProfileSet { name, words, force } => {
+                let profile = kelp_ec::Profile::from_words(words)?;
+                let inc = map.propose_ec_profile_set(name, &profile, *force);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::EcProfileRm { name } => {
+                let inc = map.propose_ec_profile_rm(name)?;
+                self.commit(Ok(Some(inc)))
+            }
             MonCommand::PoolCreate(spec) => {
                 let spec = self.pool_defaults(spec);
                 let (id, inc) = self.map()?.propose_pool_create(&spec)?;
@@ -515,9 +526,17 @@ impl MonState {
         self.pg_history.get(&pg)
     }
 
+    /// Fills what the operator left out from the central config. An erasure-coded pool's size
+    /// and min_size come from its profile instead (`propose_pool_create`).
     fn pool_defaults(&self, spec: &PoolSpec) -> PoolSpec {
         let mut spec = spec.clone();
         let get = |k: &str| u32::try_from(self.config_u64(k)).unwrap_or(u32::MAX);
+        if spec.pg_num.is_none() {
+            spec.pg_num = Some(get("osd_pool_default_pg_num"));
+        }
+        if spec.erasure.is_some() {
+            return spec;
+        }
         if spec.size.is_none() {
             spec.size = Some(get("osd_pool_default_size"));
         }
@@ -526,9 +545,6 @@ impl MonState {
             if m != 0 {
                 spec.min_size = Some(m);
             }
-        }
-        if spec.pg_num.is_none() {
-            spec.pg_num = Some(get("osd_pool_default_pg_num"));
         }
         spec
     }
@@ -602,6 +618,21 @@ impl MonState {
             ),
             MonCommand::AuthList => MonReply::Entities(self.auth.keys().cloned().collect()),
             MonCommand::PgRecordGet { pg } => MonReply::PgRecord(self.pg_history.get(pg).cloned()),
+            MonCommand::EcProfileGet { name } => {
+                match self.osdmap.as_ref().and_then(|m| m.ec_profiles.get(name)) {
+                    Some(p) => MonReply::EcProfile {
+                        name: name.clone(),
+                        pairs: p.to_pairs().into_iter().collect(),
+                    },
+                    None => refuse(kelp_maps::MapError::NoSuchEcProfile(name.clone())),
+                }
+            }
+            MonCommand::EcProfileLs => MonReply::EcProfileNames(
+                self.osdmap
+                    .as_ref()
+                    .map(|m| m.ec_profiles.keys().cloned().collect())
+                    .unwrap_or_default(),
+            ),
             other => refuse(format!("{other:?} is not a read-only command")),
         }
     }

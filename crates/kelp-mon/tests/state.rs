@@ -499,3 +499,81 @@ fn pg_activation_records_lost_osds_purges_and_pool_deletes() {
     s.apply(&cmd(MonCommand::PoolDelete { name: "p".into() }));
     assert_eq!(s.pg_record(pg), None);
 }
+
+#[test]
+fn erasure_code_profiles_and_pools() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    for i in 0..3 {
+        s.apply(&cmd(MonCommand::OsdCreate {
+            id: None,
+            uuid: format!("uuid-{i}"),
+            host: "h".into(),
+            crush_weight: 0x10000,
+        }));
+    }
+    // a replicated default that an erasure-coded pool must not take
+    s.apply(&cmd(MonCommand::ConfigSet {
+        who: "global".into(),
+        key: "osd_pool_default_size".into(),
+        value: "2".into(),
+    }));
+    let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let set = |name: &str, w: &[&str], force: bool| {
+        cmd(MonCommand::EcProfileSet {
+            name: name.into(),
+            words: words(w),
+            force,
+        })
+    };
+    // the words are validated by the monitors
+    let m = err(s.apply(&set("p", &["k=2", "m=zero"], false)));
+    assert!(m.contains("m=\"zero\" is not a whole number"), "{m}");
+    let epoch = s.epoch();
+    let p21 = ["k=2", "m=1", "crush-failure-domain=osd"];
+    assert_eq!(
+        s.apply(&set("p", &p21, false)),
+        MonReply::Done { epoch: epoch + 1 }
+    );
+    assert_eq!(
+        s.apply(&set("p", &p21, false)),
+        MonReply::Done { epoch: epoch + 1 },
+        "the same profile again makes no epoch"
+    );
+    assert!(err(s.apply(&set("p", &["k=2", "m=2"], false))).contains("will not override"));
+    match s.read_only(&MonCommand::EcProfileGet { name: "p".into() }) {
+        MonReply::EcProfile { name, pairs } => {
+            assert_eq!(name, "p");
+            assert!(pairs.contains(&("m".into(), "1".into())), "{pairs:?}");
+            assert!(pairs.contains(&("crush-failure-domain".into(), "osd".into())));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        err(s.read_only(&MonCommand::EcProfileGet { name: "x".into() })).contains("does not exist")
+    );
+    assert_eq!(
+        s.apply(&cmd(MonCommand::EcProfileLs)),
+        MonReply::EcProfileNames(vec!["default".into(), "p".into()])
+    );
+    // size and min_size come from the profile, pg_num from the config
+    let r = s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
+        name: "ec".into(),
+        erasure: Some("p".into()),
+        ..Default::default()
+    })));
+    assert!(matches!(r, MonReply::PoolId { .. }), "{r:?}");
+    let pool = s.osdmap().unwrap().pool_by_name("ec").unwrap().clone();
+    assert_eq!((pool.size, pool.min_size, pool.pg_num), (3, 3, 32));
+    assert_eq!(pool.ec().map(|c| (c.k, c.m)), Some((2, 1)));
+    let m = err(s.apply(&cmd(MonCommand::EcProfileRm { name: "p".into() })));
+    assert!(m.contains("used by pool(s) ec"), "{m}");
+    s.apply(&cmd(MonCommand::PoolDelete { name: "ec".into() }));
+    assert!(matches!(
+        s.apply(&cmd(MonCommand::EcProfileRm { name: "p".into() })),
+        MonReply::Done { .. }
+    ));
+    assert!(
+        err(s.apply(&cmd(MonCommand::EcProfileRm { name: "p".into() }))).contains("does not exist")
+    );
+}

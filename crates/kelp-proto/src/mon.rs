@@ -95,6 +95,26 @@ pub enum MonCommand {
     OsdLost {
         id: i32,
     },
+    // Variants are numbered by position on the wire: new ones go at the end.
+    /// `kelp osd erasure-code-profile set NAME WORDS… [--force]`: creates a profile from
+    /// `key=value` words (validated by the monitors, `kelp_ec::Profile::from_words`). Setting
+    /// an existing profile to the same settings is a no-op; to different ones is refused
+    /// unless `force` (pools made from it keep their own copy). Answered with `Done`.
+    EcProfileSet {
+        name: String,
+        words: Vec<String>,
+        force: bool,
+    },
+    /// One profile's `key=value` pairs: answered with `EcProfile`.
+    EcProfileGet {
+        name: String,
+    },
+    /// Every profile's name: answered with `EcProfileNames`.
+    EcProfileLs,
+    /// Removes a profile no pool was made from. Answered with `Done`.
+    EcProfileRm {
+        name: String,
+    },
 }
 
 /// The members that held every acknowledged write of a PG when it last went active (the
@@ -201,6 +221,14 @@ pub enum MonReply {
     PgActivated(Vec<ActivationVerdict>),
     /// `PgRecordGet`.
     PgRecord(Option<PgRecord>),
+    // New variants at the end (wire numbering).
+    /// `EcProfileGet`: the profile as Ceph prints it, every key, sorted by key.
+    EcProfile {
+        name: String,
+        pairs: Vec<(String, String)>,
+    },
+    /// `EcProfileLs`: profile names, sorted.
+    EcProfileNames(Vec<String>),
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be

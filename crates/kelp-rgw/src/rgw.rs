@@ -127,6 +127,7 @@ async fn ensure_pool(rados: &Rados, name: &str, pg_num: u32) -> Result<IoCtx> {
             size: None,
             min_size: None,
             crush_rule: None,
+            erasure: None,
         })
         .await;
     match created {

@@ -54,10 +54,11 @@ enum Command {
     /// Monitors: create a monitor's data directory (mkfs) and run the monitor daemon (run).
     #[command(subcommand)]
     Mon(cmd::mon::MonCommand),
-    /// OSDs: run an OSD daemon (run) and manage OSDs (tree, ls, out, in, down).
+    /// OSDs: run an OSD daemon (run), manage OSDs (tree, ls, out, in, down) and erasure-code
+    /// profiles (erasure-code-profile).
     #[command(subcommand)]
     Osd(cmd::osd::OsdCommand),
-    /// Pools: create, ls, get, set, rm.
+    /// Pools (replicated or erasure-coded): create, ls, get, set, rm.
     #[command(subcommand)]
     Pool(cmd::pool::PoolCommand),
     /// Objects: put, get, ls, rm, stat, xattrs, omap, and the `bench` load generator.

@@ -1,5 +1,6 @@
 //! `kelp osd`: run an OSD daemon (`run`), look after OSDs (`tree`, `ls`, `out`, `in`,
-//! `down`) and set cluster flags (`set`, `unset`).
+//! `down`), set cluster flags (`set`, `unset`) and manage erasure-code profiles
+//! (`erasure-code-profile`, in `ec_profile.rs`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +54,13 @@ pub enum OsdCommand {
     Set(FlagArgs),
     /// Clear a cluster flag (like `ceph osd unset`).
     Unset(FlagArgs),
+    /// Erasure-code profiles (like `ceph osd erasure-code-profile`): set, get, ls, rm.
+    ///
+    /// A profile says how an erasure-coded pool cuts objects (k data shards, m parity shards)
+    /// and where CRUSH puts the shards; `kelp pool create NAME --erasure PROFILE` makes a pool
+    /// from one.
+    #[command(subcommand)]
+    ErasureCodeProfile(crate::cmd::ec_profile::EcProfileCommand),
 }
 
 #[derive(Args, Debug)]
@@ -137,6 +145,7 @@ pub fn run(cmd: OsdCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> 
         OsdCommand::Scrub(a) => crate::cmd::scrub::run_osd_scrub(a, false, g),
         OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true, g),
         OsdCommand::Df(a) => df(a, g),
+        OsdCommand::ErasureCodeProfile(c) => crate::cmd::ec_profile::run(c, g),
         OsdCommand::Lost(a) => {
             if !a.yes_i_really_mean_it {
                 bail!(

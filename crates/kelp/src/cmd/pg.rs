@@ -128,8 +128,8 @@ pub fn run_pg(cmd: PgCommand, g: &crate::cmd::common::Global) -> Result<ExitCode
                 let st = &p.stat;
                 let (up, acting) = match &m {
                     Some(m) => (
-                        format!("{:?}p{}", m.up, m.up_primary),
-                        format!("{:?}p{}", m.acting, m.acting_primary),
+                        format!("{}p{}", osd_set(&m.up), m.up_primary),
+                        format!("{}p{}", osd_set(&m.acting), m.acting_primary),
                     ),
                     None => ("-".into(), "-".into()),
                 };
@@ -148,6 +148,22 @@ pub fn run_pg(cmd: PgCommand, g: &crate::cmd::common::Global) -> Result<ExitCode
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `[0, 1, 2]`; an erasure-coded pool's hole (a shard position with no OSD) prints as `NONE`,
+/// as Ceph prints it.
+fn osd_set(osds: &[i32]) -> String {
+    let items: Vec<String> = osds
+        .iter()
+        .map(|&o| {
+            if o == kelp_maps::ITEM_NONE {
+                "NONE".to_string()
+            } else {
+                o.to_string()
+            }
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
 }
 
 pub fn run_rule(cmd: RuleCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {

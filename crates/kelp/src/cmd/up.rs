@@ -738,6 +738,7 @@ async fn wait_osds(
                 size: Some(size),
                 min_size: None,
                 crush_rule: None,
+                erasure: None,
             })
             .await
             .context("creating the default pool")?;
