@@ -158,10 +158,10 @@ impl Profile {
         self.k + self.m
     }
 
-    /// Default `min_size` of a pool with this profile: `k + 1` (a write still has one shard
-    /// to spare), or `k` when `m = 1`.
+    /// Default `min_size` of a pool with this profile, as Ceph's: `k + 1` (a write still has
+    /// one shard to spare), or `k` when `m = 1` (else one lost shard would stop all I/O).
     pub fn default_min_size(&self) -> u32 {
-        (self.k + 1).min(self.k + self.m)
+        self.k + 1.min(self.m - 1)
     }
 
     /// Raw bytes stored per logical byte, for large objects: `(k + m) / k`.
@@ -253,7 +253,7 @@ mod tests {
         assert_eq!((p.k, p.m, p.stripe_unit), (2, 2, 4096));
         assert_eq!(p.failure_domain, "host");
         let one = Profile::from_words(&["k=3", "m=1"]).unwrap();
-        assert_eq!(one.default_min_size(), 4);
+        assert_eq!(one.default_min_size(), 3);
     }
 
     #[test]

@@ -377,7 +377,7 @@ fn fast_read_is_for_erasure_pools_only() {
 fn ups(map: &OsdMap, pool: u32) -> Vec<(PgId, Vec<i32>)> {
     map.pool_pgs(pool)
         .unwrap()
-        .map(|pg| (pg, map.pg_mapping(pg).unwrap().up))
+        .map(|pg| (pg, map.pg_mapping(pg).unwrap().up_shards))
         .collect()
 }
 
@@ -401,8 +401,10 @@ fn erasure_mappings_keep_positions_and_mark_holes() {
             .iter()
             .map(|&o| if o == 2 { ITEM_NONE } else { o })
             .collect();
-        assert_eq!(m.up, want, "{pg}");
-        assert_eq!(m.acting, want, "{pg}");
+        assert_eq!(m.up_shards, want, "{pg}");
+        assert_eq!(m.up, m.up_osds().collect::<Vec<_>>(), "{pg}");
+        assert_eq!(m.acting_shards, want, "{pg}");
+        assert!(!m.acting.contains(&ITEM_NONE), "{pg}");
         let first = want.iter().copied().find(|&o| o != ITEM_NONE).unwrap();
         assert_eq!((m.up_primary, m.acting_primary), (first, first), "{pg}");
         assert_eq!(m.up_osds().count(), 5);
@@ -416,7 +418,7 @@ fn erasure_mappings_keep_positions_and_mark_holes() {
     let mut stable_pgs = 0;
     let mut hole_positions = BTreeSet::new();
     for (pg, old) in &before {
-        let up = map.pg_mapping(*pg).unwrap().up;
+        let up = map.pg_mapping(*pg).unwrap().up_shards;
         assert_eq!(up.len(), 6, "{pg}");
         assert_eq!(
             up.iter().filter(|&&o| o == ITEM_NONE).count(),
@@ -462,7 +464,7 @@ fn erasure_pg_temp_keeps_positions() {
     set_profile(&mut map, "p", &["k=2", "m=1", "crush-failure-domain=osd"]);
     let id = create(&mut map, &ec_spec("e", "p"));
     let pg = PgId::new(id, 5);
-    let up = map.pg_mapping(pg).unwrap().up;
+    let up = map.pg_mapping(pg).unwrap().up_shards;
     let spare = (0..6).find(|o| !up.contains(o)).unwrap();
     // wrong length, or no OSD at all: refused
     assert!(map.propose_pg_temp(pg, &[up[0], up[1]]).is_err());
@@ -475,19 +477,24 @@ fn erasure_pg_temp_keeps_positions() {
     map.apply(&map.propose_pg_temp(pg, &temp).unwrap().unwrap())
         .unwrap();
     let m = map.pg_mapping(pg).unwrap();
-    assert_eq!((m.up.clone(), m.acting.clone()), (up.clone(), temp.clone()));
+    assert_eq!(
+        (m.up_shards.clone(), m.acting_shards.clone()),
+        (up.clone(), temp.clone())
+    );
+    assert_eq!(m.acting, vec![up[1], spare]);
     assert_eq!(m.acting_primary, up[1]);
     // a member going down leaves a hole in its place
     map.apply(&map.propose_osd_down(spare).unwrap().unwrap())
         .unwrap();
     let m = map.pg_mapping(pg).unwrap();
-    assert_eq!(m.acting, vec![ITEM_NONE, up[1], ITEM_NONE]);
+    assert_eq!(m.acting_shards, vec![ITEM_NONE, up[1], ITEM_NONE]);
+    assert_eq!(m.acting, vec![up[1]]);
     // no member left: the up set acts
     map.apply(&map.propose_osd_down(up[1]).unwrap().unwrap())
         .unwrap();
     let m = map.pg_mapping(pg).unwrap();
-    assert_eq!(m.acting, m.up);
-    assert_eq!(m.up[1], ITEM_NONE);
+    assert_eq!(m.acting_shards, m.up_shards);
+    assert_eq!(m.up_shards[1], ITEM_NONE);
 }
 
 #[test]

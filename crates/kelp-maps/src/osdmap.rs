@@ -300,35 +300,46 @@ fn check_version<'a>(bytes: &'a [u8], what: &'static str) -> Result<&'a [u8], Ma
 /// Where a PG lives: the up set (CRUSH result minus down OSDs) and the acting set (who serves
 /// it: the up set, or `pg_temp` while data moves).
 ///
-/// Replicated pools: `up` and `acting` list OSDs only, gaps closed (fewer entries than `size`
-/// when CRUSH found too few or some are down).
+/// `up` and `acting` list OSDs only, gaps closed (fewer entries than `size` when CRUSH found
+/// too few or some are down), for every pool: what counts members, checks `min_size` or sends
+/// writes needs nothing else.
 ///
-/// Erasure-coded pools: positions matter (entry `i` holds shard `i`), so `up` and `acting`
-/// always have exactly `size` (`k + m`) entries, and a position with no OSD — CRUSH could not
-/// fill it (fewer failure domains than `k + m`), or its OSD is down or gone — holds the hole
-/// marker [`ITEM_NONE`] (`kelp_crush::ITEM_NONE` = `0x7fff_ffff` = 2147483647, re-exported as
-/// `kelp_maps::ITEM_NONE`). Never treat it as an OSD id: use [`PgMapping::up_osds`] /
-/// [`PgMapping::acting_osds`] to iterate the OSDs only.
+/// Erasure-coded pools also need positions (entry `i` holds shard `i`): `up_shards` and
+/// `acting_shards` always have exactly `size` (`k + m`) entries, and a position with no OSD —
+/// CRUSH could not fill it (fewer failure domains than `k + m`), or its OSD is down or gone —
+/// holds the hole marker [`ITEM_NONE`] (`kelp_crush::ITEM_NONE` = `0x7fff_ffff`, re-exported
+/// as `kelp_maps::ITEM_NONE`). For replicated pools they equal `up` and `acting`.
 ///
-/// Both kinds: `up_primary` / `acting_primary` are the first entry that is not a hole, or `-1`
-/// when there is none.
+/// `up_primary` / `acting_primary` are the first OSD of the set, or `-1` when there is none.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgMapping {
     pub up: Vec<i32>,
     pub up_primary: i32,
     pub acting: Vec<i32>,
     pub acting_primary: i32,
+    pub up_shards: Vec<i32>,
+    pub acting_shards: Vec<i32>,
 }
 
 impl PgMapping {
-    /// The OSDs of the up set, holes skipped.
+    /// The OSDs of the up set.
     pub fn up_osds(&self) -> impl Iterator<Item = i32> + '_ {
-        self.up.iter().copied().filter(|&o| o != ITEM_NONE)
+        self.up.iter().copied()
     }
 
-    /// The OSDs of the acting set, holes skipped.
+    /// The OSDs of the acting set.
     pub fn acting_osds(&self) -> impl Iterator<Item = i32> + '_ {
-        self.acting.iter().copied().filter(|&o| o != ITEM_NONE)
+        self.acting.iter().copied()
+    }
+
+    /// The up set by shard position (see the type's docs).
+    pub fn up_shards(&self) -> &[i32] {
+        &self.up_shards
+    }
+
+    /// The acting set by shard position (see the type's docs).
+    pub fn acting_shards(&self) -> &[i32] {
+        &self.acting_shards
     }
 }
 
@@ -1257,13 +1268,17 @@ impl OsdMap {
             .map(|t| placement.up_osds(t, serves))
             .filter(|t| t.iter().any(|&o| o != ITEM_NONE))
             .unwrap_or_default();
-        let acting = if temp.is_empty() { up.clone() } else { temp };
-        let acting_primary = first(&acting);
+        let acting_shards = if temp.is_empty() { up.clone() } else { temp };
+        let acting_primary = first(&acting_shards);
+        let osds_only =
+            |set: &[i32]| -> Vec<i32> { set.iter().copied().filter(|&o| o != ITEM_NONE).collect() };
         Ok(PgMapping {
-            up,
+            up: osds_only(&up),
             up_primary,
-            acting,
+            acting: osds_only(&acting_shards),
             acting_primary,
+            up_shards: up,
+            acting_shards,
         })
     }
 

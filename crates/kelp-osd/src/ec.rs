@@ -35,6 +35,18 @@ use kelp_proto::{ErrorCode, OpKind, OpResult};
 
 use crate::exec::{ExecError, Limits, StatDelta};
 
+/// The shard `osd` holds of `pg` if its pool is erasure-coded (its position in the acting
+/// set, else in the up set).
+pub fn shard_of(map: &kelp_maps::OsdMap, pg: kelp_types::PgId, osd: i32) -> Option<u32> {
+    map.pools.get(&pg.pool.0)?.ec()?;
+    let m = map.pg_mapping(pg).ok()?;
+    m.acting_shards()
+        .iter()
+        .position(|&o| o == osd)
+        .or_else(|| m.up_shards().iter().position(|&o| o == osd))
+        .map(|p| p as u32)
+}
+
 /// The store attribute holding an EC shard's [`EcMeta`].
 pub const EC_ATTR: &str = "@ec";
 
@@ -164,11 +176,16 @@ pub async fn read_extents(
                 }
             }
             Ok(b) => {
-                tracing::debug!(shard, have = b.version, want = version, "stale EC shard");
+                tracing::warn!(
+                    shard,
+                    have = b.version,
+                    want = version,
+                    "stale EC shard: rebuilding"
+                );
                 usable[shard] = false;
             }
             Err(e) => {
-                tracing::debug!(shard, "EC shard read failed: {}", e.message);
+                tracing::warn!(shard, "EC shard read failed, rebuilding: {}", e.message);
                 usable[shard] = false;
             }
         }
@@ -245,7 +262,19 @@ async fn rebuild(
                 Ok(b) if b.version == version && b.ranges.len() == ranges.len() => {
                     got.insert(s, b.ranges);
                 }
-                _ => usable[s] = false,
+                Ok(b) => {
+                    tracing::warn!(
+                        shard = s,
+                        have = b.version,
+                        want = version,
+                        "stale EC shard"
+                    );
+                    usable[s] = false;
+                }
+                Err(e) => {
+                    tracing::warn!(shard = s, "EC shard read failed: {}", e.message);
+                    usable[s] = false;
+                }
             }
         }
         if got.len() >= k {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kelp_maps::OsdMap;
 use kelp_proto::{
-    PgPull, PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
-    RepOpReply, ScrubMapReply, ScrubMapRequest,
+    EcRead, EcReadReply, PgPull, PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync,
+    PgSyncReply, RepOp, RepOpReply, ScrubMapReply, ScrubMapRequest,
 };
 use kelp_store::{ObjectStore, Transaction};
 use kelp_types::PgId;
@@ -61,6 +61,13 @@ pub trait Peers: Send + Sync {
         p: PgPush,
         data: Bytes,
     ) -> Result<PgPushReply, OsdError>;
+    /// Erasure-coded pools: byte ranges of a member's shard of an object.
+    async fn ec_read(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        r: EcRead,
+    ) -> Result<(EcReadReply, Bytes), OsdError>;
 }
 
 /// What a worker (peering and recovery, scrub and repair) needs from the OSD it runs in: who it
@@ -247,6 +254,14 @@ pub(crate) mod fake {
             _: PgPush,
             _: Bytes,
         ) -> Result<PgPushReply, OsdError> {
+            unreachable(osd)
+        }
+        async fn ec_read(
+            &self,
+            osd: i32,
+            _: SocketAddr,
+            _: EcRead,
+        ) -> Result<(EcReadReply, Bytes), OsdError> {
             unreachable(osd)
         }
     }

@@ -20,6 +20,7 @@
 pub mod admission;
 pub mod daemon;
 pub mod ec;
+pub mod ec_io;
 pub mod error;
 pub mod exec;
 pub mod heartbeat;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use kelp_msgr::{Dispatcher, Messenger, RemoteError, Request, Response};
 use kelp_proto::{
-    OsdPing, OsdPingReply, OsdScrubCommand, PgCommand, PgList, PgPull, PgPullReply, PgPush,
-    PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply,
-    ScrubMapRequest, decode, encode, msg_type,
+    EcRead, EcReadReply, OsdPing, OsdPingReply, OsdScrubCommand, PgCommand, PgList, PgPull,
+    PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgSync, PgSyncReply, RepOp,
+    RepOpReply, ScrubMapReply, ScrubMapRequest, decode, encode, msg_type,
 };
 
 use crate::error::OsdError;
@@ -52,6 +52,7 @@ impl Dispatcher for OsdDispatcher {
                 ))
             }
             msg_type::OSD_PG_QUERY
+            | msg_type::OSD_EC_READ
             | msg_type::OSD_PG_PULL
             | msg_type::OSD_PG_SYNC
             | msg_type::OSD_SCRUB_MAP
@@ -71,6 +72,11 @@ impl Dispatcher for OsdDispatcher {
                     encode(&reply),
                     Bytes::new(),
                 ))
+            }
+            msg_type::OSD_EC_READ => {
+                let r: EcRead = decode(&req.meta, "EcRead").map_err(bad)?;
+                let (reply, data) = self.service.ec_read(r).await;
+                Ok(Response::new(msg_type::OSD_EC_READ, encode(&reply), data))
             }
             msg_type::OSD_PG_PULL => {
                 let p: PgPull = decode(&req.meta, "PgPull").map_err(bad)?;
@@ -268,5 +274,27 @@ impl Peers for MsgrPeers {
             .await
             .map_err(|source| OsdError::Msgr { osd, addr, source })?;
         decode(&resp.meta, "PgPushReply").map_err(|source| OsdError::Decode { osd, source })
+    }
+
+    async fn ec_read(
+        &self,
+        osd: i32,
+        addr: SocketAddr,
+        r: EcRead,
+    ) -> Result<(EcReadReply, Bytes), OsdError> {
+        let resp = self
+            .msgr
+            .connection(addr)
+            .call(
+                msg_type::OSD_EC_READ,
+                encode(&r),
+                Bytes::new(),
+                self.timeout,
+            )
+            .await
+            .map_err(|source| OsdError::Msgr { osd, addr, source })?;
+        let reply =
+            decode(&resp.meta, "EcReadReply").map_err(|source| OsdError::Decode { osd, source })?;
+        Ok((reply, resp.data))
     }
 }

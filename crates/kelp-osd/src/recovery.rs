@@ -415,6 +415,8 @@ async fn sync_pg<H: RecoveryHost>(host: &H, s: PgSync) -> Result<Vec<(String, St
             }
         })?;
         let (pg, epoch) = (s.pg, s.epoch);
+        // Erasure-coded pools: pull this member's own shard, rebuilt by the source.
+        let shard = crate::ec::shard_of(&map, pg, host.id());
         let peers = host.peers();
         let mut pulls = futures::stream::iter(s.objects)
             .map(|(namespace, name)| {
@@ -425,7 +427,7 @@ async fn sync_pg<H: RecoveryHost>(host: &H, s: PgSync) -> Result<Vec<(String, St
                         epoch,
                         namespace: namespace.clone(),
                         name: name.clone(),
-                        shard: None,
+                        shard,
                     };
                     (namespace, name, peers.pull(source, source_addr, req).await)
                 }
@@ -738,7 +740,10 @@ async fn try_peer<H: RecoveryHost>(
         min_size: map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize,
         flags: recovery_flags(&map),
         up_osds: map.osds.keys().copied().filter(|&o| map.is_up(o)).collect(),
-        can_request_pg_temp: host.can_request_pg_temp(),
+        // Erasure-coded pools keep shard positions, which a `pg_temp` of members that have the
+        // data would not: their primaries catch up by rebuilding their shards instead.
+        can_request_pg_temp: host.can_request_pg_temp()
+            && map.pools.get(&pg.pool.0).is_none_or(|p| p.ec().is_none()),
         parallel: host.recovery().config().max_active as u32,
         primary,
     };

@@ -641,10 +641,13 @@ async fn gather_maps<H: PgHost>(
         let store = host.store();
         let coll = CollectionId(pg);
         let (s, e) = (start.cloned(), end.cloned());
-        tokio::task::spawn_blocking(move || build_map(&*store, coll, s.as_ref(), e.as_ref(), deep))
-            .await
-            .map_err(blocking_err)?
-            .map_err(OsdError::from)
+        let ec = crate::ec::shard_of(map, pg, me).is_some();
+        tokio::task::spawn_blocking(move || {
+            build_map(&*store, coll, s.as_ref(), e.as_ref(), deep, ec)
+        })
+        .await
+        .map_err(blocking_err)?
+        .map_err(OsdError::from)
     };
     let (local, remote) = tokio::join!(local, futures::future::join_all(remote));
     let mut maps = BTreeMap::new();
@@ -809,7 +812,44 @@ async fn scrub_chunk<H: ScrubHost>(
                 (r, d)
             }
         };
+        let ec_pool = crate::ec::shard_of(map, pg, me).is_some();
         for bad_osd in obj.bad_osds() {
+            // Erasure-coded pools: every member holds a different shard; a bad one is rebuilt
+            // for its position from the others, never copied from another member.
+            let (state, data) = if ec_pool {
+                let shard = crate::ec::shard_of(map, pg, bad_osd);
+                let source = if bad_osd == me {
+                    obj.auth_osd.filter(|&a| a != me)
+                } else {
+                    Some(me)
+                };
+                let Some(source) = source else { continue };
+                let addr = peer_addr(map, source)?;
+                let (r, d) = host
+                    .peers()
+                    .pull(
+                        source,
+                        addr,
+                        PgPull {
+                            pg,
+                            epoch: map.epoch,
+                            namespace: obj.namespace.clone(),
+                            name: obj.name.clone(),
+                            shard,
+                        },
+                    )
+                    .await?;
+                if let Some((code, msg)) = r.error {
+                    return Err(OsdError::Remote {
+                        osd: source,
+                        code,
+                        message: format!("rebuilding '{}': {msg}", obj.name),
+                    });
+                }
+                (r, d)
+            } else {
+                (state.clone(), data.clone())
+            };
             let push = PgPush {
                 pg,
                 epoch: map.epoch,
@@ -865,8 +905,9 @@ pub(crate) async fn scrub_map<H: PgHost>(host: &H, req: ScrubMapRequest) -> Scru
     let start = req.start.as_ref().map(|c| cursor_oid(req.pg, c));
     let end = req.end.as_ref().map(|c| cursor_oid(req.pg, c));
     let deep = req.deep;
+    let ec = crate::ec::shard_of(&host.map(), req.pg, host.id()).is_some();
     match tokio::task::spawn_blocking(move || {
-        build_map(&*store, coll, start.as_ref(), end.as_ref(), deep)
+        build_map(&*store, coll, start.as_ref(), end.as_ref(), deep, ec)
     })
     .await
     {
@@ -1049,7 +1090,8 @@ pub(crate) async fn repair_from_replica<H: ScrubHost>(
                     epoch: map.epoch,
                     namespace: object.namespace.clone(),
                     name: object.name.clone(),
-                    shard: None,
+                    // Erasure-coded pools: this member's own shard, rebuilt by the other.
+                    shard: crate::ec::shard_of(&map, pg, host.id()),
                 },
             )
             .await;

@@ -254,11 +254,17 @@ pub(crate) fn digest_omap(
 }
 
 /// Describes one object; `None` if it vanished meanwhile.
+///
+/// `ec`: the object is a shard of an erasure-coded object. Shards hold different bytes, so
+/// the data digest is left out of the comparison (a deep scrub still reads every byte, and the
+/// store's checksums catch a damaged shard as a read error), and the shard metadata enters the
+/// attribute digest without the shard's own position.
 pub(crate) fn scrub_object(
     store: &dyn ObjectStore,
     coll: CollectionId,
     oid: &ObjectId,
     deep: bool,
+    ec: bool,
 ) -> Option<ScrubObject> {
     let mut o = ScrubObject {
         hash: oid.hash,
@@ -268,7 +274,14 @@ pub(crate) fn scrub_object(
     };
     let shallow = (|| -> Result<(), StoreError> {
         o.size = store.stat(coll, oid)?.size;
-        let (version, attrs) = digest_attrs(&store.xattrs(coll, oid)?);
+        let mut xattrs = store.xattrs(coll, oid)?;
+        if ec && let Some(meta) = xattrs.get_mut(crate::ec::EC_ATTR) {
+            // Bytes 1..5 are the shard's position (`ec::EcMeta`).
+            if meta.len() > 5 {
+                meta[1..5].fill(0);
+            }
+        }
+        let (version, attrs) = digest_attrs(&xattrs);
         o.version = version;
         o.attrs_digest = attrs;
         o.omap_digest = digest_omap(store, coll, oid)?;
@@ -303,7 +316,7 @@ pub(crate) fn scrub_object(
             }
             off += len;
         }
-        o.data_digest = Some(crc);
+        o.data_digest = (!ec).then_some(crc);
     }
     Some(o)
 }
@@ -327,6 +340,7 @@ pub(crate) fn build_map(
     start: Option<&ObjectId>,
     end: Option<&ObjectId>,
     deep: bool,
+    ec: bool,
 ) -> Result<Vec<ScrubObject>, StoreError> {
     let mut out = Vec::new();
     let mut from = start.cloned();
@@ -339,7 +353,7 @@ pub(crate) fn build_map(
             if oid.namespace == INTERNAL_NAMESPACE || oid.snap != kelp_store::SNAP_HEAD {
                 continue;
             }
-            if let Some(o) = scrub_object(store, coll, oid, deep) {
+            if let Some(o) = scrub_object(store, coll, oid, deep, ec) {
                 out.push(o);
             }
         }

@@ -38,10 +38,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use kelp_maps::OsdMap;
 use kelp_proto::{
-    ActivationVerdict, ErrorCode, ListCursor, MonCommand, ObjectLocator, OpResult, OsdOp,
-    OsdOpReply, OsdScrubCommand, OsdScrubReply, PgActivation, PgCommand, PgCommandReply, PgList,
-    PgListReply, PgPull, PgPullReply, PgPush, PgPushReply, PgQuery, PgQueryReply, PgScrubSummary,
-    PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply, ScrubMapRequest,
+    ActivationVerdict, EcRead, EcReadReply, ErrorCode, ListCursor, MonCommand, ObjectLocator,
+    OpResult, OsdOp, OsdOpReply, OsdScrubCommand, OsdScrubReply, PgActivation, PgCommand,
+    PgCommandReply, PgList, PgListReply, PgPull, PgPullReply, PgPush, PgPushReply, PgQuery,
+    PgQueryReply, PgScrubSummary, PgSync, PgSyncReply, RepOp, RepOpReply, ScrubMapReply,
+    ScrubMapRequest,
 };
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
@@ -56,6 +57,7 @@ use crate::pglog::{LogAppend, LogEntry, PgMeta};
 use crate::recovery::{self, Recovery, RecoveryConfig, RecoveryHost};
 use crate::scrub::{self, ScrubConfig, ScrubHost, Scrubber};
 use crate::stats::{OsdStats, ReportSource};
+use crate::{ec, ec_io};
 
 /// OSD settings (Ceph's names where the concept is Ceph's).
 #[derive(Debug, Clone)]
@@ -429,6 +431,10 @@ impl OsdService {
         let Some(Ok(mapping)) = mapping else {
             unreachable!("admitted ops have a mapping")
         };
+        // Erasure-coded pool: its code and which member holds which shard.
+        let ec = pool
+            .and_then(|p| p.ec())
+            .map(|profile| (profile.clone(), ec_io::positions(&mapping)));
         let Some(pg) = self.pg(op.pg) else {
             return refuse(&admission::Refusal::NotOpen { pg: op.pg }, epoch);
         };
@@ -449,6 +455,15 @@ impl OsdService {
                 admission::admit_to_pg(op.pg, &mapping.acting, state.active.as_deref(), false, &[])
             {
                 return refuse(&refusal, epoch);
+            }
+            if let Some((profile, members)) = &ec {
+                // Held: no write of the PG starts while the shards are gathered.
+                let readable = ec_io::readable(members, self.cfg.id, &state.write_to);
+                let reply = self
+                    .ec_read_op(profile, &state, readable, &op, &data, epoch)
+                    .await;
+                drop(state);
+                return reply;
             }
             let store = self.store.clone();
             let limits = self.cfg.limits;
@@ -568,8 +583,56 @@ impl OsdService {
             reqid: reqid.clone(),
             deleted: false,
         };
-        let (done, entry, plan, commit) = match self
-            .apply_locally(state.meta.coll, &op.ops, &data, stamp, plan, entry)
+        // Erasure-coded pools: every member gets its own shard's ops (`crate::ec`).
+        let ec_write = match &ec {
+            Some((profile, members)) => {
+                let before = match self.ec_before(state.meta.coll, &op.object).await {
+                    Ok(b) => b,
+                    Err(e) => return reply_err(e.code, e.message, epoch),
+                };
+                let readable = ec_io::readable(members, self.cfg.id, &state.write_to);
+                let io = self.shard_io(
+                    op.pg,
+                    epoch,
+                    &op.object,
+                    state.meta.coll,
+                    readable,
+                    stamp.version - 1,
+                );
+                match ec::plan_write(profile, before, &op.ops, &data, &self.cfg.limits, &io).await {
+                    Ok(w) => Some((w, members.clone())),
+                    Err(e) => return reply_err(e.code, e.message, epoch),
+                }
+            }
+            None => None,
+        };
+        let (my_ops, my_data, my_internal) = match &ec_write {
+            Some((w, members)) => {
+                let Some(me) = ec_io::position(members, self.cfg.id) else {
+                    return reply_err(
+                        ErrorCode::Misdirected,
+                        format!("osd.{} holds no shard of PG {}", self.cfg.id, op.pg),
+                        epoch,
+                    );
+                };
+                (
+                    w.shards[me].ops.clone(),
+                    Bytes::copy_from_slice(&w.shards[me].data),
+                    w.internal_xattrs(me),
+                )
+            }
+            None => (op.ops.clone(), data.clone(), Vec::new()),
+        };
+        let (mut done, entry, plan, commit) = match self
+            .apply_locally(
+                state.meta.coll,
+                &my_ops,
+                &my_data,
+                stamp,
+                plan,
+                entry,
+                &my_internal,
+            )
             .await
         {
             Ok(Applied::Write(w)) => {
@@ -584,6 +647,10 @@ impl OsdService {
             Ok(Applied::NotAWrite(done)) => return ok_reply(done, epoch),
             Err(e) => return reply_err(e.code, e.message, epoch),
         };
+        if let Some((w, _)) = &ec_write {
+            // The PG counts logical bytes, not this member's shard.
+            done.stat_delta = w.stat_delta;
+        }
         let prev = state.meta.info.last_update;
         state.meta.commit_append(plan, entry);
         self.stats
@@ -611,7 +678,19 @@ impl OsdService {
                 continue;
             };
             let peers = self.peers.clone();
-            let (r, d) = (repop.clone(), data.clone());
+            let (r, d) = match &ec_write {
+                Some((w, members)) => {
+                    let Some(pos) = ec_io::position(members, osd) else {
+                        unreachable.push((osd, format!("osd.{osd} holds no shard of the PG")));
+                        continue;
+                    };
+                    let mut r = repop.clone();
+                    r.ops.clone_from(&w.shards[pos].ops);
+                    r.internal_xattrs = w.internal_xattrs(pos);
+                    (r, Bytes::copy_from_slice(&w.shards[pos].data))
+                }
+                None => (repop.clone(), data.clone()),
+            };
             let left = self.left_pg(op.pg, osd, epoch);
             replicas.push(async move {
                 // A replica that a newer map drops (e.g. marked down after it froze) will not
@@ -739,7 +818,9 @@ impl OsdService {
 
     /// Executes a write op and submits its transaction, with the log entry staged into it, to
     /// the store: on the async worker if the store can do it without waiting for the device,
-    /// else on a blocking thread. The caller holds the PG's write lock.
+    /// else on a blocking thread. The caller holds the PG's write lock. `internal`: Kelp's own
+    /// attributes to set too (an erasure-coded shard's metadata).
+    #[allow(clippy::too_many_arguments)]
     async fn apply_locally(
         &self,
         coll: CollectionId,
@@ -748,6 +829,7 @@ impl OsdService {
         stamp: Stamp,
         plan: LogAppend,
         mut entry: LogEntry,
+        internal: &[(String, Vec<u8>)],
     ) -> Result<Applied, ExecError> {
         let store = self.store.clone();
         let limits = self.cfg.limits;
@@ -756,17 +838,19 @@ impl OsdService {
         // nothing.
         let inline = kelp_store::nowait::attempt(|| {
             let mut entry = entry.clone();
-            apply_now(&*store, coll, ops, data, stamp, &limits, &plan, &mut entry)
-                .map(|a| (a, entry))
+            apply_now(
+                &*store, coll, ops, data, stamp, &limits, &plan, &mut entry, internal,
+            )
+            .map(|a| (a, entry))
         });
         if let Some(result) = inline {
             let (applied, entry) = result?;
             return Ok(applied.into_applied(entry, plan));
         }
-        let (ops, data) = (ops.to_vec(), data.clone());
+        let (ops, data, internal) = (ops.to_vec(), data.clone(), internal.to_vec());
         tokio::task::spawn_blocking(move || {
             let applied = apply_now(
-                &*store, coll, &ops, &data, stamp, &limits, &plan, &mut entry,
+                &*store, coll, &ops, &data, stamp, &limits, &plan, &mut entry, &internal,
             )?;
             Ok(applied.into_applied(entry, plan))
         })
@@ -775,6 +859,297 @@ impl OsdService {
             code: ErrorCode::Io,
             message: format!("op task failed: {e}"),
         })?
+    }
+
+    /// An erasure-coded object as this OSD's shard shows it before a write.
+    async fn ec_before(
+        &self,
+        coll: CollectionId,
+        object: &kelp_proto::ObjectLocator,
+    ) -> Result<ec::EcBefore, ExecError> {
+        let a = self.ec_attrs(coll, object).await?;
+        Ok(ec::EcBefore {
+            exists: a.exists,
+            version: a.version,
+            meta: a.meta,
+        })
+    }
+
+    /// An erasure-coded object's attributes on this OSD's shard (from memory when the store
+    /// can, else on a blocking thread).
+    async fn ec_attrs(
+        &self,
+        coll: CollectionId,
+        object: &kelp_proto::ObjectLocator,
+    ) -> Result<ec::EcObjectAttrs, ExecError> {
+        let store = self.store.clone();
+        let oid = crate::exec::object_id(object);
+        let read = move || ec_io::local_attrs(&*store, coll, &oid);
+        match kelp_store::nowait::attempt(read.clone()) {
+            Some(r) => r,
+            None => tokio::task::spawn_blocking(read)
+                .await
+                .map_err(|e| ExecError {
+                    code: ErrorCode::Io,
+                    message: format!("attribute read task failed: {e}"),
+                })?,
+        }
+    }
+
+    /// How the EC backend reaches the shards of `object` (`readable`: per shard position, the
+    /// member to read it from).
+    fn shard_io(
+        &self,
+        pg: PgId,
+        epoch: u32,
+        object: &kelp_proto::ObjectLocator,
+        coll: CollectionId,
+        readable: Vec<Option<i32>>,
+        after_version: u64,
+    ) -> ec_io::PgShardIo {
+        let map = self.map();
+        ec_io::PgShardIo {
+            me: self.cfg.id,
+            store: self.store.clone(),
+            coll,
+            oid: crate::exec::object_id(object),
+            pg,
+            epoch,
+            object: object.clone(),
+            members: readable
+                .into_iter()
+                .map(|m| m.map(|osd| (osd, map.osds.get(&osd).and_then(|o| o.addr))))
+                .collect(),
+            peers: self.peers.clone(),
+            after_version,
+        }
+    }
+
+    /// A client's read of an object of an erasure-coded pool (the caller holds the PG's read
+    /// lock, so no write starts meanwhile).
+    async fn ec_read_op(
+        &self,
+        profile: &kelp_ec::Profile,
+        state: &PgState,
+        readable: Vec<Option<i32>>,
+        op: &OsdOp,
+        data: &Bytes,
+        epoch: u32,
+    ) -> (OsdOpReply, Bytes) {
+        let coll = state.meta.coll;
+        let attrs = match self.ec_attrs(coll, &op.object).await {
+            Ok(a) => a,
+            Err(e) => return reply_err(e.code, e.message, epoch),
+        };
+        let io = self.shard_io(
+            op.pg,
+            epoch,
+            &op.object,
+            coll,
+            readable,
+            state.meta.info.last_update.1,
+        );
+        match ec::read(
+            profile,
+            &attrs,
+            &op.object.name,
+            &op.ops,
+            data,
+            &self.cfg.limits,
+            &io,
+        )
+        .await
+        {
+            Ok(r) => (
+                OsdOpReply {
+                    error: None,
+                    version: r.version,
+                    epoch,
+                    outs: r.outs,
+                },
+                Bytes::from(r.data),
+            ),
+            Err(e) => reply_err(e.code, e.message, epoch),
+        }
+    }
+
+    /// Erasure-coded pools: serves ranges of this member's shard of an object to the PG's
+    /// primary, once this member has applied the PG's log up to `after_version`.
+    pub async fn ec_read(&self, r: EcRead) -> (EcReadReply, Bytes) {
+        let fail = |code, message: String| ec_io::reply_bytes(Err(ExecError { code, message }));
+        let Some(pg) = self.pg(r.pg) else {
+            return fail(
+                ErrorCode::Misdirected,
+                format!("osd.{} does not hold PG {}", self.cfg.id, r.pg),
+            );
+        };
+        let deadline = Instant::now() + self.cfg.map_wait;
+        let state = loop {
+            let state = pg.read().await;
+            if state.meta.next_version() > r.after_version {
+                break state;
+            }
+            let changed = state.changed.clone();
+            let settled = changed.notified();
+            drop(state);
+            if tokio::time::timeout_at(deadline.into(), settled)
+                .await
+                .is_err()
+            {
+                return fail(
+                    ErrorCode::Io,
+                    format!(
+                        "PG {} on osd.{} has not applied version {} yet",
+                        r.pg, self.cfg.id, r.after_version
+                    ),
+                );
+            }
+        };
+        let store = self.store.clone();
+        let coll = state.meta.coll;
+        let oid = crate::exec::object_id(&r.object);
+        let ranges = r.extents;
+        let read = move || ec_io::read_local_shard(&*store, coll, &oid, &ranges);
+        let result = match kelp_store::nowait::attempt(read.clone()) {
+            Some(r) => r,
+            None => tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| {
+                Err(ExecError {
+                    code: ErrorCode::Io,
+                    message: format!("shard read task failed: {e}"),
+                })
+            }),
+        };
+        drop(state);
+        ec_io::reply_bytes(result)
+    }
+
+    /// Erasure-coded pools: rebuilds shard `shard` of an object from the PG's other members
+    /// for a member that misses it (recovery's pull). Fewer than `k` shards at this member's
+    /// version of the object is `Corrupt`: the puller reports the object unfound.
+    async fn ec_pull(&self, p: PgPull, shard: u32) -> (PgPullReply, Bytes) {
+        let fail = |code, msg: String| {
+            (
+                PgPullReply {
+                    error: Some((code, msg)),
+                    exists: false,
+                    size: 0,
+                    xattrs: Vec::new(),
+                    omap_header: None,
+                    omap: Vec::new(),
+                },
+                Bytes::new(),
+            )
+        };
+        let map = self.map_at_least(p.epoch).await;
+        let Some(profile) = map
+            .pools
+            .get(&p.pg.pool.0)
+            .and_then(|pool| pool.ec())
+            .cloned()
+        else {
+            return fail(
+                ErrorCode::Invalid,
+                format!("pool {} is not erasure-coded", p.pg.pool),
+            );
+        };
+        let Some(handle) = RecoveryHost::pg_or_stray(self, p.pg).await else {
+            return fail(
+                ErrorCode::Misdirected,
+                format!("osd.{} does not hold PG {}", self.cfg.id, p.pg),
+            );
+        };
+        let state = loop {
+            let state = handle.read().await;
+            if !state.in_flight_named(&p.namespace, &p.name) {
+                break state;
+            }
+            let changed = state.changed.clone();
+            let settled = changed.notified();
+            drop(state);
+            settled.await;
+        };
+        let object = kelp_proto::ObjectLocator {
+            pool: p.pg.pool.0,
+            namespace: p.namespace.clone(),
+            key: None,
+            name: p.name.clone(),
+        };
+        let coll = state.meta.coll;
+        let store = self.store.clone();
+        let oid = crate::exec::object_id(&object);
+        let local = {
+            let oid = oid.clone();
+            tokio::task::spawn_blocking(move || ec_io::local_state(&*store, coll, &oid)).await
+        };
+        let (attrs, raw) = match local {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => return fail(e.code, e.message),
+            Err(e) => return fail(ErrorCode::Io, format!("attribute read task failed: {e}")),
+        };
+        if !attrs.exists {
+            drop(state);
+            return (
+                PgPullReply {
+                    error: None,
+                    exists: false,
+                    size: 0,
+                    xattrs: Vec::new(),
+                    omap_header: None,
+                    omap: Vec::new(),
+                },
+                Bytes::new(),
+            );
+        }
+        let Some(meta) = attrs.meta else {
+            return fail(
+                ErrorCode::Corrupt,
+                format!("osd.{}: '{}' has no shard metadata", self.cfg.id, p.name),
+            );
+        };
+        let Ok(mapping) = map.pg_mapping(p.pg) else {
+            return fail(ErrorCode::Misdirected, format!("PG {} is not mapped", p.pg));
+        };
+        // Every other member may contribute; the version check drops any that is behind.
+        let members: Vec<Option<i32>> = ec_io::positions(&mapping)
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| m.filter(|_| i != shard as usize))
+            .collect();
+        let io = self.shard_io(p.pg, map.epoch, &object, coll, members, 0);
+        let data = match meta.layout(&profile) {
+            Some(layout) => {
+                match ec::rebuild_shard(&io, &layout, attrs.version, meta.size, shard as usize)
+                    .await
+                {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return fail(
+                            ErrorCode::Corrupt,
+                            format!("rebuilding shard {shard} of '{}': {}", p.name, e.message),
+                        );
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        drop(state);
+        let mut xattrs: Vec<(String, Vec<u8>)> =
+            raw.into_iter().filter(|(k, _)| k != ec::EC_ATTR).collect();
+        xattrs.push((
+            ec::EC_ATTR.to_string(),
+            ec::EcMeta { shard, ..meta }.encode(),
+        ));
+        (
+            PgPullReply {
+                error: None,
+                exists: true,
+                size: data.len() as u64,
+                xattrs,
+                omap_header: None,
+                omap: Vec::new(),
+            },
+            Bytes::from(data),
+        )
     }
 
     /// Applies a primary's replicated write. Writes to one PG are applied in version order: a
@@ -844,7 +1219,15 @@ impl OsdService {
             deleted: false,
         };
         let commit = match self
-            .apply_locally(state.meta.coll, &op.ops, &data, stamp, plan, entry)
+            .apply_locally(
+                state.meta.coll,
+                &op.ops,
+                &data,
+                stamp,
+                plan,
+                entry,
+                &op.internal_xattrs,
+            )
             .await
         {
             Ok(Applied::Write(w)) => {
@@ -978,6 +1361,9 @@ impl OsdService {
 
     /// Serves one object's complete state to a recovering member.
     pub async fn pg_pull(&self, p: PgPull) -> (PgPullReply, Bytes) {
+        if let Some(shard) = p.shard {
+            return self.ec_pull(p, shard).await;
+        }
         recovery::pg_pull(self, p).await
     }
 
@@ -1155,12 +1541,21 @@ fn apply_now(
     limits: &crate::exec::Limits,
     plan: &LogAppend,
     entry: &mut LogEntry,
+    internal: &[(String, Vec<u8>)],
 ) -> Result<AppliedNow, ExecError> {
     let mut done = execute(store, coll, &entry.object, ops, data, stamp, limits)?;
     if !done.is_write {
         return Ok(AppliedNow::NotAWrite(done));
     }
     entry.deleted = !done.exists_after;
+    if done.exists_after && !internal.is_empty() {
+        // An erasure-coded shard's own metadata (`ec::EC_ATTR`), set by the primary.
+        done.txn.push(kelp_store::Op::SetXattrs {
+            coll,
+            oid: crate::exec::object_id(&entry.object),
+            attrs: internal.iter().cloned().collect(),
+        });
+    }
     plan.stage(&mut done.txn, entry);
     let commit = store.submit(std::mem::take(&mut done.txn))?;
     Ok(AppliedNow::Write(done, commit))

@@ -112,6 +112,14 @@ impl Peers for LocalPeers {
     ) -> Result<PgPushReply, OsdError> {
         Ok(self.get(osd)?.pg_push(p, data).await)
     }
+    async fn ec_read(
+        &self,
+        osd: i32,
+        _addr: SocketAddr,
+        r: kelp_proto::EcRead,
+    ) -> Result<(kelp_proto::EcReadReply, Bytes), OsdError> {
+        Ok(self.get(osd)?.ec_read(r).await)
+    }
 }
 
 struct Cluster {

@@ -1,0 +1,267 @@
+//! The I/O side of the erasure-coded backend (`crate::ec` makes the decisions): reading a
+//! shard from this OSD's store or from another member over `Peers`, and the attributes an EC
+//! object's primary shard carries.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kelp_proto::{EcRead, EcReadReply, ErrorCode, ObjectLocator};
+use kelp_store::{CollectionId, ObjectId, ObjectStore, StoreError};
+use kelp_types::PgId;
+
+use crate::ec::{EC_ATTR, EcMeta, EcObjectAttrs, ShardBytes, ShardIo};
+use crate::exec::ExecError;
+use crate::host::Peers;
+
+const VERSION_ATTR: &str = "@v";
+const MTIME_ATTR: &str = "@m";
+const USER_PREFIX: &str = "_";
+
+fn u64_of(v: Option<&Vec<u8>>) -> u64 {
+    v.and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// Which OSD holds which shard of a PG of an erasure-coded pool: position `i` of the acting
+/// set holds shard `i` (`None`: a hole, no OSD serves that shard).
+pub fn positions(m: &kelp_maps::PgMapping) -> Vec<Option<i32>> {
+    m.acting_shards()
+        .iter()
+        .map(|&o| (o != kelp_maps::ITEM_NONE && o >= 0).then_some(o))
+        .collect()
+}
+
+/// The shard position `osd` holds, if any.
+pub fn position(members: &[Option<i32>], osd: i32) -> Option<usize> {
+    members.iter().position(|&m| m == Some(osd))
+}
+
+/// The members that may be read: the primary itself and the members it writes to (members
+/// left behind for recovery are not).
+pub fn readable(members: &[Option<i32>], me: i32, write_to: &[i32]) -> Vec<Option<i32>> {
+    members
+        .iter()
+        .map(|m| m.filter(|&o| o == me || write_to.contains(&o)))
+        .collect()
+}
+
+/// Every stored attribute of an object, Kelp's own included.
+pub type RawXattrs = Vec<(String, Vec<u8>)>;
+
+/// An EC object's attributes as this OSD's shard holds them, and every stored attribute as is
+/// (blocking: store I/O).
+pub fn local_state(
+    store: &dyn ObjectStore,
+    coll: CollectionId,
+    oid: &ObjectId,
+) -> Result<(EcObjectAttrs, RawXattrs), ExecError> {
+    let attrs = local_attrs(store, coll, oid)?;
+    if !attrs.exists {
+        return Ok((attrs, Vec::new()));
+    }
+    let raw = store.xattrs(coll, oid)?.into_iter().collect();
+    Ok((attrs, raw))
+}
+
+/// An EC object's attributes as this OSD's shard holds them (blocking: store I/O).
+pub fn local_attrs(
+    store: &dyn ObjectStore,
+    coll: CollectionId,
+    oid: &ObjectId,
+) -> Result<EcObjectAttrs, ExecError> {
+    let attrs = match store.xattrs(coll, oid) {
+        Ok(a) => a,
+        Err(StoreError::ObjectNotFound { .. }) => return Ok(EcObjectAttrs::default()),
+        Err(e) => return Err(e.into()),
+    };
+    let meta = attrs.get(EC_ATTR).map(|b| EcMeta::decode(b)).transpose()?;
+    let xattrs: BTreeMap<String, Vec<u8>> = attrs
+        .iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix(USER_PREFIX)
+                .map(|n| (n.to_string(), v.clone()))
+        })
+        .collect();
+    Ok(EcObjectAttrs {
+        exists: true,
+        version: u64_of(attrs.get(VERSION_ATTR)),
+        mtime_ns: u64_of(attrs.get(MTIME_ATTR)),
+        meta,
+        xattrs,
+    })
+}
+
+/// Reads `ranges` of this OSD's shard of an object (blocking), each padded with zeros to its
+/// length. A shard failing its checksum is an error (`Corrupt`): the caller rebuilds it.
+pub fn read_local_shard(
+    store: &dyn ObjectStore,
+    coll: CollectionId,
+    oid: &ObjectId,
+    ranges: &[(u64, u64)],
+) -> Result<(EcReadReply, Vec<u8>), ExecError> {
+    let attrs = match store.xattrs(coll, oid) {
+        Ok(a) => a,
+        Err(StoreError::ObjectNotFound { .. }) => {
+            let data = ranges.iter().map(|r| r.1 as usize).sum();
+            return Ok((
+                EcReadReply {
+                    error: None,
+                    exists: false,
+                    version: 0,
+                    meta: None,
+                },
+                vec![0; data],
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut data = Vec::with_capacity(ranges.iter().map(|r| r.1 as usize).sum());
+    for &(offset, len) in ranges {
+        let got = store.read(coll, oid, offset, len)?;
+        let n = got.len().min(len as usize);
+        data.extend_from_slice(&got[..n]);
+        data.resize(data.len() + (len as usize - n), 0);
+    }
+    Ok((
+        EcReadReply {
+            error: None,
+            exists: true,
+            version: u64_of(attrs.get(VERSION_ATTR)),
+            meta: attrs.get(EC_ATTR).cloned(),
+        },
+        data,
+    ))
+}
+
+/// Splits a shard read's data segment into its ranges.
+fn split_ranges(data: &[u8], ranges: &[(u64, u64)]) -> Result<Vec<Vec<u8>>, ExecError> {
+    let total: u64 = ranges.iter().map(|r| r.1).sum();
+    if data.len() as u64 != total {
+        return Err(ExecError {
+            code: ErrorCode::Io,
+            message: format!("a shard read returned {} bytes, not {total}", data.len()),
+        });
+    }
+    let mut at = 0usize;
+    Ok(ranges
+        .iter()
+        .map(|&(_, len)| {
+            let b = data[at..at + len as usize].to_vec();
+            at += len as usize;
+            b
+        })
+        .collect())
+}
+
+/// The shards of one object of one PG, as its primary (or a member rebuilding a shard) reaches
+/// them: position `i` of `members` holds shard `i`.
+pub struct PgShardIo {
+    pub me: i32,
+    pub store: Arc<dyn ObjectStore>,
+    pub coll: CollectionId,
+    pub oid: ObjectId,
+    pub pg: PgId,
+    pub epoch: u32,
+    pub object: ObjectLocator,
+    /// Per shard position: the member holding it and where it listens, if it may be read.
+    pub members: Vec<Option<(i32, Option<SocketAddr>)>>,
+    pub peers: Arc<dyn Peers>,
+    /// Members answer once they have applied the PG's log up to this version.
+    pub after_version: u64,
+}
+
+#[async_trait::async_trait]
+impl ShardIo for PgShardIo {
+    fn readable(&self) -> Vec<bool> {
+        self.members.iter().map(Option::is_some).collect()
+    }
+
+    async fn read_shard(
+        &self,
+        shard: usize,
+        ranges: &[(u64, u64)],
+    ) -> Result<ShardBytes, ExecError> {
+        let Some(Some((osd, addr))) = self.members.get(shard) else {
+            return Err(ExecError {
+                code: ErrorCode::Io,
+                message: format!("shard {shard} has no readable member"),
+            });
+        };
+        let (reply, data) = if *osd == self.me {
+            let (store, coll, oid, ranges) = (
+                self.store.clone(),
+                self.coll,
+                self.oid.clone(),
+                ranges.to_vec(),
+            );
+            let read = move || read_local_shard(&*store, coll, &oid, &ranges);
+            match kelp_store::nowait::attempt(read.clone()) {
+                Some(r) => r?,
+                None => tokio::task::spawn_blocking(read)
+                    .await
+                    .map_err(|e| ExecError {
+                        code: ErrorCode::Io,
+                        message: format!("shard read task failed: {e}"),
+                    })??,
+            }
+        } else {
+            let Some(addr) = addr else {
+                return Err(ExecError {
+                    code: ErrorCode::Io,
+                    message: format!("osd.{osd} has no address"),
+                });
+            };
+            let req = EcRead {
+                pg: self.pg,
+                epoch: self.epoch,
+                object: self.object.clone(),
+                extents: ranges.to_vec(),
+                after_version: self.after_version,
+            };
+            let (reply, data) =
+                self.peers
+                    .ec_read(*osd, *addr, req)
+                    .await
+                    .map_err(|e| ExecError {
+                        code: ErrorCode::Io,
+                        message: e.to_string(),
+                    })?;
+            (reply, data.to_vec())
+        };
+        if let Some((code, message)) = reply.error {
+            return Err(ExecError { code, message });
+        }
+        if reply.exists {
+            // A shard stored for another position (a member that moved) is not this shard.
+            let meta = reply.meta.as_deref().map(EcMeta::decode).transpose()?;
+            if meta.is_some_and(|m| m.shard as usize != shard) {
+                return Err(ExecError {
+                    code: ErrorCode::Io,
+                    message: format!("osd.{osd} holds another shard of the object"),
+                });
+            }
+        }
+        Ok(ShardBytes {
+            version: if reply.exists { reply.version } else { 0 },
+            ranges: split_ranges(&data, ranges)?,
+        })
+    }
+}
+
+/// A member's answer to an `EcRead` as bytes on the wire.
+pub fn reply_bytes(result: Result<(EcReadReply, Vec<u8>), ExecError>) -> (EcReadReply, Bytes) {
+    match result {
+        Ok((reply, data)) => (reply, Bytes::from(data)),
+        Err(e) => (
+            EcReadReply {
+                error: Some((e.code, e.message)),
+                exists: false,
+                version: 0,
+                meta: None,
+            },
+            Bytes::new(),
+        ),
+    }
+}
