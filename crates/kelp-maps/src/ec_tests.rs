@@ -141,7 +141,7 @@ fn an_erasure_pool_gets_its_own_rule_in_cephs_shape() {
     let pool = map.pools[&id].clone();
     assert_eq!(pool.type_name(), "erasure");
     assert_eq!(pool.ec_profile_name(), Some("h21"));
-    assert_eq!((pool.size, pool.min_size), (3, 3));
+    assert_eq!((pool.size, pool.min_size), (3, 2)); // m = 1: min_size k, as Ceph
     assert!(!pool.fast_read);
     assert!(pool.placement().erasure);
     let rule = map.crush.rule(pool.crush_rule).unwrap();

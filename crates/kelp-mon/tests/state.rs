@@ -564,7 +564,7 @@ fn erasure_code_profiles_and_pools() {
     })));
     assert!(matches!(r, MonReply::PoolId { .. }), "{r:?}");
     let pool = s.osdmap().unwrap().pool_by_name("ec").unwrap().clone();
-    assert_eq!((pool.size, pool.min_size, pool.pg_num), (3, 3, 32));
+    assert_eq!((pool.size, pool.min_size, pool.pg_num), (3, 2, 32));
     assert_eq!(pool.ec().map(|c| (c.k, c.m)), Some((2, 1)));
     let m = err(s.apply(&cmd(MonCommand::EcProfileRm { name: "p".into() })));
     assert!(m.contains("used by pool(s) ec"), "{m}");

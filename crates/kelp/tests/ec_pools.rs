@@ -99,7 +99,7 @@ fn erasure_code_profiles_and_pools_from_the_cli() {
         .find(|l| l.contains("'ecpool'"))
         .unwrap_or_else(|| panic!("no ecpool in:\n{detail}"));
     assert!(
-        line.contains("'ecpool' erasure profile p21 k=2 m=1 size 3 min_size 3")
+        line.contains("'ecpool' erasure profile p21 k=2 m=1 size 3 min_size 2")
             && line.contains("pg_num 8")
             && line.ends_with("stripe_width 8192 fast_read 0"),
         "{line}"
