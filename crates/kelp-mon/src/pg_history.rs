@@ -13,14 +13,20 @@
 //! may be up but no longer mapped to the PG), or reports the PG `down` (none of them is up)
 //! or `incomplete` (the ones that answered lost their copy).
 //!
+//! Erasure-coded PGs: one member holds only one shard, and `k` shards are needed to read any
+//! object, so a new record there needs `k` members of the current one heard at its
+//! `last_update` (`vouchers`), not one.
+//!
 //! Invariants: records only move forward in map epochs; a member is removed from records only
 //! by the operator (`kelp osd lost`, `kelp osd purge`); a record with no members left accepts
 //! any peering.
 
 use kelp_proto::{ActivationVerdict, PgActivation, PgRecord};
 
-/// Whether `a` may replace `current` (see the module doc).
-pub fn check(current: Option<&PgRecord>, a: &PgActivation) -> ActivationVerdict {
+/// Whether `a` may replace `current` (see the module doc): `vouchers` members of `current`
+/// (1 for a replicated PG, `k` for an erasure-coded one; fewer if the record has fewer) must
+/// have been heard with at least its `last_update`.
+pub fn check(current: Option<&PgRecord>, a: &PgActivation, vouchers: usize) -> ActivationVerdict {
     let Some(cur) = current else {
         return ActivationVerdict::Recorded;
     };
@@ -29,10 +35,12 @@ pub fn check(current: Option<&PgRecord>, a: &PgActivation) -> ActivationVerdict 
             current: cur.clone(),
         };
     }
-    let vouched = cur.members.is_empty()
-        || a.heard
-            .iter()
-            .any(|(osd, lu)| cur.members.contains(osd) && *lu >= cur.last_update);
+    let heard = a
+        .heard
+        .iter()
+        .filter(|(osd, lu)| cur.members.contains(osd) && *lu >= cur.last_update)
+        .count();
+    let vouched = heard >= vouchers.clamp(1, cur.members.len().max(1)) || cur.members.is_empty();
     if vouched {
         ActivationVerdict::Recorded
     } else {
@@ -67,7 +75,7 @@ mod tests {
     #[test]
     fn a_new_pg_is_recorded() {
         assert_eq!(
-            check(None, &act(3, &[0, 1], &[(0, (0, 0))])),
+            check(None, &act(3, &[0, 1], &[(0, (0, 0))]), 1),
             ActivationVerdict::Recorded
         );
     }
@@ -76,7 +84,7 @@ mod tests {
     fn hearing_from_one_current_member_is_enough() {
         let cur = rec(5, &[0, 1, 2], (5, 40));
         let a = act(7, &[2, 3, 4], &[(3, (0, 0)), (2, (5, 41)), (4, (0, 0))]);
-        assert_eq!(check(Some(&cur), &a), ActivationVerdict::Recorded);
+        assert_eq!(check(Some(&cur), &a, 1), ActivationVerdict::Recorded);
     }
 
     #[test]
@@ -86,7 +94,7 @@ mod tests {
         let cur = rec(9, &[1], (9, 120));
         let a = act(11, &[0], &[(0, (5, 100))]);
         assert_eq!(
-            check(Some(&cur), &a),
+            check(Some(&cur), &a, 1),
             ActivationVerdict::Blocked {
                 current: cur.clone()
             }
@@ -99,12 +107,12 @@ mod tests {
         let cur = rec(9, &[1, 2], (9, 120));
         let a = act(11, &[1, 3], &[(1, (0, 0)), (3, (0, 0))]);
         assert!(matches!(
-            check(Some(&cur), &a),
+            check(Some(&cur), &a, 1),
             ActivationVerdict::Blocked { .. }
         ));
         // the same member with the record's history vouches
         let a = act(11, &[1, 3], &[(1, (9, 120)), (3, (0, 0))]);
-        assert_eq!(check(Some(&cur), &a), ActivationVerdict::Recorded);
+        assert_eq!(check(Some(&cur), &a, 1), ActivationVerdict::Recorded);
     }
 
     #[test]
@@ -112,7 +120,7 @@ mod tests {
         let cur = rec(9, &[1, 2], (9, 120));
         let a = act(8, &[1, 2], &[(1, (9, 120))]);
         assert!(matches!(
-            check(Some(&cur), &a),
+            check(Some(&cur), &a, 1),
             ActivationVerdict::Stale { .. }
         ));
     }
@@ -121,6 +129,43 @@ mod tests {
     fn a_record_whose_members_were_all_lost_accepts_anything() {
         let cur = rec(9, &[], (9, 120));
         let a = act(12, &[0], &[(0, (5, 100))]);
-        assert_eq!(check(Some(&cur), &a), ActivationVerdict::Recorded);
+        assert_eq!(check(Some(&cur), &a, 1), ActivationVerdict::Recorded);
+    }
+
+    #[test]
+    fn an_erasure_coded_pg_needs_k_members_of_the_record() {
+        let cur = rec(5, &[0, 1, 2, 3, 4, 5], (5, 9));
+        let three = act(
+            6,
+            &[0, 1, 2, 6, 7, 8],
+            &[(0, (5, 9)), (1, (5, 9)), (2, (5, 9))],
+        );
+        assert!(matches!(
+            check(Some(&cur), &three, 4),
+            ActivationVerdict::Blocked { .. }
+        ));
+        assert_eq!(check(Some(&cur), &three, 1), ActivationVerdict::Recorded);
+        let four = act(
+            6,
+            &[0, 1, 2, 3, 7, 8],
+            &[
+                (0, (5, 9)),
+                (1, (5, 9)),
+                (2, (5, 9)),
+                (3, (5, 9)),
+                (7, (0, 0)),
+            ],
+        );
+        assert_eq!(check(Some(&cur), &four, 4), ActivationVerdict::Recorded);
+        // A member heard behind the record does not vouch.
+        let behind = act(
+            6,
+            &[0, 1, 2, 3],
+            &[(0, (5, 9)), (1, (5, 9)), (2, (5, 9)), (3, (5, 8))],
+        );
+        assert!(matches!(
+            check(Some(&cur), &behind, 4),
+            ActivationVerdict::Blocked { .. }
+        ));
     }
 }

@@ -385,21 +385,24 @@ impl MonState {
                 })
             }
             MonCommand::PgActivate { activations } => {
-                let exists: Vec<bool> = activations
+                // Per activation: whether its PG exists, and how many members of the last
+                // write set must vouch for its history (an erasure-coded PG needs `k` shards).
+                let exists: Vec<Option<usize>> = activations
                     .iter()
                     .map(|a| {
                         map.pools
                             .get(&a.pg.pool.0)
-                            .is_some_and(|p| a.pg.seed < p.pg_num)
+                            .filter(|p| a.pg.seed < p.pg_num)
+                            .map(|p| p.ec().map_or(1, |c| c.k as usize))
                     })
                     .collect();
                 let mut verdicts = Vec::with_capacity(activations.len());
                 for (a, exists) in activations.iter().zip(exists) {
-                    if !exists {
+                    let Some(vouchers) = exists else {
                         verdicts.push(ActivationVerdict::NoSuchPg);
                         continue;
-                    }
-                    let v = crate::pg_history::check(self.pg_history.get(&a.pg), a);
+                    };
+                    let v = crate::pg_history::check(self.pg_history.get(&a.pg), a, vouchers);
                     if v == ActivationVerdict::Recorded {
                         self.pg_history.insert(a.pg, a.record.clone());
                     }

@@ -112,6 +112,9 @@ pub struct PeeringStart {
     pub authority: Option<i32>,
     /// The pool's `min_size`.
     pub min_size: usize,
+    /// Members that must share a history for it to be readable: 1 for a replicated pool,
+    /// `k` for an erasure-coded one (each member holds one shard; an object needs `k`).
+    pub min_agree: usize,
     pub flags: RecoveryFlags,
     /// OSDs up in the map.
     pub up_osds: BTreeSet<i32>,
@@ -431,7 +434,11 @@ impl PeeringMachine {
                 self.reports.push(r);
             }
         }
-        let Some(plan) = plan_with_authority(&self.reports, self.start.authority) else {
+        let authority = self
+            .start
+            .authority
+            .or_else(|| readable_authority(&self.reports, self.start.min_agree));
+        let Some(plan) = plan_with_authority(&self.reports, authority) else {
             return self.finish(Outcome::Active {
                 recovered: 0,
                 lagging: Vec::new(),
@@ -689,6 +696,26 @@ impl PeeringMachine {
     }
 }
 
+/// Erasure-coded PGs: the newest history that `min_agree` (`k`) members reached, so that every
+/// object in it can be read. Members ahead of it hold writes that fewer than `k` shards have:
+/// never acknowledged (an acknowledgement needs every member of a write set of at least
+/// `min_size >= k`), and not decodable; they are rolled back, their shards rebuilt from the
+/// others. `None` for replicated PGs (the newest history wins) or when fewer members reported
+/// (the monitors' record check then decides whether the PG may go active at all).
+pub fn readable_authority(reports: &[MemberReport], min_agree: usize) -> Option<i32> {
+    if min_agree <= 1 || reports.len() < min_agree {
+        return None;
+    }
+    let mut by_newest: Vec<&MemberReport> = reports.iter().collect();
+    // Stable: among equals the earlier report (the primary first) stays first.
+    by_newest.sort_by(|a, b| b.last_update.cmp(&a.last_update));
+    let line = by_newest[min_agree - 1].last_update;
+    reports
+        .iter()
+        .find(|r| r.last_update == line)
+        .map(|r| r.osd)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Acting,
@@ -842,6 +869,7 @@ mod tests {
             up: up.to_vec(),
             strays: Vec::new(),
             authority: None,
+            min_agree: 1,
             min_size: 2,
             flags: RecoveryFlags::default(),
             up_osds: acting.iter().chain(up).copied().collect(),
@@ -916,6 +944,32 @@ mod tests {
             Outcome::Active { recovered, lagging } => (recovered, lagging),
             other => panic!("expected active, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_erasure_coded_pg_takes_the_newest_history_k_members_reached() {
+        let w = [(1, 5, "a"), (1, 6, "b"), (1, 7, "c")];
+        let reports = vec![
+            log(1, 0, &w),
+            log(2, 0, &w),
+            log(3, 0, &w[..2]),
+            log(4, 0, &w[..2]),
+            log(5, 0, &w[..2]),
+            log(6, 0, &w[..1]),
+        ];
+        // k = 4: only version 6 is on four shards; the primary (at 7) rolls back.
+        assert_eq!(readable_authority(&reports, 4), Some(3));
+        let plan = plan_with_authority(&reports, readable_authority(&reports, 4)).unwrap();
+        assert_eq!(plan.last_update, (1, 6));
+        match &plan.members[&1] {
+            MemberPlan::Recover { objects, .. } => assert!(objects.contains(&obj("c"))),
+            other => panic!("the primary's divergent write is undone: {other:?}"),
+        }
+        // k = 2: version 7 is on two shards, readable.
+        assert_eq!(readable_authority(&reports, 2), Some(1));
+        // Replicated (or too few reports): the newest history wins, as before.
+        assert_eq!(readable_authority(&reports, 1), None);
+        assert_eq!(readable_authority(&reports[..3], 4), None);
     }
 
     #[test]

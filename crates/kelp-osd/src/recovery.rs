@@ -738,6 +738,11 @@ async fn try_peer<H: RecoveryHost>(
         strays: strays.to_vec(),
         authority,
         min_size: map.pools.get(&pg.pool.0).map_or(1, |pool| pool.min_size) as usize,
+        min_agree: map
+            .pools
+            .get(&pg.pool.0)
+            .and_then(|pool| pool.ec())
+            .map_or(1, |code| code.k as usize),
         flags: recovery_flags(&map),
         up_osds: map.osds.keys().copied().filter(|&o| map.is_up(o)).collect(),
         // Erasure-coded pools keep shard positions, which a `pg_temp` of members that have the

@@ -173,6 +173,7 @@ proptest! {
             up,
             strays: Vec::new(),
             authority: None,
+            min_agree: 1,
             min_size,
             flags: RecoveryFlags { norecover, nobackfill },
             up_osds: (0..10).collect::<BTreeSet<i32>>(),
