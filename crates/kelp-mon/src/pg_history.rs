@@ -40,7 +40,13 @@ pub fn check(current: Option<&PgRecord>, a: &PgActivation, vouchers: usize) -> A
         .iter()
         .filter(|(osd, lu)| cur.members.contains(osd) && *lu >= cur.last_update)
         .count();
-    let vouched = heard >= vouchers.clamp(1, cur.members.len().max(1)) || cur.members.is_empty();
+    // A write set grown in the same interval (a member recovered and joined) keeps every
+    // member of the current one: nothing it vouched for is lost.
+    let grown = a.record.epoch == cur.epoch
+        && cur.members.iter().all(|m| a.record.members.contains(m))
+        && a.record.last_update >= cur.last_update;
+    let vouched =
+        cur.members.is_empty() || grown || heard >= vouchers.clamp(1, cur.members.len().max(1));
     if vouched {
         ActivationVerdict::Recorded
     } else {
@@ -167,5 +173,14 @@ mod tests {
             check(Some(&cur), &behind, 4),
             ActivationVerdict::Blocked { .. }
         ));
+        // The same interval's write set, grown by a recovered member: accepted on the
+        // primary's word alone.
+        let grown = PgActivation {
+            pg: PgId::new(1, 0),
+            primary: 0,
+            record: rec(5, &[0, 1, 2, 3, 4, 5, 6], (5, 12)),
+            heard: vec![(0, (5, 12))],
+        };
+        assert_eq!(check(Some(&cur), &grown, 4), ActivationVerdict::Recorded);
     }
 }

@@ -949,8 +949,14 @@ impl OsdService {
             readable,
             state.meta.info.last_update.1,
         );
+        let fast_read = self
+            .map()
+            .pools
+            .get(&op.pg.pool.0)
+            .is_some_and(|p| p.fast_read);
         match ec::read(
             profile,
+            fast_read,
             &attrs,
             &op.object.name,
             &op.ops,
@@ -1109,8 +1115,13 @@ impl OsdService {
         let Ok(mapping) = map.pg_mapping(p.pg) else {
             return fail(ErrorCode::Misdirected, format!("PG {} is not mapped", p.pg));
         };
-        // Every other member may contribute; the version check drops any that is behind.
-        let members: Vec<Option<i32>> = ec_io::positions(&mapping)
+        // The members in sync if this OSD is the PG's primary (members left behind would only
+        // fail the version check), else every other member; never the puller's own position.
+        let mut members = ec_io::positions(&mapping);
+        if mapping.acting_primary == self.cfg.id {
+            members = ec_io::readable(&members, self.cfg.id, &state.write_to);
+        }
+        let members: Vec<Option<i32>> = members
             .into_iter()
             .enumerate()
             .map(|(i, m)| m.filter(|_| i != shard as usize))
