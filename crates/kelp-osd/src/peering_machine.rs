@@ -708,7 +708,7 @@ pub fn readable_authority(reports: &[MemberReport], min_agree: usize) -> Option<
     }
     let mut by_newest: Vec<&MemberReport> = reports.iter().collect();
     // Stable: among equals the earlier report (the primary first) stays first.
-    by_newest.sort_by(|a, b| b.last_update.cmp(&a.last_update));
+    by_newest.sort_by_key(|r| std::cmp::Reverse(r.last_update));
     let line = by_newest[min_agree - 1].last_update;
     reports
         .iter()
