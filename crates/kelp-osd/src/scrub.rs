@@ -34,7 +34,7 @@ use kelp_maps::{ClusterFlag, OsdMap};
 use kelp_proto::{
     ConfigEntry, ErrorCode, InconsistentObject, OsdScrubCommand, OsdScrubReply, PgCommand,
     PgCommandKind, PgCommandReply, PgPull, PgPullReply, PgPush, PgPushReply, PgScrubSummary,
-    ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError,
+    ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError, ShardReport,
 };
 use kelp_store::{CollectionId, ObjectId, ObjectStore, Transaction};
 use kelp_types::PgId;
@@ -764,7 +764,10 @@ async fn scrub_chunk<H: ScrubHost>(
         .flat_map(|v| v.iter().map(|o| (o.hash, &o.namespace, &o.name)))
         .collect::<BTreeSet<_>>()
         .len() as u64;
-    let bad = compare_chunk(&maps, me, &hints);
+    let mut bad = compare_chunk(&maps, me, &hints);
+    if deep && let Some(profile) = map.pools.get(&pg.pool.0).and_then(|p| p.ec()) {
+        bad.extend(ec_parity_errors(host, pg, map, profile, &maps, &bad).await?);
+    }
     if !repair || bad.is_empty() {
         return Ok((objects, bad, 0));
     }
@@ -879,6 +882,116 @@ async fn scrub_chunk<H: ScrubHost>(
     let maps = gather_maps(host, pg, map, acting, start, end, true).await?;
     let left = compare_chunk(&maps, me, &hints);
     Ok((objects, left, repaired))
+}
+
+/// Deep scrub of an erasure-coded PG: shards hold different bytes, so their comparison
+/// (`compare_chunk`) covers metadata and read errors only; here the primary reads every shard
+/// of each object the comparison found consistent and checks that parity agrees with the data
+/// (`ec::check_parity`). A single shard to blame is reported bad (repair rebuilds it from the
+/// others); a disagreement no single shard explains is reported with no copy to trust.
+async fn ec_parity_errors<H: ScrubHost>(
+    host: &H,
+    pg: PgId,
+    map: &OsdMap,
+    profile: &kelp_ec::Profile,
+    maps: &BTreeMap<i32, Vec<ScrubObject>>,
+    already: &[InconsistentObject],
+) -> Result<Vec<InconsistentObject>, OsdError> {
+    let me = host.id();
+    let Some(mine) = maps.get(&me) else {
+        return Ok(Vec::new());
+    };
+    let Ok(mapping) = map.pg_mapping(pg) else {
+        return Ok(Vec::new());
+    };
+    let members = crate::ec_io::positions(&mapping);
+    let mut out = Vec::new();
+    for o in mine {
+        if o.read_error.is_some()
+            || already
+                .iter()
+                .any(|b| b.namespace == o.namespace && b.name == o.name)
+        {
+            continue;
+        }
+        let object = kelp_proto::ObjectLocator {
+            pool: pg.pool.0,
+            namespace: o.namespace.clone(),
+            key: None,
+            name: o.name.clone(),
+        };
+        let oid = ObjectId::new(pg.pool.0, &o.namespace, &o.name, o.hash);
+        let store = host.store();
+        let coll = CollectionId(pg);
+        let attrs = {
+            let oid = oid.clone();
+            tokio::task::spawn_blocking(move || crate::ec_io::local_attrs(&*store, coll, &oid))
+                .await
+                .map_err(blocking_err)?
+        };
+        let Ok(attrs) = attrs else { continue };
+        let Some(meta) = attrs.meta else { continue };
+        let Some(layout) = meta.layout(profile) else {
+            continue;
+        };
+        let io = crate::ec_io::PgShardIo {
+            me,
+            store: host.store(),
+            coll,
+            oid,
+            pg,
+            epoch: map.epoch,
+            object,
+            members: members
+                .iter()
+                .map(|m| m.map(|osd| (osd, map.osds.get(&osd).and_then(|i| i.addr))))
+                .collect(),
+            peers: host.peers(),
+            after_version: 0,
+        };
+        let found = crate::ec::check_parity(&io, &layout, attrs.version, meta.size)
+            .await
+            .map_err(|e| OsdError::Remote {
+                osd: me,
+                code: e.code,
+                message: e.message,
+            })?;
+        let culprit = match found {
+            crate::ec::ParityCheck::Consistent | crate::ec::ParityCheck::Skipped => continue,
+            crate::ec::ParityCheck::BadShard(pos) => members.get(pos).copied().flatten(),
+            crate::ec::ParityCheck::Unlocated => None,
+        };
+        warn!(%pg, object = %o.name, ?culprit, "erasure-coded shards disagree with their parity");
+        let shards = members
+            .iter()
+            .flatten()
+            .map(|&osd| ShardReport {
+                osd,
+                primary: osd == me,
+                errors: if culprit.is_none_or(|c| c == osd) {
+                    vec![ShardError::DataDigestMismatch]
+                } else {
+                    Vec::new()
+                },
+                object: maps
+                    .get(&osd)
+                    .and_then(|v| {
+                        v.iter()
+                            .find(|x| x.name == o.name && x.namespace == o.namespace)
+                    })
+                    .cloned(),
+            })
+            .collect();
+        out.push(InconsistentObject {
+            namespace: o.namespace.clone(),
+            name: o.name.clone(),
+            auth_osd: culprit.and_then(|c| members.iter().flatten().copied().find(|&m| m != c)),
+            version: o.version,
+            errors: vec![ShardError::DataDigestMismatch],
+            shards,
+        });
+    }
+    Ok(out)
 }
 
 /// A member's scrub map of a range of one of its PGs.
