@@ -399,7 +399,7 @@ mod tests {
             [
                 "pool 1 'rep' replicated size 3 min_size 2 crush_rule 0 pg_num 8 pgp_num 8 flags \
                  hashpspool",
-                "pool 2 'ec' erasure profile p21 k=2 m=1 size 3 min_size 3 crush_rule 1 pg_num 8 \
+                "pool 2 'ec' erasure profile p21 k=2 m=1 size 3 min_size 2 crush_rule 1 pg_num 8 \
                  pgp_num 8 flags hashpspool stripe_width 8192 fast_read 0"
             ]
         );
