@@ -398,8 +398,9 @@ impl OsdStats {
                     let state = handle.write().await;
                     let last_update = state.meta.info.last_update;
                     let st = store.clone();
+                    let ec = pool.ec().is_some();
                     let counted =
-                        tokio::task::spawn_blocking(move || count_objects(&*st, coll)).await;
+                        tokio::task::spawn_blocking(move || count_objects(&*st, coll, ec)).await;
                     match counted {
                         Ok(Ok((o, b))) => {
                             stats.store_count(pg, last_update, o, b);
@@ -461,9 +462,13 @@ impl OsdStats {
 
 /// Objects and data bytes of a PG's collection, Kelp's internal objects (namespace `\x1f…`,
 /// snapshots) excluded.
+/// Objects and logical bytes of a PG in the store. `ec`: its objects are erasure-coded
+/// shards, whose logical size is the one in their shard metadata (`ec::EcMeta`), not their
+/// own (about 1/k of it): the count must agree with the logical deltas writes add to it.
 fn count_objects(
     store: &dyn ObjectStore,
     coll: kelp_store::CollectionId,
+    ec: bool,
 ) -> Result<(u64, u64), kelp_store::StoreError> {
     let (mut objects, mut bytes) = (0, 0);
     let mut from = None;
@@ -473,10 +478,20 @@ fn count_objects(
             if oid.namespace.starts_with('\u{1f}') || oid.snap != kelp_store::SNAP_HEAD {
                 continue;
             }
-            match store.stat(coll, oid) {
-                Ok(st) => {
+            let size = if ec {
+                store.xattrs(coll, oid).map(|attrs| {
+                    attrs
+                        .get(crate::ec::EC_ATTR)
+                        .and_then(|m| crate::ec::EcMeta::decode(m).ok())
+                        .map_or(0, |m| m.size)
+                })
+            } else {
+                store.stat(coll, oid).map(|st| st.size)
+            };
+            match size {
+                Ok(size) => {
                     objects += 1;
-                    bytes += st.size;
+                    bytes += size;
                 }
                 // Removed since the listing: not there any more.
                 Err(kelp_store::StoreError::ObjectNotFound { .. }) => {}
@@ -603,6 +618,30 @@ mod tests {
         );
         assert_eq!(degraded_and_misplaced(&f, 10, 0), (0, 10));
         assert_eq!(degraded_and_misplaced(&facts(true, 1), 10, 0), (20, 0));
+    }
+
+    #[test]
+    fn erasure_coded_pgs_count_logical_bytes() {
+        use kelp_store::{CollectionId, MemStore, ObjectId, Transaction};
+        let store = MemStore::new();
+        let coll = CollectionId::new(2, 0);
+        let oid = ObjectId::new(2, "", "obj", 0);
+        let bare = ObjectId::new(2, "", "no-data", 1);
+        let mut t = Transaction::new();
+        t.create_collection(coll);
+        // shard 1 of a 3000-byte object in a 2+1 pool: 1536 bytes of shard
+        t.write(coll, &oid, 0, vec![7u8; 1536]);
+        let meta = crate::ec::EcMeta {
+            shard: 1,
+            size: 3000,
+            chunk: 1536,
+        };
+        t.set_xattr(coll, &oid, crate::ec::EC_ATTR, meta.encode());
+        // an object without data has no shard metadata
+        t.touch(coll, &bare);
+        store.submit(t).unwrap().wait().unwrap();
+        assert_eq!(count_objects(&store, coll, true).unwrap(), (2, 3000));
+        assert_eq!(count_objects(&store, coll, false).unwrap(), (2, 1536));
     }
 
     #[test]

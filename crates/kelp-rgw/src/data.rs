@@ -1,5 +1,11 @@
 //! Object bodies in the data pool: writing an instance stripe by stripe while the request body
 //! streams in, reading any byte range back as a stream, and deleting instances.
+//!
+//! This is the only module that touches the data pool, and it uses writes, reads, removals,
+//! existence checks and xattrs (the object meta, compare-and-swapped with `CmpXattr`), never
+//! omap: the data pool may be erasure-coded, and erasure-coded pools refuse omap. Whatever
+//! must be listed or changed atomically (pending uploads, garbage, multipart parts) lives in
+//! the bucket index.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -45,6 +45,15 @@ pub enum RgwError {
     Corrupt { object: String, message: String },
     #[error("the request body could not be read: {0}")]
     Body(String),
+    /// One of the gateway's pools exists but is of the wrong kind for what it holds (an
+    /// erasure-coded index, or a data pool of another kind than asked).
+    #[error("the {role} pool '{pool}' is {have}; {need}")]
+    PoolKind {
+        role: &'static str,
+        pool: String,
+        have: String,
+        need: String,
+    },
     /// A fault of the gateway itself (not of the request or the cluster).
     #[error("internal error: {0}")]
     Internal(String),

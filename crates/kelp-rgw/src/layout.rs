@@ -17,7 +17,9 @@
 //!   never written twice: its head object (named by the instance) holds the first
 //!   [`STRIPE`] bytes and, for an object, the [`ObjectMeta`] in xattr `kelp.meta`; the rest is
 //!   in tail objects `<instance>.<n>`, `STRIPE` bytes each. A multipart object's head holds no
-//!   data, only the meta whose `parts` list the part instances in order.
+//!   data, only the meta whose `parts` list the part instances in order. Its objects never
+//!   carry omap, so the pool may be erasure-coded (`kelp rgw --data-pool-profile`, `kelp up
+//!   --ec K+M`) while the metadata and index pools, which are all omap, stay replicated.
 //!
 //! An upload writes a fresh instance, then switches the index entry to it in one omap update:
 //! a reader sees the old body or the new one, never a mix, and an interrupted upload leaves no

@@ -1,5 +1,12 @@
 //! [`Rgw`]: the gateway's handle on the cluster (its three pools and its settings), shared by
 //! the S3 front end, the admin commands and the garbage collector.
+//!
+//! Pool kinds: the metadata and index pools keep their state in omap (lists of users and
+//! buckets, the bucket index, every `CmpOmap`-guarded change), so they must be replicated;
+//! erasure-coded pools refuse omap. The data pool only ever sees whole-object writes, reads,
+//! removals and xattrs (`data.rs` is the only code that touches it), so it may be
+//! erasure-coded: [`RgwConfig::data_pool_profile`] creates it so, and an existing
+//! erasure-coded data pool is used as it is. [`Rgw::open`] checks both rules.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +26,10 @@ pub struct RgwConfig {
     pub index_pool: String,
     /// Object data.
     pub data_pool: String,
+    /// Erasure-code profile of the data pool (`None`: replicated). A missing data pool is
+    /// created erasure-coded with it; an existing one must already be erasure-coded with it
+    /// (a pool's kind never changes). Without it, an existing data pool of either kind is used.
+    pub data_pool_profile: Option<String>,
     /// Index shards of a new bucket unless its creator asks otherwise.
     pub default_shards: u32,
     /// How long unreferenced data is kept before it is deleted (reads that started before an
@@ -50,6 +61,7 @@ impl Default for RgwConfig {
             meta_pool: "kelp.rgw.meta".into(),
             index_pool: "kelp.rgw.index".into(),
             data_pool: "kelp.rgw.data".into(),
+            data_pool_profile: None,
             default_shards: 11,
             gc_min_wait: Duration::from_secs(2 * 3600),
             pending_grace: Duration::from_secs(3600),
@@ -84,11 +96,55 @@ pub(crate) struct Inner {
 }
 
 impl Rgw {
-    /// Opens the gateway's pools, creating those that do not exist yet.
+    /// Opens the gateway's pools, creating those that do not exist yet: the metadata and
+    /// index pools replicated, the data pool erasure-coded if `cfg.data_pool_profile` says so.
+    /// Refused (before any pool is created) when a pool is of the wrong kind for its role.
     pub async fn open(rados: Rados, cfg: RgwConfig) -> Result<Rgw> {
-        let meta = ensure_pool(&rados, &cfg.meta_pool, cfg.pg_nums.0).await?;
-        let index = ensure_pool(&rados, &cfg.index_pool, cfg.pg_nums.1).await?;
-        let data = ensure_pool(&rados, &cfg.data_pool, cfg.pg_nums.2).await?;
+        if let Some(profile) = &cfg.data_pool_profile
+            && (cfg.data_pool == cfg.meta_pool || cfg.data_pool == cfg.index_pool)
+        {
+            return Err(RgwError::PoolKind {
+                role: "data",
+                pool: cfg.data_pool.clone(),
+                have: "also the gateway's metadata or index pool".into(),
+                need: format!(
+                    "an erasure-coded data pool (profile '{profile}') needs a pool of its own: \
+                     the other two keep omap, which erasure-coded pools refuse"
+                ),
+            });
+        }
+        for (role, name) in [("metadata", &cfg.meta_pool), ("index", &cfg.index_pool)] {
+            check_kind(&rados, role, name, PoolWant::Replicated)?;
+        }
+        let want_data = match &cfg.data_pool_profile {
+            Some(p) => PoolWant::Erasure(p),
+            None => PoolWant::Any,
+        };
+        check_kind(&rados, "data", &cfg.data_pool, want_data)?;
+        if let Some(profile) = &cfg.data_pool_profile
+            && !rados.osd_map().ec_profiles.contains_key(profile)
+        {
+            return Err(RgwError::PoolKind {
+                role: "data",
+                pool: cfg.data_pool.clone(),
+                have: "to be created".into(),
+                need: format!(
+                    "the erasure-code profile '{profile}' does not exist (make it with `kelp \
+                     osd erasure-code-profile set {profile} k=K m=M …`)"
+                ),
+            });
+        }
+        let meta = ensure_pool(&rados, &cfg.meta_pool, cfg.pg_nums.0, None).await?;
+        let index = ensure_pool(&rados, &cfg.index_pool, cfg.pg_nums.1, None).await?;
+        let data = ensure_pool(
+            &rados,
+            &cfg.data_pool,
+            cfg.pg_nums.2,
+            cfg.data_pool_profile.as_deref(),
+        )
+        .await?;
+        // Created by another gateway meanwhile: it may have been created of another kind.
+        check_kind(&rados, "data", &cfg.data_pool, want_data)?;
         let md5 = crate::md5batch::Md5Batcher::start()
             .map_err(|e| RgwError::Internal(format!("starting the MD5 hashing thread: {e}")))?;
         Ok(Rgw {
@@ -114,7 +170,56 @@ impl Rgw {
     }
 }
 
-async fn ensure_pool(rados: &Rados, name: &str, pg_num: u32) -> Result<IoCtx> {
+/// What a role needs of its pool.
+#[derive(Debug, Clone, Copy)]
+enum PoolWant<'a> {
+    /// Keeps omap: replicated.
+    Replicated,
+    /// Erasure-coded with this profile.
+    Erasure(&'a str),
+    /// Either kind.
+    Any,
+}
+
+/// Refuses an existing pool of the wrong kind for `role` (a missing pool passes: it is
+/// created of the right kind).
+fn check_kind(rados: &Rados, role: &'static str, name: &str, want: PoolWant<'_>) -> Result<()> {
+    let map = rados.osd_map();
+    let Some(pool) = map.pool_by_name(name) else {
+        return Ok(());
+    };
+    let have = match pool.ec_profile_name() {
+        Some(p) => format!("erasure-coded (profile '{p}')"),
+        None => "replicated".to_string(),
+    };
+    let need = match want {
+        PoolWant::Any => return Ok(()),
+        PoolWant::Replicated if pool.ec().is_none() => return Ok(()),
+        PoolWant::Erasure(p) if pool.ec_profile_name() == Some(p) => return Ok(()),
+        PoolWant::Replicated => format!(
+            "the {role} pool keeps its records in omap, which erasure-coded pools refuse: \
+             give the gateway a replicated pool for it"
+        ),
+        PoolWant::Erasure(p) => format!(
+            "it cannot become erasure-coded with profile '{p}' (a pool's kind and profile \
+             never change): name a new data pool, which is then created erasure-coded, or \
+             leave out the data pool profile to use this one as it is"
+        ),
+    };
+    Err(RgwError::PoolKind {
+        role,
+        pool: name.to_string(),
+        have,
+        need,
+    })
+}
+
+async fn ensure_pool(
+    rados: &Rados,
+    name: &str,
+    pg_num: u32,
+    erasure: Option<&str>,
+) -> Result<IoCtx> {
     match rados.ioctx(name).await {
         Ok(io) => return Ok(io),
         Err(ClientError::NoSuchPool(_)) => {}
@@ -127,7 +232,7 @@ async fn ensure_pool(rados: &Rados, name: &str, pg_num: u32) -> Result<IoCtx> {
             size: None,
             min_size: None,
             crush_rule: None,
-            erasure: None,
+            erasure: erasure.map(str::to_string),
         })
         .await;
     match created {

@@ -76,9 +76,10 @@ pub fn s3_err(e: RgwError) -> S3Error {
             .with_status(507);
         }
         RgwError::Rados(C::Timeout { .. }) => S3ErrorCode::ServiceUnavailable,
-        RgwError::Corrupt { .. } | RgwError::Internal(_) | RgwError::Rados(_) => {
-            S3ErrorCode::InternalError
-        }
+        RgwError::Corrupt { .. }
+        | RgwError::PoolKind { .. }
+        | RgwError::Internal(_)
+        | RgwError::Rados(_) => S3ErrorCode::InternalError,
     };
     S3Error::with_message(code, msg)
 }

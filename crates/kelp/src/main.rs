@@ -65,6 +65,12 @@ enum Command {
     Rados(cmd::rados::RadosArgs),
     /// Cluster status: health, monitors, OSDs, pools and PG states.
     Status(cmd::status::StatusArgs),
+    /// Space used, per pool and in all (Ceph's `ceph df`): RAW STORAGE (the OSDs' size,
+    /// available and used bytes) and, per pool, STORED (logical bytes of its objects),
+    /// OBJECTS, USED (raw bytes: STORED × size for replicated pools, × (k+m)/k for
+    /// erasure-coded ones), %USED and MAX AVAIL (logical bytes it can take before its fullest
+    /// OSD reaches the full ratio). `-f json` prints Ceph's `ceph df -f json` keys.
+    Df(cmd::df::DfArgs),
     /// Cluster health (HEALTH_OK / HEALTH_WARN / HEALTH_ERR) and, with `detail`, what is wrong.
     Health(cmd::status::HealthArgs),
     /// Placement groups: `ls` with state, up and acting sets; `scrub`, `deep-scrub`, `repair`,
@@ -143,6 +149,7 @@ fn main() -> ExitCode {
         Command::Rados(a) => cmd::rados::run(a, &g),
         Command::Status(a) => cmd::status::run_status(a, &g),
         Command::Health(a) => cmd::status::run_health(a, &g),
+        Command::Df(a) => cmd::df::run(a, &g),
         Command::Pg(c) => cmd::pg::run_pg(c, &g),
         Command::Config(c) => cmd::config::run(c, &g),
         Command::Watch(a) => cmd::watch::run(a, &g),

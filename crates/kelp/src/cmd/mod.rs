@@ -3,6 +3,7 @@
 pub mod common;
 pub mod config;
 pub mod crush;
+pub mod df;
 pub mod ec_profile;
 pub mod help;
 pub mod mon;

@@ -25,6 +25,13 @@ pub struct RgwPoolArgs {
     /// Pool for object data (created if missing).
     #[arg(long, default_value = "kelp.rgw.data")]
     pub data_pool: String,
+    /// Keep object data in an erasure-coded pool made from this erasure-code profile (`kelp
+    /// osd erasure-code-profile set NAME k=4 m=2 …`): the data pool is created erasure-coded
+    /// if it does not exist, and refused if it exists replicated or with another profile. The
+    /// metadata and index pools stay replicated (they keep omap, which erasure-coded pools
+    /// refuse). Without this option an existing data pool of either kind is used as it is.
+    #[arg(long, value_name = "PROFILE")]
+    pub data_pool_profile: Option<String>,
     /// Index shards of a new bucket.
     #[arg(long, default_value_t = 11)]
     pub default_shards: u32,
@@ -51,6 +58,7 @@ impl RgwPoolArgs {
             meta_pool: self.meta_pool.clone(),
             index_pool: self.index_pool.clone(),
             data_pool: self.data_pool.clone(),
+            data_pool_profile: self.data_pool_profile.clone(),
             default_shards: self.default_shards,
             gc_min_wait: Duration::from_secs(self.gc_min_wait_secs),
             pending_grace: Duration::from_secs(self.pending_grace_secs),
@@ -496,9 +504,22 @@ pub fn run_admin(cmd: S3Command, g: &crate::cmd::common::Global) -> Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
+/// Opens (creating them if missing) the default gateway pools of a `kelp up` cluster, the
+/// data pool erasure-coded with `data_pool_profile` if given.
+pub async fn open_default_pools(
+    rados: kelp_client::Rados,
+    data_pool_profile: Option<String>,
+) -> Result<Rgw> {
+    let cfg = RgwConfig {
+        data_pool_profile,
+        ..RgwConfig::default()
+    };
+    Ok(Rgw::open(rados, cfg).await?)
+}
+
 /// Creates the default S3 user of a `kelp up` cluster (if missing) and returns its key.
 pub async fn ensure_default_user(rados: kelp_client::Rados, uid: &str) -> Result<AccessKey> {
-    let rgw = Rgw::open(rados, RgwConfig::default()).await?;
+    let rgw = open_default_pools(rados, None).await?;
     match rgw.user(uid).await {
         Ok(u) => u
             .keys

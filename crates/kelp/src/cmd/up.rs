@@ -63,6 +63,78 @@ pub struct UpArgs {
     /// Do not run an S3 gateway.
     #[arg(long)]
     pub no_rgw: bool,
+    /// Erasure-code the S3 gateway's object data, K data + M parity shards per object (e.g.
+    /// `4+2`: any 2 OSDs may fail, 1.5× raw space instead of 3×). Makes the profile
+    /// `kelp-K-M` (crush-failure-domain=osd: this is one host, so each shard goes to another
+    /// OSD), creates at least K+M OSDs (more --osds are kept; fewer are raised to K+M, and
+    /// `kelp up` says so) and the data pool `kelp.rgw.data` erasure-coded from it, while the
+    /// bucket index, users and the default pool stay replicated. Applies when the data pool is
+    /// created: refused if it already exists replicated. See docs/ERASURE-CODING.md.
+    #[arg(long, value_name = "K+M", value_parser = parse_ec_spec)]
+    pub ec: Option<EcSpec>,
+}
+
+/// `kelp up --ec K+M`: an erasure code of `k` data and `m` parity shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EcSpec {
+    pub k: u32,
+    pub m: u32,
+}
+
+impl EcSpec {
+    /// Shards per object: the OSDs the pool needs (one shard per OSD).
+    pub fn size(&self) -> u32 {
+        self.k + self.m
+    }
+
+    /// The profile `kelp up` makes for it.
+    pub fn profile_name(&self) -> String {
+        format!("kelp-{}-{}", self.k, self.m)
+    }
+
+    /// The profile's `key=value` words (`kelp osd erasure-code-profile set`).
+    fn profile_words(&self) -> Vec<String> {
+        vec![
+            format!("k={}", self.k),
+            format!("m={}", self.m),
+            // One host: shards spread over OSDs.
+            "crush-failure-domain=osd".to_string(),
+        ]
+    }
+}
+
+impl std::fmt::Display for EcSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}+{}", self.k, self.m)
+    }
+}
+
+/// Parses `--ec K+M` (`4+2`), refusing what is not a usable erasure code with the reason.
+fn parse_ec_spec(text: &str) -> Result<EcSpec> {
+    let Some((k, m)) = text.split_once('+') else {
+        bail!(
+            "'{text}' is not K+M: give data and parity shards per object, such as 4+2 (4 data \
+             shards, 2 parity shards: any 2 OSDs may fail)"
+        );
+    };
+    let number = |what: &str, v: &str| -> Result<u32> {
+        v.trim()
+            .parse::<u32>()
+            .map_err(|_| anyhow::anyhow!("{what} '{v}' is not a whole number (K+M, such as 4+2)"))
+    };
+    let (k, m) = (number("K", k)?, number("M", m)?);
+    if k == 0 {
+        bail!("K (data shards per object) must be at least 1, as in 2+1 or 4+2");
+    }
+    if m == 0 {
+        bail!(
+            "M (parity shards per object) must be at least 1: with no parity a lost \
+             OSD loses data (use a replicated pool instead)"
+        );
+    }
+    let spec = EcSpec { k, m };
+    kelp_ec::Profile::from_words(&spec.profile_words())?;
+    Ok(spec)
 }
 
 /// The gateway's directory in a cluster directory (holds its port, address and pid).
@@ -752,10 +824,37 @@ async fn wait_ready(dir: &Path, timeout: Duration) -> Result<()> {
     crate::cmd::status::wait_ready(&rados, timeout, || check_started(dir)).await
 }
 
-pub fn run_up(a: UpArgs, g: &common::Global) -> Result<ExitCode> {
+pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     common::init_logging("warn");
     let dir = abs(&g.conf.cluster_dir(a.dir.as_deref()))?;
     let new = !dir.join("kelp.conf").exists();
+    if let Some(ec) = a.ec {
+        if new && a.osds < ec.size() {
+            eprintln!(
+                "--ec {ec} puts each object's {} shards on {} different OSDs: creating {} OSDs \
+                 instead of {}",
+                ec.size(),
+                ec.size(),
+                ec.size(),
+                a.osds
+            );
+            a.osds = ec.size();
+        } else if !new {
+            let osds = daemons(&dir)?
+                .iter()
+                .filter(|d| d.name.starts_with("osd."))
+                .count();
+            if osds < ec.size() as usize {
+                bail!(
+                    "--ec {ec} needs {} OSDs (one per shard) but the cluster in {} has {osds}: \
+                     add OSDs first (`kelp daemon add-osd --dir {}`)",
+                    ec.size(),
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
     if new {
         eprintln!(
             "creating a new cluster in {} ({} monitor(s), {} OSDs)…",
@@ -804,6 +903,9 @@ pub fn run_up(a: UpArgs, g: &common::Global) -> Result<ExitCode> {
             osd_count,
             Duration::from_secs(a.timeout_secs),
         ))?;
+        if let Some(ec) = a.ec {
+            rt.block_on(setup_ec(&dir, ec, !a.no_rgw))?;
+        }
         for d in list.iter().filter(|d| d.name == RGW_DIR) {
             if running_pid(&dir, &d.name).is_some() {
                 eprintln!("{} is already running", d.name);
@@ -822,7 +924,7 @@ pub fn run_up(a: UpArgs, g: &common::Global) -> Result<ExitCode> {
         stop_all(&dir)?;
         return Err(e);
     }
-    print_banner(&dir, a.detach)?;
+    print_banner(&dir, a.detach, a.ec, !a.no_rgw)?;
     if a.detach {
         return Ok(ExitCode::SUCCESS);
     }
@@ -855,6 +957,27 @@ pub fn run_up(a: UpArgs, g: &common::Global) -> Result<ExitCode> {
         dir.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `kelp up --ec K+M`: makes the profile `kelp-K-M` (if missing; refused if one of that name
+/// differs) and, for the gateway, its pools with the data pool erasure-coded from it (refused
+/// if the data pool exists of another kind). Before the gateway starts, so that it finds its
+/// data pool made.
+async fn setup_ec(dir: &Path, ec: EcSpec, rgw: bool) -> Result<()> {
+    let rados = admin_conf(dir).connect().await?;
+    let profile = ec.profile_name();
+    rados
+        .ec_profile_set(&profile, &ec.profile_words(), false)
+        .await
+        .with_context(|| format!("--ec {ec}: making the erasure-code profile '{profile}'"))?;
+    if rgw {
+        crate::cmd::rgw::open_default_pools(rados, Some(profile.clone()))
+            .await
+            .with_context(|| {
+                format!("--ec {ec}: putting the S3 data pool on erasure-code profile '{profile}'")
+            })?;
+    }
+    Ok(())
 }
 
 /// Waits until the gateway serves, then makes sure the default S3 user exists and its keys
@@ -921,7 +1044,8 @@ async fn answers_http(addr: SocketAddr) -> bool {
     )
 }
 
-fn print_banner(dir: &Path, detached: bool) -> Result<()> {
+/// `ec`: `kelp up --ec`, whose profile (and, with `rgw`, S3 data pool) it names.
+fn print_banner(dir: &Path, detached: bool, ec: Option<EcSpec>, rgw: bool) -> Result<()> {
     let conf = kelp_config::ClusterConf::load(&dir.join("kelp.conf"))?;
     let list = daemons(dir)?;
     let osds = list.iter().filter(|d| d.name.starts_with("osd.")).count();
@@ -934,6 +1058,19 @@ fn print_banner(dir: &Path, detached: bool) -> Result<()> {
         dir.display()
     );
     println!("  pool:      '{DEFAULT_POOL}' (replicated)");
+    if let Some(ec) = ec {
+        let profile = ec.profile_name();
+        if rgw {
+            println!(
+                "  S3 data:   pool 'kelp.rgw.data', erasure-coded {ec} (profile '{profile}'; \
+                 bucket index and users replicated)"
+            );
+        } else {
+            println!(
+                "  EC:        profile '{profile}' ({ec}; kelp pool create NAME --erasure {profile})"
+            );
+        }
+    }
     println!(
         "  config:    {}/kelp.conf   (export KELP_CONF={}/kelp.conf)",
         dir.display(),
