@@ -308,7 +308,8 @@ fn check_version<'a>(bytes: &'a [u8], what: &'static str) -> Result<&'a [u8], Ma
 /// `acting_shards` always have exactly `size` (`k + m`) entries, and a position with no OSD —
 /// CRUSH could not fill it (fewer failure domains than `k + m`), or its OSD is down or gone —
 /// holds the hole marker [`ITEM_NONE`] (`kelp_crush::ITEM_NONE` = `0x7fff_ffff`, re-exported
-/// as `kelp_maps::ITEM_NONE`). For replicated pools they equal `up` and `acting`.
+/// as `kelp_maps::ITEM_NONE`). For replicated pools the fields are left empty (no copy on the
+/// client-op path) and the `up_shards()`/`acting_shards()` accessors return `up`/`acting`.
 ///
 /// `up_primary` / `acting_primary` are the first OSD of the set, or `-1` when there is none.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -334,12 +335,20 @@ impl PgMapping {
 
     /// The up set by shard position (see the type's docs).
     pub fn up_shards(&self) -> &[i32] {
-        &self.up_shards
+        if self.up_shards.is_empty() {
+            &self.up
+        } else {
+            &self.up_shards
+        }
     }
 
     /// The acting set by shard position (see the type's docs).
     pub fn acting_shards(&self) -> &[i32] {
-        &self.acting_shards
+        if self.acting_shards.is_empty() {
+            &self.acting
+        } else {
+            &self.acting_shards
+        }
     }
 }
 
@@ -1272,6 +1281,16 @@ impl OsdMap {
         let acting_primary = first(&acting_shards);
         let osds_only =
             |set: &[i32]| -> Vec<i32> { set.iter().copied().filter(|&o| o != ITEM_NONE).collect() };
+        if !placement.erasure {
+            return Ok(PgMapping {
+                up,
+                up_primary,
+                acting: acting_shards,
+                acting_primary,
+                up_shards: Vec::new(),
+                acting_shards: Vec::new(),
+            });
+        }
         Ok(PgMapping {
             up: osds_only(&up),
             up_primary,

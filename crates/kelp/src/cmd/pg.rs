@@ -113,8 +113,8 @@ pub fn run_pg(cmd: PgCommand, g: &crate::cmd::common::Global) -> Result<ExitCode
                             "last_scrub_stamp_ns": s.last_scrub_stamp_ns,
                             "last_deep_scrub_stamp_ns": s.last_deep_scrub_stamp_ns,
                             "num_inconsistent": s.num_inconsistent})),
-                        "up": m.as_ref().map(|m| m.up_shards.clone()), "up_primary": m.as_ref().map(|m| m.up_primary),
-                        "acting": m.as_ref().map(|m| m.acting_shards.clone()), "acting_primary": m.as_ref().map(|m| m.acting_primary)})
+                        "up": m.as_ref().map(|m| m.up_shards().to_vec()), "up_primary": m.as_ref().map(|m| m.up_primary),
+                        "acting": m.as_ref().map(|m| m.acting_shards().to_vec()), "acting_primary": m.as_ref().map(|m| m.acting_primary)})
                 })
                 .collect();
             println!("{}", serde_json::json!({"epoch": map.epoch, "pg_stats": v}));
@@ -128,8 +128,8 @@ pub fn run_pg(cmd: PgCommand, g: &crate::cmd::common::Global) -> Result<ExitCode
                 let st = &p.stat;
                 let (up, acting) = match &m {
                     Some(m) => (
-                        format!("{}p{}", osd_set(&m.up_shards), m.up_primary),
-                        format!("{}p{}", osd_set(&m.acting_shards), m.acting_primary),
+                        format!("{}p{}", osd_set(m.up_shards()), m.up_primary),
+                        format!("{}p{}", osd_set(m.acting_shards()), m.acting_primary),
                     ),
                     None => ("-".into(), "-".into()),
                 };
