@@ -46,6 +46,18 @@ TESTS=${TESTS:-ec4m ow ec4k rep space}
 KEEP=${KEEP:-0}
 case ${PREWRITE:-1} in 1) FILES=--prewrite ;; 0) FILES= ;; *) echo "PREWRITE must be 1 or 0" >&2; exit 2 ;; esac
 [[ -x $KELP ]] || { echo "no kelp binary at $KELP (cargo build --release -p kelp)"; exit 1; }
+# the OSD files take OSDS x OSD_SIZE (prewritten: at once): refuse to start rather than fill a shared disk
+python3 - "$DIR" "$OSD_SIZE" "$OSDS" <<'EOF' || exit 1
+import os, re, sys
+d, size, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+m = re.fullmatch(r'(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?', size.strip(), re.I)
+if not m:
+    sys.exit(f"OSD_SIZE={size}: use e.g. 8GiB")
+osd = float(m.group(1)) * {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}.get((m.group(2) or 'B')[0].upper(), 1)
+st = os.statvfs(d); free = st.f_bavail * st.f_frsize; need = n * osd + 2 * 2**30
+if free < need:
+    sys.exit(f"not enough free disk in {d}: {free/2**30:.1f} GiB, need {need/2**30:.1f} GiB ({n} x OSD_SIZE {size} + 2 GiB); lower OSD_SIZE")
+EOF
 CD=$DIR/kelp; OUT=$DIR/out; CONF=$CD/kelp.conf
 rm -rf "$OUT"; mkdir -p "$OUT"
 SUM=$OUT/summary.txt; : > "$SUM"
