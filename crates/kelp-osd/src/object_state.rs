@@ -18,6 +18,21 @@ pub(crate) fn oid_for(pg: PgId, namespace: &str, name: &str) -> ObjectId {
     ObjectId::new(pg.pool.0, namespace, name, hash)
 }
 
+/// A pull's answer when the object cannot be served (`error`), or does not exist (`None`).
+pub(crate) fn pull_reply(error: Option<(kelp_proto::ErrorCode, String)>) -> (PgPullReply, Bytes) {
+    (
+        PgPullReply {
+            error,
+            exists: false,
+            size: 0,
+            xattrs: Vec::new(),
+            omap_header: None,
+            omap: Vec::new(),
+        },
+        Bytes::new(),
+    )
+}
+
 /// Reads an object's complete state (blocking).
 pub(crate) fn read_state(
     store: &dyn ObjectStore,

@@ -283,19 +283,7 @@ pub(crate) async fn pg_query<H: RecoveryHost>(host: &H, q: PgQuery) -> PgQueryRe
 /// Serves one object's complete state to a recovering member. Waits only for writes to
 /// this object that are still in flight (a PG under load always has some).
 pub(crate) async fn pg_pull<H: RecoveryHost>(host: &H, p: PgPull) -> (PgPullReply, Bytes) {
-    let fail = |code, msg: String| {
-        (
-            PgPullReply {
-                error: Some((code, msg)),
-                exists: false,
-                size: 0,
-                xattrs: Vec::new(),
-                omap_header: None,
-                omap: Vec::new(),
-            },
-            Bytes::new(),
-        )
-    };
+    let fail = |code, msg: String| crate::object_state::pull_reply(Some((code, msg)));
     let Some(pg) = host.pg_or_stray(p.pg).await else {
         return fail(
             ErrorCode::Misdirected,

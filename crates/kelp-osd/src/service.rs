@@ -1033,19 +1033,7 @@ impl OsdService {
     /// for a member that misses it (recovery's pull). Fewer than `k` shards at this member's
     /// version of the object is `Corrupt`: the puller reports the object unfound.
     async fn ec_pull(&self, p: PgPull, shard: u32) -> (PgPullReply, Bytes) {
-        let fail = |code, msg: String| {
-            (
-                PgPullReply {
-                    error: Some((code, msg)),
-                    exists: false,
-                    size: 0,
-                    xattrs: Vec::new(),
-                    omap_header: None,
-                    omap: Vec::new(),
-                },
-                Bytes::new(),
-            )
-        };
+        let fail = |code, msg: String| crate::object_state::pull_reply(Some((code, msg)));
         let map = self.map_at_least(p.epoch).await;
         let Some(profile) = map
             .pools
@@ -1094,17 +1082,7 @@ impl OsdService {
         };
         if !attrs.exists {
             drop(state);
-            return (
-                PgPullReply {
-                    error: None,
-                    exists: false,
-                    size: 0,
-                    xattrs: Vec::new(),
-                    omap_header: None,
-                    omap: Vec::new(),
-                },
-                Bytes::new(),
-            );
+            return crate::object_state::pull_reply(None);
         }
         let Some(meta) = attrs.meta else {
             return fail(
