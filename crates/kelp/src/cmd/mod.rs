@@ -11,6 +11,7 @@ pub mod osd;
 pub mod pg;
 pub mod pool;
 pub mod rados;
+pub mod rbd;
 pub mod rgw;
 pub mod scrub;
 pub mod status;

@@ -801,11 +801,15 @@ async fn wait_osds(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if new && rados.osd_map().pool_by_name(DEFAULT_POOL).is_none() {
+    // The object pool, and the block images' pool (`kelp rbd`, `kelp nbd`).
+    for pool in [DEFAULT_POOL, crate::cmd::rbd::DEFAULT_POOL] {
+        if !new || rados.osd_map().pool_by_name(pool).is_some() {
+            continue;
+        }
         let size = (osds as u32).min(3);
         rados
             .create_pool(PoolSpec {
-                name: DEFAULT_POOL.into(),
+                name: pool.into(),
                 pg_num: Some(pg_num),
                 size: Some(size),
                 min_size: None,
@@ -813,7 +817,7 @@ async fn wait_osds(
                 erasure: None,
             })
             .await
-            .context("creating the default pool")?;
+            .with_context(|| format!("creating pool '{pool}'"))?;
     }
     Ok(())
 }
@@ -1057,7 +1061,10 @@ fn print_banner(dir: &Path, detached: bool, ec: Option<EcSpec>, rgw: bool) -> Re
         dir.display(),
         dir.display()
     );
-    println!("  pool:      '{DEFAULT_POOL}' (replicated)");
+    println!(
+        "  pools:     '{DEFAULT_POOL}' (objects), '{}' (block images), replicated",
+        crate::cmd::rbd::DEFAULT_POOL
+    );
     if let Some(ec) = ec {
         let profile = ec.profile_name();
         if rgw {
