@@ -601,6 +601,8 @@ struct Inner {
 enum Mutation {
     Write(Bytes),
     Zero,
+    /// Zero from the extent's offset to the object's end by cutting the object there.
+    Truncate,
 }
 
 impl Image {
@@ -824,8 +826,17 @@ impl Image {
         let build = |op: WriteOp| match &m {
             Mutation::Write(d) => op.write(e.offset, d),
             Mutation::Zero => op.zero(e.offset, e.len),
+            Mutation::Truncate => op.truncate(e.offset),
         };
         if !self.reads_parent(&layout, e.object, overlap) {
+            if matches!(m, Mutation::Truncate) {
+                // Cutting a missing object must not create it.
+                return match io.operate(build(WriteOp::new().assert_exists()), &name).await {
+                    Ok(_) => Ok(()),
+                    Err(err) if is_not_found(&err) => Ok(()),
+                    Err(err) => Err(err.into()),
+                };
+            }
             io.operate(build(WriteOp::new()), &name).await?;
             return Ok(());
         }
@@ -904,7 +915,12 @@ impl Image {
                     self.discard_object(layout, object, overlap).await
                 } else {
                     for e in extents {
-                        self.mutate(layout, e, Mutation::Zero).await?;
+                        let m = if e.offset + e.len == layout.object_size() {
+                            Mutation::Truncate
+                        } else {
+                            Mutation::Zero
+                        };
+                        self.mutate(layout, e, m).await?;
                     }
                     Ok(())
                 }

@@ -506,6 +506,25 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// Import skips zero blocks of this size (they stay holes).
+const SPARSE_BLOCK: usize = 64 << 10;
+
+/// The runs of `buf` that are not all zeros, in blocks of `block` bytes: (start, len).
+fn data_runs(buf: &[u8], block: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, b) in buf.chunks(block).enumerate() {
+        if b.iter().all(|&x| x == 0) {
+            continue;
+        }
+        let start = i * block;
+        match runs.last_mut() {
+            Some((s, l)) if *s + *l == start => *l += b.len(),
+            _ => runs.push((start, b.len())),
+        }
+    }
+    runs
+}
+
 async fn import(
     rbd: &Rbd,
     file: &PathBuf,
@@ -547,17 +566,20 @@ async fn import(
         if stdin && offset + n as u64 > img.size() {
             img.resize(offset + n as u64).await?;
         }
-        if buf.iter().any(|&b| b != 0) {
+        let buf = Bytes::from(buf);
+        let runs = data_runs(&buf, SPARSE_BLOCK);
+        let stored: usize = runs.iter().map(|(_, len)| len).sum();
+        pb.inc((n - stored) as u64);
+        for (start, len) in runs {
             let img = img.clone();
-            let at = offset;
-            pending.push(async move { img.write(at, Bytes::from(buf)).await.map(|()| n) });
+            let piece = buf.slice(start..start + len);
+            let at = offset + start as u64;
+            pending.push(async move { img.write(at, piece).await.map(|()| len) });
             if pending.len() >= 8
                 && let Some(r) = pending.next().await
             {
                 pb.inc(r? as u64);
             }
-        } else {
-            pb.inc(n as u64);
         }
         offset += n as u64;
         if n < chunk {
@@ -804,6 +826,17 @@ fn xorshift(s: &mut u64) -> u64 {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn import_skips_zero_blocks() {
+        let mut buf = vec![0u8; 10];
+        buf[0] = 1;
+        buf[5] = 1;
+        buf[9] = 1;
+        assert_eq!(data_runs(&buf, 2), vec![(0, 2), (4, 2), (8, 2)]);
+        assert_eq!(data_runs(&buf, 4), vec![(0, 10)]);
+        assert!(data_runs(&[0; 7], 2).is_empty());
+    }
 
     #[test]
     fn image_specs_parse_like_ceph() {
