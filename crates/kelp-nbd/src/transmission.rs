@@ -134,14 +134,17 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Err(rej) => {
                 debug!(export = %session.export, cmd = %wire::CmdName(h.typ), offset = h.offset,
                        len = h.len, errno = rej.errno, reason = %rej.reason, "request rejected");
+                // A rejected write's payload is consumed *before* the error is sent: clients
+                // (libnbd) do not expect a reply to a request they are still sending.
+                if let Payload::Discard(len) = checked.payload {
+                    discard(r, len).await?;
+                }
                 let head = error_reply(h.handle, rej.errno, &rej.reason, structured);
                 if tx.send(Outgoing { head, data: Bytes::new(), _slot: slot, _bytes: None }).await.is_err() {
                     return Ok(());
                 }
-                match checked.payload {
-                    Payload::Discard(len) => discard(r, len).await?,
-                    Payload::Disconnect => return Err(ConnError::OversizedWrite(h.len)),
-                    Payload::None | Payload::Accept(_) => {}
+                if checked.payload == Payload::Disconnect {
+                    return Err(ConnError::OversizedWrite(h.len));
                 }
                 continue;
             }
