@@ -12,10 +12,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::debug;
 
+use crate::ConnError;
 use crate::device::{BlockDevice, ExportInfo, Exports, OpenError};
 use crate::validate::Negotiated;
 use crate::wire::{self, info, opt, rep};
-use crate::ConnError;
 
 /// Longest option data the server reads; plenty for a 4096-byte name and a few queries.
 pub const MAX_OPTION_DATA: u32 = 64 << 10;
@@ -64,7 +64,11 @@ pub fn block_sizes(info: &ExportInfo, server_max: u32) -> BlockSizes {
     while preferred > max && preferred > min {
         preferred /= 2;
     }
-    BlockSizes { min, preferred, max }
+    BlockSizes {
+        min,
+        preferred,
+        max,
+    }
 }
 
 /// Transmission flags for an export, given whether structured replies were negotiated.
@@ -96,14 +100,36 @@ struct State {
     meta: Option<(String, bool)>,
 }
 
-async fn send<W: AsyncWrite + Unpin>(w: &mut W, option: u32, reply: u32, data: &[u8]) -> Result<(), ConnError> {
-    w.write_all(&wire::option_reply(option, reply, data)).await?;
+async fn send<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    option: u32,
+    reply: u32,
+    data: &[u8],
+) -> Result<(), ConnError> {
+    w.write_all(&wire::option_reply(option, reply, data))
+        .await?;
     Ok(())
 }
 
-async fn send_err<W: AsyncWrite + Unpin>(w: &mut W, option: u32, reply: u32, msg: &str) -> Result<(), ConnError> {
-    debug!(option, reply = format_args!("{reply:#x}"), msg, "option refused");
-    send(w, option, reply, wire::truncate_str(msg, wire::MAX_STRING).as_bytes()).await
+async fn send_err<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    option: u32,
+    reply: u32,
+    msg: &str,
+) -> Result<(), ConnError> {
+    debug!(
+        option,
+        reply = format_args!("{reply:#x}"),
+        msg,
+        "option refused"
+    );
+    send(
+        w,
+        option,
+        reply,
+        wire::truncate_str(msg, wire::MAX_STRING).as_bytes(),
+    )
+    .await
 }
 
 fn open_error_reply(e: &OpenError) -> u32 {
@@ -142,7 +168,10 @@ where
         r.read_exact(&mut hdr).await?;
         let h = wire::OptionHeader::decode(&hdr)?;
         if h.len > MAX_OPTION_DATA {
-            return Err(ConnError::OptionTooLong { option: h.option, len: h.len });
+            return Err(ConnError::OptionTooLong {
+                option: h.option,
+                len: h.len,
+            });
         }
         let mut data = vec![0u8; h.len as usize];
         r.read_exact(&mut data).await?;
@@ -151,7 +180,13 @@ where
                 return Ok(Outcome::Closed);
             }
             if h.option != opt::ABORT {
-                send_err(w, h.option, rep::ERR_SHUTDOWN, "the server is shutting down").await?;
+                send_err(
+                    w,
+                    h.option,
+                    rep::ERR_SHUTDOWN,
+                    "the server is shutting down",
+                )
+                .await?;
                 w.flush().await?;
                 continue;
             }
@@ -185,7 +220,12 @@ where
                 .map_err(|e| ConnError::ExportRefused(name.clone(), e))?;
             let session = session(st, device, name, server_max);
             let flags = transmission_flags(&session.device.info(), st.structured);
-            w.write_all(&wire::export_name_reply(session.negotiated.size, flags, st.no_zeroes)).await?;
+            w.write_all(&wire::export_name_reply(
+                session.negotiated.size,
+                flags,
+                st.no_zeroes,
+            ))
+            .await?;
             Ok(Some(Outcome::Transmission(session)))
         }
         opt::ABORT => {
@@ -202,7 +242,13 @@ where
             match exports.list().await {
                 Ok(list) => {
                     for (name, description) in list {
-                        send(w, option, rep::SERVER, &wire::server_entry(&name, &description)).await?;
+                        send(
+                            w,
+                            option,
+                            rep::SERVER,
+                            &wire::server_entry(&name, &description),
+                        )
+                        .await?;
                     }
                     send(w, option, rep::ACK, &[]).await?;
                 }
@@ -211,12 +257,24 @@ where
             Ok(None)
         }
         opt::STARTTLS => {
-            send_err(w, option, rep::ERR_POLICY, "TLS is not supported by this server").await?;
+            send_err(
+                w,
+                option,
+                rep::ERR_POLICY,
+                "TLS is not supported by this server",
+            )
+            .await?;
             Ok(None)
         }
         opt::STRUCTURED_REPLY => {
             if !data.is_empty() {
-                send_err(w, option, rep::ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data").await?;
+                send_err(
+                    w,
+                    option,
+                    rep::ERR_INVALID,
+                    "NBD_OPT_STRUCTURED_REPLY takes no data",
+                )
+                .await?;
                 return Ok(None);
             }
             st.structured = true;
@@ -243,19 +301,39 @@ where
             let flags = transmission_flags(&info, st.structured);
             send(w, option, rep::INFO, &wire::info_export(info.size, flags)).await?;
             if req.requests.contains(&info::NAME) {
-                send(w, option, rep::INFO, &wire::info_string(info::NAME, &req.name)).await?;
+                send(
+                    w,
+                    option,
+                    rep::INFO,
+                    &wire::info_string(info::NAME, &req.name),
+                )
+                .await?;
             }
             if req.requests.contains(&info::DESCRIPTION) && !info.description.is_empty() {
-                send(w, option, rep::INFO, &wire::info_string(info::DESCRIPTION, &info.description)).await?;
+                send(
+                    w,
+                    option,
+                    rep::INFO,
+                    &wire::info_string(info::DESCRIPTION, &info.description),
+                )
+                .await?;
             }
             // Always sent: clients that did not ask may use it, and the sizes are advisory
             // except for the maximum, which the server enforces on reads and writes.
-            send(w, option, rep::INFO, &wire::info_block_size(sizes.min, sizes.preferred, sizes.max)).await?;
+            send(
+                w,
+                option,
+                rep::INFO,
+                &wire::info_block_size(sizes.min, sizes.preferred, sizes.max),
+            )
+            .await?;
             send(w, option, rep::ACK, &[]).await?;
             if option == opt::INFO {
                 return Ok(None);
             }
-            Ok(Some(Outcome::Transmission(session(st, device, req.name, server_max))))
+            Ok(Some(Outcome::Transmission(session(
+                st, device, req.name, server_max,
+            ))))
         }
         opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
             let set = option == opt::SET_META_CONTEXT;
@@ -264,7 +342,13 @@ where
                 st.meta = None;
             }
             if !st.structured {
-                send_err(w, option, rep::ERR_INVALID, "negotiate structured replies first").await?;
+                send_err(
+                    w,
+                    option,
+                    rep::ERR_INVALID,
+                    "negotiate structured replies first",
+                )
+                .await?;
                 return Ok(None);
             }
             let req = match wire::parse_meta_context_request(data) {
@@ -294,7 +378,13 @@ where
             let selected = selects && device.info().block_status;
             if selected {
                 let id = if set { BASE_ALLOCATION_ID } else { 0 };
-                send(w, option, rep::META_CONTEXT, &wire::meta_context_entry(id, wire::BASE_ALLOCATION)).await?;
+                send(
+                    w,
+                    option,
+                    rep::META_CONTEXT,
+                    &wire::meta_context_entry(id, wire::BASE_ALLOCATION),
+                )
+                .await?;
             }
             if set {
                 st.meta = Some((req.export, selected));
@@ -303,7 +393,13 @@ where
             Ok(None)
         }
         other => {
-            send_err(w, other, rep::ERR_UNSUP, &format!("option {other} is not supported")).await?;
+            send_err(
+                w,
+                other,
+                rep::ERR_UNSUP,
+                &format!("option {other} is not supported"),
+            )
+            .await?;
             Ok(None)
         }
     }
@@ -314,7 +410,10 @@ fn session(st: &State, device: Arc<dyn BlockDevice>, export: String, server_max:
     let sizes = block_sizes(&info, server_max);
     let base_allocation = st.structured
         && info.block_status
-        && st.meta.as_ref().is_some_and(|(name, selected)| *selected && *name == export);
+        && st
+            .meta
+            .as_ref()
+            .is_some_and(|(name, selected)| *selected && *name == export);
     Session {
         negotiated: Negotiated {
             size: info.size,
@@ -350,20 +449,64 @@ mod tests {
     #[test]
     fn block_sizes_are_made_consistent() {
         let s = |min, pref, max, cap| block_sizes(&info(min, pref, max), cap);
-        assert_eq!(s(512, 4096, 32 << 20, 32 << 20), BlockSizes { min: 512, preferred: 4096, max: 32 << 20 });
+        assert_eq!(
+            s(512, 4096, 32 << 20, 32 << 20),
+            BlockSizes {
+                min: 512,
+                preferred: 4096,
+                max: 32 << 20
+            }
+        );
         // Capped by the server, preferred lowered under the maximum.
-        assert_eq!(s(1, 1 << 20, 64 << 20, 512 << 10), BlockSizes { min: 1, preferred: 512 << 10, max: 512 << 10 });
+        assert_eq!(
+            s(1, 1 << 20, 64 << 20, 512 << 10),
+            BlockSizes {
+                min: 1,
+                preferred: 512 << 10,
+                max: 512 << 10
+            }
+        );
         // Nonsense from a device is repaired, not passed on.
-        assert_eq!(s(3, 5, 1000, 32 << 20), BlockSizes { min: 1, preferred: 1000u32.next_power_of_two() / 2, max: 1000 });
-        assert_eq!(s(4096, 512, 10_000, 32 << 20), BlockSizes { min: 4096, preferred: 4096, max: 8192 });
-        assert_eq!(s(4096, 4096, 0, 32 << 20), BlockSizes { min: 4096, preferred: 4096, max: 4096 });
+        assert_eq!(
+            s(3, 5, 1000, 32 << 20),
+            BlockSizes {
+                min: 1,
+                preferred: 1000u32.next_power_of_two() / 2,
+                max: 1000
+            }
+        );
+        assert_eq!(
+            s(4096, 512, 10_000, 32 << 20),
+            BlockSizes {
+                min: 4096,
+                preferred: 4096,
+                max: 8192
+            }
+        );
+        assert_eq!(
+            s(4096, 4096, 0, 32 << 20),
+            BlockSizes {
+                min: 4096,
+                preferred: 4096,
+                max: 4096
+            }
+        );
     }
 
     #[test]
     fn flags_follow_the_export() {
         use wire::tflag::*;
         let rw = transmission_flags(&info(1, 4096, 1 << 20), true);
-        for f in [HAS_FLAGS, SEND_FLUSH, SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES, SEND_DF, CAN_MULTI_CONN, SEND_CACHE] {
+        for f in [
+            HAS_FLAGS,
+            SEND_FLUSH,
+            SEND_FUA,
+            SEND_TRIM,
+            SEND_WRITE_ZEROES,
+            SEND_DF,
+            CAN_MULTI_CONN,
+            SEND_CACHE,
+        ] {
             assert_ne!(rw & f, 0, "{f:#x}");
         }
         assert_eq!(rw & READ_ONLY, 0);
@@ -372,7 +515,13 @@ mod tests {
         ro.multi_conn = false;
         let f = transmission_flags(&ro, false);
         assert_ne!(f & READ_ONLY, 0);
-        for off in [SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES, SEND_DF, CAN_MULTI_CONN] {
+        for off in [
+            SEND_FUA,
+            SEND_TRIM,
+            SEND_WRITE_ZEROES,
+            SEND_DF,
+            CAN_MULTI_CONN,
+        ] {
             assert_eq!(f & off, 0, "{off:#x}");
         }
     }

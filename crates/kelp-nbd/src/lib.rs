@@ -23,10 +23,12 @@ pub mod validate;
 pub mod wire;
 
 pub use device::{BlockDevice, DeviceError, ExportInfo, Exports, Extent, OpenError};
-pub use handshake::{block_sizes, transmission_flags, BlockSizes, BASE_ALLOCATION_ID, MAX_OPTION_DATA};
+pub use handshake::{
+    BASE_ALLOCATION_ID, BlockSizes, MAX_OPTION_DATA, block_sizes, transmission_flags,
+};
 pub use mem::{MemDevice, MemExports, MemStats};
 pub use server::{NbdServer, ServerConfig};
-pub use transmission::{descriptors, error_reply, read_reply, MAX_EXTENTS_PER_REPLY};
+pub use transmission::{MAX_EXTENTS_PER_REPLY, descriptors, error_reply, read_reply};
 
 /// Why a connection ended early. Internal to a connection (logged, never returned to the
 /// embedding program): the server itself keeps running.

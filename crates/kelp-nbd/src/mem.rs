@@ -65,12 +65,19 @@ impl MemDevice {
 
     /// A device described by `info` (its size included).
     pub fn with_info(info: ExportInfo) -> Self {
-        Self { info, chunks: RwLock::new(BTreeMap::new()), counters: Counters::default() }
+        Self {
+            info,
+            chunks: RwLock::new(BTreeMap::new()),
+            counters: Counters::default(),
+        }
     }
 
     /// Bytes held in memory (allocated chunks).
     pub fn allocated_bytes(&self) -> u64 {
-        let chunks = self.chunks.read().expect("no code panics while holding the lock");
+        let chunks = self
+            .chunks
+            .read()
+            .expect("no code panics while holding the lock");
         chunks.values().map(|c| c.len() as u64).sum()
     }
 
@@ -91,11 +98,15 @@ impl MemDevice {
     pub fn read_now(&self, offset: u64, len: usize) -> Result<Vec<u8>, DeviceError> {
         self.check(offset, len as u64)?;
         let mut out = vec![0u8; len];
-        let chunks = self.chunks.read().expect("no code panics while holding the lock");
+        let chunks = self
+            .chunks
+            .read()
+            .expect("no code panics while holding the lock");
         for (idx, start, end) in self.pieces(offset, len as u64) {
             if let Some(c) = chunks.get(&idx) {
                 let at = (idx * CHUNK + start - offset) as usize;
-                out[at..at + (end - start) as usize].copy_from_slice(&c[start as usize..end as usize]);
+                out[at..at + (end - start) as usize]
+                    .copy_from_slice(&c[start as usize..end as usize]);
             }
         }
         Ok(out)
@@ -108,7 +119,10 @@ impl MemDevice {
     fn check(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.info.size => Ok(()),
-            _ => Err(DeviceError::Invalid(format!("range {offset}+{len} past the end ({})", self.info.size))),
+            _ => Err(DeviceError::Invalid(format!(
+                "range {offset}+{len} past the end ({})",
+                self.info.size
+            ))),
         }
     }
 
@@ -116,7 +130,11 @@ impl MemDevice {
     fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> {
         let end = offset + len;
         let first = offset / CHUNK;
-        let last = if len == 0 { first } else { (end - 1) / CHUNK + 1 };
+        let last = if len == 0 {
+            first
+        } else {
+            (end - 1) / CHUNK + 1
+        };
         (first..last).map(move |idx| {
             let base = idx * CHUNK;
             (idx, offset.max(base) - base, end.min(base + CHUNK) - base)
@@ -124,11 +142,16 @@ impl MemDevice {
     }
 
     fn zero_range(&self, offset: u64, len: u64, keep_allocated: bool) {
-        let mut chunks = self.chunks.write().expect("no code panics while holding the lock");
+        let mut chunks = self
+            .chunks
+            .write()
+            .expect("no code panics while holding the lock");
         for (idx, start, end) in self.pieces(offset, len) {
             let whole = start == 0 && end as usize == self.chunk_len(idx);
             if keep_allocated {
-                let c = chunks.entry(idx).or_insert_with(|| vec![0u8; self.chunk_len(idx)].into_boxed_slice());
+                let c = chunks
+                    .entry(idx)
+                    .or_insert_with(|| vec![0u8; self.chunk_len(idx)].into_boxed_slice());
                 c[start as usize..end as usize].fill(0);
             } else if whole {
                 chunks.remove(&idx);
@@ -151,11 +174,15 @@ impl BlockDevice for MemDevice {
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, DeviceError> {
         self.check(offset, u64::from(len))?;
         let mut out = BytesMut::zeroed(len as usize);
-        let chunks = self.chunks.read().expect("no code panics while holding the lock");
+        let chunks = self
+            .chunks
+            .read()
+            .expect("no code panics while holding the lock");
         for (idx, start, end) in self.pieces(offset, u64::from(len)) {
             if let Some(c) = chunks.get(&idx) {
                 let at = (idx * CHUNK + start - offset) as usize;
-                out[at..at + (end - start) as usize].copy_from_slice(&c[start as usize..end as usize]);
+                out[at..at + (end - start) as usize]
+                    .copy_from_slice(&c[start as usize..end as usize]);
             }
         }
         Ok(out.freeze())
@@ -166,9 +193,14 @@ impl BlockDevice for MemDevice {
             return Err(DeviceError::ReadOnly);
         }
         self.check(offset, data.len() as u64)?;
-        let mut chunks = self.chunks.write().expect("no code panics while holding the lock");
+        let mut chunks = self
+            .chunks
+            .write()
+            .expect("no code panics while holding the lock");
         for (idx, start, end) in self.pieces(offset, data.len() as u64) {
-            let c = chunks.entry(idx).or_insert_with(|| vec![0u8; self.chunk_len(idx)].into_boxed_slice());
+            let c = chunks
+                .entry(idx)
+                .or_insert_with(|| vec![0u8; self.chunk_len(idx)].into_boxed_slice());
             let at = (idx * CHUNK + start - offset) as usize;
             c[start as usize..end as usize].copy_from_slice(&data[at..at + (end - start) as usize]);
         }
@@ -203,7 +235,9 @@ impl BlockDevice for MemDevice {
         self.zero_range(offset, u64::from(len), no_hole);
         self.counters.zero_writes.fetch_add(1, Ordering::Relaxed);
         if no_hole {
-            self.counters.no_hole_zero_writes.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .no_hole_zero_writes
+                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -211,7 +245,10 @@ impl BlockDevice for MemDevice {
     async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, DeviceError> {
         self.check(offset, u64::from(len))?;
         let end = offset + u64::from(len);
-        let chunks = self.chunks.read().expect("no code panics while holding the lock");
+        let chunks = self
+            .chunks
+            .read()
+            .expect("no code panics while holding the lock");
         let mut out: Vec<Extent> = Vec::new();
         let mut push = |len: u64, hole: bool| {
             if len == 0 {
@@ -219,7 +256,11 @@ impl BlockDevice for MemDevice {
             }
             match out.last_mut() {
                 Some(last) if last.hole == hole => last.len += len,
-                _ => out.push(Extent { len, hole, zero: hole }),
+                _ => out.push(Extent {
+                    len,
+                    hole,
+                    zero: hole,
+                }),
             }
         };
         let mut pos = offset;
@@ -251,7 +292,10 @@ impl MemExports {
 
     /// Adds (or replaces) an export; `""` is the default export.
     pub fn add(&self, name: &str, device: Arc<MemDevice>) {
-        self.devices.lock().expect("no code panics while holding the lock").insert(name.to_owned(), device);
+        self.devices
+            .lock()
+            .expect("no code panics while holding the lock")
+            .insert(name.to_owned(), device);
     }
 
     /// Builder form of [`add`](Self::add).
@@ -261,7 +305,11 @@ impl MemExports {
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<MemDevice>> {
-        self.devices.lock().expect("no code panics while holding the lock").get(name).cloned()
+        self.devices
+            .lock()
+            .expect("no code panics while holding the lock")
+            .get(name)
+            .cloned()
     }
 }
 
@@ -275,8 +323,14 @@ impl Exports for MemExports {
     }
 
     async fn list(&self) -> Result<Vec<(String, String)>, OpenError> {
-        let devices = self.devices.lock().expect("no code panics while holding the lock");
-        Ok(devices.iter().map(|(n, d)| (n.clone(), d.info.description.clone())).collect())
+        let devices = self
+            .devices
+            .lock()
+            .expect("no code panics while holding the lock");
+        Ok(devices
+            .iter()
+            .map(|(n, d)| (n.clone(), d.info.description.clone()))
+            .collect())
     }
 }
 
@@ -285,7 +339,9 @@ mod tests {
     use super::*;
 
     fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread().build().unwrap()
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
     }
 
     #[test]
@@ -294,26 +350,63 @@ mod tests {
             let size = 5 * CHUNK + 100; // last chunk is short
             let d = MemDevice::new(size);
             assert_eq!(d.allocated_bytes(), 0);
-            assert_eq!(d.block_status(0, size as u32).await.unwrap(), vec![Extent { len: size, hole: true, zero: true }]);
-            d.write(CHUNK - 2, Bytes::from_static(&[1, 2, 3, 4]), false).await.unwrap();
+            assert_eq!(
+                d.block_status(0, size as u32).await.unwrap(),
+                vec![Extent {
+                    len: size,
+                    hole: true,
+                    zero: true
+                }]
+            );
+            d.write(CHUNK - 2, Bytes::from_static(&[1, 2, 3, 4]), false)
+                .await
+                .unwrap();
             assert_eq!(d.allocated_bytes(), 2 * CHUNK);
-            assert_eq!(&d.read(CHUNK - 3, 6).await.unwrap()[..], &[0, 1, 2, 3, 4, 0]);
-            d.write(size - 1, Bytes::from_static(&[9]), true).await.unwrap();
+            assert_eq!(
+                &d.read(CHUNK - 3, 6).await.unwrap()[..],
+                &[0, 1, 2, 3, 4, 0]
+            );
+            d.write(size - 1, Bytes::from_static(&[9]), true)
+                .await
+                .unwrap();
             assert_eq!(d.allocated_bytes(), 2 * CHUNK + 100);
             let bs = d.block_status(10, (size - 10) as u32).await.unwrap();
             assert_eq!(
                 bs,
                 vec![
-                    Extent { len: 2 * CHUNK - 10, hole: false, zero: false },
-                    Extent { len: 3 * CHUNK, hole: true, zero: true },
-                    Extent { len: 100, hole: false, zero: false },
+                    Extent {
+                        len: 2 * CHUNK - 10,
+                        hole: false,
+                        zero: false
+                    },
+                    Extent {
+                        len: 3 * CHUNK,
+                        hole: true,
+                        zero: true
+                    },
+                    Extent {
+                        len: 100,
+                        hole: false,
+                        zero: false
+                    },
                 ]
             );
             // A range inside one hole.
-            assert_eq!(d.block_status(3 * CHUNK + 5, 10).await.unwrap(), vec![Extent { len: 10, hole: true, zero: true }]);
+            assert_eq!(
+                d.block_status(3 * CHUNK + 5, 10).await.unwrap(),
+                vec![Extent {
+                    len: 10,
+                    hole: true,
+                    zero: true
+                }]
+            );
             assert_eq!(d.stats().fua_writes, 1);
             assert!(d.read(size, 1).await.is_err());
-            assert!(d.write(u64::MAX, Bytes::from_static(&[1]), false).await.is_err());
+            assert!(
+                d.write(u64::MAX, Bytes::from_static(&[1]), false)
+                    .await
+                    .is_err()
+            );
         });
     }
 
@@ -321,22 +414,47 @@ mod tests {
     fn trim_and_write_zeroes_free_or_keep_chunks() {
         rt().block_on(async {
             let d = MemDevice::new(4 * CHUNK);
-            d.write(0, Bytes::from(vec![7u8; (4 * CHUNK) as usize]), false).await.unwrap();
+            d.write(0, Bytes::from(vec![7u8; (4 * CHUNK) as usize]), false)
+                .await
+                .unwrap();
             assert_eq!(d.allocated_bytes(), 4 * CHUNK);
             // Whole chunk 1 freed, half of chunk 2 zeroed but kept.
             d.trim(CHUNK, (CHUNK + CHUNK / 2) as u32).await.unwrap();
             assert_eq!(d.allocated_bytes(), 3 * CHUNK);
-            assert!(d.read(CHUNK, (CHUNK + CHUNK / 2) as u32).await.unwrap().iter().all(|b| *b == 0));
+            assert!(
+                d.read(CHUNK, (CHUNK + CHUNK / 2) as u32)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .all(|b| *b == 0)
+            );
             assert_eq!(d.read(2 * CHUNK + CHUNK / 2, 1).await.unwrap()[0], 7);
             // Zeroing the rest of chunk 2 frees it: it became all zeros.
-            d.write_zeroes(2 * CHUNK + CHUNK / 2, (CHUNK / 2) as u32, false).await.unwrap();
+            d.write_zeroes(2 * CHUNK + CHUNK / 2, (CHUNK / 2) as u32, false)
+                .await
+                .unwrap();
             assert_eq!(d.allocated_bytes(), 2 * CHUNK);
             // NO_HOLE keeps (and allocates) the chunks.
-            d.write_zeroes(CHUNK, (2 * CHUNK) as u32, true).await.unwrap();
+            d.write_zeroes(CHUNK, (2 * CHUNK) as u32, true)
+                .await
+                .unwrap();
             assert_eq!(d.allocated_bytes(), 4 * CHUNK);
             let bs = d.block_status(0, (4 * CHUNK) as u32).await.unwrap();
-            assert_eq!(bs, vec![Extent { len: 4 * CHUNK, hole: false, zero: false }]);
-            assert!(d.read(CHUNK, (2 * CHUNK) as u32).await.unwrap().iter().all(|b| *b == 0));
+            assert_eq!(
+                bs,
+                vec![Extent {
+                    len: 4 * CHUNK,
+                    hole: false,
+                    zero: false
+                }]
+            );
+            assert!(
+                d.read(CHUNK, (2 * CHUNK) as u32)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .all(|b| *b == 0)
+            );
         });
     }
 
@@ -346,9 +464,15 @@ mod tests {
             let mut info = MemDevice::new(CHUNK).info();
             info.read_only = true;
             let d = MemDevice::with_info(info);
-            assert!(matches!(d.write(0, Bytes::from_static(&[1]), false).await, Err(DeviceError::ReadOnly)));
+            assert!(matches!(
+                d.write(0, Bytes::from_static(&[1]), false).await,
+                Err(DeviceError::ReadOnly)
+            ));
             assert!(matches!(d.trim(0, 1).await, Err(DeviceError::ReadOnly)));
-            assert!(matches!(d.write_zeroes(0, 1, true).await, Err(DeviceError::ReadOnly)));
+            assert!(matches!(
+                d.write_zeroes(0, 1, true).await,
+                Err(DeviceError::ReadOnly)
+            ));
         });
     }
 
@@ -358,7 +482,10 @@ mod tests {
             let e = MemExports::new().with("a", Arc::new(MemDevice::new(512)));
             assert!(e.open("a").await.is_ok());
             assert!(matches!(e.open("").await, Err(OpenError::NotFound(_))));
-            assert_eq!(e.list().await.unwrap(), vec![("a".to_owned(), "in-memory device".to_owned())]);
+            assert_eq!(
+                e.list().await.unwrap(),
+                vec![("a".to_owned(), "in-memory device".to_owned())]
+            );
         });
     }
 }

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::device::Exports;
-use crate::handshake::{handshake, Outcome};
-use crate::transmission::{transmit, Limits};
+use crate::handshake::{Outcome, handshake};
+use crate::transmission::{Limits, transmit};
 
 /// Server settings. Every field has a default ([`ServerConfig::default`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,7 +97,11 @@ impl Listener for UnixListener {
 impl NbdServer {
     pub fn new(exports: Arc<dyn Exports>, cfg: ServerConfig) -> Self {
         let connections = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
-        Self { exports, cfg, connections }
+        Self {
+            exports,
+            cfg,
+            connections,
+        }
     }
 
     /// The configuration in force.
@@ -106,7 +110,11 @@ impl NbdServer {
     }
 
     /// Serves until `shutdown` resolves; then stops accepting and lets connections finish.
-    pub async fn serve_tcp(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    pub async fn serve_tcp(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
         if let Ok(addr) = listener.local_addr() {
             info!(%addr, "NBD server listening");
         }
@@ -114,7 +122,11 @@ impl NbdServer {
     }
 
     /// Serves until `shutdown` resolves; then stops accepting and lets connections finish.
-    pub async fn serve_unix(&self, listener: UnixListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    pub async fn serve_unix(
+        &self,
+        listener: UnixListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
         if let Ok(addr) = listener.local_addr() {
             info!(addr = ?addr, "NBD server listening");
         }
@@ -123,7 +135,11 @@ impl NbdServer {
 
     fn shared(&self) -> Arc<Shared> {
         let in_flight_bytes = self.cfg.max_in_flight_bytes_per_conn.max(4096);
-        let server_max = self.cfg.max_request_bytes.clamp(1, HARD_MAX_REQUEST).min(in_flight_bytes);
+        let server_max = self
+            .cfg
+            .max_request_bytes
+            .clamp(1, HARD_MAX_REQUEST)
+            .min(in_flight_bytes);
         Arc::new(Shared {
             exports: self.exports.clone(),
             handshake_timeout: self.cfg.handshake_timeout,
@@ -135,7 +151,11 @@ impl NbdServer {
         })
     }
 
-    async fn serve<L: Listener>(&self, listener: L, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    async fn serve<L: Listener>(
+        &self,
+        listener: L,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
         let shared = self.shared();
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut conns = JoinSet::new();
@@ -165,18 +185,26 @@ impl NbdServer {
                 },
             }
         }
-        drop(listener);
+        // Connections learn of the stop before the listener goes away, so a client that finds
+        // the port closed knows every open connection has been told.
         let _ = stop_tx.send(true);
+        drop(listener);
         let open = conns.len();
         if open > 0 {
-            info!(connections = open, "NBD server stopping: waiting for connections to finish");
+            info!(
+                connections = open,
+                "NBD server stopping: waiting for connections to finish"
+            );
         }
         let drained = tokio::time::timeout(self.cfg.shutdown_grace, async {
             while conns.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
-            warn!(connections = conns.len(), "connections still busy after the shutdown grace: dropping them");
+            warn!(
+                connections = conns.len(),
+                "connections still busy after the shutdown grace: dropping them"
+            );
             conns.shutdown().await;
         }
         Ok(())
@@ -191,7 +219,13 @@ where
     let mut r = BufReader::with_capacity(64 << 10, r);
     let hs = tokio::time::timeout(
         shared.handshake_timeout,
-        handshake(&mut r, &mut w, &*shared.exports, shared.server_max, &stop_rx),
+        handshake(
+            &mut r,
+            &mut w,
+            &*shared.exports,
+            shared.server_max,
+            &stop_rx,
+        ),
     )
     .await;
     let session = match hs {

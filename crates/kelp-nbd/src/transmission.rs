@@ -15,14 +15,14 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{debug, trace};
 
-use crate::device::{BlockDevice, DeviceError, Extent};
-use crate::handshake::{Session, BASE_ALLOCATION_ID};
-use crate::validate::{check_request, Command, Payload};
-use crate::wire::{self, errno, reply};
 use crate::ConnError;
+use crate::device::{BlockDevice, DeviceError, Extent};
+use crate::handshake::{BASE_ALLOCATION_ID, Session};
+use crate::validate::{Command, Payload, check_request};
+use crate::wire::{self, errno, reply};
 
 /// Most descriptors sent in one block-status reply (the protocol lets a server describe a
 /// prefix of the range; the client asks again for the rest).
@@ -72,7 +72,10 @@ where
     }
 }
 
-async fn write_replies<W: AsyncWrite + Unpin>(w: W, mut rx: mpsc::Receiver<Outgoing>) -> Result<(), ConnError> {
+async fn write_replies<W: AsyncWrite + Unpin>(
+    w: W,
+    mut rx: mpsc::Receiver<Outgoing>,
+) -> Result<(), ConnError> {
     let mut w = BufWriter::with_capacity(256 << 10, w);
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
@@ -128,7 +131,11 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let h = wire::RequestHeader::decode(&hdr)?;
         trace!(cmd = %wire::CmdName(h.typ), handle = h.handle, offset = h.offset, len = h.len, "request");
         let checked = check_request(h.typ, h.flags, h.offset, h.len, &n);
-        let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         let cmd = match checked.outcome {
             Ok(cmd) => cmd,
             Err(rej) => {
@@ -140,7 +147,16 @@ async fn read_requests<R: AsyncRead + Unpin>(
                     discard(r, len).await?;
                 }
                 let head = error_reply(h.handle, rej.errno, &rej.reason, structured);
-                if tx.send(Outgoing { head, data: Bytes::new(), _slot: slot, _bytes: None }).await.is_err() {
+                if tx
+                    .send(Outgoing {
+                        head,
+                        data: Bytes::new(),
+                        _slot: slot,
+                        _bytes: None,
+                    })
+                    .await
+                    .is_err()
+                {
                     return Ok(());
                 }
                 if checked.payload == Payload::Disconnect {
@@ -155,11 +171,19 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 return Ok(());
             }
             Command::Write { len, .. } => {
-                let permit = bytes.clone().acquire_many_owned(len).await.expect("the semaphore is never closed");
+                let permit = bytes
+                    .clone()
+                    .acquire_many_owned(len)
+                    .await
+                    .expect("the semaphore is never closed");
                 (read_payload(r, len).await?, Some(permit))
             }
             Command::Read { len, .. } => {
-                let permit = bytes.clone().acquire_many_owned(len).await.expect("the semaphore is never closed");
+                let permit = bytes
+                    .clone()
+                    .acquire_many_owned(len)
+                    .await
+                    .expect("the semaphore is never closed");
                 (Bytes::new(), Some(permit))
             }
             _ => (Bytes::new(), None),
@@ -192,7 +216,15 @@ struct ReplyGuard {
 impl ReplyGuard {
     async fn send(&mut self, head: Vec<u8>, data: Bytes) {
         if let Some(slot) = self.slot.take() {
-            let _ = self.tx.send(Outgoing { head, data, _slot: slot, _bytes: self.bytes.take() }).await;
+            let _ = self
+                .tx
+                .send(Outgoing {
+                    head,
+                    data,
+                    _slot: slot,
+                    _bytes: self.bytes.take(),
+                })
+                .await;
         }
     }
 }
@@ -200,10 +232,20 @@ impl ReplyGuard {
 impl Drop for ReplyGuard {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            let head = error_reply(self.handle, errno::EIO, "internal error in the device", self.structured);
+            let head = error_reply(
+                self.handle,
+                errno::EIO,
+                "internal error in the device",
+                self.structured,
+            );
             // Cannot be full: the channel holds as many messages as there are slots, and this
             // request still owns its slot.
-            let _ = self.tx.try_send(Outgoing { head, data: Bytes::new(), _slot: slot, _bytes: None });
+            let _ = self.tx.try_send(Outgoing {
+                head,
+                data: Bytes::new(),
+                _slot: slot,
+                _bytes: None,
+            });
         }
     }
 }
@@ -221,7 +263,8 @@ async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, len: u32) -> Result<Bytes
 }
 
 async fn discard<R: AsyncRead + Unpin>(r: &mut R, len: u32) -> Result<(), ConnError> {
-    let copied = tokio::io::copy(&mut (&mut *r).take(u64::from(len)), &mut tokio::io::sink()).await?;
+    let copied =
+        tokio::io::copy(&mut (&mut *r).take(u64::from(len)), &mut tokio::io::sink()).await?;
     if copied != u64::from(len) {
         return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
     }
@@ -252,7 +295,8 @@ fn device_error(handle: u64, e: &DeviceError, structured: bool) -> Vec<u8> {
 }
 
 fn is_zero(data: &[u8]) -> bool {
-    data.chunks(4096).all(|c| c.iter().fold(0u8, |acc, b| acc | b) == 0)
+    data.chunks(4096)
+        .all(|c| c.iter().fold(0u8, |acc, b| acc | b) == 0)
 }
 
 /// Encodes a successful read: one `OFFSET_HOLE` chunk if the data is all zeros, else one
@@ -263,11 +307,13 @@ pub fn read_reply(handle: u64, offset: u64, data: Bytes, structured: bool) -> (V
     }
     let len = u32::try_from(data.len()).expect("reads are at most the payload limit");
     if is_zero(&data) {
-        let mut v = wire::chunk_header(reply::FLAG_DONE, reply::TYPE_OFFSET_HOLE, handle, 12).to_vec();
+        let mut v =
+            wire::chunk_header(reply::FLAG_DONE, reply::TYPE_OFFSET_HOLE, handle, 12).to_vec();
         v.extend_from_slice(&wire::hole_payload(offset, len));
         return (v, Bytes::new());
     }
-    let mut v = wire::chunk_header(reply::FLAG_DONE, reply::TYPE_OFFSET_DATA, handle, len + 8).to_vec();
+    let mut v =
+        wire::chunk_header(reply::FLAG_DONE, reply::TYPE_OFFSET_DATA, handle, len + 8).to_vec();
     v.extend_from_slice(&offset.to_be_bytes());
     (v, data)
 }
@@ -289,7 +335,8 @@ pub fn descriptors(extents: &[Extent], len: u32, req_one: bool) -> Vec<(u32, u32
         }
         remaining -= l;
         let l = u32::try_from(l).expect("cut to the request's 32-bit length");
-        let flags = (if e.hole { wire::STATE_HOLE } else { 0 }) | (if e.zero { wire::STATE_ZERO } else { 0 });
+        let flags = (if e.hole { wire::STATE_HOLE } else { 0 })
+            | (if e.zero { wire::STATE_ZERO } else { 0 });
         if let Some(last) = out.last_mut().filter(|last| last.1 == flags) {
             last.0 += l;
         } else if out.len() == limit {
@@ -301,7 +348,13 @@ pub fn descriptors(extents: &[Extent], len: u32, req_one: bool) -> Vec<(u32, u32
     out
 }
 
-async fn execute(device: &dyn BlockDevice, cmd: Command, data: Bytes, handle: u64, structured: bool) -> (Vec<u8>, Bytes) {
+async fn execute(
+    device: &dyn BlockDevice,
+    cmd: Command,
+    data: Bytes,
+    handle: u64,
+    structured: bool,
+) -> (Vec<u8>, Bytes) {
     let done = |res: Result<(), DeviceError>| match res {
         Ok(()) => (ok_reply(handle), Bytes::new()),
         Err(e) => (device_error(handle, &e, structured), Bytes::new()),
@@ -310,7 +363,10 @@ async fn execute(device: &dyn BlockDevice, cmd: Command, data: Bytes, handle: u6
         Command::Read { offset, len, .. } => match device.read(offset, len).await {
             Ok(d) if d.len() == len as usize => read_reply(handle, offset, d, structured),
             Ok(d) => {
-                let e = DeviceError::Io(format!("device returned {} bytes for a read of {len}", d.len()));
+                let e = DeviceError::Io(format!(
+                    "device returned {} bytes for a read of {len}",
+                    d.len()
+                ));
                 (device_error(handle, &e, structured), Bytes::new())
             }
             Err(e) => (device_error(handle, &e, structured), Bytes::new()),
@@ -319,13 +375,30 @@ async fn execute(device: &dyn BlockDevice, cmd: Command, data: Bytes, handle: u6
         Command::Flush => done(device.flush().await),
         Command::Trim { offset, len, fua } => {
             let res = device.trim(offset, len).await;
-            done(if fua && res.is_ok() { device.flush().await } else { res })
+            done(if fua && res.is_ok() {
+                device.flush().await
+            } else {
+                res
+            })
         }
-        Command::WriteZeroes { offset, len, fua, no_hole } => {
+        Command::WriteZeroes {
+            offset,
+            len,
+            fua,
+            no_hole,
+        } => {
             let res = device.write_zeroes(offset, len, no_hole).await;
-            done(if fua && res.is_ok() { device.flush().await } else { res })
+            done(if fua && res.is_ok() {
+                device.flush().await
+            } else {
+                res
+            })
         }
-        Command::BlockStatus { offset, len, req_one } => match device.block_status(offset, len).await {
+        Command::BlockStatus {
+            offset,
+            len,
+            req_one,
+        } => match device.block_status(offset, len).await {
             Ok(extents) => {
                 let d = descriptors(&extents, len, req_one);
                 if d.is_empty() {
@@ -333,8 +406,11 @@ async fn execute(device: &dyn BlockDevice, cmd: Command, data: Bytes, handle: u6
                     return (device_error(handle, &e, structured), Bytes::new());
                 }
                 let payload = wire::block_status_payload(BASE_ALLOCATION_ID, &d);
-                let plen = u32::try_from(payload.len()).expect("at most MAX_EXTENTS_PER_REPLY descriptors");
-                let mut v = wire::chunk_header(reply::FLAG_DONE, reply::TYPE_BLOCK_STATUS, handle, plen).to_vec();
+                let plen = u32::try_from(payload.len())
+                    .expect("at most MAX_EXTENTS_PER_REPLY descriptors");
+                let mut v =
+                    wire::chunk_header(reply::FLAG_DONE, reply::TYPE_BLOCK_STATUS, handle, plen)
+                        .to_vec();
                 v.extend_from_slice(&payload);
                 (v, Bytes::new())
             }
@@ -351,22 +427,40 @@ mod tests {
     use super::*;
 
     fn ext(len: u64, hole: bool) -> Extent {
-        Extent { len, hole, zero: hole }
+        Extent {
+            len,
+            hole,
+            zero: hole,
+        }
     }
 
     #[test]
     fn descriptors_are_cut_merged_and_bounded() {
-        let e = [ext(100, false), ext(50, false), ext(0, true), ext(200, true), ext(1000, false)];
-        assert_eq!(descriptors(&e, 400, false), vec![(150, 0), (200, 3), (50, 0)]);
+        let e = [
+            ext(100, false),
+            ext(50, false),
+            ext(0, true),
+            ext(200, true),
+            ext(1000, false),
+        ];
+        assert_eq!(
+            descriptors(&e, 400, false),
+            vec![(150, 0), (200, 3), (50, 0)]
+        );
         assert_eq!(descriptors(&e, 120, false), vec![(120, 0)]);
         assert_eq!(descriptors(&e, 400, true), vec![(150, 0)]);
         assert_eq!(descriptors(&[], 10, false), vec![]);
-        let many: Vec<Extent> = (0..(MAX_EXTENTS_PER_REPLY + 10)).map(|i| ext(1, i % 2 == 0)).collect();
+        let many: Vec<Extent> = (0..(MAX_EXTENTS_PER_REPLY + 10))
+            .map(|i| ext(1, i % 2 == 0))
+            .collect();
         let d = descriptors(&many, u32::MAX, false);
         assert_eq!(d.len(), MAX_EXTENTS_PER_REPLY);
         assert!(d.iter().all(|(l, _)| *l == 1));
         // Extents longer than 32 bits are cut to the request.
-        assert_eq!(descriptors(&[ext(u64::MAX, true)], u32::MAX, false), vec![(u32::MAX, 3)]);
+        assert_eq!(
+            descriptors(&[ext(u64::MAX, true)], u32::MAX, false),
+            vec![(u32::MAX, 3)]
+        );
     }
 
     #[test]
@@ -389,7 +483,10 @@ mod tests {
 
     #[test]
     fn error_replies() {
-        assert_eq!(error_reply(3, errno::EINVAL, "x", false), wire::simple_reply(22, 3));
+        assert_eq!(
+            error_reply(3, errno::EINVAL, "x", false),
+            wire::simple_reply(22, 3)
+        );
         let s = error_reply(3, errno::EINVAL, "x", true);
         assert_eq!(&s[4..8], &[0, 1, 0x80, 1]);
         assert_eq!(&s[20..], &[0, 0, 0, 22, 0, 1, b'x']);

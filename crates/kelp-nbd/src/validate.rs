@@ -42,13 +42,37 @@ pub struct Negotiated {
 /// A request that passed every check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
-    Read { offset: u64, len: u32, df: bool },
-    Write { offset: u64, len: u32, fua: bool },
+    Read {
+        offset: u64,
+        len: u32,
+        df: bool,
+    },
+    Write {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, len: u32, fua: bool },
-    WriteZeroes { offset: u64, len: u32, fua: bool, no_hole: bool },
-    BlockStatus { offset: u64, len: u32, req_one: bool },
-    Cache { offset: u64, len: u32 },
+    Trim {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u32,
+        fua: bool,
+        no_hole: bool,
+    },
+    BlockStatus {
+        offset: u64,
+        len: u32,
+        req_one: bool,
+    },
+    Cache {
+        offset: u64,
+        len: u32,
+    },
     Disconnect,
 }
 
@@ -80,7 +104,10 @@ pub struct Checked {
 }
 
 fn reject(errno: u32, reason: impl Into<String>) -> Result<Command, Rejection> {
-    Err(Rejection { errno, reason: reason.into() })
+    Err(Rejection {
+        errno,
+        reason: reason.into(),
+    })
 }
 
 /// Checks one request header against what was negotiated.
@@ -96,7 +123,13 @@ pub fn check_request(typ: u16, flags: u16, offset: u64, len: u32, n: &Negotiated
     Checked { outcome, payload }
 }
 
-fn check(typ: u16, flags: u16, offset: u64, len: u32, n: &Negotiated) -> Result<Command, Rejection> {
+fn check(
+    typ: u16,
+    flags: u16,
+    offset: u64,
+    len: u32,
+    n: &Negotiated,
+) -> Result<Command, Rejection> {
     // FUA is accepted on every command (the protocol requires that once SEND_FUA is
     // advertised, and it is harmless where nothing is written).
     let allowed = cmd_flag::FUA
@@ -110,7 +143,11 @@ fn check(typ: u16, flags: u16, offset: u64, len: u32, n: &Negotiated) -> Result<
     if flags & !allowed != 0 {
         return reject(
             errno::EINVAL,
-            format!("flags {:#06x} not valid for {}", flags & !allowed, crate::wire::CmdName(typ)),
+            format!(
+                "flags {:#06x} not valid for {}",
+                flags & !allowed,
+                crate::wire::CmdName(typ)
+            ),
         );
     }
     let fua = flags & cmd_flag::FUA != 0;
@@ -127,7 +164,10 @@ fn check(typ: u16, flags: u16, offset: u64, len: u32, n: &Negotiated) -> Result<
             return reject(errno::EINVAL, "trim is not supported by this export");
         }
         cmd::BLOCK_STATUS if !n.base_allocation => {
-            return reject(errno::EINVAL, "block status without a negotiated metadata context");
+            return reject(
+                errno::EINVAL,
+                "block status without a negotiated metadata context",
+            );
         }
         _ => {}
     }
@@ -137,19 +177,38 @@ fn check(typ: u16, flags: u16, offset: u64, len: u32, n: &Negotiated) -> Result<
     if len == 0 {
         return reject(errno::EINVAL, "zero-length request");
     }
-    let in_range = offset.checked_add(u64::from(len)).is_some_and(|end| end <= n.size);
+    let in_range = offset
+        .checked_add(u64::from(len))
+        .is_some_and(|end| end <= n.size);
     if !in_range {
-        let e = if matches!(typ, cmd::WRITE | cmd::WRITE_ZEROES) { errno::ENOSPC } else { errno::EINVAL };
-        return reject(e, format!("range {offset}+{len} is beyond the export's end ({})", n.size));
+        let e = if matches!(typ, cmd::WRITE | cmd::WRITE_ZEROES) {
+            errno::ENOSPC
+        } else {
+            errno::EINVAL
+        };
+        return reject(
+            e,
+            format!(
+                "range {offset}+{len} is beyond the export's end ({})",
+                n.size
+            ),
+        );
     }
     if matches!(typ, cmd::READ | cmd::WRITE) && len > n.max_payload {
         return reject(
             errno::EINVAL,
-            format!("length {len} exceeds the maximum block size {}", n.max_payload),
+            format!(
+                "length {len} exceeds the maximum block size {}",
+                n.max_payload
+            ),
         );
     }
     Ok(match typ {
-        cmd::READ => Command::Read { offset, len, df: flags & cmd_flag::DF != 0 },
+        cmd::READ => Command::Read {
+            offset,
+            len,
+            df: flags & cmd_flag::DF != 0,
+        },
         cmd::WRITE => Command::Write { offset, len, fua },
         cmd::TRIM => Command::Trim { offset, len, fua },
         cmd::WRITE_ZEROES => Command::WriteZeroes {
@@ -188,30 +247,71 @@ mod tests {
     #[test]
     fn good_requests_pass() {
         let c = check_request(cmd::READ, cmd_flag::DF, 0, 4096, &N);
-        assert_eq!(c.outcome, Ok(Command::Read { offset: 0, len: 4096, df: true }));
+        assert_eq!(
+            c.outcome,
+            Ok(Command::Read {
+                offset: 0,
+                len: 4096,
+                df: true
+            })
+        );
         assert_eq!(c.payload, Payload::None);
         let c = check_request(cmd::WRITE, cmd_flag::FUA, (1 << 20) - 512, 512, &N);
-        assert_eq!(c.outcome, Ok(Command::Write { offset: (1 << 20) - 512, len: 512, fua: true }));
+        assert_eq!(
+            c.outcome,
+            Ok(Command::Write {
+                offset: (1 << 20) - 512,
+                len: 512,
+                fua: true
+            })
+        );
         assert_eq!(c.payload, Payload::Accept(512));
         let c = check_request(cmd::WRITE_ZEROES, cmd_flag::NO_HOLE, 0, 1 << 20, &N);
         assert_eq!(
             c.outcome,
-            Ok(Command::WriteZeroes { offset: 0, len: 1 << 20, fua: false, no_hole: true })
+            Ok(Command::WriteZeroes {
+                offset: 0,
+                len: 1 << 20,
+                fua: false,
+                no_hole: true
+            })
         );
-        assert_eq!(check_request(cmd::FLUSH, 0, 0, 0, &N).outcome, Ok(Command::Flush));
-        assert_eq!(check_request(cmd::DISC, 0, 0, 0, &N).outcome, Ok(Command::Disconnect));
+        assert_eq!(
+            check_request(cmd::FLUSH, 0, 0, 0, &N).outcome,
+            Ok(Command::Flush)
+        );
+        assert_eq!(
+            check_request(cmd::DISC, 0, 0, 0, &N).outcome,
+            Ok(Command::Disconnect)
+        );
         // Payload-less commands may exceed the payload limit.
         assert!(check_request(cmd::TRIM, 0, 0, 1 << 20, &N).outcome.is_ok());
-        assert!(check_request(cmd::BLOCK_STATUS, cmd_flag::REQ_ONE, 0, 1 << 20, &N).outcome.is_ok());
+        assert!(
+            check_request(cmd::BLOCK_STATUS, cmd_flag::REQ_ONE, 0, 1 << 20, &N)
+                .outcome
+                .is_ok()
+        );
         assert!(check_request(cmd::CACHE, 0, 0, 1 << 20, &N).outcome.is_ok());
     }
 
     #[test]
     fn bounds_and_lengths() {
-        assert_eq!(errno_of(&check_request(cmd::READ, 0, 0, 0, &N)), Some(errno::EINVAL));
-        assert_eq!(errno_of(&check_request(cmd::READ, 0, 1 << 20, 1, &N)), Some(errno::EINVAL));
-        assert_eq!(errno_of(&check_request(cmd::READ, 0, u64::MAX, 1, &N)), Some(errno::EINVAL));
-        assert_eq!(errno_of(&check_request(cmd::TRIM, 0, (1 << 20) - 1, 2, &N)), Some(errno::EINVAL));
+        assert_eq!(
+            errno_of(&check_request(cmd::READ, 0, 0, 0, &N)),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(cmd::READ, 0, 1 << 20, 1, &N)),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(cmd::READ, 0, u64::MAX, 1, &N)),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(cmd::TRIM, 0, (1 << 20) - 1, 2, &N)),
+            Some(errno::EINVAL)
+        );
         assert_eq!(
             errno_of(&check_request(cmd::BLOCK_STATUS, 0, 1 << 20, 512, &N)),
             Some(errno::EINVAL)
@@ -224,7 +324,10 @@ mod tests {
             Some(errno::ENOSPC)
         );
         // Over the payload limit.
-        assert_eq!(errno_of(&check_request(cmd::READ, 0, 0, (64 << 10) + 1, &N)), Some(errno::EINVAL));
+        assert_eq!(
+            errno_of(&check_request(cmd::READ, 0, 0, (64 << 10) + 1, &N)),
+            Some(errno::EINVAL)
+        );
         let c = check_request(cmd::WRITE, 0, 0, (64 << 10) + 1, &N);
         assert_eq!(errno_of(&c), Some(errno::EINVAL));
         assert_eq!(c.payload, Payload::Discard((64 << 10) + 1));
@@ -237,33 +340,86 @@ mod tests {
 
     #[test]
     fn flags_and_commands() {
-        assert_eq!(errno_of(&check_request(99, 0, 0, 1, &N)), Some(errno::EINVAL));
-        assert_eq!(errno_of(&check_request(cmd::READ, cmd_flag::NO_HOLE, 0, 1, &N)), Some(errno::EINVAL));
-        assert_eq!(errno_of(&check_request(cmd::WRITE, cmd_flag::DF, 0, 1, &N)), Some(errno::EINVAL));
         assert_eq!(
-            errno_of(&check_request(cmd::WRITE_ZEROES, cmd_flag::FAST_ZERO, 0, 1, &N)),
+            errno_of(&check_request(99, 0, 0, 1, &N)),
             Some(errno::EINVAL)
         );
-        assert_eq!(errno_of(&check_request(cmd::READ, 1 << 15, 0, 1, &N)), Some(errno::EINVAL));
-        let simple = Negotiated { structured: false, base_allocation: false, ..N };
-        assert_eq!(errno_of(&check_request(cmd::READ, cmd_flag::DF, 0, 1, &simple)), Some(errno::EINVAL));
-        assert_eq!(errno_of(&check_request(cmd::BLOCK_STATUS, 0, 0, 1, &simple)), Some(errno::EINVAL));
-        let no_trim = Negotiated { can_trim: false, ..N };
-        assert_eq!(errno_of(&check_request(cmd::TRIM, 0, 0, 1, &no_trim)), Some(errno::EINVAL));
-        assert_eq!(errno_of(&check_request(cmd::FLUSH, 0, 1, 0, &N)), Some(errno::EINVAL));
+        assert_eq!(
+            errno_of(&check_request(cmd::READ, cmd_flag::NO_HOLE, 0, 1, &N)),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(cmd::WRITE, cmd_flag::DF, 0, 1, &N)),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(
+                cmd::WRITE_ZEROES,
+                cmd_flag::FAST_ZERO,
+                0,
+                1,
+                &N
+            )),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(cmd::READ, 1 << 15, 0, 1, &N)),
+            Some(errno::EINVAL)
+        );
+        let simple = Negotiated {
+            structured: false,
+            base_allocation: false,
+            ..N
+        };
+        assert_eq!(
+            errno_of(&check_request(cmd::READ, cmd_flag::DF, 0, 1, &simple)),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(cmd::BLOCK_STATUS, 0, 0, 1, &simple)),
+            Some(errno::EINVAL)
+        );
+        let no_trim = Negotiated {
+            can_trim: false,
+            ..N
+        };
+        assert_eq!(
+            errno_of(&check_request(cmd::TRIM, 0, 0, 1, &no_trim)),
+            Some(errno::EINVAL)
+        );
+        assert_eq!(
+            errno_of(&check_request(cmd::FLUSH, 0, 1, 0, &N)),
+            Some(errno::EINVAL)
+        );
         // A rejected write still has its payload to consume.
         assert_eq!(check_request(99, 0, 0, 10, &N).payload, Payload::None);
-        assert_eq!(check_request(cmd::WRITE, 1 << 14, 0, 10, &N).payload, Payload::Discard(10));
+        assert_eq!(
+            check_request(cmd::WRITE, 1 << 14, 0, 10, &N).payload,
+            Payload::Discard(10)
+        );
     }
 
     #[test]
     fn read_only_exports_refuse_writes() {
-        let ro = Negotiated { read_only: true, ..N };
+        let ro = Negotiated {
+            read_only: true,
+            ..N
+        };
         for typ in [cmd::WRITE, cmd::TRIM, cmd::WRITE_ZEROES] {
-            assert_eq!(errno_of(&check_request(typ, 0, 0, 512, &ro)), Some(errno::EPERM), "{typ}");
+            assert_eq!(
+                errno_of(&check_request(typ, 0, 0, 512, &ro)),
+                Some(errno::EPERM),
+                "{typ}"
+            );
         }
-        let ro_no_trim = Negotiated { can_trim: false, ..ro };
-        assert_eq!(errno_of(&check_request(cmd::TRIM, 0, 0, 512, &ro_no_trim)), Some(errno::EPERM));
+        let ro_no_trim = Negotiated {
+            can_trim: false,
+            ..ro
+        };
+        assert_eq!(
+            errno_of(&check_request(cmd::TRIM, 0, 0, 512, &ro_no_trim)),
+            Some(errno::EPERM)
+        );
         assert!(check_request(cmd::READ, 0, 0, 512, &ro).outcome.is_ok());
         assert!(check_request(cmd::FLUSH, 0, 0, 0, &ro).outcome.is_ok());
     }

@@ -558,13 +558,19 @@ mod tests {
         assert_eq!(&g[0..8], b"NBDMAGIC");
         assert_eq!(&g[8..16], b"IHAVEOPT");
         assert_eq!(&g[16..18], &[0, 3]);
-        let h = OptionHeader { option: opt::GO, len: 7 };
+        let h = OptionHeader {
+            option: opt::GO,
+            len: 7,
+        };
         let b = h.encode();
         assert_eq!(&b[0..8], b"IHAVEOPT");
         assert_eq!(OptionHeader::decode(&b), Ok(h));
         let mut bad = b;
         bad[7] = b'X';
-        assert!(matches!(OptionHeader::decode(&bad), Err(HeaderError::OptionMagic(_))));
+        assert!(matches!(
+            OptionHeader::decode(&bad),
+            Err(HeaderError::OptionMagic(_))
+        ));
     }
 
     #[test]
@@ -635,22 +641,43 @@ mod tests {
         let d = info_data(b"disk", &[info::NAME, info::BLOCK_SIZE]);
         assert_eq!(
             parse_info_request(&d),
-            Ok(InfoRequest { name: "disk".into(), requests: vec![1, 3] })
+            Ok(InfoRequest {
+                name: "disk".into(),
+                requests: vec![1, 3]
+            })
         );
-        assert_eq!(parse_info_request(&d[..d.len() - 1]), Err(OptParseError::Truncated));
+        assert_eq!(
+            parse_info_request(&d[..d.len() - 1]),
+            Err(OptParseError::Truncated)
+        );
         let mut extra = d.clone();
         extra.push(0);
         assert_eq!(parse_info_request(&extra), Err(OptParseError::Trailing(1)));
         assert_eq!(parse_info_request(&[]), Err(OptParseError::Truncated));
         // A name length pointing past the end, a huge count, bad UTF-8, NUL.
-        assert_eq!(parse_info_request(&[0xff, 0xff, 0xff, 0xff, 0]), Err(OptParseError::Truncated));
+        assert_eq!(
+            parse_info_request(&[0xff, 0xff, 0xff, 0xff, 0]),
+            Err(OptParseError::Truncated)
+        );
         let mut huge_count = info_data(b"", &[]);
         huge_count[4] = 0xff;
-        assert_eq!(parse_info_request(&huge_count), Err(OptParseError::Truncated));
-        assert_eq!(parse_info_request(&info_data(&[0xff], &[])), Err(OptParseError::BadString));
-        assert_eq!(parse_info_request(&info_data(b"a\0", &[])), Err(OptParseError::BadString));
+        assert_eq!(
+            parse_info_request(&huge_count),
+            Err(OptParseError::Truncated)
+        );
+        assert_eq!(
+            parse_info_request(&info_data(&[0xff], &[])),
+            Err(OptParseError::BadString)
+        );
+        assert_eq!(
+            parse_info_request(&info_data(b"a\0", &[])),
+            Err(OptParseError::BadString)
+        );
         let long = vec![b'a'; MAX_STRING + 1];
-        assert_eq!(parse_info_request(&info_data(&long, &[])), Err(OptParseError::StringTooLong));
+        assert_eq!(
+            parse_info_request(&info_data(&long, &[])),
+            Err(OptParseError::StringTooLong)
+        );
     }
 
     #[test]
@@ -666,12 +693,18 @@ mod tests {
         assert_eq!(m.export, "disk");
         assert_eq!(m.queries, vec!["base:allocation", "qemu:dirty-bitmap:x"]);
         for cut in 0..d.len() {
-            assert!(parse_meta_context_request(&d[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                parse_meta_context_request(&d[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
         // A count far larger than the data can hold is rejected before allocating.
         let mut big = 0u32.to_be_bytes().to_vec();
         big.extend_from_slice(&u32::MAX.to_be_bytes());
-        assert_eq!(parse_meta_context_request(&big), Err(OptParseError::Truncated));
+        assert_eq!(
+            parse_meta_context_request(&big),
+            Err(OptParseError::Truncated)
+        );
     }
 
     #[test]
@@ -679,7 +712,10 @@ mod tests {
         assert_eq!(query_selects_base_allocation("base:allocation"), Some(true));
         assert_eq!(query_selects_base_allocation("base:"), Some(true));
         assert_eq!(query_selects_base_allocation("base:other"), Some(false));
-        assert_eq!(query_selects_base_allocation("qemu:dirty-bitmap:a"), Some(false));
+        assert_eq!(
+            query_selects_base_allocation("qemu:dirty-bitmap:a"),
+            Some(false)
+        );
         assert_eq!(query_selects_base_allocation("nocolon"), None);
         assert_eq!(query_selects_base_allocation(":x"), None);
     }

@@ -58,13 +58,27 @@ fn nbdinfo_reports_size_flags_and_block_sizes() {
         assert_eq!(e["block_size_minimum"], 512, "{out}");
         assert_eq!(e["block_size_preferred"], 4096, "{out}");
         assert_eq!(e["block_size_maximum"], 4 * MIB, "{out}");
-        for flag in ["can_flush", "can_fua", "can_trim", "can_zero", "can_df", "can_cache"] {
+        for flag in [
+            "can_flush",
+            "can_fua",
+            "can_trim",
+            "can_zero",
+            "can_df",
+            "can_cache",
+        ] {
             assert_eq!(e[flag], true, "{flag}: {out}");
         }
         assert_eq!(e["is_read_only"], false, "{out}");
-        assert_eq!(e["contexts"], serde_json::json!(["base:allocation"]), "{out}");
+        assert_eq!(
+            e["contexts"],
+            serde_json::json!(["base:allocation"]),
+            "{out}"
+        );
     }
-    let out = run_ok(Command::new("nbdinfo").args(["--json", &srv.uri("ro")]), LIMIT);
+    let out = run_ok(
+        Command::new("nbdinfo").args(["--json", &srv.uri("ro")]),
+        LIMIT,
+    );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let e = &v["exports"][0];
     assert_eq!(e["export-size"], 3 * MIB, "{out}");
@@ -73,7 +87,10 @@ fn nbdinfo_reports_size_flags_and_block_sizes() {
     assert_eq!(e["can_trim"], false, "{out}");
     assert_eq!(e["can_zero"], false, "{out}");
     // An export that does not exist is refused during the handshake.
-    let o = run(Command::new("nbdinfo").args(["--json", &srv.uri("nope")]), LIMIT);
+    let o = run(
+        Command::new("nbdinfo").args(["--json", &srv.uri("nope")]),
+        LIMIT,
+    );
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("nope"), "{o:?}");
 }
@@ -86,18 +103,36 @@ fn nbdinfo_lists_exports() {
             .with("alpha", Arc::new(MemDevice::new(MIB)))
             .with("beta", Arc::new(MemDevice::with_info(info(2 * MIB)))),
     );
-    let out = run_ok(Command::new("nbdinfo").args(["--list", "--json", &srv.uri("")]), LIMIT);
+    let out = run_ok(
+        Command::new("nbdinfo").args(["--list", "--json", &srv.uri("")]),
+        LIMIT,
+    );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let mut names: Vec<(String, u64)> = v["exports"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| (e["export-name"].as_str().unwrap().to_owned(), e["export-size"].as_u64().unwrap()))
+        .map(|e| {
+            (
+                e["export-name"].as_str().unwrap().to_owned(),
+                e["export-size"].as_u64().unwrap(),
+            )
+        })
         .collect();
     names.sort();
-    assert_eq!(names, vec![("alpha".to_owned(), MIB), ("beta".to_owned(), 2 * MIB)], "{out}");
-    let out = run_ok(Command::new("nbdinfo").args(["--list", &srv.unix_uri("")]), LIMIT);
-    assert!(out.contains("alpha") && out.contains("beta") && out.contains("test disk"), "{out}");
+    assert_eq!(
+        names,
+        vec![("alpha".to_owned(), MIB), ("beta".to_owned(), 2 * MIB)],
+        "{out}"
+    );
+    let out = run_ok(
+        Command::new("nbdinfo").args(["--list", &srv.unix_uri("")]),
+        LIMIT,
+    );
+    assert!(
+        out.contains("alpha") && out.contains("beta") && out.contains("test disk"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -109,31 +144,109 @@ fn qemu_img_convert_and_compare() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.qcow2");
     let src = src.to_str().unwrap();
-    run_ok(Command::new("qemu-img").args(["create", "-q", "-f", "qcow2", src, "64M"]), LIMIT);
+    run_ok(
+        Command::new("qemu-img").args(["create", "-q", "-f", "qcow2", src, "64M"]),
+        LIMIT,
+    );
     run_ok(
         Command::new("qemu-io").args([
-            "-f", "qcow2", "-c", "write -P 0x5a 1M 3M", "-c", "write -P 0xc3 40M 512k", "-c",
-            "write -P 0x11 65535k 1k", src,
+            "-f",
+            "qcow2",
+            "-c",
+            "write -P 0x5a 1M 3M",
+            "-c",
+            "write -P 0xc3 40M 512k",
+            "-c",
+            "write -P 0x11 65535k 1k",
+            src,
         ]),
         LIMIT,
     );
-    let out = run_ok(Command::new("qemu-img").args(["info", "--output=json", &srv.uri("disk")]), LIMIT);
+    let out = run_ok(
+        Command::new("qemu-img").args(["info", "--output=json", &srv.uri("disk")]),
+        LIMIT,
+    );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["virtual-size"], 64 * MIB, "{out}");
 
-    run_ok(Command::new("qemu-img").args(["convert", "-n", "-f", "qcow2", "-O", "raw", src, &srv.uri("disk")]), LIMIT);
-    run_ok(Command::new("qemu-img").args(["compare", "-f", "qcow2", "-F", "raw", src, &srv.uri("disk")]), LIMIT);
+    run_ok(
+        Command::new("qemu-img").args([
+            "convert",
+            "-n",
+            "-f",
+            "qcow2",
+            "-O",
+            "raw",
+            src,
+            &srv.uri("disk"),
+        ]),
+        LIMIT,
+    );
+    run_ok(
+        Command::new("qemu-img").args([
+            "compare",
+            "-f",
+            "qcow2",
+            "-F",
+            "raw",
+            src,
+            &srv.uri("disk"),
+        ]),
+        LIMIT,
+    );
     // The device holds the pattern, and stayed thin: only what was written is allocated.
-    assert!(dev.read_now(MIB, 3 * MIB as usize).unwrap().iter().all(|b| *b == 0x5a));
-    assert!(dev.read_now(40 * MIB, 512 << 10).unwrap().iter().all(|b| *b == 0xc3));
-    assert!(dev.read_now(0, MIB as usize).unwrap().iter().all(|b| *b == 0));
+    assert!(
+        dev.read_now(MIB, 3 * MIB as usize)
+            .unwrap()
+            .iter()
+            .all(|b| *b == 0x5a)
+    );
+    assert!(
+        dev.read_now(40 * MIB, 512 << 10)
+            .unwrap()
+            .iter()
+            .all(|b| *b == 0xc3)
+    );
+    assert!(
+        dev.read_now(0, MIB as usize)
+            .unwrap()
+            .iter()
+            .all(|b| *b == 0)
+    );
     let allocated = dev.allocated_bytes();
-    assert!((3 * MIB + (512 << 10)..=8 * MIB).contains(&allocated), "allocated {allocated}");
+    assert!(
+        (3 * MIB + (512 << 10)..=8 * MIB).contains(&allocated),
+        "allocated {allocated}"
+    );
 
     // A different byte makes compare fail: the check can fail.
-    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x77 2M 4k", &srv.unix_uri("disk")]), LIMIT);
-    let o = run(Command::new("qemu-img").args(["compare", "-f", "qcow2", "-F", "raw", src, &srv.uri("disk")]), LIMIT);
-    assert_eq!(o.status.code(), Some(1), "compare must report a difference: {o:?}");
+    run_ok(
+        Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x77 2M 4k",
+            &srv.unix_uri("disk"),
+        ]),
+        LIMIT,
+    );
+    let o = run(
+        Command::new("qemu-img").args([
+            "compare",
+            "-f",
+            "qcow2",
+            "-F",
+            "raw",
+            src,
+            &srv.uri("disk"),
+        ]),
+        LIMIT,
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "compare must report a difference: {o:?}"
+    );
 }
 
 #[test]
@@ -141,20 +254,51 @@ fn qemu_io_writes_and_reads_a_pattern() {
     require_tool("qemu-io", "qemu-utils");
     let dev = Arc::new(MemDevice::with_info(info(16 * MIB)));
     let srv = TestServer::start(MemExports::new().with("disk", dev.clone()));
-    for (uri, byte, at) in [(srv.uri("disk"), 0xab_u8, 0u64), (srv.unix_uri("disk"), 0xcd, 8 * MIB)] {
+    for (uri, byte, at) in [
+        (srv.uri("disk"), 0xab_u8, 0u64),
+        (srv.unix_uri("disk"), 0xcd, 8 * MIB),
+    ] {
         let w = format!("write -P {byte:#x} {at} 1M");
         let r = format!("read -P {byte:#x} {at} 1M");
-        let out = run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", &w, "-c", &r, &uri]), LIMIT);
-        assert!(out.contains("wrote 1048576/1048576") && out.contains("read 1048576/1048576"), "{out}");
+        let out = run_ok(
+            Command::new("qemu-io").args(["-f", "raw", "-c", &w, "-c", &r, &uri]),
+            LIMIT,
+        );
+        assert!(
+            out.contains("wrote 1048576/1048576") && out.contains("read 1048576/1048576"),
+            "{out}"
+        );
         assert!(!out.contains("Pattern verification failed"), "{out}");
-        assert!(dev.read_now(at, MIB as usize).unwrap().iter().all(|b| *b == byte));
+        assert!(
+            dev.read_now(at, MIB as usize)
+                .unwrap()
+                .iter()
+                .all(|b| *b == byte)
+        );
     }
     // Reading the wrong pattern is noticed (the check can fail).
-    let out = run(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x01 0 4k", &srv.uri("disk")]), LIMIT);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Pattern verification failed"), "{out:?}");
+    let out = run(
+        Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x01 0 4k", &srv.uri("disk")]),
+        LIMIT,
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Pattern verification failed"),
+        "{out:?}"
+    );
     // FUA writes and flushes reach the device.
     let before = dev.stats();
-    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -f -P 0x3 0 64k", "-c", "flush", &srv.uri("disk")]), LIMIT);
+    run_ok(
+        Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            "-c",
+            "write -f -P 0x3 0 64k",
+            "-c",
+            "flush",
+            &srv.uri("disk"),
+        ]),
+        LIMIT,
+    );
     let after = dev.stats();
     assert!(after.fua_writes > before.fua_writes, "{before:?} {after:?}");
     assert!(after.flushes > before.flushes, "{before:?} {after:?}");
@@ -171,24 +315,50 @@ fn nbdcopy_with_four_connections_both_ways() {
     let data = pattern(size as usize, 0x5eed);
     std::fs::write(&src, &data).unwrap();
     run_ok(
-        Command::new("nbdcopy").args(["--connections=4", "--requests=16", src.to_str().unwrap(), &srv.uri("disk")]),
+        Command::new("nbdcopy").args([
+            "--connections=4",
+            "--requests=16",
+            src.to_str().unwrap(),
+            &srv.uri("disk"),
+        ]),
         LIMIT,
     );
-    assert!(dev.read_now(0, size as usize).unwrap() == data, "device differs from the source file");
+    assert!(
+        dev.read_now(0, size as usize).unwrap() == data,
+        "device differs from the source file"
+    );
     // The zero blocks of the source were not allocated (nbdcopy skips or zeroes them).
-    assert!(dev.allocated_bytes() < size, "allocated {}", dev.allocated_bytes());
+    assert!(
+        dev.allocated_bytes() < size,
+        "allocated {}",
+        dev.allocated_bytes()
+    );
 
     let back = dir.path().join("back.img");
     run_ok(
-        Command::new("nbdcopy").args(["--connections=4", &srv.unix_uri("disk"), back.to_str().unwrap()]),
+        Command::new("nbdcopy").args([
+            "--connections=4",
+            &srv.unix_uri("disk"),
+            back.to_str().unwrap(),
+        ]),
         LIMIT,
     );
-    run_ok(Command::new("cmp").args([src.to_str().unwrap(), back.to_str().unwrap()]), LIMIT);
+    run_ok(
+        Command::new("cmp").args([src.to_str().unwrap(), back.to_str().unwrap()]),
+        LIMIT,
+    );
     // And cmp notices a difference (the check can fail).
     let mut other = data.clone();
     other[size as usize / 2] ^= 1;
     std::fs::write(&back, &other).unwrap();
-    assert!(!run(Command::new("cmp").args([src.to_str().unwrap(), back.to_str().unwrap()]), LIMIT).status.success());
+    assert!(
+        !run(
+            Command::new("cmp").args([src.to_str().unwrap(), back.to_str().unwrap()]),
+            LIMIT
+        )
+        .status
+        .success()
+    );
 }
 
 const NBDSH_SCRIPT: &str = r#"
@@ -265,7 +435,10 @@ print("nbdsh checks passed")
 fn nbdsh_trim_zero_block_status_fua_and_errors() {
     require_tool("nbdsh", "python3-libnbd");
     let path = common::path_for_nbdsh();
-    let dev = Arc::new(MemDevice::with_info(ExportInfo { max_block: MIB as u32, ..info(16 * MIB) }));
+    let dev = Arc::new(MemDevice::with_info(ExportInfo {
+        max_block: MIB as u32,
+        ..info(16 * MIB)
+    }));
     let srv = TestServer::start(MemExports::new().with("disk", dev.clone()));
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("checks.py");
@@ -276,13 +449,18 @@ fn nbdsh_trim_zero_block_status_fua_and_errors() {
                 .env("PATH", &path)
                 .env("KELP_NBD_URI", &uri)
                 .env("KELP_NBDSH_SCRIPT", &script)
-                .args(["-c", "import os; exec(open(os.environ['KELP_NBDSH_SCRIPT']).read())"]),
+                .args([
+                    "-c",
+                    "import os; exec(open(os.environ['KELP_NBDSH_SCRIPT']).read())",
+                ]),
             LIMIT,
         );
         assert!(out.contains("nbdsh checks passed"), "{out}");
         // Reset the first 6 chunks for the second run.
         let d: &dyn BlockDevice = &*dev;
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         rt.block_on(d.trim(0, 6 << 16)).unwrap();
         assert_eq!(dev.allocated_bytes(), 0);
     }
@@ -322,7 +500,13 @@ fn fio_nbd_engine_verifies_random_writes() {
     let v: serde_json::Value = serde_json::from_str(&out[json_start..]).unwrap();
     let job = &v["jobs"][0];
     assert_eq!(job["error"], 0, "{out}");
-    assert!(job["write"]["io_bytes"].as_u64().unwrap() >= 16 * MIB, "{out}");
-    assert!(job["read"]["io_bytes"].as_u64().unwrap() >= 16 * MIB, "verification reads: {out}");
+    assert!(
+        job["write"]["io_bytes"].as_u64().unwrap() >= 16 * MIB,
+        "{out}"
+    );
+    assert!(
+        job["read"]["io_bytes"].as_u64().unwrap() >= 16 * MIB,
+        "verification reads: {out}"
+    );
     assert!(dev.allocated_bytes() >= 16 * MIB);
 }

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use kelp_nbd::{MemExports, NbdServer, ServerConfig};
 
+/// Name of every thread the test server runs on (its runtime's workers included).
+pub const SERVER_THREAD: &str = "kelp-nbd-test-server";
+
 pub struct TestServer {
     pub addr: SocketAddr,
     pub socket: PathBuf,
@@ -37,31 +40,42 @@ impl TestServer {
         let exports = Arc::new(exports);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let server_exports = exports.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let server = NbdServer::new(server_exports, cfg);
-                let tcp = tokio::net::TcpListener::from_std(tcp).unwrap();
-                let unix = tokio::net::UnixListener::from_std(unix).unwrap();
-                let mut a = stop_rx.clone();
-                let mut b = stop_rx;
-                let (x, y) = tokio::join!(
-                    server.serve_tcp(tcp, async move {
-                        let _ = a.wait_for(|s| *s).await;
-                    }),
-                    server.serve_unix(unix, async move {
-                        let _ = b.wait_for(|s| *s).await;
-                    })
-                );
-                x.unwrap();
-                y.unwrap();
+        let thread = std::thread::Builder::new()
+            .name(SERVER_THREAD.into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name(SERVER_THREAD)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let server = NbdServer::new(server_exports, cfg);
+                    let tcp = tokio::net::TcpListener::from_std(tcp).unwrap();
+                    let unix = tokio::net::UnixListener::from_std(unix).unwrap();
+                    let mut a = stop_rx.clone();
+                    let mut b = stop_rx;
+                    let (x, y) = tokio::join!(
+                        server.serve_tcp(tcp, async move {
+                            let _ = a.wait_for(|s| *s).await;
+                        }),
+                        server.serve_unix(unix, async move {
+                            let _ = b.wait_for(|s| *s).await;
+                        })
+                    );
+                    x.unwrap();
+                    y.unwrap();
+                });
             });
-        });
-        Self { addr, socket, exports, stop: Some(stop_tx), thread: Some(thread), _dir: dir }
+        let thread = thread.unwrap();
+        Self {
+            addr,
+            socket,
+            exports,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            _dir: dir,
+        }
     }
 
     pub fn uri(&self, export: &str) -> String {
@@ -70,6 +84,30 @@ impl TestServer {
 
     pub fn unix_uri(&self, export: &str) -> String {
         format!("nbd+unix:///{}?socket={}", export, self.socket.display())
+    }
+}
+
+impl TestServer {
+    /// Tells the server to stop (it stops accepting and lets connections finish).
+    pub fn signal_stop(&self) {
+        if let Some(stop) = &self.stop {
+            let _ = stop.send(true);
+        }
+    }
+
+    /// Waits until both listeners' serve calls have returned; fails after `limit`.
+    pub fn join(&mut self, limit: Duration) {
+        self.signal_stop();
+        let t = self.thread.take().unwrap();
+        let deadline = Instant::now() + limit;
+        while !t.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "the server did not stop within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t.join().expect("the server thread panicked");
     }
 }
 
@@ -89,7 +127,10 @@ pub fn require_tool(tool: &str, package: &str) {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
         .unwrap_or(false);
-    assert!(found, "required NBD client tool `{tool}` is missing: apt-get install {package}");
+    assert!(
+        found,
+        "required NBD client tool `{tool}` is missing: apt-get install {package}"
+    );
 }
 
 /// A `PATH` whose first `python3` can import libnbd's Python module (nbdsh runs `python3`).
@@ -146,7 +187,11 @@ pub fn run(cmd: &mut Command, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    Output { status, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
+    Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    }
 }
 
 /// Runs a command and fails the test with its output unless it succeeds; returns stdout.
@@ -243,7 +288,8 @@ impl Raw {
     /// True if the server closed the connection (EOF) within the read timeout.
     pub fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0)) || matches!(self.s.read(&mut b), Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+        matches!(self.s.read(&mut b), Ok(0))
+            || matches!(self.s.read(&mut b), Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset)
     }
 
     pub fn option(&mut self, option: u32, data: &[u8]) {
@@ -259,7 +305,11 @@ impl Raw {
         let option = self.u32();
         let typ = self.u32();
         let len = self.u32() as usize;
-        OptReply { option, typ, data: self.exact(len) }
+        OptReply {
+            option,
+            typ,
+            data: self.exact(len),
+        }
     }
 
     /// Reads option replies up to and including the final one (ACK or an error).
@@ -312,7 +362,15 @@ impl Raw {
         size_flags.expect("NBD_INFO_EXPORT is always sent")
     }
 
-    pub fn request(&mut self, typ: u16, flags: u16, handle: u64, offset: u64, len: u32, payload: &[u8]) {
+    pub fn request(
+        &mut self,
+        typ: u16,
+        flags: u16,
+        handle: u64,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) {
         let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
         b.extend_from_slice(&flags.to_be_bytes());
         b.extend_from_slice(&typ.to_be_bytes());
@@ -330,11 +388,25 @@ impl Raw {
         if magic == 0x6744_6698 {
             let error = self.u32();
             let handle = self.u64();
-            let data = if error == 0 && read_len > 0 { self.exact(read_len) } else { Vec::new() };
-            return Reply { handle, error, data, chunk_types: Vec::new() };
+            let data = if error == 0 && read_len > 0 {
+                self.exact(read_len)
+            } else {
+                Vec::new()
+            };
+            return Reply {
+                handle,
+                error,
+                data,
+                chunk_types: Vec::new(),
+            };
         }
         assert_eq!(magic, 0x668e_33ef, "reply magic");
-        let mut rep = Reply { handle: 0, error: 0, data: Vec::new(), chunk_types: Vec::new() };
+        let mut rep = Reply {
+            handle: 0,
+            error: 0,
+            data: Vec::new(),
+            chunk_types: Vec::new(),
+        };
         loop {
             let flags = self.u16();
             let typ = self.u16();
@@ -349,7 +421,9 @@ impl Raw {
                     rep.data.extend(std::iter::repeat_n(0u8, n));
                 }
                 5 => rep.data.extend_from_slice(&payload[4..]),
-                t if t & 0x8000 != 0 => rep.error = u32::from_be_bytes(payload[0..4].try_into().unwrap()),
+                t if t & 0x8000 != 0 => {
+                    rep.error = u32::from_be_bytes(payload[0..4].try_into().unwrap())
+                }
                 _ => {}
             }
             if flags & 1 != 0 {
