@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kelp_nbd::{MemExports, NbdServer, ServerConfig};
+use kelp_nbd::{Exports, MemExports, NbdServer, ServerConfig};
 
 /// Name of every thread the test server runs on (its runtime's workers included).
 pub const SERVER_THREAD: &str = "kelp-nbd-test-server";
@@ -18,7 +18,6 @@ pub const SERVER_THREAD: &str = "kelp-nbd-test-server";
 pub struct TestServer {
     pub addr: SocketAddr,
     pub socket: PathBuf,
-    pub exports: Arc<MemExports>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -30,6 +29,11 @@ impl TestServer {
     }
 
     pub fn start_with(exports: MemExports, cfg: ServerConfig) -> Self {
+        Self::start_exports(Arc::new(exports), cfg)
+    }
+
+    /// Serves any catalogue.
+    pub fn start_exports(catalogue: Arc<dyn Exports>, cfg: ServerConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("nbd.sock");
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -37,9 +41,8 @@ impl TestServer {
         let addr = tcp.local_addr().unwrap();
         let unix = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         unix.set_nonblocking(true).unwrap();
-        let exports = Arc::new(exports);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let server_exports = exports.clone();
+        let server_exports = catalogue;
         let thread = std::thread::Builder::new()
             .name(SERVER_THREAD.into())
             .spawn(move || {
@@ -71,7 +74,6 @@ impl TestServer {
         Self {
             addr,
             socket,
-            exports,
             stop: Some(stop_tx),
             thread: Some(thread),
             _dir: dir,
