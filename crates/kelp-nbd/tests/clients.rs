@@ -480,8 +480,9 @@ fn fio_nbd_engine_verifies_random_writes() {
     );
     let dev = Arc::new(MemDevice::with_info(info(32 * MIB)));
     let srv = TestServer::start(MemExports::new().with("disk", dev.clone()));
+    let dir = tempfile::tempdir().unwrap();
     let out = run_ok(
-        Command::new("fio").args([
+        Command::new("fio").current_dir(dir.path()).args([
             "--name=verify",
             "--ioengine=nbd",
             &format!("--uri={}", srv.uri("disk")),
@@ -492,6 +493,7 @@ fn fio_nbd_engine_verifies_random_writes() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--output-format=json",
         ]),
         LIMIT,

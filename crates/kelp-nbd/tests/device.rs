@@ -32,6 +32,10 @@ impl BlockDevice for Faulty {
             6 => Err(DeviceError::Shutdown("going away".into())),
             7 => Ok(Bytes::from_static(b"short")),
             8 => panic!("a device bug"),
+            9 => {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                self.inner.read(offset, len).await
+            }
             _ => self.inner.read(offset, len).await,
         }
     }
@@ -114,4 +118,24 @@ fn device_errors_and_panics_become_error_replies() {
     let r = c.opt_reply();
     assert_eq!(r.typ, 0x8000_0002);
     assert!(String::from_utf8_lossy(&r.data).contains("locked by another client"));
+}
+
+#[test]
+fn requests_of_one_connection_run_concurrently() {
+    let dev = Arc::new(Faulty {
+        inner: MemDevice::new(1 << 20),
+    });
+    let srv = TestServer::start_exports(Arc::new(One(dev)), Default::default());
+    let mut c = Raw::connect(srv.addr);
+    c.go("faulty", true, false);
+    // A slow read, then a fast one: the fast one is answered first.
+    c.request(0, 0, 100, 9, 16, &[]);
+    c.request(0, 0, 101, 4096, 16, &[]);
+    c.request(1, 0, 102, 8192, 2, b"ok");
+    let order: Vec<u64> = (0..3).map(|_| c.reply(0).handle).collect();
+    assert_eq!(
+        order.last(),
+        Some(&100),
+        "the slow read must not hold up the others: {order:?}"
+    );
 }
