@@ -163,7 +163,13 @@ impl NbdServer {
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
-                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                Some(done) = conns.join_next(), if !conns.is_empty() => {
+                    if let Err(e) = done
+                        && e.is_panic()
+                    {
+                        warn!(error = %e, "a connection task panicked");
+                    }
+                }
                 res = listener.accept_one() => match res {
                     Ok((stream, peer)) => {
                         let Ok(permit) = self.connections.clone().try_acquire_owned() else {

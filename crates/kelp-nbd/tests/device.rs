@@ -32,6 +32,10 @@ impl BlockDevice for Faulty {
             6 => Err(DeviceError::Shutdown("going away".into())),
             7 => Ok(Bytes::from_static(b"short")),
             8 => panic!("a device bug"),
+            10 => {
+                tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                self.inner.read(offset, len).await
+            }
             9 => {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                 self.inner.read(offset, len).await
@@ -138,4 +142,28 @@ fn requests_of_one_connection_run_concurrently() {
         Some(&100),
         "the slow read must not hold up the others: {order:?}"
     );
+}
+
+#[test]
+fn stop_drops_connections_still_busy_after_the_grace() {
+    let dev = Arc::new(Faulty {
+        inner: MemDevice::new(1 << 20),
+    });
+    let cfg = kelp_nbd::ServerConfig {
+        shutdown_grace: std::time::Duration::from_millis(200),
+        ..Default::default()
+    };
+    let mut srv = TestServer::start_exports(Arc::new(One(dev)), cfg);
+    let mut c = Raw::connect(srv.addr);
+    c.go("faulty", true, false);
+    c.request(0, 0, 1, 10, 16, &[]); // hangs in the device for a minute
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let start = std::time::Instant::now();
+    srv.join(std::time::Duration::from_secs(10));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(c.closed(), "the busy connection is dropped after the grace");
 }
