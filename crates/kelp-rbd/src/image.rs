@@ -831,7 +831,10 @@ impl Image {
         if !self.reads_parent(&layout, e.object, overlap) {
             if matches!(m, Mutation::Truncate) {
                 // Cutting a missing object must not create it.
-                return match io.operate(build(WriteOp::new().assert_exists()), &name).await {
+                return match io
+                    .operate(build(WriteOp::new().assert_exists()), &name)
+                    .await
+                {
                     Ok(_) => Ok(()),
                     Err(err) if is_not_found(&err) => Ok(()),
                     Err(err) => Err(err.into()),

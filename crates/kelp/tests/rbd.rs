@@ -24,7 +24,10 @@ fn refused(c: &Cluster, args: &[&str], needle: &str) {
     let out = run(c, args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "kelp {args:?} was accepted");
-    assert!(err.contains(needle), "kelp {args:?}: {needle:?} not in: {err}");
+    assert!(
+        err.contains(needle),
+        "kelp {args:?}: {needle:?} not in: {err}"
+    );
 }
 
 fn du_used(c: &Cluster, image: &str) -> u64 {
@@ -61,14 +64,22 @@ fn rbd_cli_manages_images() {
     assert_eq!(info["format"], 1);
 
     // refusals
-    refused(&c, &["rbd", "create", "disk", "--size", "1M"], "already exists");
+    refused(
+        &c,
+        &["rbd", "create", "disk", "--size", "1M"],
+        "already exists",
+    );
     refused(&c, &["rbd", "info", "nope"], "does not exist");
     refused(
         &c,
         &["rbd", "create", "x", "--size", "1M", "--object-size", "3M"],
         "power of two",
     );
-    refused(&c, &["rbd", "resize", "disk", "--size", "1M"], "--allow-shrink");
+    refused(
+        &c,
+        &["rbd", "resize", "disk", "--size", "1M"],
+        "--allow-shrink",
+    );
     refused(&c, &["rbd", "create", "a/b/c", "--size", "1M"], "");
 
     // import / export, sparse: a file with a hole in the middle
@@ -85,7 +96,10 @@ fn rbd_cli_manages_images() {
     );
     let out = tmp.path().join("out.raw");
     c.cli(&["rbd", "export", "imported", out.to_str().unwrap()]);
-    assert!(std::fs::read(&out).unwrap() == data, "export differs from import");
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "export differs from import"
+    );
     // through stdout too
     let piped = run(&c, &["rbd", "export", "imported", "-"]);
     assert!(piped.status.success());
@@ -93,14 +107,24 @@ fn rbd_cli_manages_images() {
 
     // discard frees space: export → zero a range through the library is tested below; here
     // resize down and up loses the tail
-    c.cli(&["rbd", "resize", "imported", "--size", "1M", "--allow-shrink"]);
+    c.cli(&[
+        "rbd",
+        "resize",
+        "imported",
+        "--size",
+        "1M",
+        "--allow-shrink",
+    ]);
     assert!(du_used(&c, "imported") <= 1 << 20);
     c.cli(&["rbd", "resize", "imported", "--size", "9M"]);
     c.cli(&["rbd", "export", "imported", out.to_str().unwrap()]);
     let back = std::fs::read(&out).unwrap();
     assert_eq!(back.len(), 9 << 20);
     assert!(back[..1 << 20] == data[..1 << 20]);
-    assert!(back[1 << 20..].iter().all(|&b| b == 0), "the shrunk tail came back");
+    assert!(
+        back[1 << 20..].iter().all(|&b| b == 0),
+        "the shrunk tail came back"
+    );
 
     // rename and remove
     c.cli(&["rbd", "mv", "imported", "renamed"]);
@@ -111,7 +135,10 @@ fn rbd_cli_manages_images() {
     assert_eq!(ls.lines().collect::<Vec<_>>(), ["disk", "striped"]);
     // no data object of the removed image is left
     let objs = c.cli(&["rados", "-p", "rbd", "ls"]);
-    let ids: Vec<&str> = objs.lines().filter(|l| l.starts_with("rbd_data.")).collect();
+    let ids: Vec<&str> = objs
+        .lines()
+        .filter(|l| l.starts_with("rbd_data."))
+        .collect();
     assert!(ids.is_empty(), "data objects left: {ids:?}");
 
     // bench writes, then reads
@@ -197,7 +224,11 @@ async fn workload(rbd: &Rbd, name: &str, opts: CreateOptions, seed: u64) {
     assert_eq!(pos, model.len() as u64);
     // out of range refused
     assert!(img.read(model.len() as u64, 1).await.is_err());
-    assert!(img.write(model.len() as u64 - 1, Bytes::from_static(b"ab")).await.is_err());
+    assert!(
+        img.write(model.len() as u64 - 1, Bytes::from_static(b"ab"))
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,12 +266,17 @@ async fn images_match_a_model_under_random_io() {
         .await
         .unwrap();
     let img = rbd.open("rbd", "space").await.unwrap();
-    img.write(0, heal_support::content(3, 16 << 20)).await.unwrap();
+    img.write(0, heal_support::content(3, 16 << 20))
+        .await
+        .unwrap();
     assert_eq!(img.usage().await.unwrap().used, 16 << 20);
     img.discard(0, 12 << 20).await.unwrap();
     img.discard((12 << 20) + 4096, 8192).await.unwrap();
     let used = img.usage().await.unwrap().used;
     assert!(used <= 4 << 20, "discarded space still counted: {used}");
     let ext = img.extents(0, 16 << 20).await.unwrap();
-    assert_eq!((ext[0].offset, ext[0].len, ext[0].data), (0, 12 << 20, false));
+    assert_eq!(
+        (ext[0].offset, ext[0].len, ext[0].data),
+        (0, 12 << 20, false)
+    );
 }

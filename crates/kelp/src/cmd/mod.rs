@@ -7,6 +7,7 @@ pub mod df;
 pub mod ec_profile;
 pub mod help;
 pub mod mon;
+pub mod nbd;
 pub mod osd;
 pub mod pg;
 pub mod pool;
