@@ -911,14 +911,17 @@ impl Image {
         for e in layout.map(offset, len) {
             by_object.entry(e.object).or_default().push(e);
         }
+        let size = self.size();
         let jobs = by_object.into_iter().map(|(object, extents)| {
-            let whole = extents.iter().map(|e| e.len).sum::<u64>() == layout.object_size();
+            // Bytes of the object inside the image: covering them all discards the object.
+            let in_image = layout.object_len(object, size);
+            let whole = extents.iter().map(|e| e.len).sum::<u64>() >= in_image;
             async move {
                 if whole {
                     self.discard_object(layout, object, overlap).await
                 } else {
                     for e in extents {
-                        let m = if e.offset + e.len == layout.object_size() {
+                        let m = if e.offset + e.len >= in_image {
                             Mutation::Truncate
                         } else {
                             Mutation::Zero

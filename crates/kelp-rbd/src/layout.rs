@@ -56,7 +56,7 @@ impl Layout {
         let object_size = 1u64 << order;
         let stripe_unit = stripe_unit.unwrap_or(object_size);
         let stripe_count = stripe_count.unwrap_or(1);
-        if stripe_unit == 0 || object_size % stripe_unit != 0 || stripe_unit < 4096 {
+        if stripe_unit == 0 || !object_size.is_multiple_of(stripe_unit) || stripe_unit < 4096 {
             return Err(RbdError::Invalid(format!(
                 "stripe unit {stripe_unit} must be at least 4096 and divide the object size {object_size}"
             )));
@@ -148,6 +148,15 @@ impl Layout {
         let stripe_pos = object % sc;
         let stripe = set * units_per_object + offset / su;
         (stripe * sc + stripe_pos) * su + offset % su
+    }
+
+    /// How many bytes at the start of object `object` hold image bytes below `size` (its units
+    /// fill in order, so they are a prefix of the object).
+    pub fn object_len(&self, object: u64, size: u64) -> u64 {
+        self.object_ranges(object, size)
+            .iter()
+            .map(|(_, l)| l)
+            .sum()
     }
 
     /// The image ranges `(image_offset, len)` that object `object` holds, within `0..size`, in

@@ -1037,6 +1037,12 @@ async fn wait_nbd(dir: &Path, timeout: Duration) -> Result<()> {
             && let Ok(addr) = text.trim().parse::<SocketAddr>()
             && tokio::net::TcpStream::connect(addr).await.is_ok()
         {
+            // Port 0 (any free port) becomes the port it got: a restarted server comes back
+            // at the same address, so clients can reconnect.
+            let port_file = dir.join(NBD_DIR).join("port");
+            if std::fs::read_to_string(&port_file).is_ok_and(|p| p.trim() == "0") {
+                std::fs::write(&port_file, format!("{}\n", addr.port()))?;
+            }
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
