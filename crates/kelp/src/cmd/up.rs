@@ -911,7 +911,7 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     }
     let list: Vec<Daemon> = daemons(&dir)?
         .into_iter()
-        .filter(|d| !(a.no_rgw && d.name == RGW_DIR) && !(a.no_nbd && d.name == NBD_DIR))
+        .filter(|d| !((a.no_rgw && d.name == RGW_DIR) || (a.no_nbd && d.name == NBD_DIR)))
         .collect();
     let osd_count = list.iter().filter(|d| d.name.starts_with("osd.")).count();
     let rt = common::runtime()?;
