@@ -280,6 +280,7 @@ impl Rbd {
                     header: RwLock::new(Arc::new(h)),
                     snap: snap_info,
                     parent,
+                    known: std::sync::Mutex::default(),
                 }),
             };
             image.apply_snap_context()?;
@@ -594,6 +595,9 @@ struct Inner {
     snap: Option<SnapInfo>,
     /// The parent's snapshot view, for a clone.
     parent: Option<Image>,
+    /// A snapshot view never changes: which of its objects exist, once looked up (reads of a
+    /// deep clone chain then go straight to the level that holds the data).
+    known: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
 }
 
 /// A change to one object extent.
@@ -774,12 +778,41 @@ impl Image {
     }
 
     async fn read_extent(&self, e: ObjectExtent) -> Result<Bytes, RbdError> {
+        if self.known(e.object) == Some(false) {
+            return self.read_parent(e.image_offset, e.len).await;
+        }
         let io = self.data_io();
         match io.read(&self.object_name(e.object), e.offset, e.len).await {
-            Ok(b) if b.len() as u64 == e.len => Ok(b),
-            Ok(b) => Ok(pad(b, e.len)),
-            Err(err) if is_not_found(&err) => self.read_parent(e.image_offset, e.len).await,
+            Ok(b) => {
+                self.learn(e.object, true);
+                Ok(if b.len() as u64 == e.len { b } else { pad(b, e.len) })
+            }
+            Err(err) if is_not_found(&err) => {
+                self.learn(e.object, false);
+                self.read_parent(e.image_offset, e.len).await
+            }
             Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Whether `object` exists, if this is a snapshot view that has looked it up before.
+    fn known(&self, object: u64) -> Option<bool> {
+        self.inner.snap.as_ref()?;
+        self.inner
+            .known
+            .lock()
+            .expect("cache lock is never poisoned")
+            .get(&object)
+            .copied()
+    }
+
+    fn learn(&self, object: u64, exists: bool) {
+        if self.inner.snap.is_some() {
+            self.inner
+                .known
+                .lock()
+                .expect("cache lock is never poisoned")
+                .insert(object, exists);
         }
     }
 
