@@ -6,13 +6,13 @@
 # 4 KiB random writes then random reads at iodepth 16 for DUR seconds (2 s ramp). Prints one
 # line per test with the rate, p50/p99 latency and the daemons' CPU per op.
 #
-# Usage: scripts/rbd-bench.sh DIR [DUR]   Env: KELP=path/to/kelp, OSD_SIZE=12GiB, SIZE=2G,
+# Usage: scripts/rbd-bench.sh DIR [DUR]   Env: KELP=path/to/kelp, OSD_SIZE=6GiB, SIZE=2G,
 #        KEEP=1 (leave the cluster running; otherwise it is stopped and DIR/kelp deleted)
 set -euo pipefail
 DIR=${1:?usage: rbd-bench.sh DIR [DUR]}
 DUR=${2:-20}
 KELP=${KELP:-$(cd "$(dirname "$0")/.." && pwd)/target/release/kelp}
-OSD_SIZE=${OSD_SIZE:-12GiB}
+OSD_SIZE=${OSD_SIZE:-6GiB}
 SIZE=${SIZE:-2G}
 TCK=$(getconf CLK_TCK)
 mkdir -p "$DIR"
