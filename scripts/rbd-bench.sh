@@ -51,7 +51,8 @@ fiobench() { # NAME RW
   python3 - "$name" "$DIR/$name.json" "${rw#rand}" "$c0" "$c1" "$TCK" "$DUR" <<'PY'
 import json, sys
 name, path, rw, c0, c1, tck, dur = sys.argv[1:8]
-j = json.load(open(path))["jobs"][0][rw]
+t = open(path).read()
+j = json.loads(t[t.index("{"):])["jobs"][0][rw]
 iops = j["iops"]; lat = j["lat_ns"]["percentile"]
 cpu = (int(c1) - int(c0)) / int(tck)
 print(f"{name}: {iops:9.1f} IOPS p50/p99 {lat['50.000000']/1e6:.2f}/{lat['99.000000']/1e6:.2f} ms | daemons {cpu/(float(dur)+2):.2f} cores, {cpu/(iops*(float(dur)+2))*1000:.3f} CPU-ms/op")
