@@ -13,10 +13,11 @@ mod mon;
 mod osd;
 mod scrub;
 mod stats;
+mod watch;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{
-    ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
+    ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
     OsdFailure, PgActivation, PgRecord, Subscribe,
 };
 pub use osd::{
@@ -29,6 +30,7 @@ pub use scrub::{
     PgPush, PgPushReply, PgScrubSummary, ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError,
     ShardReport,
 };
+pub use watch::{WatchEvent, WatchEventKind, WatchOp, WatchReply, WatchRequest, WatchResult, WatcherId};
 pub use stats::{
     Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdStatsReportV1, OsdSummary,
     PG_STATE_ORDER, PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgState, PgStateFlag, PgSummary,
@@ -77,4 +79,8 @@ pub mod msg_type {
     pub const OSD_PING: u16 = 0x0224;
     /// Primary → member: `EcRead`; reply `EcReadReply` + shard bytes (erasure-coded pools).
     pub const OSD_EC_READ: u16 = 0x0230;
+    /// Client → primary OSD: `WatchRequest` (+ payload); reply `WatchReply` (+ notify replies).
+    pub const OSD_WATCH: u16 = 0x0240;
+    /// Primary OSD → watching client (one-way push): `WatchEvent` (+ notify payload).
+    pub const OSD_WATCH_EVENT: u16 = 0x0241;
 }
