@@ -1719,12 +1719,23 @@ pub(crate) mod tests {
     fn blocklist_fences_until_removed_or_expired() {
         let mut map = cluster(3, "host");
         assert!(!map.is_blocklisted("client.a.1", 0));
-        let inc = map.propose_blocklist_add("client.a.1", None).unwrap().unwrap();
-        map.apply(&Incremental::decode(&inc.encode()).unwrap()).unwrap();
+        let inc = map
+            .propose_blocklist_add("client.a.1", None)
+            .unwrap()
+            .unwrap();
+        map.apply(&Incremental::decode(&inc.encode()).unwrap())
+            .unwrap();
         assert!(map.is_blocklisted("client.a.1", u64::MAX));
-        assert!(map.propose_blocklist_add("client.a.1", None).unwrap().is_none());
+        assert!(
+            map.propose_blocklist_add("client.a.1", None)
+                .unwrap()
+                .is_none()
+        );
         assert!(map.propose_blocklist_add("bad name", None).is_err());
-        let inc = map.propose_blocklist_add("client.b.2", Some(1_000)).unwrap().unwrap();
+        let inc = map
+            .propose_blocklist_add("client.b.2", Some(1_000))
+            .unwrap()
+            .unwrap();
         map.apply(&inc).unwrap();
         assert!(map.is_blocklisted("client.b.2", 999));
         assert!(!map.is_blocklisted("client.b.2", 1_000));

@@ -206,7 +206,14 @@ impl OsdService {
                 let result = kelp_proto::WatchResult::None;
                 let epoch = reply.epoch;
                 let error = Some(error);
-                return (kelp_proto::WatchReply { error, epoch, result }, Bytes::new());
+                return (
+                    kelp_proto::WatchReply {
+                        error,
+                        epoch,
+                        result,
+                    },
+                    Bytes::new(),
+                );
             }
             None => {}
         }

@@ -24,8 +24,8 @@
 //! locking, pushing over the messenger, and waking the notifier.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
@@ -147,6 +147,15 @@ impl<C> Default for WatchTable<C> {
 }
 
 impl<C: Clone> WatchTable<C> {
+    /// A table whose notify ids start at `first_id` (notify ids must not repeat across
+    /// primaries: clients drop a notification whose id they have seen, as a resend).
+    pub fn starting_at(first_id: u64) -> Self {
+        WatchTable {
+            next_id: first_id.max(1),
+            ..WatchTable::default()
+        }
+    }
+
     /// Registers (or re-registers) a watch; resends the notifies still waiting for it.
     pub fn watch(
         &mut self,
@@ -295,11 +304,16 @@ impl<C: Clone> WatchTable<C> {
             .flat_map(|(object, w)| {
                 w.watchers
                     .iter()
-                    .filter(|(_, watcher)| now.saturating_duration_since(watcher.last_ping) >= timeout)
+                    .filter(|(_, watcher)| {
+                        now.saturating_duration_since(watcher.last_ping) >= timeout
+                    })
                     .map(|(who, watcher)| (object.clone(), who.clone(), watcher.conn.clone()))
             })
             .collect();
-        let message = format!("not pinged for {} s (osd_client_watch_timeout)", timeout.as_secs_f64());
+        let message = format!(
+            "not pinged for {} s (osd_client_watch_timeout)",
+            timeout.as_secs_f64()
+        );
         self.drop_watchers(expired, ErrorCode::Io, &message, now)
     }
 
@@ -315,7 +329,12 @@ impl<C: Clone> WatchTable<C> {
                     .map(|(who, watcher)| (object.clone(), who.clone(), watcher.conn.clone()))
             })
             .collect();
-        self.drop_watchers(dropped, ErrorCode::Blocklisted, "the client instance is blocklisted", now)
+        self.drop_watchers(
+            dropped,
+            ErrorCode::Blocklisted,
+            "the client instance is blocklisted",
+            now,
+        )
     }
 
     /// Forgets the watches of the PGs `keep` refuses (this OSD is no longer their primary:
@@ -415,8 +434,13 @@ impl Default for Watches {
         let timeout = kelp_config::keys::OSD_CLIENT_WATCH_TIMEOUT
             .default
             .as_duration();
+        // Notify ids start from the clock: a later primary of the same objects (another OSD,
+        // or this one restarted) never reuses one a watcher may have seen.
+        let first_id = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
         Watches {
-            table: Mutex::new(WatchTable::default()),
+            table: Mutex::new(WatchTable::starting_at(first_id)),
             waiters: Mutex::new(HashMap::new()),
             timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
         }
@@ -586,8 +610,7 @@ impl Watches {
                         WatchReply {
                             error: Some((
                                 ErrorCode::Misdirected,
-                                "the notify was interrupted by a change of the PG's primary"
-                                    .into(),
+                                "the notify was interrupted by a change of the PG's primary".into(),
                             )),
                             epoch,
                             result: WatchResult::None,
@@ -711,7 +734,13 @@ mod tests {
         let mut t = WatchTable::<&'static str>::default();
         let (id, fx) = t.notify(pg0(), &obj("x"), "n", Bytes::new(), T, Instant::now());
         assert!(fx.pushes.is_empty());
-        assert_eq!(fx.done, vec![NotifyDone { id, ..Default::default() }]);
+        assert_eq!(
+            fx.done,
+            vec![NotifyDone {
+                id,
+                ..Default::default()
+            }]
+        );
     }
 
     #[test]
@@ -755,7 +784,15 @@ mod tests {
         assert_eq!(t.watchers(&o), vec![w("alive", 1)]);
         assert!(matches!(
             &fx.pushes[..],
-            [Push { conn: "c2", cookie: 2, kind: PushKind::Error { code: ErrorCode::Io, .. }, .. }]
+            [Push {
+                conn: "c2",
+                cookie: 2,
+                kind: PushKind::Error {
+                    code: ErrorCode::Io,
+                    ..
+                },
+                ..
+            }]
         ));
         assert_eq!(fx.done.len(), 1);
         assert_eq!(fx.done[0].timed_out, vec![w("dead", 2)]);
@@ -786,7 +823,13 @@ mod tests {
         t.watch(pg0(), &o, w("a", 1), "c", now);
         let (id, _) = t.notify(pg0(), &o, "n", Bytes::new(), T, now);
         let fx = t.unwatch(&o, &w("a", 1));
-        assert_eq!(fx.done, vec![NotifyDone { id, ..Default::default() }]);
+        assert_eq!(
+            fx.done,
+            vec![NotifyDone {
+                id,
+                ..Default::default()
+            }]
+        );
         assert!(t.watchers(&o).is_empty());
     }
 
@@ -803,7 +846,14 @@ mod tests {
         let fx = t.drop_instances(|i| i == "bad", now);
         assert!(matches!(
             &fx.pushes[..],
-            [Push { conn: "cb", kind: PushKind::Error { code: ErrorCode::Blocklisted, .. }, .. }]
+            [Push {
+                conn: "cb",
+                kind: PushKind::Error {
+                    code: ErrorCode::Blocklisted,
+                    ..
+                },
+                ..
+            }]
         ));
         assert!(fx.done.is_empty(), "still waiting for the good watcher");
         assert_eq!(t.watchers(&o1), vec![w("good", 1)]);

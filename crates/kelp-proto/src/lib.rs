@@ -17,8 +17,8 @@ mod watch;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{
-    ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
-    OsdFailure, PgActivation, PgRecord, Subscribe,
+    ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply,
+    OsdBoot, OsdFailure, PgActivation, PgRecord, Subscribe,
 };
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
@@ -30,11 +30,13 @@ pub use scrub::{
     PgPush, PgPushReply, PgScrubSummary, ScrubMapReply, ScrubMapRequest, ScrubObject, ShardError,
     ShardReport,
 };
-pub use watch::{WatchEvent, WatchEventKind, WatchOp, WatchReply, WatchRequest, WatchResult, WatcherId};
 pub use stats::{
     Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdStatsReportV1, OsdSummary,
     PG_STATE_ORDER, PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgState, PgStateFlag, PgSummary,
     RecoveryCounters, RecoveryRates, StatsAck, UnknownPgState, pg_state_name,
+};
+pub use watch::{
+    WatchEvent, WatchEventKind, WatchOp, WatchReply, WatchRequest, WatchResult, WatcherId,
 };
 
 /// Message types carried in the messenger's frame header.

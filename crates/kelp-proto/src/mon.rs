@@ -123,7 +123,9 @@ pub enum MonCommand {
         expire_secs: Option<u64>,
     },
     /// `kelp osd blocklist rm INSTANCE`. Answered with `Done`.
-    BlocklistRm { instance: String },
+    BlocklistRm {
+        instance: String,
+    },
     /// `kelp osd blocklist ls`: answered with `Blocklist`.
     BlocklistLs,
 }

@@ -66,7 +66,9 @@ pub enum WatchResult {
     None,
     /// `Watch`, `Ping`: registered; the OSD drops a watch not pinged for `timeout_ms`
     /// (`osd_client_watch_timeout`).
-    Watching { timeout_ms: u64 },
+    Watching {
+        timeout_ms: u64,
+    },
     /// `Ping`: this OSD has no such watch (it timed out, or this OSD became the primary
     /// after the watch was registered).
     NotWatching,
