@@ -415,10 +415,14 @@ impl OsdService {
         op: OsdOp,
         data: Bytes,
     ) -> (OsdOpReply, Bytes) {
-        if let Some((code, message)) =
-            crate::watch::fenced(&*self.map_at_least(op.epoch).await, &op.instance)
-        {
-            return reply_err(code, message, self.map().epoch);
+        // Fencing first, with a map at least as new as the client's (the blocklisting client
+        // sends ops at the epoch that has its entry).
+        let mut map = self.map();
+        if map.epoch < op.epoch {
+            map = self.map_at_least(op.epoch).await;
+        }
+        if let Some((code, message)) = crate::watch::fenced(&map, &op.instance) {
+            return reply_err(code, message, map.epoch);
         }
         let is_write = op.ops.iter().any(|o| o.is_write());
         if is_write {
