@@ -15,7 +15,9 @@
 //! * `error` is the crate's error type (`OsdError`), which says whether a failure is worth
 //!   retrying;
 //! * `scrub_map` builds and compares scrub maps (pure comparison, blocking store reads), and
-//!   `scrub` runs scrubs and repairs as the PG's primary.
+//!   `scrub` runs scrubs and repairs as the PG's primary;
+//! * `watch` keeps the watchers of the primary's objects and the notifies in progress (a pure
+//!   table plus the glue that pushes events), and says which clients are fenced.
 
 pub mod admission;
 pub mod daemon;
@@ -37,6 +39,7 @@ pub mod scrub;
 pub mod scrub_map;
 pub mod service;
 pub mod stats;
+pub mod watch;
 
 pub use error::OsdError;
 pub use exec::{ExecError, Executed, Limits, Stamp, StatDelta, execute, object_id};
