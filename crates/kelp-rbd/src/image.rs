@@ -19,7 +19,7 @@ const HEADER_RETRIES: usize = 64;
 /// Object operations an image keeps in flight for one large request (import, flatten, rm).
 pub(crate) const PARALLEL: usize = 16;
 
-fn header_object(id: &str) -> String {
+pub(crate) fn header_object(id: &str) -> String {
     format!("rbd_header.{id}")
 }
 
@@ -281,9 +281,15 @@ impl Rbd {
                     snap: snap_info,
                     parent,
                     known: std::sync::Mutex::default(),
+                    lock: tokio::sync::Mutex::default(),
+                    io_gate: Arc::default(),
+                    watch_task: std::sync::Mutex::default(),
                 }),
             };
             image.apply_snap_context()?;
+            if snap.is_none() {
+                image.start_watch().await?;
+            }
             Ok(image)
         })
     }
@@ -299,6 +305,22 @@ impl Rbd {
             Err(e) => return Err(e),
         };
         if let Some(h) = &h {
+            let watchers = match meta.watchers(&header_object(&id)).await {
+                Ok(w) => w,
+                Err(e) if is_not_found(&e) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+            if !watchers.is_empty() {
+                return Err(RbdError::Busy(format!(
+                    "image '{name}' is open by {} client(s) ({}); close it first",
+                    watchers.len(),
+                    watchers
+                        .iter()
+                        .map(|w| w.instance.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
             if !h.snaps.is_empty() {
                 return Err(RbdError::Busy(format!(
                     "image '{name}' has {} snapshot(s); remove them first (kelp rbd snap purge)",
@@ -578,16 +600,16 @@ pub struct Extent {
 /// An open image (cheap to clone: clones share the handle).
 #[derive(Clone)]
 pub struct Image {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    rbd: Rbd,
+pub(crate) struct Inner {
+    pub(crate) rbd: Rbd,
     pool: String,
-    name: String,
-    id: String,
+    pub(crate) name: String,
+    pub(crate) id: String,
     /// The pool holding the header.
-    meta: IoCtx,
+    pub(crate) meta: IoCtx,
     /// The data pool, with the image's snapshot context (or read snapshot for a snapshot view).
     data: RwLock<IoCtx>,
     header: RwLock<Arc<ImageHeader>>,
@@ -598,6 +620,41 @@ struct Inner {
     /// A snapshot view never changes: which of its objects exist, once looked up (reads of a
     /// deep clone chain then go straight to the level that holds the data).
     known: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
+    /// The exclusive lock (`crate::lock`): whether this client holds it.
+    pub(crate) lock: tokio::sync::Mutex<crate::lock::LockState>,
+    /// Changes hold it shared; handing the lock over holds it exclusively (waits for them).
+    pub(crate) io_gate: Arc<tokio::sync::RwLock<()>>,
+    /// The header watch's task (lock requests, header updates) and the way to stop it (it
+    /// then unwatches).
+    pub(crate) watch_task: std::sync::Mutex<
+        Option<(
+            tokio::task::JoinHandle<()>,
+            tokio::sync::oneshot::Sender<()>,
+        )>,
+    >,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Dropping the stop sender ends the watch task, which unwatches.
+        drop(
+            self.watch_task
+                .get_mut()
+                .expect("task lock is never poisoned")
+                .take(),
+        );
+        // Give the lock back so the next writer need not break it.
+        if self.lock.get_mut().held
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (meta, id, instance) = (
+                self.meta.clone(),
+                self.id.clone(),
+                self.rbd.rados().instance(),
+            );
+            rt.spawn(async move { crate::lock::release_record(&meta, &id, &instance).await });
+        }
+    }
 }
 
 /// A change to one object extent.
@@ -610,6 +667,10 @@ enum Mutation {
 }
 
 impl Image {
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Image {
+        Image { inner }
+    }
+
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -741,7 +802,7 @@ impl Image {
         Ok(())
     }
 
-    fn check_writable(&self) -> Result<(), RbdError> {
+    pub(crate) fn check_writable(&self) -> Result<(), RbdError> {
         match &self.inner.snap {
             Some(s) => Err(RbdError::ReadOnly(format!(
                 "{}@{} is a snapshot",
@@ -785,7 +846,11 @@ impl Image {
         match io.read(&self.object_name(e.object), e.offset, e.len).await {
             Ok(b) => {
                 self.learn(e.object, true);
-                Ok(if b.len() as u64 == e.len { b } else { pad(b, e.len) })
+                Ok(if b.len() as u64 == e.len {
+                    b
+                } else {
+                    pad(b, e.len)
+                })
             }
             Err(err) if is_not_found(&err) => {
                 self.learn(e.object, false);
@@ -837,8 +902,8 @@ impl Image {
 
     /// Writes `data` at `offset`. Returns once every copy (or shard) of the data is durable.
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), RbdError> {
-        self.check_writable()?;
         self.check_range(offset, data.len() as u64)?;
+        let _guard = self.write_guard().await?;
         let layout = self.layout();
         let extents = layout.map(offset, data.len() as u64);
         let muts = extents.iter().map(|e| {
@@ -936,8 +1001,12 @@ impl Image {
     /// Discards `len` bytes at `offset`: they read as zeros and their space is freed (whole
     /// objects are removed; parts of objects are punched out).
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), RbdError> {
-        self.check_writable()?;
         self.check_range(offset, len)?;
+        let _guard = self.write_guard().await?;
+        self.discard_locked(offset, len).await
+    }
+
+    async fn discard_locked(&self, offset: u64, len: u64) -> Result<(), RbdError> {
         let layout = self.layout();
         let overlap = self.overlap();
         let mut by_object: BTreeMap<u64, Vec<ObjectExtent>> = BTreeMap::new();
@@ -1004,8 +1073,8 @@ impl Image {
         if may_free {
             return self.discard(offset, len).await;
         }
-        self.check_writable()?;
         self.check_range(offset, len)?;
+        let _guard = self.write_guard().await?;
         let layout = self.layout();
         let extents = layout.map(offset, len);
         let jobs = extents.into_iter().map(|e| {
@@ -1089,11 +1158,11 @@ impl Image {
 
     /// Grows or shrinks the image. Shrinking discards the bytes past the new end.
     pub async fn resize(&self, size: u64) -> Result<(), RbdError> {
-        self.check_writable()?;
+        let guard = self.write_guard().await?;
         self.refresh().await?;
         let old = self.size();
         if size < old {
-            self.discard(size, old - size).await?;
+            self.discard_locked(size, old - size).await?;
         }
         self.update_header(|h| {
             h.size = size;
@@ -1103,6 +1172,8 @@ impl Image {
             Ok(())
         })
         .await?;
+        drop(guard);
+        self.header_changed().await;
         Ok(())
     }
 
@@ -1137,7 +1208,7 @@ impl Image {
 
     /// Copies every object the parent still provides into this clone and detaches it.
     pub async fn flatten(&self, progress: impl Fn(u64, u64) + Send + Sync) -> Result<(), RbdError> {
-        self.check_writable()?;
+        let _guard = self.write_guard().await?;
         let h = self.header();
         let Some(parent) = h.parent.clone() else {
             return Err(RbdError::Invalid(format!(
@@ -1191,6 +1262,18 @@ impl Image {
         })
         .await?;
         Ok(())
+    }
+
+    /// The client instances that have the image open (they watch its header).
+    pub async fn watchers(&self) -> Result<Vec<String>, RbdError> {
+        Ok(self
+            .inner
+            .meta
+            .watchers(&header_object(&self.inner.id))
+            .await?
+            .into_iter()
+            .map(|w| w.instance)
+            .collect())
     }
 
     /// The clones made from this image's snapshots: (pool, image name, snapshot name).

@@ -25,8 +25,10 @@ mod error;
 mod header;
 mod image;
 mod layout;
+mod lock;
 
 pub use error::RbdError;
 pub use header::{ChildRef, FORMAT, ImageHeader, MAX_SNAPSHOTS, ParentSpec, SnapInfo};
 pub use image::{CreateOptions, Extent, Image, ImageInfo, Rbd, Usage};
 pub use layout::{DEFAULT_ORDER, Layout, MAX_ORDER, MIN_ORDER, ObjectExtent};
+pub use lock::LockOwner;

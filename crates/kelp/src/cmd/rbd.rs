@@ -111,9 +111,21 @@ pub enum RbdCommand {
     /// Export an image (or `IMAGE@SNAP`) to a raw file (sparse: holes are not written) or
     /// stdout with -.
     Export { image: String, file: PathBuf },
+    /// The image's exclusive lock: `lock ls IMAGE` shows who holds it.
+    #[command(subcommand)]
+    Lock(LockCommand),
+    /// Which clients have the image open (watchers of its header).
+    Status { image: String },
     /// Load generator like `rbd bench`: per-second progress, then totals with latency
     /// percentiles.
     Bench(BenchArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LockCommand {
+    /// Who holds the image's exclusive lock (the writer), if anyone.
+    #[command(alias = "list")]
+    Ls { image: String },
 }
 
 #[derive(Args, Debug)]
@@ -275,7 +287,10 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                     let mut infos = Vec::new();
                     for n in &names {
                         match rbd.open(&a.pool, n).await {
-                            Ok(img) => infos.push(img.info()),
+                            Ok(img) => {
+                                infos.push(img.info());
+                                img.close().await?;
+                            }
                             Err(kelp_rbd::RbdError::NoSuchImage(_)) => {}
                             Err(e) => return Err(e.into()),
                         }
@@ -301,6 +316,7 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                 let s = spec(&image)?;
                 let img = s.open(&rbd).await?;
                 let i = img.info();
+                img.close().await?;
                 match g.format {
                     OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&i)?),
                     OutputFormat::Plain => {
@@ -351,6 +367,7 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                     );
                 }
                 img.resize(size.0).await?;
+                img.close().await?;
             }
             RbdCommand::Rm { image } => {
                 let s = spec(&image)?.no_snap("rm")?;
@@ -387,6 +404,7 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                 for s in names {
                     let img = s.open(&rbd).await?;
                     let u = img.usage().await?;
+                    img.close().await?;
                     rows.push((s.image.clone(), u));
                 }
                 match g.format {
@@ -440,14 +458,15 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                     pb.set_position(n);
                 })
                 .await?;
+                img.close().await?;
                 pb.finish_and_clear();
             }
             RbdCommand::Children { image } => {
                 let s = spec(&image)?;
                 let img = rbd.open(&s.pool, &s.image).await?;
-                let kids: Vec<_> = img
-                    .children()
-                    .await?
+                let all = img.children().await;
+                img.close().await?;
+                let kids: Vec<_> = all?
                     .into_iter()
                     .filter(|(_, _, snap)| s.snap.as_ref().is_none_or(|want| want == snap))
                     .collect();
@@ -480,12 +499,59 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
             RbdCommand::Export { image, file } => {
                 let s = spec(&image)?;
                 let img = s.open(&rbd).await?;
-                export(&img, &file, a.no_progress).await?;
+                let done = export(&img, &file, a.no_progress).await;
+                img.close().await?;
+                done?;
+            }
+            RbdCommand::Lock(LockCommand::Ls { image }) => {
+                let s = spec(&image)?.no_snap("lock ls")?;
+                let img = s.open(&rbd).await?;
+                let owner = img.lock_owner().await?;
+                img.close().await?;
+                match g.format {
+                    OutputFormat::Json => println!("{}", serde_json::to_string(&owner)?),
+                    OutputFormat::Plain => match owner {
+                        Some(o) => {
+                            println!("There is 1 exclusive lock on this image.");
+                            println!("Locker: {}  cookie: {}", o.instance, o.cookie);
+                        }
+                        None => println!("There is no lock on this image."),
+                    },
+                }
+            }
+            RbdCommand::Status { image } => {
+                let s = spec(&image)?.no_snap("status")?;
+                let img = s.open(&rbd).await?;
+                let me = rbd.rados().instance();
+                let watchers: Vec<String> = img
+                    .watchers()
+                    .await?
+                    .into_iter()
+                    .filter(|w| *w != me)
+                    .collect();
+                img.close().await?;
+                match g.format {
+                    OutputFormat::Json => {
+                        println!("{}", serde_json::json!({ "watchers": watchers }))
+                    }
+                    OutputFormat::Plain => {
+                        if watchers.is_empty() {
+                            println!("Watchers: none");
+                        } else {
+                            println!("Watchers:");
+                            for w in watchers {
+                                println!("\twatcher={w}");
+                            }
+                        }
+                    }
+                }
             }
             RbdCommand::Bench(b) => {
                 let s = spec(&b.image)?.no_snap("bench")?;
                 let img = s.open(&rbd).await?;
-                bench(&img, &b).await?;
+                let done = bench(&img, &b).await;
+                img.close().await?;
+                done?;
             }
         }
         Ok(ExitCode::SUCCESS)
@@ -590,6 +656,7 @@ async fn import(
         pb.inc(r? as u64);
     }
     pb.finish_and_clear();
+    img.close().await?;
     eprintln!("imported {} into {s}", ByteSize(offset));
     Ok(())
 }
