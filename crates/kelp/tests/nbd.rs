@@ -288,3 +288,140 @@ fn acknowledged_writes_survive_killing_the_nbd_server_and_an_osd() {
         );
     }
 }
+
+/// Waits for a `kelp nbd --data DIR` server to write its address; returns it.
+fn server_addr(dir: &std::path::Path) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(a) = std::fs::read_to_string(dir.join("addr")) {
+            return a.trim().to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kelp nbd did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn qemu_io(uri: &str, cmds: &[String]) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    run_ok(c.arg(uri), LIMIT);
+}
+
+#[test]
+fn two_servers_share_an_image_under_its_exclusive_lock() {
+    tools();
+    let c = Cluster::up(3, 16);
+    c.cli(&["rbd", "create", "shared", "--size", "16M"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut second = Command::new(env!("CARGO_BIN_EXE_kelp"))
+        .args(["nbd", "-c", &c.conf(), "--bind", "127.0.0.1:0", "--data"])
+        .arg(tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let a = c.nbd_uri("rbd/shared");
+    let b = format!("nbd://{}/rbd/shared", server_addr(tmp.path()));
+
+    // The writers take turns: each write happens under the lock, none is lost.
+    qemu_io(&a, &["write -P 0x11 0 1M".into()]);
+    qemu_io(&b, &["write -P 0x22 1M 1M".into()]);
+    qemu_io(&a, &["write -P 0x33 2M 1M".into()]);
+    qemu_io(
+        &b,
+        &[
+            "read -P 0x11 0 1M".into(),
+            "read -P 0x22 1M 1M".into(),
+            "read -P 0x33 2M 1M".into(),
+        ],
+    );
+
+    // A client that keeps its connection to the cluster's server open after writing: that
+    // server keeps the image open and holds the lock.
+    let path = nbd_tools::path_for_nbdsh();
+    let holder = |pat: u8, off: u32| {
+        Command::new("nbdsh")
+            .env("PATH", &path)
+            .args([
+                "-u",
+                &a,
+                "-c",
+                &format!("import time\nh.pwrite(bytes([{pat}]) * 65536, {off})\ntime.sleep(600)"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let lock_owner = || -> Option<String> {
+        let v: serde_json::Value =
+            serde_json::from_str(&c.cli(&["rbd", "lock", "ls", "shared", "--format", "json"]))
+                .unwrap();
+        v["instance"].as_str().map(str::to_string)
+    };
+    let wait_owner = || -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(o) = lock_owner() {
+                return o;
+            }
+            assert!(std::time::Instant::now() < deadline, "nobody took the lock");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut first = holder(0x55, 4 << 20);
+    let a_instance = wait_owner();
+    let status = c.cli(&["rbd", "status", "shared", "--format", "json"]);
+    assert!(
+        status.contains(&a_instance),
+        "the holder is not among the watchers: {status}"
+    );
+    // The other server asks for the lock; the live holder hands it over.
+    qemu_io(&b, &["write -P 0x66 5M 1M".into()]);
+    qemu_io(
+        &b,
+        &["read -P 0x55 4M 64k".into(), "read -P 0x66 5M 1M".into()],
+    );
+    // The cluster's server takes it back for a second writer of its own…
+    let mut again = holder(0x77, 6 << 20);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while lock_owner().as_deref() != Some(a_instance.as_str()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // …and dies holding it: the other server fences it, then takes the lock and writes.
+    c.sigkill("nbd.0");
+    qemu_io(&b, &["write -P 0x44 3M 1M".into()]);
+    let fenced = c.cli(&["osd", "blocklist", "ls"]);
+    assert!(
+        fenced.contains(&a_instance),
+        "the dead holder {a_instance} was not blocklisted: {fenced}"
+    );
+    qemu_io(
+        &b,
+        &[
+            "read -P 0x11 0 1M".into(),
+            "read -P 0x22 1M 1M".into(),
+            "read -P 0x33 2M 1M".into(),
+            "read -P 0x44 3M 1M".into(),
+            "read -P 0x55 4M 64k".into(),
+            "read -P 0x66 5M 1M".into(),
+            "read -P 0x77 6M 64k".into(),
+        ],
+    );
+    for p in [&mut first, &mut again] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    let _ = second.kill();
+    let _ = second.wait();
+}
