@@ -278,6 +278,7 @@ pub async fn run(
     }
     let stats_task = tokio::spawn(report_stats(service.clone(), mon.clone()));
     let scrubber = service.start_scrubber();
+    let snap_trimmer = service.start_snap_trimmer();
     let config_follower = tokio::spawn(follow_scrub_config(
         mon.clone(),
         Arc::downgrade(&service),
@@ -329,6 +330,7 @@ pub async fn run(
     info!(%entity, "shutting down");
     stats_task.abort();
     scrubber.abort();
+    snap_trimmer.abort();
     config_follower.abort();
     mon_forwarder.abort();
     activation_batcher.abort();

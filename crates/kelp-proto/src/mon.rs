@@ -115,6 +115,17 @@ pub enum MonCommand {
     EcProfileRm {
         name: String,
     },
+    /// Allocates a self-managed snapshot id in `pool` (the pool's `snap_seq + 1`): answered
+    /// with `SnapId`.
+    PoolSnapCreate {
+        pool: String,
+    },
+    /// Marks self-managed snapshot `snap` of `pool` removed (its clones are trimmed in the
+    /// background). Answered with `Done`.
+    PoolSnapRemove {
+        pool: String,
+        snap: u64,
+    },
 }
 
 /// The members that held every acknowledged write of a PG when it last went active (the
@@ -229,6 +240,11 @@ pub enum MonReply {
     },
     /// `EcProfileLs`: profile names, sorted.
     EcProfileNames(Vec<String>),
+    /// `PoolSnapCreate`: the new snapshot id, visible from OSD map `epoch` on.
+    SnapId {
+        snap: u64,
+        epoch: u32,
+    },
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be
