@@ -146,6 +146,9 @@ pub(crate) fn read_target(
     req: &SnapRequest,
     removed: &BTreeSet<u64>,
 ) -> ReadTarget {
+    if req.list_snaps && !head.exists && !head.whiteout {
+        return ReadTarget::NotFound(format!("object '{}' does not exist", head_loc.name));
+    }
     if req.list_snaps {
         return ReadTarget::List(head.snapset.info(head.exists.then_some(head.size)));
     }

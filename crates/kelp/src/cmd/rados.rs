@@ -24,6 +24,15 @@ pub struct RadosArgs {
     /// Object namespace.
     #[arg(short = 'N', long = "namespace", global = true, default_value = "")]
     pub namespace: String,
+    /// Read at this self-managed snapshot id (get, stat, listxattr, getxattr, getomapval,
+    /// listomapvals see the object as it was then); writes are refused with it.
+    #[arg(long = "snap-id", visible_alias = "snapid", global = true, value_name = "N")]
+    pub snap_id: Option<u64>,
+    /// Write under this snapshot context: `SEQ` or `SEQ:ID,ID,…` (the pool's existing
+    /// snapshot ids, newest first, none above SEQ). The first write to an object after a
+    /// snapshot keeps its old state as a clone.
+    #[arg(long = "snap-context", global = true, value_name = "SEQ[:IDS]")]
+    pub snap_context: Option<String>,
     #[command(subcommand)]
     pub cmd: RadosCommand,
 }
@@ -76,6 +85,12 @@ pub enum RadosCommand {
     Bench(BenchArgs),
     /// Remove objects left by `bench --no-cleanup`.
     Cleanup,
+    /// An object's snapshots: its clones, the snapshot ids each serves and their sizes, and
+    /// the head (like `rados listsnaps`; `--format json` for a document).
+    Listsnaps { name: String },
+    /// Make object NAME what it was at self-managed snapshot SNAPID (removed if it did not
+    /// exist then), under the --snap-context given (it may keep the current state as a clone).
+    Rollback { name: String, snap_id: u64 },
 }
 
 #[derive(Args, Debug)]
@@ -145,6 +160,11 @@ pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
         let rados = g.conf.connect().await?;
         let mut io = rados.ioctx(&pool).await?;
         io.set_namespace(&a.namespace);
+        io.set_read_snap(a.snap_id);
+        if let Some(spec) = &a.snap_context {
+            let (seq, snaps) = parse_snap_context(spec)?;
+            io.set_snap_context(seq, snaps)?;
+        }
         match a.cmd {
             RadosCommand::Put { name, file } => {
                 let data = read_input(&file)?;
@@ -237,9 +257,56 @@ pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                 let n = cleanup(&io).await?;
                 eprintln!("removed {n} benchmark objects");
             }
+            RadosCommand::Listsnaps { name } => {
+                let ss = io.list_snaps(&name).await?;
+                match g.format {
+                    OutputFormat::Json => println!(
+                        "{}",
+                        serde_json::json!({"name": name, "seq": ss.seq,
+                            "head_size": ss.head_size, "clones": ss.clones})
+                    ),
+                    OutputFormat::Plain => print!("{}", format_snaps(&name, &ss)),
+                }
+            }
+            RadosCommand::Rollback { name, snap_id } => {
+                io.rollback(&name, snap_id).await?;
+                eprintln!("rolled back '{name}' to snapshot {snap_id}");
+            }
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `SEQ` or `SEQ:ID,ID,…`.
+fn parse_snap_context(spec: &str) -> Result<(u64, Vec<u64>)> {
+    let (seq, ids) = spec.split_once(':').unwrap_or((spec, ""));
+    let seq = seq
+        .trim()
+        .parse::<u64>()
+        .with_context(|| format!("--snap-context: '{seq}' is not a snapshot id"))?;
+    let snaps = ids
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse::<u64>()
+                .with_context(|| format!("--snap-context: '{s}' is not a snapshot id"))
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    Ok((seq, snaps))
+}
+
+/// `rados listsnaps`'s table.
+fn format_snaps(name: &str, ss: &kelp_client::SnapSet) -> String {
+    let mut out = format!("{name}:\ncloneid\tsnaps\tsize\n");
+    for c in &ss.clones {
+        let snaps: Vec<String> = c.snaps.iter().map(u64::to_string).collect();
+        out.push_str(&format!("{}\t[{}]\t{}\n", c.id, snaps.join(","), c.size));
+    }
+    if let Some(size) = ss.head_size {
+        out.push_str(&format!("head\t-\t{size}\n"));
+    }
+    out
 }
 
 fn read_input(file: &PathBuf) -> Result<Bytes> {
