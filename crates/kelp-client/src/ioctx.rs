@@ -243,12 +243,7 @@ impl IoCtx {
     /// Reads `len` bytes at `offset` (`len == 0`: to the end). Short past the end.
     pub async fn read(&self, name: &str, offset: u64, len: u64) -> Result<Bytes, ClientError> {
         let (_, data) = self
-            .rados
-            .submit(
-                &self.loc(name),
-                vec![OpKind::Read { offset, len }],
-                Bytes::new(),
-            )
+            .submit(name, vec![OpKind::Read { offset, len }], Bytes::new())
             .await?;
         Ok(data)
     }

@@ -407,6 +407,11 @@ impl OsdService {
         // Admission (`crate::admission`): the map's say first, then the PG's state.
         let pool = map.pools.get(&op.pg.pool.0);
         let mapping = pool.map(|_| self.mappings.get(&map, op.pg));
+        // A snapshot clone (the trimmer's ops) is placed by its head.
+        let placed = match crate::snapset::parse_clone(&op.object.namespace, &op.object.name) {
+            Some(_) => std::borrow::Cow::Owned(crate::snapset::head_locator(&op.object)),
+            None => std::borrow::Cow::Borrowed(&op.object),
+        };
         let placement = admission::admit_placement(&admission::OpFacts {
             me: self.cfg.id,
             epoch,
@@ -420,9 +425,9 @@ impl OsdService {
             object_name: &op.object.name,
             object_pg: pool.map(|p| {
                 p.placement().object_pg(
-                    &op.object.name,
-                    op.object.key.as_deref(),
-                    &op.object.namespace,
+                    &placed.name,
+                    placed.key.as_deref(),
+                    &placed.namespace,
                 )
             }),
             mapping: match &mapping {
@@ -1464,6 +1469,8 @@ impl OsdService {
         let store = self.store.clone();
         let coll = state.meta.coll;
         let max = req.max.clamp(1, 10_000) as usize;
+        // A pool with snapshots may hold whiteouts (removed heads kept for their clones).
+        let whiteouts = map.pools.get(&req.pg.pool.0).is_some_and(|p| p.snap_seq > 0);
         let start = req
             .cursor
             .map(|c| ObjectId::new(req.pg.pool.0, &c.namespace, &c.name, c.hash));
@@ -1478,6 +1485,13 @@ impl OsdService {
                         continue;
                     }
                     if oid.namespace.starts_with('\u{1f}') || oid.snap != kelp_store::SNAP_HEAD {
+                        continue;
+                    }
+                    if whiteouts
+                        && store
+                            .xattr(coll, oid, crate::snapset::WHITEOUT_ATTR)?
+                            .is_some()
+                    {
                         continue;
                     }
                     if objects.len() == max {

@@ -90,7 +90,11 @@ pub enum RadosCommand {
     Listsnaps { name: String },
     /// Make object NAME what it was at self-managed snapshot SNAPID (removed if it did not
     /// exist then), under the --snap-context given (it may keep the current state as a clone).
-    Rollback { name: String, snap_id: u64 },
+    Rollback {
+        name: String,
+        #[arg(value_name = "SNAPID")]
+        snap: u64,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -268,9 +272,9 @@ pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                     OutputFormat::Plain => print!("{}", format_snaps(&name, &ss)),
                 }
             }
-            RadosCommand::Rollback { name, snap_id } => {
-                io.rollback(&name, snap_id).await?;
-                eprintln!("rolled back '{name}' to snapshot {snap_id}");
+            RadosCommand::Rollback { name, snap } => {
+                io.rollback(&name, snap).await?;
+                eprintln!("rolled back '{name}' to snapshot {snap}");
             }
         }
         Ok(ExitCode::SUCCESS)
