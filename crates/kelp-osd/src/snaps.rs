@@ -204,7 +204,10 @@ pub(crate) async fn plan_ec_write(
         };
         crate::ec::EcWrite {
             shards: (0..shards)
-                .map(|_| crate::ec::ShardOps::default())
+                .map(|_| crate::ec::ShardOps {
+                    ops: plan.body.clone(),
+                    data: bytes::BytesMut::new(),
+                })
                 .collect(),
             after: None,
             stat_delta,

@@ -397,4 +397,43 @@ async fn snapshots_on_an_erasure_coded_pool() {
     assert_eq!(&read(&at(&io, s), "b").await.unwrap()[..], b"b-two");
     assert_eq!(&read(&io, "a").await.unwrap()[..], b"a-zze");
     deep_scrub_clean(&c, &rados, "ecsnap");
+
+    // Recovery: osd.2 (one shard of every PG) is down while clones are made; when it is back
+    // its shards of the clones are rebuilt, so reads at the snapshot work with osd.0 down.
+    let d = c.dir.display().to_string();
+    let mut old: BTreeMap<String, Bytes> = BTreeMap::new();
+    for i in 0..12u64 {
+        let name = format!("r-{i}");
+        let data = content(2000 + i, 20_000 + i as usize * 777);
+        io.write_full(&name, data.clone()).await.unwrap();
+        old.insert(name, data);
+    }
+    c.cli(&["daemon", "stop", "osd.2", "--dir", &d]);
+    wait_until("osd.2 down", Duration::from_secs(30), || {
+        !osd_state(&rados, 2).0
+    })
+    .await;
+    let s = rados.selfmanaged_snap_create("ecsnap").await.unwrap();
+    io.set_snap_context(s, vec![s]).unwrap();
+    for (i, name) in old.keys().enumerate() {
+        io.write(name, 100, content(7000 + i as u64, 5000)).await.unwrap();
+    }
+    c.start("osd.2");
+    wait_until("osd.2 up", Duration::from_secs(60), || osd_state(&rados, 2).0).await;
+    wait_until("every PG active+clean", Duration::from_secs(120), || {
+        all_active_clean(&c)
+    })
+    .await;
+    deep_scrub_clean(&c, &rados, "ecsnap");
+    // with osd.0 gone, every read at the snapshot needs osd.2's shards of the clones
+    c.cli(&["osd", "set", "noout"]);
+    c.cli(&["daemon", "stop", "osd.0", "--dir", &d]);
+    wait_until("osd.0 down", Duration::from_secs(30), || {
+        !osd_state(&rados, 0).0
+    })
+    .await;
+    let snap_io = at(&io, s);
+    for (name, data) in &old {
+        assert_eq!(&read(&snap_io, name).await.unwrap(), data, "{name} at {s}");
+    }
 }
