@@ -178,9 +178,7 @@ impl IoCtx {
 
     /// Runs a compound write; returns the object's new version (0 if it was removed).
     pub async fn operate(&self, op: WriteOp, name: &str) -> Result<u64, ClientError> {
-        let (reply, _) = self
-            .submit(name, op.ops, op.data.freeze())
-            .await?;
+        let (reply, _) = self.submit(name, op.ops, op.data.freeze()).await?;
         Ok(reply.version)
     }
 
@@ -190,9 +188,7 @@ impl IoCtx {
         op: ReadOp,
         name: &str,
     ) -> Result<Vec<ReadResult>, ClientError> {
-        let (reply, data) = self
-            .submit(name, op.ops, op.data.freeze())
-            .await?;
+        let (reply, data) = self.submit(name, op.ops, op.data.freeze()).await?;
         split_results(reply.outs, data)
     }
 
@@ -202,11 +198,7 @@ impl IoCtx {
         let ops = vec![OpKind::WriteFull {
             len: data.len() as u64,
         }];
-        Ok(self
-            .submit(name, ops, data)
-            .await?
-            .0
-            .version)
+        Ok(self.submit(name, ops, data).await?.0.version)
     }
 
     /// Writes at `offset` (creating the object, extending it).
@@ -221,11 +213,7 @@ impl IoCtx {
             offset,
             len: data.len() as u64,
         }];
-        Ok(self
-            .submit(name, ops, data)
-            .await?
-            .0
-            .version)
+        Ok(self.submit(name, ops, data).await?.0.version)
     }
 
     pub async fn append(&self, name: &str, data: impl Into<Bytes>) -> Result<u64, ClientError> {
@@ -233,11 +221,7 @@ impl IoCtx {
         let ops = vec![OpKind::Append {
             len: data.len() as u64,
         }];
-        Ok(self
-            .submit(name, ops, data)
-            .await?
-            .0
-            .version)
+        Ok(self.submit(name, ops, data).await?.0.version)
     }
 
     /// Reads `len` bytes at `offset` (`len == 0`: to the end). Short past the end.
@@ -249,9 +233,7 @@ impl IoCtx {
     }
 
     pub async fn stat(&self, name: &str) -> Result<ObjectStat, ClientError> {
-        let (reply, _) = self
-            .submit(name, vec![OpKind::Stat], Bytes::new())
-            .await?;
+        let (reply, _) = self.submit(name, vec![OpKind::Stat], Bytes::new()).await?;
         match reply.outs.first() {
             Some(OpResult::Stat {
                 size,

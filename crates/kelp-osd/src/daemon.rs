@@ -278,7 +278,7 @@ pub async fn run(
     }
     let stats_task = tokio::spawn(report_stats(service.clone(), mon.clone()));
     let scrubber = service.start_scrubber();
-    let snap_trimmer = service.start_snap_trimmer();
+    let snap_trimmer = crate::snap_trim::start(&service);
     let config_follower = tokio::spawn(follow_scrub_config(
         mon.clone(),
         Arc::downgrade(&service),

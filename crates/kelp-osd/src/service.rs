@@ -424,11 +424,8 @@ impl OsdService {
             object_pool: op.object.pool,
             object_name: &op.object.name,
             object_pg: pool.map(|p| {
-                p.placement().object_pg(
-                    &placed.name,
-                    placed.key.as_deref(),
-                    &placed.namespace,
-                )
+                p.placement()
+                    .object_pg(&placed.name, placed.key.as_deref(), &placed.namespace)
             }),
             mapping: match &mapping {
                 Some(Ok(m)) => admission::Mapping::Mapped {
@@ -1470,7 +1467,10 @@ impl OsdService {
         let coll = state.meta.coll;
         let max = req.max.clamp(1, 10_000) as usize;
         // A pool with snapshots may hold whiteouts (removed heads kept for their clones).
-        let whiteouts = map.pools.get(&req.pg.pool.0).is_some_and(|p| p.snap_seq > 0);
+        let whiteouts = map
+            .pools
+            .get(&req.pg.pool.0)
+            .is_some_and(|p| p.snap_seq > 0);
         let start = req
             .cursor
             .map(|c| ObjectId::new(req.pg.pool.0, &c.namespace, &c.name, c.hash));
@@ -1612,11 +1612,6 @@ impl OsdService {
     /// Runs queued and scheduled scrubs, one at a time, until the service is dropped.
     pub fn start_scrubber(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         scrub::start(self)
-    }
-
-    /// Starts the snapshot trimmer (`crate::snap_trim`).
-    pub fn start_snap_trimmer(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        crate::snap_trim::start(self)
     }
 }
 

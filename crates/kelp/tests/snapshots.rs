@@ -52,14 +52,9 @@ fn deep_scrub_clean(c: &Cluster, rados: &Rados, pool: &str) {
     for pg in map.pool_pgs(id).unwrap() {
         let pgid = pg.to_string();
         c.cli(&["pg", "deep-scrub", &pgid, "--wait"]);
-        let report: serde_json::Value = serde_json::from_str(&c.cli(&[
-            "pg",
-            "list-inconsistent",
-            &pgid,
-            "--format",
-            "json",
-        ]))
-        .unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&c.cli(&["pg", "list-inconsistent", &pgid, "--format", "json"]))
+                .unwrap();
         assert_eq!(
             report["inconsistents"].as_array().map_or(0, Vec::len),
             0,
@@ -77,7 +72,9 @@ async fn snapshot_semantics(c: &Cluster, rados: &Rados, pool: &str, omap: bool) 
     io.set_xattr("a", "k", "x1").await.unwrap();
     io.write_full("b", &b"b-one"[..]).await.unwrap();
     for i in 0..8u64 {
-        io.write_full(&format!("big-{i}"), content(i, big)).await.unwrap();
+        io.write_full(&format!("big-{i}"), content(i, big))
+            .await
+            .unwrap();
     }
     if omap {
         io.omap_set("a", &[("key", "o1")]).await.unwrap();
@@ -124,7 +121,10 @@ async fn snapshot_semantics(c: &Cluster, rados: &Rados, pool: &str, omap: bool) 
     assert_eq!(ss.seq, s1);
     assert_eq!(ss.head_size, Some(5));
     assert_eq!(ss.clones.len(), 1);
-    assert_eq!((ss.clones[0].id, &ss.clones[0].snaps, ss.clones[0].size), (s1, &vec![s1], 5));
+    assert_eq!(
+        (ss.clones[0].id, &ss.clones[0].snaps, ss.clones[0].size),
+        (s1, &vec![s1], 5)
+    );
 
     // snapshot 2; b removed under it: a whiteout, its snapshots still readable
     let s2 = rados.selfmanaged_snap_create(pool).await.unwrap();
@@ -168,7 +168,10 @@ async fn snapshot_semantics(c: &Cluster, rados: &Rados, pool: &str, omap: bool) 
             .unwrap();
     assert_eq!(json["clones"].as_array().unwrap().len(), 2, "{json}");
     let plain = c.cli(&["rados", "-p", pool, "listsnaps", "a"]);
-    assert!(plain.contains("cloneid") && plain.contains("head"), "{plain}");
+    assert!(
+        plain.contains("cloneid") && plain.contains("head"),
+        "{plain}"
+    );
     let file = c.dir.join("a-at-s1");
     let s1s = s1.to_string();
     c.cli(&[
@@ -195,7 +198,16 @@ async fn snapshot_semantics(c: &Cluster, rados: &Rados, pool: &str, omap: bool) 
     assert_eq!(&read(&at(&io, s2), "a").await.unwrap()[..], b"A-TWO");
     let s2s = s2.to_string();
     let ctx = format!("{s2}:{s2},{s1}");
-    c.cli(&["rados", "-p", pool, "--snap-context", &ctx, "rollback", "c", &s1s]);
+    c.cli(&[
+        "rados",
+        "-p",
+        pool,
+        "--snap-context",
+        &ctx,
+        "rollback",
+        "c",
+        &s1s,
+    ]);
     not_found(read(&io, "c").await, "c rolled back to before it existed");
     assert_eq!(
         &read(&at(&io, s2), "c").await.unwrap()[..],
@@ -311,10 +323,15 @@ async fn snapshots_on_a_replicated_pool_with_recovery_and_trim() {
     let s = rados.selfmanaged_snap_create("data").await.unwrap();
     io.set_snap_context(s, vec![s]).unwrap();
     for (i, name) in old.keys().enumerate() {
-        io.write_full(name, content(5000 + i as u64, 777)).await.unwrap();
+        io.write_full(name, content(5000 + i as u64, 777))
+            .await
+            .unwrap();
     }
     c.start("osd.2");
-    wait_until("osd.2 up", Duration::from_secs(60), || osd_state(&rados, 2).0).await;
+    wait_until("osd.2 up", Duration::from_secs(60), || {
+        osd_state(&rados, 2).0
+    })
+    .await;
     wait_until("every PG active+clean", Duration::from_secs(120), || {
         all_active_clean(&c)
     })
@@ -416,10 +433,15 @@ async fn snapshots_on_an_erasure_coded_pool() {
     let s = rados.selfmanaged_snap_create("ecsnap").await.unwrap();
     io.set_snap_context(s, vec![s]).unwrap();
     for (i, name) in old.keys().enumerate() {
-        io.write(name, 100, content(7000 + i as u64, 5000)).await.unwrap();
+        io.write(name, 100, content(7000 + i as u64, 5000))
+            .await
+            .unwrap();
     }
     c.start("osd.2");
-    wait_until("osd.2 up", Duration::from_secs(60), || osd_state(&rados, 2).0).await;
+    wait_until("osd.2 up", Duration::from_secs(60), || {
+        osd_state(&rados, 2).0
+    })
+    .await;
     wait_until("every PG active+clean", Duration::from_secs(120), || {
         all_active_clean(&c)
     })

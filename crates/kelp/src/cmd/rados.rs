@@ -26,7 +26,12 @@ pub struct RadosArgs {
     pub namespace: String,
     /// Read at this self-managed snapshot id (get, stat, listxattr, getxattr, getomapval,
     /// listomapvals see the object as it was then); writes are refused with it.
-    #[arg(long = "snap-id", visible_alias = "snapid", global = true, value_name = "N")]
+    #[arg(
+        long = "snap-id",
+        visible_alias = "snapid",
+        global = true,
+        value_name = "N"
+    )]
     pub snap_id: Option<u64>,
     /// Write under this snapshot context: `SEQ` or `SEQ:ID,ID,…` (the pool's existing
     /// snapshot ids, newest first, none above SEQ). The first write to an object after a
