@@ -23,6 +23,29 @@ pub struct IoCtx {
     pool: u32,
     pool_name: String,
     namespace: String,
+    /// The snapshot context writes carry (`seq`, ids newest first); `(0, [])`: none.
+    snapc: (u64, Vec<u64>),
+    /// Reads see the objects as they were at this snapshot; writes are refused.
+    read_snap: Option<u64>,
+}
+
+/// An object's snapshots, as `rados listsnaps` shows them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SnapSet {
+    /// The newest snapshot context `seq` the object was written under.
+    pub seq: u64,
+    /// The head's size; `None` if the head does not exist (removed, its snapshots kept).
+    pub head_size: Option<u64>,
+    /// Clones, oldest first.
+    pub clones: Vec<CloneInfo>,
+}
+
+/// One clone of an object: the snapshots it serves (newest first) and its size.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CloneInfo {
+    pub id: u64,
+    pub snaps: Vec<u64>,
+    pub size: u64,
 }
 
 impl IoCtx {
@@ -32,7 +55,103 @@ impl IoCtx {
             pool,
             pool_name: pool_name.to_string(),
             namespace: String::new(),
+            snapc: (0, Vec::new()),
+            read_snap: None,
         }
+    }
+
+    /// Writes from now on carry this snapshot context: `seq` is the newest snapshot id the
+    /// writer knows, `snaps` the existing snapshot ids, newest first (all at most `seq`). The
+    /// first write to an object after a new snapshot keeps its old state as a clone.
+    pub fn set_snap_context(&mut self, seq: u64, snaps: Vec<u64>) -> Result<(), ClientError> {
+        if !snaps.windows(2).all(|w| w[0] > w[1]) {
+            return Err(ClientError::Invalid(format!(
+                "snapshot ids must be strictly descending: {snaps:?}"
+            )));
+        }
+        if let Some(&newest) = snaps.first()
+            && newest > seq
+        {
+            return Err(ClientError::Invalid(format!(
+                "snapshot id {newest} is above the context's seq {seq}"
+            )));
+        }
+        self.snapc = (seq, snaps);
+        Ok(())
+    }
+
+    /// The snapshot context writes carry: `(seq, snaps)`.
+    pub fn snap_context(&self) -> (u64, Vec<u64>) {
+        self.snapc.clone()
+    }
+
+    /// Reads (data, stat, xattrs, omap) see objects as they were at snapshot `snap`
+    /// (`NotFound` if an object did not exist then); `None`: the live objects. Writes through
+    /// an `IoCtx` with a read snapshot are refused (`ClientError::Invalid`).
+    pub fn set_read_snap(&mut self, snap: Option<u64>) {
+        self.read_snap = snap;
+    }
+
+    /// The read snapshot, if set.
+    pub fn read_snap(&self) -> Option<u64> {
+        self.read_snap
+    }
+
+    /// Sends `ops` on object `name` with this context's snapshot settings: a write gets the
+    /// snapshot context first (if one is set), a read the read snapshot.
+    async fn submit(
+        &self,
+        name: &str,
+        mut ops: Vec<OpKind>,
+        data: Bytes,
+    ) -> Result<(kelp_proto::OsdOpReply, Bytes), ClientError> {
+        let writes = ops.iter().any(OpKind::is_write);
+        if writes {
+            if let Some(snap) = self.read_snap {
+                return Err(ClientError::Invalid(format!(
+                    "writes are refused through an I/O context reading snapshot {snap}"
+                )));
+            }
+            if self.snapc.0 > 0 {
+                ops.insert(
+                    0,
+                    OpKind::SnapContext {
+                        seq: self.snapc.0,
+                        snaps: self.snapc.1.clone(),
+                    },
+                );
+            }
+        } else if let Some(snap) = self.read_snap {
+            ops.insert(0, OpKind::ReadAtSnap { snap });
+        }
+        self.rados.submit(&self.loc(name), ops, data).await
+    }
+
+    /// The object's snapshots: its clones and the snapshots each serves (`rados listsnaps`).
+    pub async fn list_snaps(&self, name: &str) -> Result<SnapSet, ClientError> {
+        let (_, data) = self
+            .rados
+            .submit(&self.loc(name), vec![OpKind::ListSnaps], Bytes::new())
+            .await?;
+        let info: kelp_proto::SnapSetInfo = kelp_proto::decode(&data, "snapset")?;
+        Ok(SnapSet {
+            seq: info.seq,
+            head_size: info.head_size,
+            clones: info
+                .clones
+                .into_iter()
+                .map(|(id, snaps, size)| CloneInfo { id, snaps, size })
+                .collect(),
+        })
+    }
+
+    /// Makes object `name` what it was at snapshot `snap` (data, xattrs, omap), or removes it
+    /// if it did not exist then. A write under this context's snapshot context (it may keep
+    /// the current state as a clone first).
+    pub async fn rollback(&self, name: &str, snap: u64) -> Result<(), ClientError> {
+        self.submit(name, vec![OpKind::Rollback { snap }], Bytes::new())
+            .await
+            .map(drop)
     }
 
     pub fn pool_id(&self) -> u32 {
@@ -64,10 +183,7 @@ impl IoCtx {
 
     /// Runs a compound write; returns the object's new version (0 if it was removed).
     pub async fn operate(&self, op: WriteOp, name: &str) -> Result<u64, ClientError> {
-        let (reply, _) = self
-            .rados
-            .submit(&self.loc(name), op.ops, op.data.freeze())
-            .await?;
+        let (reply, _) = self.submit(name, op.ops, op.data.freeze()).await?;
         Ok(reply.version)
     }
 
@@ -77,10 +193,7 @@ impl IoCtx {
         op: ReadOp,
         name: &str,
     ) -> Result<Vec<ReadResult>, ClientError> {
-        let (reply, data) = self
-            .rados
-            .submit(&self.loc(name), op.ops, op.data.freeze())
-            .await?;
+        let (reply, data) = self.submit(name, op.ops, op.data.freeze()).await?;
         split_results(reply.outs, data)
     }
 
@@ -90,12 +203,7 @@ impl IoCtx {
         let ops = vec![OpKind::WriteFull {
             len: data.len() as u64,
         }];
-        Ok(self
-            .rados
-            .submit(&self.loc(name), ops, data)
-            .await?
-            .0
-            .version)
+        Ok(self.submit(name, ops, data).await?.0.version)
     }
 
     /// Writes at `offset` (creating the object, extending it).
@@ -110,12 +218,7 @@ impl IoCtx {
             offset,
             len: data.len() as u64,
         }];
-        Ok(self
-            .rados
-            .submit(&self.loc(name), ops, data)
-            .await?
-            .0
-            .version)
+        Ok(self.submit(name, ops, data).await?.0.version)
     }
 
     pub async fn append(&self, name: &str, data: impl Into<Bytes>) -> Result<u64, ClientError> {
@@ -123,32 +226,19 @@ impl IoCtx {
         let ops = vec![OpKind::Append {
             len: data.len() as u64,
         }];
-        Ok(self
-            .rados
-            .submit(&self.loc(name), ops, data)
-            .await?
-            .0
-            .version)
+        Ok(self.submit(name, ops, data).await?.0.version)
     }
 
     /// Reads `len` bytes at `offset` (`len == 0`: to the end). Short past the end.
     pub async fn read(&self, name: &str, offset: u64, len: u64) -> Result<Bytes, ClientError> {
         let (_, data) = self
-            .rados
-            .submit(
-                &self.loc(name),
-                vec![OpKind::Read { offset, len }],
-                Bytes::new(),
-            )
+            .submit(name, vec![OpKind::Read { offset, len }], Bytes::new())
             .await?;
         Ok(data)
     }
 
     pub async fn stat(&self, name: &str) -> Result<ObjectStat, ClientError> {
-        let (reply, _) = self
-            .rados
-            .submit(&self.loc(name), vec![OpKind::Stat], Bytes::new())
-            .await?;
+        let (reply, _) = self.submit(name, vec![OpKind::Stat], Bytes::new()).await?;
         match reply.outs.first() {
             Some(OpResult::Stat {
                 size,
@@ -164,8 +254,7 @@ impl IoCtx {
     }
 
     pub async fn remove(&self, name: &str) -> Result<(), ClientError> {
-        self.rados
-            .submit(&self.loc(name), vec![OpKind::Remove], Bytes::new())
+        self.submit(name, vec![OpKind::Remove], Bytes::new())
             .await?;
         Ok(())
     }

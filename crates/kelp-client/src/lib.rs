@@ -34,7 +34,7 @@ mod watch;
 
 pub use config::ClientConfig;
 pub use error::ClientError;
-pub use ioctx::{IoCtx, ObjectStat};
+pub use ioctx::{CloneInfo, IoCtx, ObjectStat, SnapSet};
 /// The `kelp.conf` schema, from `kelp-config` (kept here so clients need one import).
 pub use kelp_config::{ClusterConf, ConfFileError, GlobalSection, OsdSection};
 /// Pool parameters for [`Rados::create_pool`].

@@ -207,6 +207,44 @@ impl Rados {
         }
     }
 
+    /// Allocates a self-managed snapshot id in `pool` (the monitors count them per pool) and
+    /// waits until this client's map has it. Writers then put it into their snapshot context
+    /// (`IoCtx::set_snap_context`).
+    pub async fn selfmanaged_snap_create(&self, pool: &str) -> Result<u64, ClientError> {
+        let reply = self
+            .mon_command(MonCommand::PoolSnapCreate {
+                pool: pool.to_string(),
+            })
+            .await?;
+        match reply {
+            MonReply::SnapId { snap, epoch } => {
+                self.wait_for_epoch(epoch).await?;
+                Ok(snap)
+            }
+            MonReply::Error { message } => Err(ClientError::Invalid(message)),
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Removes self-managed snapshot `snap` of `pool`: reads at it find nothing from now on,
+    /// and the OSDs trim its clones in the background.
+    pub async fn selfmanaged_snap_remove(&self, pool: &str, snap: u64) -> Result<(), ClientError> {
+        let reply = self
+            .mon_command(MonCommand::PoolSnapRemove {
+                pool: pool.to_string(),
+                snap,
+            })
+            .await?;
+        match reply {
+            MonReply::Done { epoch } => {
+                self.wait_for_epoch(epoch).await?;
+                Ok(())
+            }
+            MonReply::Error { message } => Err(ClientError::Invalid(message)),
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     /// An I/O context on a pool (by name).
     pub async fn ioctx(&self, pool: &str) -> Result<IoCtx, ClientError> {
         let map = self.osd_map();

@@ -326,6 +326,16 @@ pub const OSD_RECOVERY_SLEEP: KeyDef = KeyDef {
     doc: "Pause after every batch of recovered objects.",
 };
 
+/// `osd_snap_trim_sleep`
+pub const OSD_SNAP_TRIM_SLEEP: KeyDef = KeyDef {
+    name: "osd_snap_trim_sleep",
+    default: Value::Secs(0.05),
+    min: None,
+    max: None,
+    readers: "OSD, at runtime",
+    doc: "Pause of the snapshot trimmer after every object it trims (clones of removed snapshots deleted, snapsets updated).",
+};
+
 /// `osd_recovery_op_priority`
 pub const OSD_RECOVERY_OP_PRIORITY: KeyDef = KeyDef {
     name: "osd_recovery_op_priority",
@@ -499,6 +509,7 @@ pub const KEYS: &[&KeyDef] = &[
     &OSD_RECOVERY_MAX_ACTIVE,
     &OSD_RECOVERY_SLEEP,
     &OSD_RECOVERY_OP_PRIORITY,
+    &OSD_SNAP_TRIM_SLEEP,
     &OSD_HEARTBEAT_INTERVAL,
     &OSD_HEARTBEAT_GRACE,
     &OSD_SCRUB_MIN_INTERVAL,

@@ -146,6 +146,12 @@ pub struct Pool {
     /// the first `k` answers instead of reading the `k` data shards. Always false for
     /// replicated pools.
     pub fast_read: bool,
+    /// Self-managed snapshots: the newest snapshot id allocated in the pool (0: none yet).
+    /// Ids are allocated by the monitors (`propose_pool_snap_create`), never reused.
+    pub snap_seq: u64,
+    /// Snapshot ids removed from the pool (`propose_pool_snap_remove`): their clones are
+    /// trimmed by the PGs' primaries, and reads at them find nothing.
+    pub removed_snaps: BTreeSet<u64>,
 }
 
 impl Pool {
@@ -1074,6 +1080,8 @@ impl OsdMap {
             hashpspool: true,
             created: self.epoch + 1,
             fast_read: false,
+            snap_seq: 0,
+            removed_snaps: BTreeSet::new(),
         }));
         Ok((id, self.next(changes)))
     }
@@ -1281,6 +1289,45 @@ impl OsdMap {
             None => check_sizes(pool.size, pool.min_size)?,
         }
         if Some(&pool) == self.pools.get(&pool.id) {
+            return Ok(None);
+        }
+        Ok(Some(self.next(vec![Change::SetPool(pool)])))
+    }
+
+    /// Allocates the next self-managed snapshot id of pool `name` (`snap_seq + 1`): the id
+    /// and the incremental that records it.
+    pub fn propose_pool_snap_create(&self, name: &str) -> Result<(u64, Incremental), MapError> {
+        let mut pool = self
+            .pool_by_name(name)
+            .ok_or_else(|| MapError::NoSuchPool(name.to_string()))?
+            .clone();
+        pool.snap_seq += 1;
+        let snap = pool.snap_seq;
+        Ok((snap, self.next(vec![Change::SetPool(pool)])))
+    }
+
+    /// Marks self-managed snapshot `snap` of pool `name` removed (its clones are then
+    /// trimmed). Removing a removed snapshot changes nothing (`None`); an id never allocated
+    /// is refused.
+    pub fn propose_pool_snap_remove(
+        &self,
+        name: &str,
+        snap: u64,
+    ) -> Result<Option<Incremental>, MapError> {
+        let mut pool = self
+            .pool_by_name(name)
+            .ok_or_else(|| MapError::NoSuchPool(name.to_string()))?
+            .clone();
+        if snap == 0 || snap > pool.snap_seq {
+            return Err(MapError::InvalidValue {
+                field: "snap",
+                reason: format!(
+                    "pool '{name}' has allocated snapshot ids 1..={} only, not {snap}",
+                    pool.snap_seq
+                ),
+            });
+        }
+        if !pool.removed_snaps.insert(snap) {
             return Ok(None);
         }
         Ok(Some(self.next(vec![Change::SetPool(pool)])))
@@ -1521,6 +1568,41 @@ pub(crate) mod tests {
                 .unwrap(),
             (4, None)
         );
+    }
+
+    #[test]
+    fn self_managed_snapshot_ids_are_allocated_and_removed_per_pool() {
+        let mut map = cluster(3, "host");
+        let (pool, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: "p".into(),
+                pg_num: Some(8),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        map.apply(&inc).unwrap();
+        assert_eq!(map.pools[&pool].snap_seq, 0);
+        for want in 1..=3 {
+            let (snap, inc) = map.propose_pool_snap_create("p").unwrap();
+            assert_eq!(snap, want);
+            map.apply(&inc).unwrap();
+        }
+        assert_eq!(map.pools[&pool].snap_seq, 3);
+        let inc = map.propose_pool_snap_remove("p", 2).unwrap().unwrap();
+        map.apply(&inc).unwrap();
+        assert_eq!(map.pools[&pool].removed_snaps, BTreeSet::from([2]));
+        // removing twice is a no-op; ids never allocated, and unknown pools, are refused
+        assert!(map.propose_pool_snap_remove("p", 2).unwrap().is_none());
+        assert!(map.propose_pool_snap_remove("p", 4).is_err());
+        assert!(map.propose_pool_snap_remove("p", 0).is_err());
+        assert!(map.propose_pool_snap_create("nope").is_err());
+        // ids are never reused after a removal
+        let (snap, _) = map.propose_pool_snap_create("p").unwrap();
+        assert_eq!(snap, 4);
+        // the map (and its incrementals) carry the fields
+        let back = OsdMap::decode(&map.encode()).unwrap();
+        assert_eq!(back.pools[&pool].removed_snaps, BTreeSet::from([2]));
+        assert_eq!(back.pools[&pool].snap_seq, 3);
     }
 
     #[test]

@@ -477,6 +477,18 @@ impl MonState {
                 let inc = map.propose_pool_set(name, key, value);
                 self.commit(inc.map_err(Into::into))
             }
+            MonCommand::PoolSnapCreate { pool } => {
+                let (snap, inc) = map.propose_pool_snap_create(pool)?;
+                self.commit(Ok(Some(inc)))?;
+                Ok(MonReply::SnapId {
+                    snap,
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::PoolSnapRemove { pool, snap } => {
+                let inc = map.propose_pool_snap_remove(pool, *snap);
+                self.commit(inc.map_err(Into::into))
+            }
             MonCommand::SetFlag { flag, .. } if flag == ClusterFlag::Full.name() => {
                 Err(MonError::InvalidSpec(
                     "the full flag is set and cleared by the monitors from the OSDs' usage \

@@ -279,6 +279,7 @@ pub async fn run(
     let stats_task = tokio::spawn(report_stats(service.clone(), mon.clone()));
     let scrubber = service.start_scrubber();
     let watch_ticker = crate::watch::start(Arc::downgrade(service.watches()));
+    let snap_trimmer = crate::snap_trim::start(&service);
     let config_follower = tokio::spawn(follow_scrub_config(
         mon.clone(),
         Arc::downgrade(&service),
@@ -331,6 +332,7 @@ pub async fn run(
     stats_task.abort();
     scrubber.abort();
     watch_ticker.abort();
+    snap_trimmer.abort();
     config_follower.abort();
     mon_forwarder.abort();
     activation_batcher.abort();

@@ -664,6 +664,19 @@ pub async fn plan_write(
                     "an op either reads or writes; split reads and writes into separate ops",
                 );
             }
+            OpKind::SnapContext { .. }
+            | OpKind::ReadAtSnap { .. }
+            | OpKind::ListSnaps
+            | OpKind::Rollback { .. }
+            | OpKind::SnapClone { .. }
+            | OpKind::SnapRestore { .. }
+            | OpKind::SnapSetHead { .. }
+            | OpKind::SnapTrim => {
+                return err(
+                    ErrorCode::Invalid,
+                    "snapshot operations are resolved by the PG's primary",
+                );
+            }
         }
     }
     let existed = before.exists;

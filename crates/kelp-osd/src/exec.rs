@@ -78,8 +78,13 @@ impl From<StoreError> for ExecError {
 
 /// The store's object id for a locator: ordered by the placement hash, as backfill and scrub
 /// walk a PG.
+/// A snapshot clone (`crate::snapset`) is placed by its head's hash, so it lives in the head's
+/// PG and sorts next to it.
 pub fn object_id(loc: &ObjectLocator) -> ObjectId {
-    let hash = kelp_crush::object_hash(&loc.name, loc.key.as_deref(), &loc.namespace);
+    let hash = match crate::snapset::parse_clone(&loc.namespace, &loc.name) {
+        Some((ns, name, _)) => kelp_crush::object_hash(name, loc.key.as_deref(), ns),
+        None => kelp_crush::object_hash(&loc.name, loc.key.as_deref(), &loc.namespace),
+    };
     ObjectId::new(loc.pool, &loc.namespace, &loc.name, hash)
 }
 
@@ -140,6 +145,9 @@ pub struct Executed {
     pub is_write: bool,
     /// Whether the object exists after the op.
     pub exists_after: bool,
+    /// Whether the op left a whiteout head (removed, its snapshot clones kept): stored, but
+    /// absent for clients.
+    pub whiteout_after: bool,
     pub outs: Vec<OpResult>,
     /// Read payloads, in op order.
     pub out_data: OutData,
@@ -174,7 +182,9 @@ pub fn execute(
     if ops.is_empty() {
         return err(ErrorCode::Invalid, "an op needs at least one operation");
     }
-    if loc.namespace.starts_with('\u{1f}') || loc.name.is_empty() {
+    if (loc.namespace.starts_with('\u{1f}') && !crate::snapset::is_clone_namespace(&loc.namespace))
+        || loc.name.is_empty()
+    {
         return err(
             ErrorCode::Invalid,
             "object names must not be empty and namespaces must not start with \\x1f",
@@ -236,7 +246,21 @@ pub fn execute(
             Err(e) => missing(e)?,
         }
     }
+    // Snapshot bookkeeping (`crate::snapset`): only ops a primary planned for a pool with
+    // snapshots carry it, so other writes never pay for the whiteout lookup.
+    let snap_mode = ops.iter().any(OpKind::is_internal);
+    let mut whiteout_before = false;
+    if snap_mode && exists && !read_only {
+        whiteout_before = store
+            .xattr(coll, &oid, crate::snapset::WHITEOUT_ATTR)?
+            .is_some();
+        if whiteout_before {
+            (exists, size) = (false, 0);
+        }
+    }
     let (existed, size_before) = (exists, size);
+    let mut final_snapset: Option<crate::snapset::SnapSet> = None;
+    let mut clone_delta = StatDelta::default();
     let version = match &attrs {
         Some(a) => u64_attr(a.get(VERSION_ATTR), VERSION_ATTR)?,
         None if exists
@@ -460,6 +484,50 @@ pub fn execute(
                 exists = true;
                 txn.omap_set_header(coll, &oid, take(*len).to_vec());
             }
+            // ---- snapshots (internal ops a primary planned; `crate::snapset`)
+            OpKind::SnapClone { clone } => {
+                if !exists {
+                    not_found()?;
+                }
+                let clone_oid = object_id(&crate::snapset::clone_locator(loc, *clone));
+                txn.clone_object(coll, &oid, &clone_oid);
+                txn.rm_xattr(coll, &clone_oid, crate::snapset::SNAPSET_ATTR);
+                clone_delta.objects += 1;
+                clone_delta.bytes += size as i64;
+            }
+            OpKind::SnapRestore { clone } => {
+                let clone_oid = object_id(&crate::snapset::clone_locator(loc, *clone));
+                let clone_size = match store.stat(coll, &clone_oid) {
+                    Ok(st) => st.size,
+                    Err(StoreError::ObjectNotFound { .. }) => {
+                        return err(
+                            ErrorCode::NotFound,
+                            format!("clone {clone} of '{}' is missing", loc.name),
+                        );
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                txn.clone_object(coll, &clone_oid, &oid);
+                exists = true;
+                size = clone_size;
+                pending_xattrs.clear();
+            }
+            OpKind::SnapSetHead { snapset } => {
+                let Some(ss) = crate::snapset::SnapSet::decode(snapset) else {
+                    return err(ErrorCode::Invalid, "undecodable snapset");
+                };
+                final_snapset = Some(ss);
+            }
+            OpKind::SnapContext { .. }
+            | OpKind::ReadAtSnap { .. }
+            | OpKind::ListSnaps
+            | OpKind::Rollback { .. }
+            | OpKind::SnapTrim => {
+                return err(
+                    ErrorCode::Invalid,
+                    "snapshot operations are resolved by the PG's primary",
+                );
+            }
             // ---- reads
             OpKind::Read { offset, len } => {
                 if !exists {
@@ -605,13 +673,42 @@ pub fn execute(
     }
     out.is_write = writes > 0;
     out.exists_after = exists;
-    if out.is_write {
-        let bytes = |there: bool, size: u64| if there { size as i64 } else { 0 };
-        out.stat_delta = StatDelta {
-            objects: i64::from(exists) - i64::from(existed),
-            bytes: bytes(exists, size) - bytes(existed, size_before),
+    let mut whiteout_after = false;
+    if let Some(ss) = &final_snapset {
+        let attr = |txn: &mut Transaction, name: &str, value: Vec<u8>| {
+            txn.push(Op::SetXattrs {
+                coll,
+                oid: oid.clone(),
+                attrs: BTreeMap::from([(name.to_string(), value)]),
+            });
         };
         if exists {
+            attr(&mut out.txn, crate::snapset::SNAPSET_ATTR, ss.encode());
+            if whiteout_before {
+                out.txn.rm_xattr(coll, &oid, crate::snapset::WHITEOUT_ATTR);
+            }
+        } else if crate::snapset::keeps_whiteout(ss) {
+            // Removed (now or before) with clones left: a whiteout carries the snapset.
+            out.txn.touch(coll, &oid);
+            attr(&mut out.txn, crate::snapset::SNAPSET_ATTR, ss.encode());
+            attr(&mut out.txn, crate::snapset::WHITEOUT_ATTR, Vec::new());
+            whiteout_after = true;
+        } else if whiteout_before {
+            // The last clone is gone: so is the whiteout.
+            out.txn.remove(coll, &oid);
+        }
+    }
+    out.whiteout_after = whiteout_after;
+    if out.is_write {
+        let bytes = |there: bool, size: u64| if there { size as i64 } else { 0 };
+        // Objects count as stored (a whiteout is one, of no bytes); clones count too.
+        let stored = |there: bool, whiteout: bool| i64::from(there || whiteout);
+        out.stat_delta = StatDelta {
+            objects: stored(exists, whiteout_after) - stored(existed, whiteout_before)
+                + clone_delta.objects,
+            bytes: bytes(exists, size) - bytes(existed, size_before) + clone_delta.bytes,
+        };
+        if exists || whiteout_after {
             out.txn.push(Op::SetXattrs {
                 coll,
                 oid: oid.clone(),

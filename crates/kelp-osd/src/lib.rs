@@ -38,6 +38,9 @@ pub mod recovery_throttle;
 pub mod scrub;
 pub mod scrub_map;
 pub mod service;
+pub mod snap_trim;
+pub mod snaps;
+pub mod snapset;
 pub mod stats;
 pub mod watch;
 

@@ -13,8 +13,12 @@ use kelp_types::PgId;
 use crate::error::OsdError;
 use crate::pglog::INTERNAL_NAMESPACE;
 
+/// A snapshot clone is placed by its head's hash (`crate::snapset`).
 pub(crate) fn oid_for(pg: PgId, namespace: &str, name: &str) -> ObjectId {
-    let hash = kelp_crush::object_hash(name, None, namespace);
+    let hash = match crate::snapset::parse_clone(namespace, name) {
+        Some((ns, head, _)) => kelp_crush::object_hash(head, None, ns),
+        None => kelp_crush::object_hash(name, None, namespace),
+    };
     ObjectId::new(pg.pool.0, namespace, name, hash)
 }
 

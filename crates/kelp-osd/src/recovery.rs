@@ -406,52 +406,70 @@ async fn sync_pg<H: RecoveryHost>(host: &H, s: PgSync) -> Result<Vec<(String, St
         // Erasure-coded pools: pull this member's own shard, rebuilt by the source.
         let shard = crate::ec::shard_of(&map, pg, host.id());
         let peers = host.peers();
-        let mut pulls = futures::stream::iter(s.objects)
-            .map(|(namespace, name)| {
-                let peers = peers.clone();
-                async move {
-                    let req = PgPull {
-                        pg,
-                        epoch,
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                        shard,
-                    };
-                    (namespace, name, peers.pull(source, source_addr, req).await)
-                }
-            })
-            .buffered(s.parallel.clamp(1, 64) as usize);
         let (mut in_txn, mut txn_bytes) = (0, 0u64);
         let (mut objects, mut bytes) = (0u64, 0u64);
-        while let Some((ns, name, pulled)) = pulls.next().await {
-            let (remote, data) = pulled?;
-            match remote.error {
-                Some((ErrorCode::Corrupt, msg)) => {
-                    warn!(%pg, object = %name, "unfound: no readable copy at osd.{source}: {msg}");
-                    unfound.push((ns, name));
-                    continue;
+        // Snapshot clones a pulled head lists and this member lacks are pulled in a second
+        // round (a clone is made in the same write, under the head's log entry, and never
+        // changes after): a member that missed the write gets its clones too.
+        let mut round = s.objects;
+        let mut seen: BTreeSet<(String, String)> = round.iter().cloned().collect();
+        while !round.is_empty() {
+            let mut clones_wanted: Vec<(String, String)> = Vec::new();
+            let mut pulls = futures::stream::iter(std::mem::take(&mut round))
+                .map(|(namespace, name)| {
+                    let peers = peers.clone();
+                    async move {
+                        let req = PgPull {
+                            pg,
+                            epoch,
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                            shard,
+                        };
+                        (namespace, name, peers.pull(source, source_addr, req).await)
+                    }
+                })
+                .buffered(s.parallel.clamp(1, 64) as usize);
+            while let Some((ns, name, pulled)) = pulls.next().await {
+                let (remote, data) = pulled?;
+                match remote.error {
+                    Some((ErrorCode::Corrupt, msg)) => {
+                        warn!(%pg, object = %name, "unfound: no readable copy at osd.{source}: {msg}");
+                        unfound.push((ns, name));
+                        continue;
+                    }
+                    Some((_, msg)) => {
+                        return Err(OsdError::Remote {
+                            osd: source,
+                            code: ErrorCode::Io,
+                            message: format!("pulling '{name}': {msg}"),
+                        });
+                    }
+                    None => {}
                 }
-                Some((_, msg)) => {
-                    return Err(OsdError::Remote {
-                        osd: source,
-                        code: ErrorCode::Io,
-                        message: format!("pulling '{name}': {msg}"),
-                    });
+                let oid = oid_for(pg, &ns, &name);
+                let local_exists = store.exists(coll, &oid)?;
+                for clone in crate::snapset::listed_clones(&ns, &name, &remote.xattrs) {
+                    if !seen.contains(&clone)
+                        && !store.exists(coll, &oid_for(pg, &clone.0, &clone.1))?
+                    {
+                        seen.insert(clone.clone());
+                        clones_wanted.push(clone);
+                    }
                 }
-                None => {}
+                objects += 1;
+                bytes += data.len() as u64;
+                txn_bytes += data.len() as u64;
+                host.stats().count_recovered(1, data.len() as u64);
+                apply_state(&mut txn, coll, &oid, local_exists, remote, data);
+                in_txn += 1;
+                if in_txn >= SYNC_BATCH || txn_bytes >= SYNC_BATCH_BYTES {
+                    host.commit(std::mem::take(&mut txn)).await?;
+                    (in_txn, txn_bytes) = (0, 0);
+                }
             }
-            let oid = oid_for(pg, &ns, &name);
-            let local_exists = store.exists(coll, &oid)?;
-            objects += 1;
-            bytes += data.len() as u64;
-            txn_bytes += data.len() as u64;
-            host.stats().count_recovered(1, data.len() as u64);
-            apply_state(&mut txn, coll, &oid, local_exists, remote, data);
-            in_txn += 1;
-            if in_txn >= SYNC_BATCH || txn_bytes >= SYNC_BATCH_BYTES {
-                host.commit(std::mem::take(&mut txn)).await?;
-                (in_txn, txn_bytes) = (0, 0);
-            }
+            drop(pulls);
+            round = clones_wanted;
         }
         debug!(%pg, objects, bytes, "copied from osd.{source}");
     }

@@ -25,6 +25,8 @@ pub struct RecoveryConfig {
     /// `p / 63` of the time: a PG member's recovery that took `t` is followed by a pause of
     /// `t * 63 / p - t` before the slot goes to the next PG; 63 or more means no pause.
     pub op_priority: u32,
+    /// `osd_snap_trim_sleep`: pause after every object the snapshot trimmer trims.
+    pub snap_trim_sleep: Duration,
 }
 
 impl Default for RecoveryConfig {
@@ -35,6 +37,7 @@ impl Default for RecoveryConfig {
             max_active: keys::OSD_RECOVERY_MAX_ACTIVE.default.as_u64() as usize,
             sleep: keys::OSD_RECOVERY_SLEEP.default.as_duration(),
             op_priority: keys::OSD_RECOVERY_OP_PRIORITY.default.as_u64() as _,
+            snap_trim_sleep: keys::OSD_SNAP_TRIM_SLEEP.default.as_duration(),
         }
     }
 }
@@ -53,6 +56,12 @@ impl RecoveryConfig {
             },
             "osd_recovery_sleep" => match value.parse::<f64>() {
                 Ok(s) if s >= 0.0 && s.is_finite() => self.sleep = Duration::from_secs_f64(s),
+                _ => return false,
+            },
+            "osd_snap_trim_sleep" => match value.parse::<f64>() {
+                Ok(s) if s >= 0.0 && s.is_finite() => {
+                    self.snap_trim_sleep = Duration::from_secs_f64(s)
+                }
                 _ => return false,
             },
             "osd_recovery_op_priority" => match value.parse::<u32>() {

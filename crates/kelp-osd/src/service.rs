@@ -346,7 +346,7 @@ impl OsdService {
     }
 
     /// Every PG this OSD holds.
-    fn pg_handles(&self) -> Vec<(PgId, PgHandle)> {
+    pub(crate) fn pg_handles(&self) -> Vec<(PgId, PgHandle)> {
         let pgs = self.pgs.lock().expect("pg table");
         pgs.iter().map(|(pg, h)| (*pg, h.clone())).collect()
     }
@@ -441,7 +441,7 @@ impl OsdService {
         let in_bytes = data.len() as u64;
         self.last_client_op_ms
             .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let (reply, out) = self.serve_client_op(client, op, data).await;
+        let (reply, out) = self.serve_client_op(client, op, data, false).await;
         if reply.error.is_none() {
             let bytes = if is_write { in_bytes } else { out.len() as u64 };
             self.stats.count_op(is_write, bytes);
@@ -449,17 +449,33 @@ impl OsdService {
         (reply, out)
     }
 
-    async fn serve_client_op(
+    /// An op the OSD sends itself through the client path (the snapshot trimmer): internal
+    /// ops allowed, ordered, logged and replicated as any client write.
+    pub(crate) async fn internal_op(
         self: &Arc<Self>,
         client: &str,
         op: OsdOp,
+    ) -> (OsdOpReply, Bytes) {
+        self.serve_client_op(client, op, Bytes::new(), true).await
+    }
+
+    async fn serve_client_op(
+        self: &Arc<Self>,
+        client: &str,
+        mut op: OsdOp,
         data: Bytes,
+        internal: bool,
     ) -> (OsdOpReply, Bytes) {
         let map = self.map_at_least(op.epoch).await;
         let epoch = map.epoch;
         // Admission (`crate::admission`): the map's say first, then the PG's state.
         let pool = map.pools.get(&op.pg.pool.0);
         let mapping = pool.map(|_| self.mappings.get(&map, op.pg));
+        // A snapshot clone (the trimmer's ops) is placed by its head.
+        let placed = match crate::snapset::parse_clone(&op.object.namespace, &op.object.name) {
+            Some(_) => std::borrow::Cow::Owned(crate::snapset::head_locator(&op.object)),
+            None => std::borrow::Cow::Borrowed(&op.object),
+        };
         let placement = admission::admit_placement(&admission::OpFacts {
             me: self.cfg.id,
             epoch,
@@ -472,11 +488,8 @@ impl OsdService {
             object_pool: op.object.pool,
             object_name: &op.object.name,
             object_pg: pool.map(|p| {
-                p.placement().object_pg(
-                    &op.object.name,
-                    op.object.key.as_deref(),
-                    &op.object.namespace,
-                )
+                p.placement()
+                    .object_pg(&placed.name, placed.key.as_deref(), &placed.namespace)
             }),
             mapping: match &mapping {
                 Some(Ok(m)) => admission::Mapping::Mapped {
@@ -503,6 +516,28 @@ impl OsdService {
             return refuse(&admission::Refusal::NotOpen { pg: op.pg }, epoch);
         };
         let is_write = op.ops.iter().any(|o| o.is_write());
+        // Self-managed snapshots (`crate::snaps`): in a pool with snapshots, or for an op that
+        // names them, the snapshot modifiers are taken out here and resolved below.
+        if !internal && crate::snapset::is_clone_namespace(&op.object.namespace) {
+            return reply_err(
+                ErrorCode::Invalid,
+                "namespaces starting with \x1f are Kelp's own",
+                epoch,
+            );
+        }
+        let snap_pool = pool.filter(|p| p.snap_seq > 0);
+        let snap_mode = snap_pool.is_some() || crate::snaps::mentions_snapshots(&op.ops);
+        let removed_snaps = snap_pool.map(|p| &p.removed_snaps);
+        let mut snap_req = crate::snaps::SnapRequest::default();
+        if snap_mode {
+            match crate::snaps::split_ops(std::mem::take(&mut op.ops), internal) {
+                Ok((req, ops)) => {
+                    snap_req = req;
+                    op.ops = ops;
+                }
+                Err(e) => return reply_err(e.code, e.message, epoch),
+            }
+        }
         if !is_write {
             let state = loop {
                 let state = pg.read().await;
@@ -519,6 +554,41 @@ impl OsdService {
                 admission::admit_to_pg(op.pg, &mapping.acting, state.active.as_deref(), false, &[])
             {
                 return refuse(&refusal, epoch);
+            }
+            if snap_mode && !crate::snapset::is_clone_namespace(&op.object.namespace) {
+                let head = match self
+                    .snap_head(state.meta.coll, &op.object, ec.is_some())
+                    .await
+                {
+                    Ok(h) => h,
+                    Err(e) => return reply_err(e.code, e.message, epoch),
+                };
+                let empty = std::collections::BTreeSet::new();
+                match crate::snaps::read_target(
+                    &op.object,
+                    &head,
+                    &snap_req,
+                    removed_snaps.unwrap_or(&empty),
+                ) {
+                    crate::snaps::ReadTarget::Object(loc) => op.object = loc,
+                    crate::snaps::ReadTarget::NotFound(why) => {
+                        return reply_err(ErrorCode::NotFound, why, epoch);
+                    }
+                    crate::snaps::ReadTarget::List(info) => {
+                        let bytes = kelp_proto::encode(&info);
+                        return (
+                            OsdOpReply {
+                                error: None,
+                                version: 0,
+                                epoch,
+                                outs: vec![OpResult::Data {
+                                    len: bytes.len() as u64,
+                                }],
+                            },
+                            Bytes::from(bytes),
+                        );
+                    }
+                }
             }
             if let Some((profile, members)) = &ec {
                 // Held: no write of the PG starts while the shards are gathered.
@@ -639,6 +709,61 @@ impl OsdService {
         if let Some((code, message)) = crate::watch::fenced(&self.map(), &op.instance) {
             return reply_err(code, message, epoch);
         }
+        // Snapshots: plan the clone, a rollback and the new snapset under the PG's write lock
+        // (`crate::snapset::plan_write`); the trimmer's op becomes the trimmed snapset.
+        let mut snap_plan: Option<(crate::snapset::WritePlan, crate::snapset::HeadFacts)> = None;
+        if snap_mode {
+            let empty = std::collections::BTreeSet::new();
+            let removed = removed_snaps.unwrap_or(&empty);
+            if let Some((_, _, clone)) =
+                crate::snapset::parse_clone(&op.object.namespace, &op.object.name)
+            {
+                // The trimmer deleting a clone: only once the head's snapset no longer has it.
+                let head_loc = crate::snapset::head_locator(&op.object);
+                match self
+                    .snap_head(state.meta.coll, &head_loc, ec.is_some())
+                    .await
+                {
+                    Ok(h) if h.snapset.clones.iter().any(|c| c.id == clone) => {
+                        return reply_err(ErrorCode::Canceled, "the clone is still in use", epoch);
+                    }
+                    Ok(_) => {}
+                    Err(e) => return reply_err(e.code, e.message, epoch),
+                }
+            } else {
+                let head = match self
+                    .snap_head(state.meta.coll, &op.object, ec.is_some())
+                    .await
+                {
+                    Ok(h) => h,
+                    Err(e) => return reply_err(e.code, e.message, epoch),
+                };
+                let plan = if snap_req.trim {
+                    let Some(trim) = crate::snapset::plan_trim(&head.snapset, removed) else {
+                        return ok_reply(Executed::default(), epoch);
+                    };
+                    crate::snapset::WritePlan {
+                        pre: Vec::new(),
+                        body: Vec::new(),
+                        post: vec![kelp_proto::OpKind::SnapSetHead {
+                            snapset: trim.snapset.encode(),
+                        }],
+                        clone: None,
+                        snapset: trim.snapset,
+                        restores: None,
+                    }
+                } else {
+                    crate::snapset::plan_write(
+                        &head,
+                        &snap_req.snapc.clone().unwrap_or_default(),
+                        &op.ops,
+                        removed,
+                    )
+                };
+                op.ops = plan.ops();
+                snap_plan = Some((plan, head));
+            }
+        }
         let stamp = Stamp {
             version: state.meta.next_version(),
             mtime_ns: now_ns(),
@@ -654,7 +779,7 @@ impl OsdService {
         // Erasure-coded pools: every member gets its own shard's ops (`crate::ec`).
         let ec_write = match &ec {
             Some((profile, members)) => {
-                let before = match self.ec_before(state.meta.coll, &op.object).await {
+                let mut before = match self.ec_before(state.meta.coll, &op.object).await {
                     Ok(b) => b,
                     Err(e) => return reply_err(e.code, e.message, epoch),
                 };
@@ -667,9 +792,37 @@ impl OsdService {
                     readable,
                     stamp.version - 1,
                 );
-                match ec::plan_write(profile, before, &op.ops, &data, &self.cfg.limits, &io).await {
-                    Ok(w) => Some((w, members.clone())),
-                    Err(e) => return reply_err(e.code, e.message, epoch),
+                match &snap_plan {
+                    Some((sp, head)) => {
+                        if head.whiteout {
+                            // A whiteout is no object to the erasure code.
+                            before.exists = false;
+                            before.meta = None;
+                        }
+                        match crate::snaps::plan_ec_write(
+                            profile,
+                            before,
+                            sp,
+                            head,
+                            members.len(),
+                            &data,
+                            &self.cfg.limits,
+                            &io,
+                        )
+                        .await
+                        {
+                            Ok(w) => Some((w, members.clone())),
+                            Err(e) => return reply_err(e.code, e.message, epoch),
+                        }
+                    }
+                    None => {
+                        match ec::plan_write(profile, before, &op.ops, &data, &self.cfg.limits, &io)
+                            .await
+                        {
+                            Ok(w) => Some((w, members.clone())),
+                            Err(e) => return reply_err(e.code, e.message, epoch),
+                        }
+                    }
                 }
             }
             None => None,
@@ -927,6 +1080,43 @@ impl OsdService {
             code: ErrorCode::Io,
             message: format!("op task failed: {e}"),
         })?
+    }
+
+    /// A head's snapshot state on this OSD (`crate::snaps::read_head`), from memory when the
+    /// store can, else on a blocking thread.
+    async fn snap_head(
+        &self,
+        coll: CollectionId,
+        head: &kelp_proto::ObjectLocator,
+        ec: bool,
+    ) -> Result<crate::snapset::HeadFacts, ExecError> {
+        let store = self.store.clone();
+        let head = head.clone();
+        let read = move || crate::snaps::read_head(&*store, coll, &head, ec);
+        match kelp_store::nowait::attempt(read.clone()) {
+            Some(r) => r,
+            None => tokio::task::spawn_blocking(read)
+                .await
+                .map_err(|e| ExecError {
+                    code: ErrorCode::Io,
+                    message: format!("snapset read task failed: {e}"),
+                })?,
+        }
+    }
+
+    /// This OSD's store (the snapshot trimmer lists clones with it).
+    pub(crate) fn store_handle(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    /// The clone ids `head`'s snapset lists on this OSD.
+    pub(crate) async fn head_clones(
+        &self,
+        coll: CollectionId,
+        head: &kelp_proto::ObjectLocator,
+    ) -> Result<Vec<u64>, ExecError> {
+        let h = self.snap_head(coll, head, true).await?;
+        Ok(h.snapset.clones.iter().map(|c| c.id).collect())
     }
 
     /// An erasure-coded object as this OSD's shard shows it before a write.
@@ -1344,6 +1534,11 @@ impl OsdService {
         let store = self.store.clone();
         let coll = state.meta.coll;
         let max = req.max.clamp(1, 10_000) as usize;
+        // A pool with snapshots may hold whiteouts (removed heads kept for their clones).
+        let whiteouts = map
+            .pools
+            .get(&req.pg.pool.0)
+            .is_some_and(|p| p.snap_seq > 0);
         let start = req
             .cursor
             .map(|c| ObjectId::new(req.pg.pool.0, &c.namespace, &c.name, c.hash));
@@ -1358,6 +1553,13 @@ impl OsdService {
                         continue;
                     }
                     if oid.namespace.starts_with('\u{1f}') || oid.snap != kelp_store::SNAP_HEAD {
+                        continue;
+                    }
+                    if whiteouts
+                        && store
+                            .xattr(coll, oid, crate::snapset::WHITEOUT_ATTR)?
+                            .is_some()
+                    {
                         continue;
                     }
                     if objects.len() == max {
@@ -1604,7 +1806,8 @@ fn apply_now(
     if !done.is_write {
         return Ok(AppliedNow::NotAWrite(done));
     }
-    entry.deleted = !done.exists_after;
+    // A whiteout head stays stored (it carries the snapset): recovery copies it.
+    entry.deleted = !done.exists_after && !done.whiteout_after;
     if done.exists_after && !internal.is_empty() {
         // An erasure-coded shard's own metadata (`ec::EC_ATTR`), set by the primary.
         done.txn.push(kelp_store::Op::SetXattrs {

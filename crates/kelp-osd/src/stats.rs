@@ -460,8 +460,8 @@ impl OsdStats {
     }
 }
 
-/// Objects and data bytes of a PG's collection, Kelp's internal objects (namespace `\x1f…`,
-/// snapshots) excluded.
+/// Objects and data bytes of a PG's collection, Kelp's internal objects (namespace `\x1f…`)
+/// excluded but snapshot clones (and whiteout heads, of no bytes) included.
 /// Objects and logical bytes of a PG in the store. `ec`: its objects are erasure-coded
 /// shards, whose logical size is the one in their shard metadata (`ec::EcMeta`), not their
 /// own (about 1/k of it): the count must agree with the logical deltas writes add to it.
@@ -475,7 +475,12 @@ fn count_objects(
     loop {
         let page = store.list_objects(coll, from.as_ref(), 1024)?;
         for oid in &page.objects {
-            if oid.namespace.starts_with('\u{1f}') || oid.snap != kelp_store::SNAP_HEAD {
+            // Snapshot clones count (as writes' deltas count them); other internal objects
+            // do not.
+            if (oid.namespace.starts_with('\u{1f}')
+                && !crate::snapset::is_clone_namespace(&oid.namespace))
+                || oid.snap != kelp_store::SNAP_HEAD
+            {
                 continue;
             }
             let size = if ec {

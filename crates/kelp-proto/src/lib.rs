@@ -23,7 +23,7 @@ pub use mon::{
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
     OsdOpReply, OsdPing, OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery,
-    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, SyncLog, WireLogEntry,
+    PgQueryReply, PgSync, PgSyncReply, RepOp, RepOpReply, SnapSetInfo, SyncLog, WireLogEntry,
 };
 pub use scrub::{
     InconsistentObject, OsdScrubCommand, OsdScrubReply, PgCommand, PgCommandKind, PgCommandReply,

@@ -128,6 +128,17 @@ pub enum MonCommand {
     },
     /// `kelp osd blocklist ls`: answered with `Blocklist`.
     BlocklistLs,
+    /// Allocates a self-managed snapshot id in `pool` (the pool's `snap_seq + 1`): answered
+    /// with `SnapId`.
+    PoolSnapCreate {
+        pool: String,
+    },
+    /// Marks self-managed snapshot `snap` of `pool` removed (its clones are trimmed in the
+    /// background). Answered with `Done`.
+    PoolSnapRemove {
+        pool: String,
+        snap: u64,
+    },
 }
 
 /// One blocklisted client instance, and when its entry expires (unix ms; `None`: never).
@@ -251,6 +262,11 @@ pub enum MonReply {
     EcProfileNames(Vec<String>),
     /// `BlocklistLs`, sorted by instance.
     Blocklist(Vec<BlocklistEntry>),
+    /// `PoolSnapCreate`: the new snapshot id, visible from OSD map `epoch` on.
+    SnapId {
+        snap: u64,
+        epoch: u32,
+    },
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be

@@ -108,6 +108,43 @@ pub enum OpKind {
         op: CmpOp,
         len: Option<u64>,
     },
+    // -- self-managed snapshots (after the older variants: numbered on the wire)
+    /// The writer's snapshot context, first in a write: `seq` is the newest snapshot id the
+    /// writer knows, `snaps` the pool's existing snapshot ids, newest first. The first write
+    /// after a snapshot keeps the old object as a clone.
+    SnapContext {
+        seq: u64,
+        snaps: Vec<u64>,
+    },
+    /// First in a read: read the object as it was at snapshot `snap`.
+    ReadAtSnap {
+        snap: u64,
+    },
+    /// A read: the object's snapshot set (its clones), answered as `Data` holding an encoded
+    /// [`SnapSetInfo`].
+    ListSnaps,
+    /// A write: make the object what it was at snapshot `snap` (data, xattrs, omap), or
+    /// remove it if it did not exist then.
+    Rollback {
+        snap: u64,
+    },
+    // -- internal: inserted by a PG's primary (refused from clients), executed by members
+    /// Copy the head to its clone `clone` (same PG), before the write's mutations.
+    SnapClone {
+        clone: u64,
+    },
+    /// Make the head a copy of its clone `clone` (a rollback).
+    SnapRestore {
+        clone: u64,
+    },
+    /// Last in a write: the head's snapshot set after it (encoded). Without the object, a
+    /// set that still has clones keeps a *whiteout* head.
+    SnapSetHead {
+        snapset: Vec<u8>,
+    },
+    /// The background snapshot trimmer: drop removed snapshots from the head's set (the
+    /// primary resolves it into `SnapSetHead`).
+    SnapTrim,
 }
 
 impl OpKind {
@@ -127,7 +164,29 @@ impl OpKind {
                 | OpKind::OmapRm { .. }
                 | OpKind::OmapClear
                 | OpKind::OmapSetHeader { .. }
+                | OpKind::Rollback { .. }
+                | OpKind::SnapClone { .. }
+                | OpKind::SnapRestore { .. }
+                | OpKind::SnapSetHead { .. }
+                | OpKind::SnapTrim
         )
+    }
+
+    /// Ops only a PG's primary may put into an op (refused from clients).
+    pub fn is_internal(&self) -> bool {
+        matches!(
+            self,
+            OpKind::SnapClone { .. }
+                | OpKind::SnapRestore { .. }
+                | OpKind::SnapSetHead { .. }
+                | OpKind::SnapTrim
+        )
+    }
+
+    /// The snapshot modifiers of an op (`SnapContext`, `ReadAtSnap`): neither reads nor
+    /// writes by themselves.
+    pub fn is_snap_modifier(&self) -> bool {
+        matches!(self, OpKind::SnapContext { .. } | OpKind::ReadAtSnap { .. })
     }
 
     /// Whether the op is allowed while the cluster (or the OSD) is full: reads, guards and the
@@ -205,6 +264,17 @@ pub enum ErrorCode {
     /// The client instance is on the OSD map's blocklist (fenced; ESHUTDOWN, Ceph's
     /// EBLOCKLISTED). Final: the instance must reconnect as a new one.
     Blocklisted,
+}
+
+/// An object's snapshot set as `ListSnaps` returns it (Ceph's `rados listsnaps`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapSetInfo {
+    /// The newest snapshot id the object has seen written under.
+    pub seq: u64,
+    /// The head's size, `None` if the head does not exist (removed, or a whiteout).
+    pub head_size: Option<u64>,
+    /// The clones, oldest first: (clone id, snapshot ids it serves (descending), size).
+    pub clones: Vec<(u64, Vec<u64>, u64)>,
 }
 
 /// Per-op outputs; read payloads are in the reply's data segment in op order.

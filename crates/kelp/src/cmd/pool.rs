@@ -30,6 +30,21 @@ pub enum PoolCommand {
     Get(GetArgs),
     /// Change a pool setting: size, min_size, crush_rule or fast_read.
     Set(SetArgs),
+    /// Self-managed snapshot ids (what block images and file systems snapshot with):
+    /// `create POOL` allocates the pool's next id and prints it; `rm POOL ID` removes one (its
+    /// clones are trimmed in the background). Writers name the snapshots they know in their
+    /// snapshot context (`kelp rados --snap-context`); readers read at one (`kelp rados
+    /// --snap-id`).
+    #[command(name = "selfmanaged-snap", subcommand)]
+    SelfmanagedSnap(SnapCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapCommand {
+    /// Allocate the pool's next snapshot id (printed; `--format json`: {"pool", "snap_id"}).
+    Create { pool: String },
+    /// Remove snapshot ID of the pool: reads at it find nothing, its clones are trimmed.
+    Rm { pool: String, id: u64 },
 }
 
 #[derive(Args, Debug)]
@@ -289,6 +304,21 @@ pub fn run(cmd: PoolCommand, g: &crate::cmd::common::Global) -> Result<ExitCode>
                         }
                     }
                 }
+            }
+            PoolCommand::SelfmanagedSnap(SnapCommand::Create { pool }) => {
+                let rados = g.conf.connect().await?;
+                let snap = rados.selfmanaged_snap_create(&pool).await?;
+                match g.format {
+                    crate::cmd::OutputFormat::Json => {
+                        println!("{}", serde_json::json!({"pool": pool, "snap_id": snap}))
+                    }
+                    crate::cmd::OutputFormat::Plain => println!("{snap}"),
+                }
+            }
+            PoolCommand::SelfmanagedSnap(SnapCommand::Rm { pool, id }) => {
+                let rados = g.conf.connect().await?;
+                rados.selfmanaged_snap_remove(&pool, id).await?;
+                eprintln!("removed snapshot {id} of pool '{pool}'");
             }
             PoolCommand::Set(a) => {
                 let rados = g.conf.connect().await?;

@@ -24,6 +24,20 @@ pub struct RadosArgs {
     /// Object namespace.
     #[arg(short = 'N', long = "namespace", global = true, default_value = "")]
     pub namespace: String,
+    /// Read at this self-managed snapshot id (get, stat, listxattr, getxattr, getomapval,
+    /// listomapvals see the object as it was then); writes are refused with it.
+    #[arg(
+        long = "snap-id",
+        visible_alias = "snapid",
+        global = true,
+        value_name = "N"
+    )]
+    pub snap_id: Option<u64>,
+    /// Write under this snapshot context: `SEQ` or `SEQ:ID,ID,…` (the pool's existing
+    /// snapshot ids, newest first, none above SEQ). The first write to an object after a
+    /// snapshot keeps its old state as a clone.
+    #[arg(long = "snap-context", global = true, value_name = "SEQ[:IDS]")]
+    pub snap_context: Option<String>,
     #[command(subcommand)]
     pub cmd: RadosCommand,
 }
@@ -98,6 +112,16 @@ pub enum RadosCommand {
     /// List the watchers of object NAME (`watcher=INSTANCE cookie=C`; like
     /// `rados listwatchers`).
     Listwatchers { name: String },
+    /// An object's snapshots: its clones, the snapshot ids each serves and their sizes, and
+    /// the head (like `rados listsnaps`; `--format json` for a document).
+    Listsnaps { name: String },
+    /// Make object NAME what it was at self-managed snapshot SNAPID (removed if it did not
+    /// exist then), under the --snap-context given (it may keep the current state as a clone).
+    Rollback {
+        name: String,
+        #[arg(value_name = "SNAPID")]
+        snap: u64,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -167,6 +191,11 @@ pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
         let rados = g.conf.connect().await?;
         let mut io = rados.ioctx(&pool).await?;
         io.set_namespace(&a.namespace);
+        io.set_read_snap(a.snap_id);
+        if let Some(spec) = &a.snap_context {
+            let (seq, snaps) = parse_snap_context(spec)?;
+            io.set_snap_context(seq, snaps)?;
+        }
         match a.cmd {
             RadosCommand::Put { name, file } => {
                 let data = read_input(&file)?;
@@ -328,6 +357,21 @@ pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                     }
                 }
             }
+            RadosCommand::Listsnaps { name } => {
+                let ss = io.list_snaps(&name).await?;
+                match g.format {
+                    OutputFormat::Json => println!(
+                        "{}",
+                        serde_json::json!({"name": name, "seq": ss.seq,
+                            "head_size": ss.head_size, "clones": ss.clones})
+                    ),
+                    OutputFormat::Plain => print!("{}", format_snaps(&name, &ss)),
+                }
+            }
+            RadosCommand::Rollback { name, snap } => {
+                io.rollback(&name, snap).await?;
+                eprintln!("rolled back '{name}' to snapshot {snap}");
+            }
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -374,6 +418,38 @@ async fn watch(io: &IoCtx, name: &str, reply: String, format: OutputFormat) -> R
     }
     w.unwatch().await?;
     Ok(())
+}
+
+/// `SEQ` or `SEQ:ID,ID,…`.
+fn parse_snap_context(spec: &str) -> Result<(u64, Vec<u64>)> {
+    let (seq, ids) = spec.split_once(':').unwrap_or((spec, ""));
+    let seq = seq
+        .trim()
+        .parse::<u64>()
+        .with_context(|| format!("--snap-context: '{seq}' is not a snapshot id"))?;
+    let snaps = ids
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse::<u64>()
+                .with_context(|| format!("--snap-context: '{s}' is not a snapshot id"))
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    Ok((seq, snaps))
+}
+
+/// `rados listsnaps`'s table.
+fn format_snaps(name: &str, ss: &kelp_client::SnapSet) -> String {
+    let mut out = format!("{name}:\ncloneid\tsnaps\tsize\n");
+    for c in &ss.clones {
+        let snaps: Vec<String> = c.snaps.iter().map(u64::to_string).collect();
+        out.push_str(&format!("{}\t[{}]\t{}\n", c.id, snaps.join(","), c.size));
+    }
+    if let Some(size) = ss.head_size {
+        out.push_str(&format!("head\t-\t{size}\n"));
+    }
+    out
 }
 
 fn read_input(file: &PathBuf) -> Result<Bytes> {

@@ -1,0 +1,199 @@
+//! The snapshot trimmer: a background worker on every OSD that, for the PGs it is primary of
+//! in pools with removed snapshots, drops those snapshots from the objects' snapsets and
+//! deletes the clones left serving none (`crate::snapset::plan_trim`).
+//!
+//! Every change goes through the PG's ordinary write path (`OsdService::internal_op`): an
+//! internal `SnapTrim` op on the head (resolved under the PG's write lock into the trimmed
+//! snapset, so a concurrent client write never loses a clone), then a `Remove` of each clone
+//! the head no longer lists — each a PG-log entry, replicated, recovered like any write. A
+//! clone its head does not list (a trim interrupted between the two steps) is deleted too, so
+//! trimming converges.
+//!
+//! Throttled: `osd_snap_trim_sleep` between trimmed objects; a PG is trimmed only while it is
+//! active with its whole acting set in sync (not degraded, not recovering), and a PG whose
+//! log and removed set have not changed since its last complete pass is skipped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use kelp_proto::{ObjectLocator, OpKind, OsdOp};
+use kelp_types::PgId;
+use tracing::{debug, warn};
+
+use crate::exec::ExecError;
+use crate::service::OsdService;
+use crate::snapset;
+
+/// How often the trimmer looks for work.
+const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Starts the trimmer; it ends when the service is dropped.
+pub fn start(service: &Arc<OsdService>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(run(Arc::downgrade(service)))
+}
+
+async fn run(service: Weak<OsdService>) {
+    // Per PG: (removed snapshots count, last_update) of its last complete pass.
+    let mut done: HashMap<PgId, (usize, (u32, u64))> = HashMap::new();
+    let mut reqid = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    loop {
+        tokio::time::sleep(SCAN_INTERVAL).await;
+        let Some(svc) = service.upgrade() else {
+            return;
+        };
+        let map = svc.map();
+        for (pgid, handle) in svc.pg_handles() {
+            let Some(pool) = map.pools.get(&pgid.pool.0) else {
+                continue;
+            };
+            if pool.removed_snaps.is_empty() {
+                continue;
+            }
+            let Ok(mapping) = map.pg_mapping(pgid) else {
+                continue;
+            };
+            if mapping.acting_primary != svc.id() {
+                continue;
+            }
+            let (coll, last_update, clean) = {
+                let state = handle.read().await;
+                let members: Vec<i32> = mapping.acting_osds().collect();
+                let clean = state.active.as_deref() == Some(&mapping.acting[..])
+                    && members.len() == pool.size as usize
+                    && state.left_behind.is_empty()
+                    && state.failed_replicas.is_empty()
+                    && state.recovery.is_none()
+                    && members
+                        .iter()
+                        .all(|m| *m == svc.id() || state.write_to.contains(m));
+                (state.meta.coll, state.meta.info.last_update, clean)
+            };
+            if !clean {
+                continue;
+            }
+            let key = (pool.removed_snaps.len(), last_update);
+            if done.get(&pgid) == Some(&key) {
+                continue;
+            }
+            match trim_pg(&svc, pgid, coll, map.epoch, &mut reqid).await {
+                Ok(complete) => {
+                    if complete {
+                        // Its own writes moved last_update: remember where it ended.
+                        let now = handle.read().await.meta.info.last_update;
+                        done.insert(pgid, (pool.removed_snaps.len(), now));
+                    }
+                }
+                Err(why) => debug!(pg = %pgid, "snapshot trim paused: {why}"),
+            }
+        }
+        done.retain(|pg, _| map.pools.contains_key(&pg.pool.0));
+    }
+}
+
+/// One pass over a PG: every object with clones. `Ok(true)` when it finished.
+async fn trim_pg(
+    svc: &Arc<OsdService>,
+    pg: PgId,
+    coll: kelp_store::CollectionId,
+    epoch: u32,
+    reqid: &mut u64,
+) -> Result<bool, ExecError> {
+    let store = svc.store_handle();
+    // Clone objects, grouped by head.
+    let heads = tokio::task::spawn_blocking(move || -> Result<_, ExecError> {
+        let mut heads: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+        let mut from = None;
+        loop {
+            let page = store.list_objects(coll, from.as_ref(), 1024)?;
+            for oid in &page.objects {
+                if let Some((ns, name, id)) = snapset::parse_clone(&oid.namespace, &oid.name) {
+                    heads
+                        .entry((ns.to_string(), name.to_string()))
+                        .or_default()
+                        .push(id);
+                }
+            }
+            match page.next {
+                Some(n) => from = Some(n),
+                None => return Ok(heads),
+            }
+        }
+    })
+    .await
+    .map_err(|e| ExecError {
+        code: kelp_proto::ErrorCode::Io,
+        message: format!("listing task failed: {e}"),
+    })??;
+    for ((namespace, name), clones) in heads {
+        let head = ObjectLocator {
+            pool: pg.pool.0,
+            namespace,
+            key: None,
+            name,
+        };
+        let sleep = svc.recovery_config().snap_trim_sleep;
+        // The head's snapset, trimmed under the PG's write lock.
+        let (reply, _) = svc
+            .internal_op(
+                &trimmer_name(svc.id()),
+                trim_op(pg, epoch, next(reqid), &head, vec![OpKind::SnapTrim]),
+            )
+            .await;
+        if let Some((code, msg)) = reply.error {
+            return Err(ExecError {
+                code,
+                message: format!("trimming '{}': {msg}", head.name),
+            });
+        }
+        // Then every clone the head no longer lists (the primary checks that again).
+        let listed = svc.head_clones(coll, &head).await?;
+        for id in clones.into_iter().filter(|id| !listed.contains(id)) {
+            let clone = snapset::clone_locator(&head, id);
+            let (reply, _) = svc
+                .internal_op(
+                    &trimmer_name(svc.id()),
+                    trim_op(pg, epoch, next(reqid), &clone, vec![OpKind::Remove]),
+                )
+                .await;
+            match reply.error {
+                None => debug!(%pg, object = %head.name, clone = id, "clone trimmed"),
+                Some((kelp_proto::ErrorCode::NotFound, _)) => {}
+                Some((code, message)) => {
+                    warn!(%pg, object = %head.name, clone = id, "trimming a clone: {code:?}: {message}");
+                    return Err(ExecError { code, message });
+                }
+            }
+            if !sleep.is_zero() {
+                tokio::time::sleep(sleep).await;
+            }
+        }
+        if !sleep.is_zero() {
+            tokio::time::sleep(sleep).await;
+        }
+    }
+    Ok(true)
+}
+
+fn next(reqid: &mut u64) -> u64 {
+    *reqid += 1;
+    *reqid
+}
+
+fn trimmer_name(osd: i32) -> String {
+    format!("osd.{osd}.snaptrim")
+}
+
+fn trim_op(pg: PgId, epoch: u32, reqid: u64, object: &ObjectLocator, ops: Vec<OpKind>) -> OsdOp {
+    OsdOp {
+        reqid,
+        epoch,
+        pg,
+        object: object.clone(),
+        ops,
+        // The OSD's own trimmer: never on a client blocklist.
+        instance: String::new(),
+    }
+}
