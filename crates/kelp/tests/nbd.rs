@@ -342,13 +342,23 @@ fn two_servers_share_an_image_under_its_exclusive_lock() {
     let c = Cluster::up(3, 16);
     c.cli(&["rbd", "create", "shared", "--size", "16M"]);
     let tmp = tempfile::tempdir().unwrap();
-    let mut second = Command::new(env!("CARGO_BIN_EXE_kelp"))
-        .args(["nbd", "-c", &c.conf(), "--bind", "127.0.0.1:0", "--data"])
-        .arg(tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed on drop, so a failing test leaves no server behind.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _second = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_kelp"))
+            .args(["nbd", "-c", &c.conf(), "--bind", "127.0.0.1:0", "--data"])
+            .arg(tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let a = c.nbd_uri("rbd/shared");
     let b = format!("nbd://{}/rbd/shared", server_addr(tmp.path()));
 
@@ -398,7 +408,7 @@ fn two_servers_share_an_image_under_its_exclusive_lock() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    let mut first = holder(0x55, 4 << 20);
+    let _first = Reaped(holder(0x55, 4 << 20));
     let a_instance = wait_owner();
     let status = c.cli(&["rbd", "status", "shared", "--format", "json"]);
     assert!(
@@ -412,7 +422,7 @@ fn two_servers_share_an_image_under_its_exclusive_lock() {
         &["read -P 0x55 4M 64k".into(), "read -P 0x66 5M 1M".into()],
     );
     // The cluster's server takes it back for a second writer of its own…
-    let mut again = holder(0x77, 6 << 20);
+    let _again = Reaped(holder(0x77, 6 << 20));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while lock_owner().as_deref() != Some(a_instance.as_str()) {
         assert!(
@@ -441,10 +451,4 @@ fn two_servers_share_an_image_under_its_exclusive_lock() {
             "read -P 0x77 6M 64k".into(),
         ],
     );
-    for p in [&mut first, &mut again] {
-        let _ = p.kill();
-        let _ = p.wait();
-    }
-    let _ = second.kill();
-    let _ = second.wait();
 }
