@@ -16,6 +16,8 @@
 //!   retrying;
 //! * `scrub_map` builds and compares scrub maps (pure comparison, blocking store reads), and
 //!   `scrub` runs scrubs and repairs as the PG's primary.
+//! * `snapset` holds the self-managed snapshot decisions (pure), `snaps` the primary's
+//!   snapshot I/O around them, and `snap_trim` the worker that trims removed snapshots.
 
 pub mod admission;
 pub mod daemon;
