@@ -31,6 +31,14 @@ pub enum ClientError {
     NotSupported(String),
     #[error("I/O error on the OSD: {0}")]
     Io(String),
+    /// This client instance is on the OSD map's blocklist (fenced): every op is refused
+    /// (ESHUTDOWN; Ceph's EBLOCKLISTED). Connect again to get a new instance.
+    #[error("blocklisted: {0}")]
+    Blocklisted(String),
+    /// A watch was lost: the OSD dropped it (not pinged within `osd_client_watch_timeout`) or
+    /// it could not be registered again after a failover (ENOTCONN). Watch again.
+    #[error("watch on '{object}' lost: {reason}")]
+    WatchLost { object: String, reason: String },
     /// The operation did not complete within the op timeout; `last` says what went wrong
     /// on the last attempt.
     #[error("{what} timed out after {after:?} (last problem: {last})")]
@@ -67,6 +75,7 @@ impl ClientError {
             ErrorCode::Corrupt => ClientError::Corrupt(message),
             ErrorCode::Invalid => ClientError::Invalid(message),
             ErrorCode::NotSupported => ClientError::NotSupported(message),
+            ErrorCode::Blocklisted => ClientError::Blocklisted(message),
             ErrorCode::Io | ErrorCode::Misdirected | ErrorCode::Inactive => {
                 ClientError::Io(message)
             }

@@ -167,7 +167,12 @@ impl IoCtx {
         self.namespace = namespace.to_string();
     }
 
-    fn loc(&self, name: &str) -> ObjectLocator {
+    /// The cluster handle this context belongs to.
+    pub fn rados(&self) -> &Rados {
+        &self.rados
+    }
+
+    pub(crate) fn loc(&self, name: &str) -> ObjectLocator {
         ObjectLocator {
             pool: self.pool,
             namespace: self.namespace.clone(),

@@ -30,6 +30,7 @@ mod ioctx;
 mod ops;
 mod rados;
 mod scrub;
+mod watch;
 
 pub use config::ClientConfig;
 pub use error::ClientError;
@@ -40,3 +41,6 @@ pub use kelp_config::{ClusterConf, ConfFileError, GlobalSection, OsdSection};
 pub use kelp_maps::PoolSpec;
 pub use ops::{ReadOp, ReadResult, WriteOp};
 pub use rados::Rados;
+pub use watch::{
+    BlocklistEntry, Notification, NotifyAck, NotifyResult, Watch, WatchEvent, WatcherInfo,
+};

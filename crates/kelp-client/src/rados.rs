@@ -23,16 +23,23 @@ use crate::ioctx::IoCtx;
 pub(crate) struct Inner {
     pub(crate) cfg: ClientConfig,
     pub(crate) mon: Arc<MonClient>,
-    map_rx: watch::Receiver<Arc<OsdMap>>,
+    pub(crate) map_rx: watch::Receiver<Arc<OsdMap>>,
     /// PG mappings of the current map (every op needs its PG's primary).
-    mappings: kelp_maps::MappingCache,
+    pub(crate) mappings: kelp_maps::MappingCache,
     next_reqid: AtomicU64,
     subscription: tokio::task::JoinHandle<()>,
+    /// This connection's instance name (`Rados::instance`), sent with every op.
+    pub(crate) instance: String,
+    /// OSD traffic, on a messenger of its own whose pushes are watch events.
+    osd_msgr: Messenger,
+    /// The watches of this instance (`crate::watch`).
+    pub(crate) watches: Arc<crate::watch::Registry>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.subscription.abort();
+        self.osd_msgr.shutdown();
         self.mon.shutdown();
     }
 }
@@ -74,6 +81,8 @@ impl Rados {
         let start = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_micros() as u64);
+        let instance = crate::watch::instance_name(&cfg.entity);
+        let (osd_msgr, watches) = crate::watch::osd_messenger(&cfg)?;
         Ok(Rados {
             inner: Arc::new(Inner {
                 cfg,
@@ -82,6 +91,9 @@ impl Rados {
                 mappings: kelp_maps::MappingCache::new(),
                 next_reqid: AtomicU64::new(start),
                 subscription,
+                instance,
+                osd_msgr,
+                watches,
             }),
         })
     }
@@ -242,14 +254,26 @@ impl Rados {
         Ok(IoCtx::new(self.clone(), p.id, pool))
     }
 
-    /// The messenger used for OSD traffic (the monitor client's).
+    /// The messenger used for OSD traffic (this instance's own: OSDs push watch events on
+    /// its connections).
     pub(crate) fn msgr(&self) -> &Messenger {
-        self.inner.mon.messenger()
+        &self.inner.osd_msgr
+    }
+
+    /// This connection's client instance name, `ENTITY.NONCE` (e.g.
+    /// `client.admin.3f09c2d4e5a6b7c8`): unique per `Rados::connect`, sent with every op, and
+    /// what `osd blocklist` fences and watchers are listed as.
+    pub fn instance(&self) -> String {
+        self.inner.instance.clone()
     }
 }
 
 impl Inner {
-    async fn wait_for_epoch(&self, epoch: u32, deadline: Instant) -> Option<Arc<OsdMap>> {
+    pub(crate) async fn wait_for_epoch(
+        &self,
+        epoch: u32,
+        deadline: Instant,
+    ) -> Option<Arc<OsdMap>> {
         let mut rx = self.map_rx.clone();
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, rx.wait_for(|m| m.epoch >= epoch)).await {
@@ -402,6 +426,7 @@ impl Rados {
                     pg,
                     object: object.clone(),
                     ops: ops.clone(),
+                    instance: self.inner.instance.clone(),
                 })
             },
             data,
@@ -455,13 +480,31 @@ impl Rados {
         request: impl Fn(PgId, u32) -> Vec<u8>,
         data: Bytes,
     ) -> Result<(R, Bytes), ClientError> {
+        let timeout = self.inner.cfg.op_timeout;
+        self.call_primary_within(timeout, what, subject, msg_type, locate, request, data)
+            .await
+    }
+
+    /// [`Rados::call_primary`] with its own overall deadline (a notify waits for its
+    /// watchers longer than an op may take).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn call_primary_within<R: PrimaryReply>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        subject: &str,
+        msg_type: u16,
+        locate: impl Fn(&OsdMap) -> Result<PgId, ClientError>,
+        request: impl Fn(PgId, u32) -> Vec<u8>,
+        data: Bytes,
+    ) -> Result<(R, Bytes), ClientError> {
         let inner = &self.inner;
-        let mut retry = Retry::new(inner.cfg.op_timeout);
+        let mut retry = Retry::new(timeout);
         loop {
             if retry.expired() {
                 return Err(ClientError::Timeout {
                     what: what.to_string(),
-                    after: inner.cfg.op_timeout,
+                    after: timeout,
                     last: retry.last,
                 });
             }

@@ -486,6 +486,16 @@ pub const OSD_FAST_READ: KeyDef = KeyDef {
     doc: "EC pools read all shards and answer with the first k.",
 };
 
+/// `osd_client_watch_timeout`
+pub const OSD_CLIENT_WATCH_TIMEOUT: KeyDef = KeyDef {
+    name: "osd_client_watch_timeout",
+    default: Value::Secs(30.0),
+    min: Some(1.0),
+    max: None,
+    readers: "OSD, at runtime",
+    doc: "A watch whose client has not pinged it for this long is dropped by the object's primary (its client is presumed dead); clients ping at a third of it.",
+};
+
 /// Every key, in the order `kelp config help` and docs/CONFIG.md list them.
 pub const KEYS: &[&KeyDef] = &[
     &MON_MAX_INCREMENTALS,
@@ -514,6 +524,7 @@ pub const KEYS: &[&KeyDef] = &[
     &OSD_MAX_PG_LOG_ENTRIES,
     &OSD_STATS_INTERVAL,
     &OSD_FAST_READ,
+    &OSD_CLIENT_WATCH_TIMEOUT,
 ];
 
 #[cfg(test)]

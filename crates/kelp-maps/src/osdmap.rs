@@ -14,8 +14,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::MapError;
 
-/// Version byte in front of every encoded map and incremental.
-pub const OSD_MAP_FORMAT: u8 = 1;
+/// Version byte in front of every encoded map and incremental. 2 added the blocklist (format
+/// 1 maps still decode, with an empty blocklist; incrementals did not change shape, their new
+/// `Change` variants are appended).
+pub const OSD_MAP_FORMAT: u8 = 2;
 
 /// Cluster-wide flags, with Ceph's names and meanings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -263,6 +265,15 @@ pub enum Change {
     RemoveEcProfile {
         name: String,
     },
+    /// Fences a client instance (`osd blocklist add`), until `until_ms` (unix ms) if given.
+    Blocklist {
+        instance: String,
+        until_ms: Option<u64>,
+    },
+    /// Lifts a client instance's fence (`osd blocklist rm`, or its expiry).
+    Unblocklist {
+        instance: String,
+    },
 }
 
 /// The difference between map `epoch - 1` and map `epoch`.
@@ -280,7 +291,7 @@ impl Incremental {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Incremental, MapError> {
-        let body = check_version(bytes, "OSD map incremental")?;
+        let (_, body) = check_version(bytes, "OSD map incremental")?;
         postcard::from_bytes(body).map_err(|e| MapError::Decode {
             what: "OSD map incremental",
             reason: e.to_string(),
@@ -288,13 +299,13 @@ impl Incremental {
     }
 }
 
-fn check_version<'a>(bytes: &'a [u8], what: &'static str) -> Result<&'a [u8], MapError> {
+fn check_version<'a>(bytes: &'a [u8], what: &'static str) -> Result<(u8, &'a [u8]), MapError> {
     match bytes.split_first() {
         None => Err(MapError::Decode {
             what,
             reason: "empty input".into(),
         }),
-        Some((&v, body)) if v == OSD_MAP_FORMAT => Ok(body),
+        Some((&v, body)) if (1..=OSD_MAP_FORMAT).contains(&v) => Ok((v, body)),
         Some((&v, _)) => Err(MapError::UnsupportedVersion {
             what,
             got: v,
@@ -374,6 +385,10 @@ pub struct OsdMap {
     /// `default` (k=2 m=2, one shard per host, as Ceph). Pools copy the profile they are
     /// created from, so changing one here never changes an existing pool.
     pub ec_profiles: BTreeMap<String, Profile>,
+    /// Fenced client instances (`osd blocklist`), each with its expiry (unix ms) if any: OSDs
+    /// refuse their ops. An expired entry no longer fences (the leader monitor also removes
+    /// it); see [`OsdMap::is_blocklisted`].
+    pub blocklist: BTreeMap<String, Option<u64>>,
     /// CRUSH reweight vector derived from `osds` (rebuilt on every change).
     reweights: Vec<u32>,
 }
@@ -390,6 +405,22 @@ struct OsdMapWire {
     crush: String,
     pg_temp: BTreeMap<PgId, Vec<i32>>,
     /// Appended with erasure-coded pools: older encoded maps do not decode (see [`Pool`]).
+    ec_profiles: BTreeMap<String, Profile>,
+    /// Format 2.
+    blocklist: BTreeMap<String, Option<u64>>,
+}
+
+/// Format 1 of an encoded map: format 2 without the blocklist.
+#[derive(Serialize, Deserialize)]
+struct OsdMapWireV1 {
+    fsid: String,
+    epoch: u32,
+    flags: BTreeSet<ClusterFlag>,
+    osds: BTreeMap<i32, OsdInfo>,
+    pools: BTreeMap<u32, Pool>,
+    pool_max: u32,
+    crush: String,
+    pg_temp: BTreeMap<PgId, Vec<i32>>,
     ec_profiles: BTreeMap<String, Profile>,
 }
 
@@ -425,6 +456,7 @@ impl OsdMap {
             crush,
             pg_temp: BTreeMap::new(),
             ec_profiles: BTreeMap::from([(DEFAULT_EC_PROFILE.to_string(), Profile::default())]),
+            blocklist: BTreeMap::new(),
             reweights: Vec::new(),
         };
         map.rebuild_reweights();
@@ -442,6 +474,7 @@ impl OsdMap {
             crush: self.crush.to_text(),
             pg_temp: self.pg_temp.clone(),
             ec_profiles: self.ec_profiles.clone(),
+            blocklist: self.blocklist.clone(),
         };
         let mut out = vec![OSD_MAP_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("maps always encode"));
@@ -449,11 +482,28 @@ impl OsdMap {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<OsdMap, MapError> {
-        let body = check_version(bytes, "OSD map")?;
-        let wire: OsdMapWire = postcard::from_bytes(body).map_err(|e| MapError::Decode {
+        let (version, body) = check_version(bytes, "OSD map")?;
+        let bad = |e: postcard::Error| MapError::Decode {
             what: "OSD map",
             reason: e.to_string(),
-        })?;
+        };
+        let wire: OsdMapWire = if version == 1 {
+            let v1: OsdMapWireV1 = postcard::from_bytes(body).map_err(bad)?;
+            OsdMapWire {
+                fsid: v1.fsid,
+                epoch: v1.epoch,
+                flags: v1.flags,
+                osds: v1.osds,
+                pools: v1.pools,
+                pool_max: v1.pool_max,
+                crush: v1.crush,
+                pg_temp: v1.pg_temp,
+                ec_profiles: v1.ec_profiles,
+                blocklist: BTreeMap::new(),
+            }
+        } else {
+            postcard::from_bytes(body).map_err(bad)?
+        };
         let crush = kelp_crush::parse_text(&wire.crush)?;
         let mut map = OsdMap {
             fsid: wire.fsid,
@@ -465,6 +515,7 @@ impl OsdMap {
             crush,
             pg_temp: wire.pg_temp,
             ec_profiles: wire.ec_profiles,
+            blocklist: wire.blocklist,
             reweights: Vec::new(),
         };
         map.rebuild_reweights();
@@ -484,6 +535,59 @@ impl OsdMap {
 
     pub fn has_flag(&self, flag: ClusterFlag) -> bool {
         self.flags.contains(&flag)
+    }
+
+    /// Whether client `instance` is fenced at wall-clock time `now_ms` (unix ms): on the
+    /// blocklist with no expiry or one still ahead.
+    pub fn is_blocklisted(&self, instance: &str, now_ms: u64) -> bool {
+        self.blocklist
+            .get(instance)
+            .is_some_and(|until| until.is_none_or(|t| now_ms < t))
+    }
+
+    /// `osd blocklist add`: fences `instance` until `until_ms` (unix ms; `None`: until
+    /// removed). Re-adding replaces the expiry; `None` if nothing changes.
+    pub fn propose_blocklist_add(
+        &self,
+        instance: &str,
+        until_ms: Option<u64>,
+    ) -> Result<Option<Incremental>, MapError> {
+        if instance.is_empty() || instance.chars().any(char::is_whitespace) {
+            return Err(MapError::InvalidValue {
+                field: "blocklist",
+                reason: format!("'{instance}' is not a client instance name"),
+            });
+        }
+        if self.blocklist.get(instance) == Some(&until_ms) {
+            return Ok(None);
+        }
+        Ok(Some(self.next(vec![Change::Blocklist {
+            instance: instance.to_string(),
+            until_ms,
+        }])))
+    }
+
+    /// `osd blocklist rm`: `None` if `instance` is not on the blocklist.
+    pub fn propose_blocklist_rm(&self, instance: &str) -> Option<Incremental> {
+        self.blocklist.contains_key(instance).then(|| {
+            self.next(vec![Change::Unblocklist {
+                instance: instance.to_string(),
+            }])
+        })
+    }
+
+    /// Removes the blocklist entries whose expiry is at or before `now_ms` (the leader
+    /// monitor's housekeeping); `None` if none has expired.
+    pub fn propose_blocklist_expire(&self, now_ms: u64) -> Option<Incremental> {
+        let changes: Vec<Change> = self
+            .blocklist
+            .iter()
+            .filter(|(_, until)| until.is_some_and(|t| t <= now_ms))
+            .map(|(instance, _)| Change::Unblocklist {
+                instance: instance.clone(),
+            })
+            .collect();
+        (!changes.is_empty()).then(|| self.next(changes))
     }
 
     pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {
@@ -623,6 +727,12 @@ impl OsdMap {
                 self.ec_profiles
                     .remove(name)
                     .ok_or_else(|| MapError::NoSuchEcProfile(name.clone()))?;
+            }
+            Change::Blocklist { instance, until_ms } => {
+                self.blocklist.insert(instance.clone(), *until_ms);
+            }
+            Change::Unblocklist { instance } => {
+                self.blocklist.remove(instance);
             }
         }
         Ok(())
@@ -1685,5 +1795,63 @@ pub(crate) mod tests {
         assert!(map.crush.device(3).is_none());
         let (id, _) = map.propose_osd_create("new", "host0", WEIGHT_ONE).unwrap();
         assert_eq!(id, 3, "ids are reused once free");
+    }
+
+    #[test]
+    fn blocklist_fences_until_removed_or_expired() {
+        let mut map = cluster(3, "host");
+        assert!(!map.is_blocklisted("client.a.1", 0));
+        let inc = map
+            .propose_blocklist_add("client.a.1", None)
+            .unwrap()
+            .unwrap();
+        map.apply(&Incremental::decode(&inc.encode()).unwrap())
+            .unwrap();
+        assert!(map.is_blocklisted("client.a.1", u64::MAX));
+        assert!(
+            map.propose_blocklist_add("client.a.1", None)
+                .unwrap()
+                .is_none()
+        );
+        assert!(map.propose_blocklist_add("bad name", None).is_err());
+        let inc = map
+            .propose_blocklist_add("client.b.2", Some(1_000))
+            .unwrap()
+            .unwrap();
+        map.apply(&inc).unwrap();
+        assert!(map.is_blocklisted("client.b.2", 999));
+        assert!(!map.is_blocklisted("client.b.2", 1_000));
+        assert_eq!(OsdMap::decode(&map.encode()).unwrap(), map);
+        // Expiry removes only the entries that are due.
+        assert!(map.propose_blocklist_expire(999).is_none());
+        let inc = map.propose_blocklist_expire(1_000).unwrap();
+        map.apply(&inc).unwrap();
+        assert!(!map.blocklist.contains_key("client.b.2"));
+        assert!(map.blocklist.contains_key("client.a.1"));
+        let inc = map.propose_blocklist_rm("client.a.1").unwrap();
+        map.apply(&inc).unwrap();
+        assert!(map.blocklist.is_empty());
+        assert!(map.propose_blocklist_rm("client.a.1").is_none());
+    }
+
+    #[test]
+    fn format_1_maps_still_decode() {
+        let map = cluster(3, "host");
+        let v1 = OsdMapWireV1 {
+            fsid: map.fsid.clone(),
+            epoch: map.epoch,
+            flags: map.flags.clone(),
+            osds: map.osds.clone(),
+            pools: map.pools.clone(),
+            pool_max: map.pool_max,
+            crush: map.crush.to_text(),
+            pg_temp: map.pg_temp.clone(),
+            ec_profiles: map.ec_profiles.clone(),
+        };
+        let mut bytes = vec![1u8];
+        bytes.extend(postcard::to_stdvec(&v1).unwrap());
+        let decoded = OsdMap::decode(&bytes).unwrap();
+        assert_eq!(decoded, map);
+        assert!(decoded.blocklist.is_empty());
     }
 }

@@ -569,7 +569,8 @@ impl Inner {
             | MonCommand::AuthList
             | MonCommand::PgRecordGet { .. }
             | MonCommand::EcProfileGet { .. }
-            | MonCommand::EcProfileLs => {
+            | MonCommand::EcProfileLs
+            | MonCommand::BlocklistLs => {
                 if self.is_leader() && self.raft.ensure_linearizable().await.is_ok() {
                     self.read_only(&cmd)
                 } else {
@@ -582,6 +583,18 @@ impl Inner {
                 } else {
                     self.forward(cmd, forwarded).await
                 }
+            }
+            MonCommand::BlocklistAdd {
+                instance,
+                expire_secs,
+            } => {
+                // The expiry becomes a wall-clock time here, on the leader (applying the log
+                // entry reads no clock).
+                let entry = MonEntry::BlocklistAdd {
+                    instance: instance.clone(),
+                    until_ms: expire_secs.map(|s| unix_ms().saturating_add(s.saturating_mul(1000))),
+                };
+                self.write(entry, cmd, forwarded).await
             }
             MonCommand::AuthGetOrCreate { entity } => {
                 let entry = MonEntry::AuthGetOrCreate {
@@ -766,6 +779,13 @@ impl Inner {
             }
         }
     }
+}
+
+/// Wall-clock time, unix ms (blocklist expiries).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn same_peer(a: &Peer, b: &Peer) -> bool {
@@ -981,7 +1001,11 @@ async fn leader_loop(inner: Arc<Inner>) {
                 .filter_map(|p| p.entity().strip_prefix("osd.")?.parse().ok())
                 .collect();
             let mut liveness = inner.liveness();
-            let proposals = liveness.tick(map, &connected, Instant::now(), &params);
+            let mut proposals = liveness.tick(map, &connected, Instant::now(), &params);
+            let now_ms = unix_ms();
+            if map.propose_blocklist_expire(now_ms).is_some() {
+                proposals.push(MonEntry::BlocklistExpire { now_ms });
+            }
             for p in &proposals {
                 match p {
                     MonEntry::MarkDown { id, .. } => {

@@ -74,6 +74,14 @@ pub enum MonEntry {
     /// The leader's statistics say some up OSD is at or past `mon_osd_full_ratio` (`on`), or
     /// that every up OSD has reported below it (`!on`): sets or clears the map's `full` flag.
     SetFull { on: bool },
+    // New variants at the end (the log is persisted, numbered by position).
+    /// `osd blocklist add`, with the expiry the leader computed from its clock (unix ms).
+    BlocklistAdd {
+        instance: String,
+        until_ms: Option<u64>,
+    },
+    /// The leader's clock says blocklist entries expiring at or before `now_ms` are due.
+    BlocklistExpire { now_ms: u64 },
 }
 
 /// The replicated state of the monitors.
@@ -254,6 +262,14 @@ impl MonState {
                 let inc = map.propose_flag(ClusterFlag::Full, *on);
                 self.commit(Ok(inc))
             }
+            MonEntry::BlocklistAdd { instance, until_ms } => {
+                let inc = map.propose_blocklist_add(instance, *until_ms);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonEntry::BlocklistExpire { now_ms } => {
+                let inc = map.propose_blocklist_expire(*now_ms);
+                self.commit(Ok(inc))
+            }
         };
         result.unwrap_or_else(refuse)
     }
@@ -412,7 +428,24 @@ impl MonState {
             }
             MonCommand::PgRecordGet { .. }
             | MonCommand::EcProfileGet { .. }
-            | MonCommand::EcProfileLs => Ok(self.read_only(cmd)),
+            | MonCommand::EcProfileLs
+            | MonCommand::BlocklistLs => Ok(self.read_only(cmd)),
+            MonCommand::BlocklistAdd {
+                instance,
+                expire_secs: None,
+            } => {
+                let inc = map.propose_blocklist_add(instance, None);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::BlocklistAdd { .. } => Err(MonError::InvalidSpec(
+                "a blocklist entry with an expiry is logged with the leader's clock \
+                 (MonEntry::BlocklistAdd)"
+                    .into(),
+            )),
+            MonCommand::BlocklistRm { instance } => {
+                let inc = map.propose_blocklist_rm(instance);
+                self.commit(Ok(inc))
+            }
             MonCommand::EcProfileSet { name, words, force } => {
                 let profile = kelp_ec::Profile::from_words(words)?;
                 let inc = map.propose_ec_profile_set(name, &profile, *force);
@@ -642,6 +675,20 @@ impl MonState {
                     None => refuse(kelp_maps::MapError::NoSuchEcProfile(name.clone())),
                 }
             }
+            MonCommand::BlocklistLs => MonReply::Blocklist(
+                self.osdmap
+                    .as_ref()
+                    .map(|m| {
+                        m.blocklist
+                            .iter()
+                            .map(|(instance, expires)| kelp_proto::BlocklistEntry {
+                                instance: instance.clone(),
+                                expires: *expires,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            ),
             MonCommand::EcProfileLs => MonReply::EcProfileNames(
                 self.osdmap
                     .as_ref()

@@ -278,6 +278,7 @@ pub async fn run(
     }
     let stats_task = tokio::spawn(report_stats(service.clone(), mon.clone()));
     let scrubber = service.start_scrubber();
+    let watch_ticker = crate::watch::start(Arc::downgrade(service.watches()));
     let snap_trimmer = crate::snap_trim::start(&service);
     let config_follower = tokio::spawn(follow_scrub_config(
         mon.clone(),
@@ -330,6 +331,7 @@ pub async fn run(
     info!(%entity, "shutting down");
     stats_task.abort();
     scrubber.abort();
+    watch_ticker.abort();
     snap_trimmer.abort();
     config_follower.abort();
     mon_forwarder.abort();
@@ -424,6 +426,7 @@ async fn follow_scrub_config(
                     s.set_recovery_config(
                         crate::recovery::RecoveryConfig::default().with_central(&entries, id),
                     );
+                    s.watches().set_timeout(watch_timeout(&entries, id));
                 }
                 None => return,
             },
@@ -432,6 +435,23 @@ async fn follow_scrub_config(
         }
         tokio::time::sleep(CONFIG_REFRESH).await;
     }
+}
+
+/// `osd_client_watch_timeout` from the central config (most specific entry wins).
+fn watch_timeout(entries: &[kelp_proto::ConfigEntry], id: i32) -> Duration {
+    let me = format!("osd.{id}");
+    let key = &kelp_config::keys::OSD_CLIENT_WATCH_TIMEOUT;
+    ["global", "osd", me.as_str()]
+        .iter()
+        .filter_map(|who| {
+            entries
+                .iter()
+                .find(|e| e.who == *who && e.key == key.name)
+                .and_then(|e| e.value.parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s > 0.0)
+        })
+        .next_back()
+        .map_or(key.default.as_duration(), Duration::from_secs_f64)
 }
 
 /// How often a down OSD asks to be marked up again while its boots are refused (`noup`).

@@ -15,7 +15,9 @@
 //! * `error` is the crate's error type (`OsdError`), which says whether a failure is worth
 //!   retrying;
 //! * `scrub_map` builds and compares scrub maps (pure comparison, blocking store reads), and
-//!   `scrub` runs scrubs and repairs as the PG's primary.
+//!   `scrub` runs scrubs and repairs as the PG's primary;
+//! * `watch` keeps the watchers of the primary's objects and the notifies in progress (a pure
+//!   table plus the glue that pushes events), and says which clients are fenced;
 //! * `snapset` holds the self-managed snapshot decisions (pure), `snaps` the primary's
 //!   snapshot I/O around them, and `snap_trim` the worker that trims removed snapshots.
 
@@ -42,6 +44,7 @@ pub mod snap_trim;
 pub mod snaps;
 pub mod snapset;
 pub mod stats;
+pub mod watch;
 
 pub use error::OsdError;
 pub use exec::{ExecError, Executed, Limits, Stamp, StatDelta, execute, object_id};

@@ -141,6 +141,11 @@ impl Dispatcher for OsdDispatcher {
                     Bytes::new(),
                 ))
             }
+            msg_type::OSD_WATCH => {
+                let w: kelp_proto::WatchRequest = decode(&req.meta, "WatchRequest").map_err(bad)?;
+                let (reply, data) = self.service.watch_op(req.peer, w, req.data).await;
+                Ok(Response::new(msg_type::OSD_WATCH, encode(&reply), data))
+            }
             msg_type::OSD_PGLS => {
                 let list: PgList = decode(&req.meta, "PgList").map_err(bad)?;
                 let reply = self.service.pg_list(list).await;

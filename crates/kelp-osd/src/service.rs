@@ -115,6 +115,8 @@ pub struct OsdService {
     started: Instant,
     /// PG mappings of the current map, for the client-op path.
     mappings: kelp_maps::MappingCache,
+    /// Watchers of this OSD's primary objects and notifies in progress (`crate::watch`).
+    watches: Arc<crate::watch::Watches>,
 }
 
 /// Clients count as busy on an OSD for this long after their last op.
@@ -165,7 +167,57 @@ impl OsdService {
             last_client_op_ms: AtomicU64::new(u64::MAX),
             started: Instant::now(),
             mappings: kelp_maps::MappingCache::new(),
+            watches: Arc::default(),
         })
+    }
+
+    /// Watch/notify state (`crate::watch`): the daemon runs its expiry ticks and sets its
+    /// timeout.
+    pub fn watches(&self) -> &Arc<crate::watch::Watches> {
+        &self.watches
+    }
+
+    /// A watch operation: admitted like a stat of the object (this OSD must be the active
+    /// primary, the instance not fenced; watching, notifying and listing need the object to
+    /// exist), then served by the watch table.
+    pub async fn watch_op(
+        self: &Arc<Self>,
+        peer: kelp_msgr::Peer,
+        req: kelp_proto::WatchRequest,
+        data: Bytes,
+    ) -> (kelp_proto::WatchReply, Bytes) {
+        use kelp_proto::WatchOp;
+        let stat = OsdOp {
+            reqid: req.reqid,
+            epoch: req.epoch,
+            pg: req.pg,
+            object: req.object.clone(),
+            ops: vec![kelp_proto::OpKind::Stat],
+            instance: req.instance.clone(),
+        };
+        let (reply, _) = self.client_op(peer.entity(), stat, Bytes::new()).await;
+        let needs_object = matches!(
+            req.op,
+            WatchOp::Watch { .. } | WatchOp::Notify { .. } | WatchOp::ListWatchers
+        );
+        match reply.error {
+            Some((ErrorCode::NotFound, _)) if !needs_object => {}
+            Some(error) => {
+                let result = kelp_proto::WatchResult::None;
+                let epoch = reply.epoch;
+                let error = Some(error);
+                return (
+                    kelp_proto::WatchReply {
+                        error,
+                        epoch,
+                        result,
+                    },
+                    Bytes::new(),
+                );
+            }
+            None => {}
+        }
+        self.watches.handle(peer, &req, data, reply.epoch).await
     }
 
     /// Where this OSD sends commands for the monitors (the daemon forwards them).
@@ -255,6 +307,9 @@ impl OsdService {
                 }
             }
         }
+        self.watches.on_map(&map, |pg| {
+            map.pg_mapping(pg).is_ok_and(|m| m.acting_primary == me)
+        });
         Ok(())
     }
 
@@ -360,6 +415,15 @@ impl OsdService {
         op: OsdOp,
         data: Bytes,
     ) -> (OsdOpReply, Bytes) {
+        // Fencing first, with a map at least as new as the client's (the blocklisting client
+        // sends ops at the epoch that has its entry).
+        let mut map = self.map();
+        if map.epoch < op.epoch {
+            map = self.map_at_least(op.epoch).await;
+        }
+        if let Some((code, message)) = crate::watch::fenced(&map, &op.instance) {
+            return reply_err(code, message, map.epoch);
+        }
         let is_write = op.ops.iter().any(|o| o.is_write());
         if is_write {
             let mut map = self.map();
@@ -641,6 +705,10 @@ impl OsdService {
             drop(state);
             settled.await;
         };
+        // Fenced while it waited for the PG (the blocklisting map arrived meanwhile).
+        if let Some((code, message)) = crate::watch::fenced(&self.map(), &op.instance) {
+            return reply_err(code, message, epoch);
+        }
         // Snapshots: plan the clone, a rollback and the new snapset under the PG's write lock
         // (`crate::snapset::plan_write`); the trimmer's op becomes the trimmed snapset.
         let mut snap_plan: Option<(crate::snapset::WritePlan, crate::snapset::HeadFacts)> = None;

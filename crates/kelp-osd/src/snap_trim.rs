@@ -197,5 +197,7 @@ fn trim_op(pg: PgId, epoch: u32, reqid: u64, object: &ObjectLocator, ops: Vec<Op
         pg,
         object: object.clone(),
         ops,
+        // The OSD's own trimmer: never on a client blocklist.
+        instance: String::new(),
     }
 }

@@ -237,6 +237,7 @@ impl Cluster {
             pg: self.map.object_pg(self.pool, name, None, "").unwrap(),
             object: self.loc(name),
             ops,
+            instance: "client.test.1".into(),
         }
     }
 
@@ -798,6 +799,7 @@ async fn scrubs_under_concurrent_writes_report_no_false_inconsistencies() {
                         ops: vec![OpKind::WriteFull {
                             len: body.len() as u64,
                         }],
+                        instance: "client.test.1".into(),
                     };
                     let (reply, _) = primary
                         .client_op("client.writer", op, Bytes::from(body))

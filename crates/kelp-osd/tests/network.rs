@@ -126,6 +126,7 @@ async fn ops_replicate_and_list_over_the_wire() {
             ops: vec![OpKind::WriteFull {
                 len: body.len() as u64,
             }],
+            instance: "client.admin.1".into(),
         };
         let resp = client
             .connection(addrs[primary])

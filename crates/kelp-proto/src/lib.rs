@@ -13,11 +13,12 @@ mod mon;
 mod osd;
 mod scrub;
 mod stats;
+mod watch;
 
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{
-    ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
-    OsdFailure, PgActivation, PgRecord, Subscribe,
+    ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply,
+    OsdBoot, OsdFailure, PgActivation, PgRecord, Subscribe,
 };
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
@@ -33,6 +34,9 @@ pub use stats::{
     Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdStatsReportV1, OsdSummary,
     PG_STATE_ORDER, PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgState, PgStateFlag, PgSummary,
     RecoveryCounters, RecoveryRates, StatsAck, UnknownPgState, pg_state_name,
+};
+pub use watch::{
+    WatchEvent, WatchEventKind, WatchOp, WatchReply, WatchRequest, WatchResult, WatcherId,
 };
 
 /// Message types carried in the messenger's frame header.
@@ -77,4 +81,8 @@ pub mod msg_type {
     pub const OSD_PING: u16 = 0x0224;
     /// Primary → member: `EcRead`; reply `EcReadReply` + shard bytes (erasure-coded pools).
     pub const OSD_EC_READ: u16 = 0x0230;
+    /// Client → primary OSD: `WatchRequest` (+ payload); reply `WatchReply` (+ notify replies).
+    pub const OSD_WATCH: u16 = 0x0240;
+    /// Primary OSD → watching client (one-way push): `WatchEvent` (+ notify payload).
+    pub const OSD_WATCH_EVENT: u16 = 0x0241;
 }

@@ -115,6 +115,19 @@ pub enum MonCommand {
     EcProfileRm {
         name: String,
     },
+    /// `kelp osd blocklist add INSTANCE [EXPIRE]`: fences a client instance; OSDs refuse its
+    /// ops from the answered epoch on. `expire_secs`: removed automatically after that long
+    /// (the leader turns it into a wall-clock time). Answered with `Done`.
+    BlocklistAdd {
+        instance: String,
+        expire_secs: Option<u64>,
+    },
+    /// `kelp osd blocklist rm INSTANCE`. Answered with `Done`.
+    BlocklistRm {
+        instance: String,
+    },
+    /// `kelp osd blocklist ls`: answered with `Blocklist`.
+    BlocklistLs,
     /// Allocates a self-managed snapshot id in `pool` (the pool's `snap_seq + 1`): answered
     /// with `SnapId`.
     PoolSnapCreate {
@@ -126,6 +139,13 @@ pub enum MonCommand {
         pool: String,
         snap: u64,
     },
+}
+
+/// One blocklisted client instance, and when its entry expires (unix ms; `None`: never).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlocklistEntry {
+    pub instance: String,
+    pub expires: Option<u64>,
 }
 
 /// The members that held every acknowledged write of a PG when it last went active (the
@@ -240,6 +260,8 @@ pub enum MonReply {
     },
     /// `EcProfileLs`: profile names, sorted.
     EcProfileNames(Vec<String>),
+    /// `BlocklistLs`, sorted by instance.
+    Blocklist(Vec<BlocklistEntry>),
     /// `PoolSnapCreate`: the new snapshot id, visible from OSD map `epoch` on.
     SnapId {
         snap: u64,

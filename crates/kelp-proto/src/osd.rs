@@ -226,6 +226,9 @@ pub struct OsdOp {
     pub pg: PgId,
     pub object: ObjectLocator,
     pub ops: Vec<OpKind>,
+    /// The client instance sending it (`Rados::instance`, e.g. `client.admin.5f3a…`): OSDs
+    /// refuse every op of an instance on the OSD map's blocklist.
+    pub instance: String,
 }
 
 /// Why an op failed. Stable codes, mapped to S3/NBD/errno at the edges.
@@ -258,6 +261,9 @@ pub enum ErrorCode {
     Io,
     /// The pool cannot do this (omap on an erasure-coded pool: EOPNOTSUPP).
     NotSupported,
+    /// The client instance is on the OSD map's blocklist (fenced; ESHUTDOWN, Ceph's
+    /// EBLOCKLISTED). Final: the instance must reconnect as a new one.
+    Blocklisted,
 }
 
 /// An object's snapshot set as `ListSnaps` returns it (Ceph's `rados listsnaps`).
@@ -495,6 +501,7 @@ mod tests {
                     len: 2,
                 },
             ],
+            instance: "client.admin.1".into(),
         };
         let bytes = encode(&op);
         assert_eq!(decode::<OsdOp>(&bytes, "op").unwrap(), op);

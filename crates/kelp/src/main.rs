@@ -63,6 +63,12 @@ enum Command {
     Pool(cmd::pool::PoolCommand),
     /// Objects: put, get, ls, rm, stat, xattrs, omap, and the `bench` load generator.
     Rados(cmd::rados::RadosArgs),
+    /// Block images: create, ls, info, resize, rm, mv, du, snapshots, clones, import/export,
+    /// bench (like Ceph's `rbd`). Images are served to block clients by `kelp nbd`.
+    Rbd(cmd::rbd::RbdArgs),
+    /// Serve block images over NBD (export POOL/IMAGE, or POOL/IMAGE@SNAP read-only) to qemu,
+    /// nbdcopy, nbdfuse, fio or the kernel's nbd-client.
+    Nbd(cmd::nbd::NbdArgs),
     /// Cluster status: health, monitors, OSDs, pools and PG states.
     Status(cmd::status::StatusArgs),
     /// Space used, per pool and in all (Ceph's `ceph df`): RAW STORAGE (the OSDs' size,
@@ -147,6 +153,8 @@ fn main() -> ExitCode {
         Command::Osd(c) => cmd::osd::run(c, &g),
         Command::Pool(c) => cmd::pool::run(c, &g),
         Command::Rados(a) => cmd::rados::run(a, &g),
+        Command::Rbd(a) => cmd::rbd::run(a, &g),
+        Command::Nbd(a) => cmd::nbd::run(a, &g),
         Command::Status(a) => cmd::status::run_status(a, &g),
         Command::Health(a) => cmd::status::run_health(a, &g),
         Command::Df(a) => cmd::df::run(a, &g),

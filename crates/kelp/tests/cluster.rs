@@ -59,6 +59,8 @@ impl Cluster {
             "--timeout-secs",
             "90",
             "--no-rgw",
+            "--nbd-port",
+            "0",
         ];
         args.extend_from_slice(extra);
         let out = kelp(&args);

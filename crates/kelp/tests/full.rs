@@ -47,6 +47,8 @@ impl Cluster {
             "--timeout-secs",
             "90",
             "--no-rgw",
+            "--nbd-port",
+            "0",
         ]);
         let c = Cluster { _tmp: tmp, dir };
         assert!(

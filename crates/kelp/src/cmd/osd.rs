@@ -61,6 +61,26 @@ pub enum OsdCommand {
     /// from one.
     #[command(subcommand)]
     ErasureCodeProfile(crate::cmd::ec_profile::EcProfileCommand),
+    /// Fence client instances (like `ceph osd blocklist`): add, rm, ls.
+    ///
+    /// OSDs refuse every operation of a blocklisted client instance (a `Rados` connection,
+    /// named `ENTITY.NONCE`, as `kelp rados listwatchers` shows them) and drop its watches;
+    /// `add` returns once the OSD map that has the entry is committed.
+    #[command(subcommand)]
+    Blocklist(BlocklistCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BlocklistCommand {
+    /// Blocklist INSTANCE, for EXPIRE_SECONDS if given (else until removed).
+    Add {
+        instance: String,
+        expire_seconds: Option<u64>,
+    },
+    /// Remove INSTANCE from the blocklist.
+    Rm { instance: String },
+    /// List the blocklist: each instance and when its entry expires.
+    Ls,
 }
 
 #[derive(Args, Debug)]
@@ -146,6 +166,7 @@ pub fn run(cmd: OsdCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> 
         OsdCommand::DeepScrub(a) => crate::cmd::scrub::run_osd_scrub(a, true, g),
         OsdCommand::Df(a) => df(a, g),
         OsdCommand::ErasureCodeProfile(c) => crate::cmd::ec_profile::run(c, g),
+        OsdCommand::Blocklist(c) => blocklist(c, g),
         OsdCommand::Lost(a) => {
             if !a.yes_i_really_mean_it {
                 bail!(
@@ -249,6 +270,93 @@ pub async fn purge(rados: &kelp_client::Rados, osd: i32, force: bool) -> Result<
         MonReply::Error { message } => bail!("removing the key of osd.{osd}: {message}"),
         other => bail!("removing the key of osd.{osd}: unexpected reply {other:?}"),
     }
+}
+
+fn blocklist(cmd: BlocklistCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
+    let rt = common::runtime()?;
+    rt.block_on(async {
+        let rados = g.conf.connect().await?;
+        match cmd {
+            BlocklistCommand::Add {
+                instance,
+                expire_seconds,
+            } => {
+                let expire = expire_seconds.map(std::time::Duration::from_secs);
+                let epoch = rados.blocklist_add(&instance, expire).await?;
+                match expire_seconds {
+                    Some(s) => {
+                        eprintln!("blocklisting {instance} for {s} s (osdmap epoch {epoch})")
+                    }
+                    None => eprintln!("blocklisting {instance} (osdmap epoch {epoch})"),
+                }
+            }
+            BlocklistCommand::Rm { instance } => {
+                let listed = rados
+                    .blocklist_ls()
+                    .await?
+                    .iter()
+                    .any(|e| e.instance == instance);
+                let epoch = rados.blocklist_rm(&instance).await?;
+                if listed {
+                    eprintln!("un-blocklisting {instance} (osdmap epoch {epoch})");
+                } else {
+                    eprintln!("{instance} isn't blocklisted");
+                }
+            }
+            BlocklistCommand::Ls => {
+                let entries = rados.blocklist_ls().await?;
+                match g.format {
+                    OutputFormat::Json => println!(
+                        "{}",
+                        serde_json::json!(
+                            entries
+                                .iter()
+                                .map(|e| serde_json::json!({
+                                    "addr": e.instance,
+                                    "until": e.expires.map(format_unix_ms),
+                                    "expires_ms": e.expires,
+                                }))
+                                .collect::<Vec<_>>()
+                        )
+                    ),
+                    OutputFormat::Plain => {
+                        for e in &entries {
+                            match e.expires {
+                                Some(ms) => println!("{} {}", e.instance, format_unix_ms(ms)),
+                                None => println!("{} never", e.instance),
+                            }
+                        }
+                        eprintln!("listed {} entries", entries.len());
+                    }
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Unix milliseconds as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
+fn format_unix_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
 }
 
 fn set_flag(a: FlagArgs, on: bool, g: &crate::cmd::common::Global) -> Result<ExitCode> {
@@ -540,4 +648,16 @@ fn tree_text(map: &OsdMap) -> String {
         walk(map, r, 0, &mut out);
     }
     out
+}
+
+#[cfg(test)]
+mod blocklist_tests {
+    #[test]
+    fn unix_ms_prints_as_utc() {
+        assert_eq!(super::format_unix_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            super::format_unix_ms(1_795_000_000_123),
+            "2026-11-18T11:06:40.123Z"
+        );
+    }
 }

@@ -90,6 +90,28 @@ pub enum RadosCommand {
     Bench(BenchArgs),
     /// Remove objects left by `bench --no-cleanup`.
     Cleanup,
+    /// Watch object NAME (which must exist): print each notification as it arrives
+    /// (`NOTIFY cookie=C notify_id=N from=INSTANCE: MESSAGE`) and acknowledge it, until
+    /// SIGINT/SIGTERM (like `rados watch`). The first line names this watcher.
+    Watch {
+        name: String,
+        /// Reply sent with each acknowledgement (the notifier prints it).
+        #[arg(long, default_value = "")]
+        reply: String,
+    },
+    /// Notify the watchers of object NAME with MESSAGE and print their acknowledgements
+    /// (`reply from INSTANCE cookie=C: REPLY`) and the watchers that did not answer in time
+    /// (`timed out: INSTANCE cookie=C`) (like `rados notify`).
+    Notify {
+        name: String,
+        message: String,
+        /// Seconds to wait for the watchers' acknowledgements.
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
+    },
+    /// List the watchers of object NAME (`watcher=INSTANCE cookie=C`; like
+    /// `rados listwatchers`).
+    Listwatchers { name: String },
     /// An object's snapshots: its clones, the snapshot ids each serves and their sizes, and
     /// the head (like `rados listsnaps`; `--format json` for a document).
     Listsnaps { name: String },
@@ -266,6 +288,75 @@ pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                 let n = cleanup(&io).await?;
                 eprintln!("removed {n} benchmark objects");
             }
+            RadosCommand::Watch { name, reply } => watch(&io, &name, reply, g.format).await?,
+            RadosCommand::Notify {
+                name,
+                message,
+                timeout,
+            } => {
+                if !(timeout.is_finite() && timeout > 0.0) {
+                    bail!("--timeout must be a positive number of seconds");
+                }
+                let result = io
+                    .notify(
+                        &name,
+                        Bytes::from(message.into_bytes()),
+                        Duration::from_secs_f64(timeout),
+                    )
+                    .await?;
+                let text = |b: &Bytes| String::from_utf8_lossy(b).into_owned();
+                match g.format {
+                    OutputFormat::Json => println!(
+                        "{}",
+                        serde_json::json!({
+                            "acks": result.acks.iter().map(|a| serde_json::json!({
+                                "instance": a.watcher.instance,
+                                "cookie": a.watcher.cookie,
+                                "reply": text(&a.reply),
+                            })).collect::<Vec<_>>(),
+                            "timed_out": result.timed_out.iter().map(|w| serde_json::json!({
+                                "instance": w.instance,
+                                "cookie": w.cookie,
+                            })).collect::<Vec<_>>(),
+                        })
+                    ),
+                    OutputFormat::Plain => {
+                        for a in &result.acks {
+                            println!(
+                                "reply from {} cookie={}: {}",
+                                a.watcher.instance,
+                                a.watcher.cookie,
+                                text(&a.reply)
+                            );
+                        }
+                        for w in &result.timed_out {
+                            println!("timed out: {} cookie={}", w.instance, w.cookie);
+                        }
+                    }
+                }
+            }
+            RadosCommand::Listwatchers { name } => {
+                let watchers = io.watchers(&name).await?;
+                match g.format {
+                    OutputFormat::Json => println!(
+                        "{}",
+                        serde_json::json!(
+                            watchers
+                                .iter()
+                                .map(|w| serde_json::json!({
+                                    "instance": w.instance,
+                                    "cookie": w.cookie,
+                                }))
+                                .collect::<Vec<_>>()
+                        )
+                    ),
+                    OutputFormat::Plain => {
+                        for w in watchers {
+                            println!("watcher={} cookie={}", w.instance, w.cookie);
+                        }
+                    }
+                }
+            }
             RadosCommand::Listsnaps { name } => {
                 let ss = io.list_snaps(&name).await?;
                 match g.format {
@@ -284,6 +375,49 @@ pub fn run(a: RadosArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `rados watch`: prints notifications and acknowledges them until interrupted.
+async fn watch(io: &IoCtx, name: &str, reply: String, format: OutputFormat) -> Result<()> {
+    let mut w = io.watch(name).await?;
+    let me = io.rados().instance();
+    println!("watching {name} as {me} cookie={}", w.cookie());
+    std::io::stdout().flush()?;
+    let reply = Bytes::from(reply.into_bytes());
+    let stop = interrupted();
+    tokio::pin!(stop);
+    loop {
+        let event = tokio::select! {
+            () = &mut stop => break,
+            e = w.next() => e,
+        };
+        match event {
+            Some(kelp_client::WatchEvent::Notify(n)) => {
+                let msg = String::from_utf8_lossy(&n.payload);
+                match format {
+                    OutputFormat::Json => println!(
+                        "{}",
+                        serde_json::json!({"cookie": w.cookie(), "notify_id": n.id,
+                            "notifier": n.notifier, "payload": msg})
+                    ),
+                    OutputFormat::Plain => println!(
+                        "NOTIFY cookie={} notify_id={} from={}: {msg}",
+                        w.cookie(),
+                        n.id,
+                        n.notifier
+                    ),
+                }
+                std::io::stdout().flush()?;
+                if let Err(e) = w.ack(n.id, reply.clone()).await {
+                    eprintln!("acknowledging notify {}: {e}", n.id);
+                }
+            }
+            Some(kelp_client::WatchEvent::Error(e)) => bail!("watch on '{name}' ended: {e}"),
+            None => break,
+        }
+    }
+    w.unwatch().await?;
+    Ok(())
 }
 
 /// `SEQ` or `SEQ:ID,ID,…`.

@@ -63,6 +63,13 @@ pub struct UpArgs {
     /// Do not run an S3 gateway.
     #[arg(long)]
     pub no_rgw: bool,
+    /// Port of the NBD server (`kelp nbd`, exporting the block images) on 127.0.0.1; a free
+    /// port is picked if it is taken. Chosen once, when the server is first set up.
+    #[arg(long, default_value_t = crate::cmd::nbd::DEFAULT_PORT)]
+    pub nbd_port: u16,
+    /// Do not run an NBD server.
+    #[arg(long)]
+    pub no_nbd: bool,
     /// Erasure-code the S3 gateway's object data, K data + M parity shards per object (e.g.
     /// `4+2`: any 2 OSDs may fail, 1.5× raw space instead of 3×). Makes the profile
     /// `kelp-K-M` (crush-failure-domain=osd: this is one host, so each shard goes to another
@@ -139,12 +146,20 @@ fn parse_ec_spec(text: &str) -> Result<EcSpec> {
 
 /// The gateway's directory in a cluster directory (holds its port, address and pid).
 const RGW_DIR: &str = "rgw.gw";
+/// The NBD server's directory in a cluster directory (its port, address and pid).
+const NBD_DIR: &str = "nbd.0";
 /// The S3 user `kelp up` creates.
 const DEFAULT_S3_USER: &str = "kelp";
 
 /// Sets up the gateway of the cluster in `dir` (its port) unless it exists.
 fn create_rgw(dir: &Path, port: u16) -> Result<()> {
-    let gw = dir.join(RGW_DIR);
+    create_service_dir(dir, RGW_DIR, port, "the S3 gateway")
+}
+
+/// Sets up a service's directory `name` in `dir` with the port it will listen on (`port`, or a
+/// free one if that is taken), unless it exists.
+fn create_service_dir(dir: &Path, name: &str, port: u16, what: &str) -> Result<()> {
+    let gw = dir.join(name);
     if gw.join("port").exists() {
         return Ok(());
     }
@@ -153,7 +168,7 @@ fn create_rgw(dir: &Path, port: u16) -> Result<()> {
         port
     } else {
         let p = free_port()?;
-        eprintln!("port {port} is taken; the S3 gateway will use port {p}");
+        eprintln!("port {port} is taken; {what} will use port {p}");
         p
     };
     std::fs::write(gw.join("port"), format!("{port}\n"))?;
@@ -559,6 +574,21 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
                     dir.join(&name).display().to_string(),
                 ],
             });
+        } else if name == NBD_DIR {
+            let port = std::fs::read_to_string(dir.join(&name).join("port"))
+                .with_context(|| format!("reading {}/{name}/port", dir.display()))?;
+            rgws.push(Daemon {
+                name: name.clone(),
+                args: vec![
+                    "nbd".into(),
+                    "-c".into(),
+                    conf.clone(),
+                    "--bind".into(),
+                    format!("127.0.0.1:{}", port.trim()),
+                    "--data".into(),
+                    dir.join(&name).display().to_string(),
+                ],
+            });
         } else if let Some(id) = name.strip_prefix("osd.")
             && let Ok(id) = id.parse::<u32>()
         {
@@ -801,11 +831,15 @@ async fn wait_osds(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if new && rados.osd_map().pool_by_name(DEFAULT_POOL).is_none() {
+    // The object pool, and the block images' pool (`kelp rbd`, `kelp nbd`).
+    for pool in [DEFAULT_POOL, crate::cmd::rbd::DEFAULT_POOL] {
+        if !new || rados.osd_map().pool_by_name(pool).is_some() {
+            continue;
+        }
         let size = (osds as u32).min(3);
         rados
             .create_pool(PoolSpec {
-                name: DEFAULT_POOL.into(),
+                name: pool.into(),
                 pg_num: Some(pg_num),
                 size: Some(size),
                 min_size: None,
@@ -813,7 +847,7 @@ async fn wait_osds(
                 erasure: None,
             })
             .await
-            .context("creating the default pool")?;
+            .with_context(|| format!("creating pool '{pool}'"))?;
     }
     Ok(())
 }
@@ -872,9 +906,12 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     if !a.no_rgw {
         create_rgw(&dir, a.rgw_port)?;
     }
+    if !a.no_nbd {
+        create_service_dir(&dir, NBD_DIR, a.nbd_port, "the NBD server")?;
+    }
     let list: Vec<Daemon> = daemons(&dir)?
         .into_iter()
-        .filter(|d| !(a.no_rgw && d.name == RGW_DIR))
+        .filter(|d| !((a.no_rgw && d.name == RGW_DIR) || (a.no_nbd && d.name == NBD_DIR)))
         .collect();
     let osd_count = list.iter().filter(|d| d.name.starts_with("osd.")).count();
     let rt = common::runtime()?;
@@ -914,6 +951,15 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
                 children.push((d.name.clone(), start(&dir, d)?));
             }
             rt.block_on(wait_rgw(&dir, Duration::from_secs(a.timeout_secs)))?;
+        }
+        for d in list.iter().filter(|d| d.name == NBD_DIR) {
+            if running_pid(&dir, &d.name).is_some() {
+                eprintln!("{} is already running", d.name);
+            } else {
+                let _ = std::fs::remove_file(dir.join(NBD_DIR).join("addr"));
+                children.push((d.name.clone(), start(&dir, d)?));
+            }
+            rt.block_on(wait_nbd(&dir, Duration::from_secs(a.timeout_secs)))?;
         }
         // Only now "up": a client may write the moment this returns, to any pool.
         rt.block_on(wait_ready(&dir, Duration::from_secs(a.timeout_secs)))?;
@@ -982,6 +1028,39 @@ async fn setup_ec(dir: &Path, ec: EcSpec, rgw: bool) -> Result<()> {
 
 /// Waits until the gateway serves, then makes sure the default S3 user exists and its keys
 /// are in DIR/s3.env.
+/// Waits until the NBD server accepts connections (it writes its address once it listens).
+async fn wait_nbd(dir: &Path, timeout: Duration) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let addr_file = dir.join(NBD_DIR).join("addr");
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&addr_file)
+            && let Ok(addr) = text.trim().parse::<SocketAddr>()
+            && tokio::net::TcpStream::connect(addr).await.is_ok()
+        {
+            // Port 0 (any free port) becomes the port it got: a restarted server comes back
+            // at the same address, so clients can reconnect.
+            let port_file = dir.join(NBD_DIR).join("port");
+            if std::fs::read_to_string(&port_file).is_ok_and(|p| p.trim() == "0") {
+                std::fs::write(&port_file, format!("{}\n", addr.port()))?;
+            }
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "the NBD server did not start within {timeout:?} (see {}/logs/{NBD_DIR}.log)",
+                dir.display()
+            );
+        }
+        if running_pid(dir, NBD_DIR).is_none() {
+            bail!(
+                "the NBD server exited (see {}/logs/{NBD_DIR}.log)",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn wait_rgw(dir: &Path, timeout: Duration) -> Result<()> {
     let deadline = std::time::Instant::now() + timeout;
     let addr_file = dir.join(RGW_DIR).join("addr");
@@ -1057,7 +1136,10 @@ fn print_banner(dir: &Path, detached: bool, ec: Option<EcSpec>, rgw: bool) -> Re
         dir.display(),
         dir.display()
     );
-    println!("  pool:      '{DEFAULT_POOL}' (replicated)");
+    println!(
+        "  pools:     '{DEFAULT_POOL}' (objects), '{}' (block images), replicated",
+        crate::cmd::rbd::DEFAULT_POOL
+    );
     if let Some(ec) = ec {
         let profile = ec.profile_name();
         if rgw {
@@ -1077,6 +1159,17 @@ fn print_banner(dir: &Path, detached: bool, ec: Option<EcSpec>, rgw: bool) -> Re
         dir.display()
     );
     println!("  key:       client.admin in {}/keyring", dir.display());
+    if let Ok(addr) = std::fs::read_to_string(dir.join(NBD_DIR).join("addr"))
+        && list.iter().any(|d| d.name == NBD_DIR)
+    {
+        println!(
+            "  NBD:       nbd://{}/{}/IMAGE   (kelp rbd create IMAGE --size 10G; qemu-img info nbd://{}/{}/IMAGE)",
+            addr.trim(),
+            crate::cmd::rbd::DEFAULT_POOL,
+            addr.trim(),
+            crate::cmd::rbd::DEFAULT_POOL,
+        );
+    }
     if let Ok(addr) = std::fs::read_to_string(dir.join(RGW_DIR).join("addr"))
         && list.iter().any(|d| d.name == RGW_DIR)
     {

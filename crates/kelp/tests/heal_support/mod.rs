@@ -52,6 +52,9 @@ impl Cluster {
             "--timeout-secs",
             "90",
             "--no-rgw",
+            // any free port: tests run clusters side by side
+            "--nbd-port",
+            "0",
         ]);
         assert!(
             out.status.success(),
@@ -60,6 +63,12 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         c
+    }
+
+    /// `nbd://ADDR/rbd/IMAGE` of the cluster's NBD server.
+    pub fn nbd_uri(&self, image: &str) -> String {
+        let addr = std::fs::read_to_string(self.dir.join("nbd.0").join("addr")).unwrap();
+        format!("nbd://{}/{image}", addr.trim())
     }
 
     pub fn conf(&self) -> String {
