@@ -8,6 +8,32 @@
 //! have been timed out (a new primary, or a restarted one). A watch the OSD dropped (error
 //! event), or that could not be registered again before it would have timed out, ends with a
 //! `WatchEvent::Error`.
+//!
+//! ```no_run
+//! # async fn demo(io: kelp_client::IoCtx) -> Result<(), kelp_client::ClientError> {
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use kelp_client::WatchEvent;
+//!
+//! let mut watch = io.watch("img.header").await?;
+//! let notifier = io.clone();
+//! tokio::spawn(async move {
+//!     let result = notifier
+//!         .notify("img.header", Bytes::from_static(b"release"), Duration::from_secs(5))
+//!         .await?;
+//!     for ack in result.acks {
+//!         println!("{} answered {:?}", ack.watcher.instance, ack.reply);
+//!     }
+//!     Ok::<_, kelp_client::ClientError>(())
+//! });
+//! while let Some(event) = watch.next().await {
+//!     match event {
+//!         WatchEvent::Notify(n) => watch.ack(n.id, Bytes::from_static(b"done")).await?,
+//!         WatchEvent::Error(e) => return Err(e), // lost or fenced: watch again
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;

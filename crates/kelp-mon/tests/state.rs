@@ -579,6 +579,75 @@ fn erasure_code_profiles_and_pools() {
 }
 
 #[test]
+fn the_blocklist_is_replicated_state_with_leader_clock_expiries() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    let e0 = s.epoch();
+    let ls = |s: &MonState| match s.read_only(&MonCommand::BlocklistLs) {
+        MonReply::Blocklist(entries) => entries
+            .into_iter()
+            .map(|e| (e.instance, e.expires))
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    // Without an expiry a command applies as it is; with one, only as the leader's entry.
+    let r = s.apply(&cmd(MonCommand::BlocklistAdd {
+        instance: "client.a.1".into(),
+        expire_secs: None,
+    }));
+    assert_eq!(r, MonReply::Done { epoch: e0 + 1 });
+    let m = err(s.apply(&cmd(MonCommand::BlocklistAdd {
+        instance: "client.b.2".into(),
+        expire_secs: Some(10),
+    })));
+    assert!(m.contains("leader"), "{m}");
+    let r = s.apply(&MonEntry::BlocklistAdd {
+        instance: "client.b.2".into(),
+        until_ms: Some(5_000),
+    });
+    assert_eq!(r, MonReply::Done { epoch: e0 + 2 });
+    assert_eq!(
+        ls(&s),
+        vec![
+            ("client.a.1".to_string(), None),
+            ("client.b.2".to_string(), Some(5_000))
+        ]
+    );
+    assert!(s.osdmap().unwrap().is_blocklisted("client.a.1", u64::MAX));
+    // Subscribers see it in the incrementals.
+    let update = s.catch_up(e0);
+    let mut map = kelp_maps::OsdMap::decode(&s.catch_up(0).full.unwrap()).unwrap();
+    assert!(map.blocklist.contains_key("client.b.2"));
+    assert_eq!(update.incrementals.len(), 2);
+    // Expiry removes only what is due; rm of a missing entry is no new epoch.
+    assert_eq!(
+        s.apply(&MonEntry::BlocklistExpire { now_ms: 4_999 }),
+        MonReply::Done { epoch: e0 + 2 }
+    );
+    assert_eq!(
+        s.apply(&MonEntry::BlocklistExpire { now_ms: 5_000 }),
+        MonReply::Done { epoch: e0 + 3 }
+    );
+    assert_eq!(ls(&s), vec![("client.a.1".to_string(), None)]);
+    s.apply(&cmd(MonCommand::BlocklistRm {
+        instance: "client.a.1".into(),
+    }));
+    assert!(ls(&s).is_empty());
+    let r = s.apply(&cmd(MonCommand::BlocklistRm {
+        instance: "client.a.1".into(),
+    }));
+    assert_eq!(r, MonReply::Done { epoch: e0 + 4 });
+    // The state (and its map) survive a snapshot round trip.
+    s.apply(&cmd(MonCommand::BlocklistAdd {
+        instance: "client.c.3".into(),
+        expire_secs: None,
+    }));
+    let back = MonState::decode(&s.encode()).unwrap();
+    map = back.osdmap().unwrap().clone();
+    assert!(map.blocklist.contains_key("client.c.3"));
+}
+
+#[test]
 fn self_managed_snapshot_ids_are_allocated_and_removed_by_the_monitors() {
     let mut s = MonState::default();
     s.apply(&init());

@@ -63,6 +63,9 @@ pub fn fenced(map: &OsdMap, instance: &str) -> Option<(ErrorCode, String)> {
 struct Watcher<C> {
     conn: C,
     last_ping: Instant,
+    /// The timeout this watcher was told at its last registration or ping: it pings at a
+    /// third of that, so a changed timeout applies to it from its next ping on.
+    timeout: Duration,
 }
 
 struct Watched<C> {
@@ -159,7 +162,8 @@ impl<C: Clone> WatchTable<C> {
         }
     }
 
-    /// Registers (or re-registers) a watch; resends the notifies still waiting for it.
+    /// Registers (or re-registers) a watch, to expire if not pinged within `timeout`;
+    /// resends the notifies still waiting for it.
     pub fn watch(
         &mut self,
         pg: PgId,
@@ -167,6 +171,7 @@ impl<C: Clone> WatchTable<C> {
         who: WatcherId,
         conn: C,
         now: Instant,
+        timeout: Duration,
     ) -> Effects<C> {
         let watched = self
             .objects
@@ -181,6 +186,7 @@ impl<C: Clone> WatchTable<C> {
             Watcher {
                 conn: conn.clone(),
                 last_ping: now,
+                timeout,
             },
         );
         let mut fx = Effects::default();
@@ -201,8 +207,16 @@ impl<C: Clone> WatchTable<C> {
         fx
     }
 
-    /// Keeps a watch alive (and its pushes on `conn`); false if there is no such watch.
-    pub fn ping(&mut self, object: &ObjectLocator, who: &WatcherId, conn: C, now: Instant) -> bool {
+    /// Keeps a watch alive for another `timeout` (and its pushes on `conn`); false if there
+    /// is no such watch.
+    pub fn ping(
+        &mut self,
+        object: &ObjectLocator,
+        who: &WatcherId,
+        conn: C,
+        now: Instant,
+        timeout: Duration,
+    ) -> bool {
         match self
             .objects
             .get_mut(object)
@@ -211,6 +225,7 @@ impl<C: Clone> WatchTable<C> {
             Some(w) => {
                 w.conn = conn;
                 w.last_ping = now;
+                w.timeout = timeout;
                 true
             }
             None => false,
@@ -298,9 +313,9 @@ impl<C: Clone> WatchTable<C> {
             .unwrap_or_default()
     }
 
-    /// Drops the watches not pinged within `timeout` (with an error event to each) and
+    /// Drops the watches not pinged within their timeout (with an error event to each) and
     /// finishes the notifies whose deadline has passed.
-    pub fn tick(&mut self, now: Instant, timeout: Duration) -> Effects<C> {
+    pub fn tick(&mut self, now: Instant) -> Effects<C> {
         let expired: Vec<(ObjectLocator, WatcherId, C)> = self
             .objects
             .iter()
@@ -308,16 +323,13 @@ impl<C: Clone> WatchTable<C> {
                 w.watchers
                     .iter()
                     .filter(|(_, watcher)| {
-                        now.saturating_duration_since(watcher.last_ping) >= timeout
+                        now.saturating_duration_since(watcher.last_ping) >= watcher.timeout
                     })
                     .map(|(who, watcher)| (object.clone(), who.clone(), watcher.conn.clone()))
             })
             .collect();
-        let message = format!(
-            "not pinged for {} s (osd_client_watch_timeout)",
-            timeout.as_secs_f64()
-        );
-        self.drop_watchers(expired, ErrorCode::Io, &message, now)
+        let message = "not pinged within osd_client_watch_timeout";
+        self.drop_watchers(expired, ErrorCode::Io, message, now)
     }
 
     /// Drops every watch of the instances `fenced` says are blocklisted.
@@ -544,19 +556,22 @@ impl Watches {
             cookie,
         };
         let now = Instant::now();
+        let timeout = self.timeout();
         let watching = WatchResult::Watching {
-            timeout_ms: self.timeout().as_millis() as u64,
+            timeout_ms: timeout.as_millis() as u64,
         };
         match &req.op {
             WatchOp::Watch { cookie } => {
                 let fx = self
                     .table()
-                    .watch(req.pg, &req.object, who(*cookie), peer, now);
+                    .watch(req.pg, &req.object, who(*cookie), peer, now, timeout);
                 self.apply(fx);
                 (reply(watching), Bytes::new())
             }
             WatchOp::Ping { cookie } => {
-                let known = self.table().ping(&req.object, &who(*cookie), peer, now);
+                let known = self
+                    .table()
+                    .ping(&req.object, &who(*cookie), peer, now, timeout);
                 let result = if known {
                     watching
                 } else {
@@ -643,7 +658,7 @@ impl Watches {
 
     /// Expires watches and notifies.
     pub fn tick(&self) {
-        let fx = self.table().tick(Instant::now(), self.timeout());
+        let fx = self.table().tick(Instant::now());
         self.apply(fx);
     }
 }
@@ -704,9 +719,9 @@ mod tests {
         let mut t = WatchTable::<&'static str>::default();
         let now = Instant::now();
         let o = obj("img");
-        t.watch(pg0(), &o, w("client.a.1", 1), "conn-a", now);
-        t.watch(pg0(), &o, w("client.b.2", 7), "conn-b", now);
-        t.watch(pg0(), &obj("other"), w("client.c.3", 1), "conn-c", now);
+        t.watch(pg0(), &o, w("client.a.1", 1), "conn-a", now, T);
+        t.watch(pg0(), &o, w("client.b.2", 7), "conn-b", now, T);
+        t.watch(pg0(), &obj("other"), w("client.c.3", 1), "conn-c", now, T);
         assert_eq!(t.watchers(&o), vec![w("client.a.1", 1), w("client.b.2", 7)]);
         let (id, fx) = t.notify(pg0(), &o, "client.n.9", Bytes::from_static(b"hi"), T, now);
         assert_eq!(notified(&fx), vec![("conn-a", 1, id), ("conn-b", 7, id)]);
@@ -751,14 +766,14 @@ mod tests {
         let mut t = WatchTable::<&'static str>::default();
         let now = Instant::now();
         let o = obj("img");
-        t.watch(pg0(), &o, w("a", 1), "ca", now);
-        t.watch(pg0(), &o, w("b", 2), "cb", now);
+        t.watch(pg0(), &o, w("a", 1), "ca", now, T);
+        t.watch(pg0(), &o, w("b", 2), "cb", now, T);
         let (id, _) = t.notify(pg0(), &o, "n", Bytes::new(), Duration::from_secs(5), now);
         t.ack(id, &w("a", 1), Bytes::from_static(b"ok"));
         // Before the deadline nothing happens (pings keep the watches).
-        let fx = t.tick(now + Duration::from_secs(4), T);
+        let fx = t.tick(now + Duration::from_secs(4));
         assert!(fx.done.is_empty() && fx.pushes.is_empty());
-        let fx = t.tick(now + Duration::from_secs(5), T);
+        let fx = t.tick(now + Duration::from_secs(5));
         assert_eq!(
             fx.done,
             vec![NotifyDone {
@@ -777,12 +792,18 @@ mod tests {
         let now = Instant::now();
         let o = obj("img");
         let timeout = Duration::from_secs(3);
-        t.watch(pg0(), &o, w("alive", 1), "c1", now);
-        t.watch(pg0(), &o, w("dead", 2), "c2", now);
+        t.watch(pg0(), &o, w("alive", 1), "c1", now, timeout);
+        t.watch(pg0(), &o, w("dead", 2), "c2", now, timeout);
         let (id, _) = t.notify(pg0(), &o, "n", Bytes::new(), Duration::from_secs(60), now);
         t.ack(id, &w("alive", 1), Bytes::new());
-        assert!(t.ping(&o, &w("alive", 1), "c1", now + Duration::from_secs(2)));
-        let fx = t.tick(now + Duration::from_secs(3), timeout);
+        assert!(t.ping(
+            &o,
+            &w("alive", 1),
+            "c1",
+            now + Duration::from_secs(2),
+            timeout
+        ));
+        let fx = t.tick(now + Duration::from_secs(3));
         // The dead one is dropped (with an error event) and the notify no longer waits.
         assert_eq!(t.watchers(&o), vec![w("alive", 1)]);
         assert!(matches!(
@@ -799,9 +820,33 @@ mod tests {
         ));
         assert_eq!(fx.done.len(), 1);
         assert_eq!(fx.done[0].timed_out, vec![w("dead", 2)]);
-        assert!(!t.ping(&o, &w("dead", 2), "c2", now + Duration::from_secs(3)));
+        assert!(!t.ping(
+            &o,
+            &w("dead", 2),
+            "c2",
+            now + Duration::from_secs(3),
+            timeout
+        ));
         // The pinged one expires too once its pings stop.
-        t.tick(now + Duration::from_secs(5), timeout);
+        t.tick(now + Duration::from_secs(5));
+        assert!(t.watchers(&o).is_empty());
+    }
+
+    #[test]
+    fn a_changed_timeout_applies_from_the_next_ping() {
+        let mut t = WatchTable::<&'static str>::default();
+        let now = Instant::now();
+        let o = obj("img");
+        let secs = Duration::from_secs;
+        // Told 30 s: the watcher pings every 10 s, so a timeout lowered meanwhile must not
+        // drop it before it has heard of it.
+        t.watch(pg0(), &o, w("a", 1), "c", now, secs(30));
+        t.tick(now + secs(9));
+        assert_eq!(t.watchers(&o).len(), 1);
+        assert!(t.ping(&o, &w("a", 1), "c", now + secs(10), secs(3)));
+        t.tick(now + secs(12));
+        assert_eq!(t.watchers(&o).len(), 1);
+        t.tick(now + secs(13));
         assert!(t.watchers(&o).is_empty());
     }
 
@@ -810,11 +855,11 @@ mod tests {
         let mut t = WatchTable::<&'static str>::default();
         let now = Instant::now();
         let o = obj("img");
-        t.watch(pg0(), &o, w("a", 1), "old", now);
+        t.watch(pg0(), &o, w("a", 1), "old", now, T);
         let (id, _) = t.notify(pg0(), &o, "n", Bytes::from_static(b"p"), T, now);
-        let fx = t.watch(pg0(), &o, w("a", 1), "new", now);
+        let fx = t.watch(pg0(), &o, w("a", 1), "new", now, T);
         assert_eq!(notified(&fx), vec![("new", 1, id)]);
-        assert!(t.ping(&o, &w("a", 1), "new", now));
+        assert!(t.ping(&o, &w("a", 1), "new", now, T));
         assert_eq!(t.watchers(&o), vec![w("a", 1)]);
     }
 
@@ -823,7 +868,7 @@ mod tests {
         let mut t = WatchTable::<&'static str>::default();
         let now = Instant::now();
         let o = obj("img");
-        t.watch(pg0(), &o, w("a", 1), "c", now);
+        t.watch(pg0(), &o, w("a", 1), "c", now, T);
         let (id, _) = t.notify(pg0(), &o, "n", Bytes::new(), T, now);
         let fx = t.unwatch(&o, &w("a", 1));
         assert_eq!(
@@ -842,9 +887,9 @@ mod tests {
         let now = Instant::now();
         let (o1, o2) = (obj("one"), obj("two"));
         let other = PgId::new(1, 5);
-        t.watch(pg0(), &o1, w("bad", 1), "cb", now);
-        t.watch(pg0(), &o1, w("good", 1), "cg", now);
-        t.watch(other, &o2, w("good", 2), "cg", now);
+        t.watch(pg0(), &o1, w("bad", 1), "cb", now, T);
+        t.watch(pg0(), &o1, w("good", 1), "cg", now, T);
+        t.watch(other, &o2, w("good", 2), "cg", now, T);
         let (id, _) = t.notify(pg0(), &o1, "n", Bytes::new(), T, now);
         let fx = t.drop_instances(|i| i == "bad", now);
         assert!(matches!(

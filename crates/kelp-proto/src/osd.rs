@@ -515,6 +515,52 @@ mod tests {
         assert!(decode::<OsdOp>(&bytes[..bytes.len() / 2], "op").is_err());
         assert!(decode::<OsdOp>(&[], "op").is_err());
     }
+
+    #[test]
+    fn watch_messages_round_trip() {
+        use crate::{
+            WatchEvent, WatchEventKind, WatchOp, WatchReply, WatchRequest, WatchResult, WatcherId,
+        };
+        let req = WatchRequest {
+            reqid: 1,
+            epoch: 9,
+            pg: PgId::new(2, 3),
+            object: ObjectLocator {
+                pool: 2,
+                namespace: String::new(),
+                key: None,
+                name: "img".into(),
+            },
+            instance: "client.admin.ab".into(),
+            op: WatchOp::NotifyAck {
+                notify_id: 77,
+                cookie: 4,
+            },
+        };
+        assert_eq!(decode::<WatchRequest>(&encode(&req), "w").unwrap(), req);
+        let w = WatcherId {
+            instance: "client.x.1".into(),
+            cookie: 4,
+        };
+        let reply = WatchReply {
+            error: Some((ErrorCode::Blocklisted, "fenced".into())),
+            epoch: 9,
+            result: WatchResult::Notified {
+                acks: vec![(w.clone(), 3)],
+                timed_out: vec![w.clone()],
+            },
+        };
+        assert_eq!(decode::<WatchReply>(&encode(&reply), "r").unwrap(), reply);
+        let ev = WatchEvent {
+            cookie: 4,
+            object: req.object.clone(),
+            kind: WatchEventKind::Notify {
+                notify_id: 77,
+                notifier: "client.n.2".into(),
+            },
+        };
+        assert_eq!(decode::<WatchEvent>(&encode(&ev), "e").unwrap(), ev);
+    }
 }
 
 /// Erasure-coded pools, primary → member: read byte ranges of the member's shard of an object,

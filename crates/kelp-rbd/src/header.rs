@@ -122,7 +122,6 @@ pub fn check_image_name(name: &str) -> Result<(), RbdError> {
     }
 }
 
-#[allow(dead_code)] // used by snapshots (next)
 pub fn check_snap_name(name: &str) -> Result<(), RbdError> {
     check_image_name(name).map_err(|_| {
         RbdError::Invalid(format!(

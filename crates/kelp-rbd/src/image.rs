@@ -717,7 +717,7 @@ impl Image {
         self.header().layout
     }
 
-    fn data_io(&self) -> IoCtx {
+    pub(crate) fn data_io(&self) -> IoCtx {
         self.inner
             .data
             .read()
@@ -737,7 +737,18 @@ impl Image {
     /// Points the data I/O context at the header's snapshot context (head) or at the view's
     /// snapshot.
     fn apply_snap_context(&self) -> Result<(), RbdError> {
-        let _ = self;
+        let mut data = self
+            .inner
+            .data
+            .write()
+            .expect("data lock is never poisoned");
+        match &self.inner.snap {
+            Some(s) => data.set_read_snap(Some(s.id)),
+            None => {
+                let (seq, snaps) = self.header().snap_context();
+                data.set_snap_context(seq, snaps)?;
+            }
+        }
         Ok(())
     }
 
@@ -812,7 +823,7 @@ impl Image {
         }
     }
 
-    fn object_name(&self, object: u64) -> String {
+    pub(crate) fn object_name(&self, object: u64) -> String {
         data_object(&self.inner.id, object)
     }
 
@@ -1187,9 +1198,19 @@ impl Image {
             .into_iter()
             .filter(|n| n.starts_with(&prefix))
             .collect();
+        let with_snaps = !self.header().snaps.is_empty();
         let sizes = futures::stream::iter(names.into_iter().map(|n| {
             let io = io.clone();
             async move {
+                if with_snaps {
+                    // The head and the clones kept for snapshots.
+                    return match io.list_snaps(&n).await {
+                        Ok(ss) => Ok(ss.head_size.unwrap_or(0)
+                            + ss.clones.iter().map(|c| c.size).sum::<u64>()),
+                        Err(e) if is_not_found(&e) => Ok(0),
+                        Err(e) => Err(RbdError::from(e)),
+                    };
+                }
                 match io.stat(&n).await {
                     Ok(st) => Ok(st.size),
                     Err(e) if is_not_found(&e) => Ok(0),
@@ -1210,9 +1231,9 @@ impl Image {
     pub async fn flatten(&self, progress: impl Fn(u64, u64) + Send + Sync) -> Result<(), RbdError> {
         let _guard = self.write_guard().await?;
         let h = self.header();
-        let Some(parent) = h.parent.clone() else {
+        let Some(parent) = h.parent.clone().filter(|p| p.overlap > 0) else {
             return Err(RbdError::Invalid(format!(
-                "image '{}' is not a clone",
+                "image '{}' is not a clone (or is flattened already)",
                 self.inner.name
             )));
         };
@@ -1246,13 +1267,37 @@ impl Image {
         .try_collect::<Vec<()>>()
         .await?;
         self.update_header(|h| {
-            h.parent = None;
-            for s in &mut h.snaps {
-                s.parent_overlap = None;
+            if let Some(p) = &mut h.parent {
+                // The head reads nothing from the parent any more; snapshots taken before
+                // still do (they keep the link until they are removed).
+                p.overlap = 0;
             }
             Ok(())
         })
         .await?;
+        self.detach_if_unused(&parent).await
+    }
+
+    /// Drops the link to the parent once neither the head nor any snapshot reads from it, and
+    /// tells the parent (its snapshot may then be unprotected).
+    pub(crate) async fn detach_if_unused(&self, parent: &ParentSpec) -> Result<(), RbdError> {
+        let mut detached = false;
+        self.update_header(|h| {
+            let used = h.parent.as_ref().is_some_and(|p| p.overlap > 0)
+                || h.snaps.iter().any(|s| s.parent_overlap.unwrap_or(0) > 0);
+            detached = !used && h.parent.is_some();
+            if detached {
+                h.parent = None;
+                for s in &mut h.snaps {
+                    s.parent_overlap = None;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        if !detached {
+            return Ok(());
+        }
         let pio = self.inner.rbd.ioctx(&parent.pool).await?;
         let (pool, id) = (self.inner.pool.clone(), self.inner.id.clone());
         update_header(&pio, &parent.image_id, |ph| {
@@ -1278,6 +1323,9 @@ impl Image {
 
     /// The clones made from this image's snapshots: (pool, image name, snapshot name).
     pub async fn children(&self) -> Result<Vec<(String, String, String)>, RbdError> {
+        if self.inner.snap.is_none() {
+            self.refresh().await?;
+        }
         let h = self.header();
         let mut out = Vec::new();
         for c in &h.children {

@@ -26,6 +26,7 @@ mod header;
 mod image;
 mod layout;
 mod lock;
+mod snap;
 
 pub use error::RbdError;
 pub use header::{ChildRef, FORMAT, ImageHeader, MAX_SNAPSHOTS, ParentSpec, SnapInfo};

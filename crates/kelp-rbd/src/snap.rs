@@ -115,6 +115,10 @@ impl Image {
         })
         .await?;
         self.header_changed().await;
+        if let Some(parent) = self.header().parent.clone() {
+            // A flattened clone whose last snapshot reading the parent is gone.
+            self.detach_if_unused(&parent).await?;
+        }
         if let Some(s) = removed {
             let pool = self.header().data_pool.clone();
             self.rbd()
@@ -173,6 +177,7 @@ impl Image {
         progress: impl Fn(u64, u64) + Send + Sync,
     ) -> Result<(), RbdError> {
         self.head_only("snap rollback")?;
+        let _guard = self.write_guard().await?;
         self.refresh().await?;
         let s = self.snap_named(name)?;
         let h = self.header();

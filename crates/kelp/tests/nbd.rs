@@ -258,6 +258,29 @@ fn acknowledged_writes_survive_killing_the_nbd_server_and_an_osd() {
             LIMIT,
         );
     }
+    // a snapshot exported read-only keeps the bytes of its time
+    c.cli(&["rbd", "snap", "create", "db@before"]);
+    let snaps: serde_json::Value =
+        serde_json::from_str(&c.cli(&["rbd", "snap", "ls", "db", "--format", "json"])).unwrap();
+    assert_eq!(snaps[0]["name"], "before");
+    qemu_io(&uri, &["write -P 0x99 1M 1M".into()]);
+    let at_snap = c.nbd_uri("rbd/db@before");
+    let j = run_ok(Command::new("nbdinfo").args(["--json", &at_snap]), LIMIT);
+    assert!(j.contains("\"is_read_only\": true"), "{j}");
+    run_ok(
+        Command::new("qemu-io").args(["-r", "-f", "raw", "-c", "read -P 0x21 1M 1M", &at_snap]),
+        LIMIT,
+    );
+    let refused = run(
+        Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x1 0 4k", &at_snap]),
+        LIMIT,
+    );
+    assert!(
+        !refused.status.success() || !String::from_utf8_lossy(&refused.stdout).contains("wrote"),
+        "a write to a snapshot export was accepted"
+    );
+    c.cli(&["rbd", "snap", "rollback", "db@before"]);
+
     c.sigkill("nbd.0");
     c.start("nbd.0");
     let again = c.nbd_uri("rbd/db");

@@ -280,3 +280,131 @@ async fn images_match_a_model_under_random_io() {
         (0, 12 << 20, false)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_clone_chains() {
+    let c = Cluster::up(3, 16);
+    let rados = c.connect().await;
+    let rbd = Rbd::new(rados);
+    let mb = 1u64 << 20;
+    rbd.create(
+        "rbd",
+        "base",
+        &CreateOptions {
+            size: 8 * mb,
+            order: Some(20),
+            ..CreateOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let base = rbd.open("rbd", "base").await.unwrap();
+    let v1 = heal_support::content(1, 8 * mb as usize);
+    base.write(0, v1.clone()).await.unwrap();
+    base.snap_create("s1").await.unwrap();
+    assert!(matches!(
+        base.snap_create("s1").await,
+        Err(kelp_rbd::RbdError::SnapExists(_))
+    ));
+    // overwrite part, discard part: the snapshot keeps the old bytes
+    let v2 = heal_support::content(2, 3 * mb as usize);
+    base.write(mb, v2.clone()).await.unwrap();
+    base.discard(5 * mb, 2 * mb).await.unwrap();
+    let mut head = v1.to_vec();
+    head[mb as usize..4 * mb as usize].copy_from_slice(&v2);
+    head[5 * mb as usize..7 * mb as usize].fill(0);
+    assert!(base.read(0, 8 * mb).await.unwrap()[..] == head[..]);
+    let s1 = rbd.open_snap("rbd", "base", "s1").await.unwrap();
+    assert!(s1.is_read_only());
+    assert!(s1.read(0, 8 * mb).await.unwrap() == v1, "snapshot changed");
+    assert!(s1.write(0, Bytes::from_static(b"x")).await.is_err());
+
+    // rollback brings s1 back; a second snapshot taken before keeps the changed state
+    base.snap_create("s2").await.unwrap();
+    base.snap_rollback("s1", |_, _| {}).await.unwrap();
+    assert!(
+        base.read(0, 8 * mb).await.unwrap() == v1,
+        "rollback incomplete"
+    );
+    let s2 = rbd.open_snap("rbd", "base", "s2").await.unwrap();
+    assert!(s2.read(0, 8 * mb).await.unwrap()[..] == head[..]);
+
+    // a chain of 10 clones, each of the previous one's protected snapshot
+    base.snap_set_protected("s1", true).await.unwrap();
+    assert!(
+        base.snap_remove("s1").await.is_err(),
+        "a protected snapshot was removed"
+    );
+    let mut parent = ("base".to_string(), "s1".to_string());
+    let mut expect = v1.to_vec();
+    for i in 1..=10 {
+        let name = format!("c{i}");
+        rbd.clone_image("rbd", &parent.0, &parent.1, "rbd", &name, None)
+            .await
+            .unwrap();
+        let img = rbd.open("rbd", &name).await.unwrap();
+        // each clone changes 64 KiB of its own
+        let off = i * 512 * 1024;
+        let patch = heal_support::content(100 + i, 65536);
+        img.write(off, patch.clone()).await.unwrap();
+        expect[off as usize..off as usize + 65536].copy_from_slice(&patch);
+        assert!(
+            img.read(0, 8 * mb).await.unwrap()[..] == expect[..],
+            "clone {name} reads wrong"
+        );
+        img.snap_create("p").await.unwrap();
+        img.snap_set_protected("p", true).await.unwrap();
+        img.close().await.unwrap();
+        parent = (name, "p".to_string());
+    }
+    // the deepest clone reads through all ten levels
+    let c10 = rbd.open("rbd", "c10").await.unwrap();
+    assert!(c10.read(0, 8 * mb).await.unwrap()[..] == expect[..]);
+    // writing a clone never changes its parent
+    let c5 = rbd.open("rbd", "c5").await.unwrap();
+    let before = rbd
+        .open_snap("rbd", "c4", "p")
+        .await
+        .unwrap()
+        .read(0, 8 * mb)
+        .await
+        .unwrap();
+    c5.write(0, heal_support::content(55, 2 * mb as usize))
+        .await
+        .unwrap();
+    c5.discard(6 * mb, mb).await.unwrap();
+    let c4 = rbd.open("rbd", "c4").await.unwrap();
+    assert!(
+        c4.read(0, 8 * mb).await.unwrap() == before,
+        "a clone's write reached its parent"
+    );
+    assert!(base.read(0, 8 * mb).await.unwrap() == v1);
+    // c10 still reads c9@p (made before c5 changed), so it is unchanged too
+    assert!(c10.read(0, 8 * mb).await.unwrap()[..] == expect[..]);
+
+    // protected snapshots with clones cannot be unprotected; flatten detaches a clone's head
+    assert!(base.snap_set_protected("s1", false).await.is_err());
+    let c1 = rbd.open("rbd", "c1").await.unwrap();
+    let c1_data = c1.read(0, 8 * mb).await.unwrap();
+    c1.flatten(|_, _| {}).await.unwrap();
+    assert!(
+        c1.read(0, 8 * mb).await.unwrap() == c1_data,
+        "flatten changed the data"
+    );
+    assert_eq!(c1.info().overlap, Some(0));
+    assert!(c1.flatten(|_, _| {}).await.is_err(), "flattened twice");
+    // c1's snapshot (the parent of c2..c10) still reads through base@s1
+    assert!(c10.read(0, 8 * mb).await.unwrap()[..] == expect[..]);
+    assert!(base.snap_set_protected("s1", false).await.is_err());
+    // a clone with no snapshots detaches completely when flattened
+    rbd.clone_image("rbd", "base", "s1", "rbd", "solo", None)
+        .await
+        .unwrap();
+    let solo = rbd.open("rbd", "solo").await.unwrap();
+    assert_eq!(base.children().await.unwrap().len(), 2);
+    solo.flatten(|_, _| {}).await.unwrap();
+    assert!(solo.header().parent.is_none());
+    assert!(solo.read(0, 8 * mb).await.unwrap() == v1);
+    base.refresh().await.unwrap();
+    assert_eq!(base.children().await.unwrap().len(), 1);
+}

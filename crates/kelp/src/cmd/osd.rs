@@ -74,11 +74,16 @@ pub enum OsdCommand {
 pub enum BlocklistCommand {
     /// Blocklist INSTANCE, for EXPIRE_SECONDS if given (else until removed).
     Add {
+        /// The client instance (`ENTITY.NONCE`, e.g. `client.admin.3f09c2d4e5a6b7c8`).
         instance: String,
+        /// Remove the entry automatically after this many seconds.
         expire_seconds: Option<u64>,
     },
     /// Remove INSTANCE from the blocklist.
-    Rm { instance: String },
+    Rm {
+        /// The client instance.
+        instance: String,
+    },
     /// List the blocklist: each instance and when its entry expires.
     Ls,
 }

@@ -87,6 +87,9 @@ pub enum RbdCommand {
     /// Provisioned and used space of one image or of every image in the pool.
     #[command(alias = "disk-usage")]
     Du { image: Option<String> },
+    /// Snapshots: create, ls, rm, rollback, protect, unprotect, purge.
+    #[command(subcommand)]
+    Snap(SnapCommand),
     /// Clone a protected snapshot (`PARENT@SNAP`) into a new image that shares its data until
     /// written (copy-on-write).
     Clone {
@@ -119,6 +122,30 @@ pub enum RbdCommand {
     /// Load generator like `rbd bench`: per-second progress, then totals with latency
     /// percentiles.
     Bench(BenchArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapCommand {
+    /// Take a snapshot `IMAGE@SNAP` (O(1): no data is copied; the OSDs keep old data as
+    /// writes arrive).
+    #[command(alias = "add")]
+    Create { snap: String },
+    /// List an image's snapshots (id, name, size, protected, time).
+    #[command(alias = "list")]
+    Ls { image: String },
+    /// Remove snapshot `IMAGE@SNAP` (refused while protected); its space is freed in the
+    /// background.
+    #[command(alias = "remove")]
+    Rm { snap: String },
+    /// Roll the image back to snapshot `IMAGE@SNAP` (data and size; progress bar).
+    #[command(alias = "revert")]
+    Rollback { snap: String },
+    /// Protect `IMAGE@SNAP`: it can then be cloned, and cannot be removed.
+    Protect { snap: String },
+    /// Unprotect `IMAGE@SNAP` (refused while clones of it exist).
+    Unprotect { snap: String },
+    /// Remove every unprotected snapshot of IMAGE.
+    Purge { image: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -431,6 +458,7 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                     }
                 }
             }
+            RbdCommand::Snap(cmd) => snap_command(&rbd, &a.pool, cmd, g.format, a.no_progress).await?,
             RbdCommand::Clone {
                 parent,
                 child,
@@ -556,6 +584,100 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `IMAGE@SNAP` → the image spec and the snapshot name.
+fn snap_spec(s: &str, pool: &str) -> Result<(ImageSpec, String)> {
+    let mut spec = ImageSpec::parse(s, pool)?;
+    let Some(snap) = spec.snap.take() else {
+        bail!("{s}: name the snapshot, IMAGE@SNAP");
+    };
+    Ok((spec, snap))
+}
+
+async fn snap_command(
+    rbd: &Rbd,
+    pool: &str,
+    cmd: SnapCommand,
+    format: OutputFormat,
+    no_progress: bool,
+) -> Result<()> {
+    let (spec, snap) = match &cmd {
+        SnapCommand::Create { snap }
+        | SnapCommand::Rm { snap }
+        | SnapCommand::Rollback { snap }
+        | SnapCommand::Protect { snap }
+        | SnapCommand::Unprotect { snap } => {
+            let (i, s) = snap_spec(snap, pool)?;
+            (i, Some(s))
+        }
+        SnapCommand::Ls { image } | SnapCommand::Purge { image } => {
+            (ImageSpec::parse(image, pool)?.no_snap("this")?, None)
+        }
+    };
+    let img = rbd
+        .open(&spec.pool, &spec.image)
+        .await
+        .with_context(|| format!("opening {spec}"))?;
+    let snap = snap.unwrap_or_default();
+    let done = async {
+        match cmd {
+            SnapCommand::Create { .. } => {
+                img.snap_create(&snap).await?;
+            }
+            SnapCommand::Ls { .. } => {
+                let snaps = img.snap_list();
+                match format {
+                    OutputFormat::Json => {
+                        let v: Vec<_> = snaps
+                            .iter()
+                            .map(|s| {
+                                serde_json::json!({"id": s.id, "name": s.name, "size": s.size,
+                                    "protected": s.protected, "timestamp_ns": s.created_ns})
+                            })
+                            .collect();
+                        println!("{}", serde_json::json!(v));
+                    }
+                    OutputFormat::Plain => {
+                        println!("{:>6}  {:<24} {:>12}  PROTECTED", "SNAPID", "NAME", "SIZE");
+                        for s in snaps {
+                            println!(
+                                "{:>6}  {:<24} {:>12}  {}",
+                                s.id,
+                                s.name,
+                                ByteSize(s.size).to_string(),
+                                if s.protected { "yes" } else { "no" }
+                            );
+                        }
+                    }
+                }
+            }
+            SnapCommand::Rm { .. } => img.snap_remove(&snap).await?,
+            SnapCommand::Rollback { .. } => {
+                let pb = progress_bar(0, "rollback", no_progress);
+                pb.set_style(
+                    indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} objects")
+                        .expect("a valid template"),
+                );
+                img.snap_rollback(&snap, |n, total| {
+                    pb.set_length(total);
+                    pb.set_position(n);
+                })
+                .await?;
+                pb.finish_and_clear();
+            }
+            SnapCommand::Protect { .. } => img.snap_set_protected(&snap, true).await?,
+            SnapCommand::Unprotect { .. } => img.snap_set_protected(&snap, false).await?,
+            SnapCommand::Purge { .. } => {
+                let n = img.snap_purge().await?;
+                eprintln!("removed {n} snapshot(s)");
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    img.close().await?;
+    done
 }
 
 /// Reads up to `buf.len()` bytes (fewer only at the end of the input).
