@@ -646,3 +646,47 @@ fn the_blocklist_is_replicated_state_with_leader_clock_expiries() {
     map = back.osdmap().unwrap().clone();
     assert!(map.blocklist.contains_key("client.c.3"));
 }
+
+#[test]
+fn self_managed_snapshot_ids_are_allocated_and_removed_by_the_monitors() {
+    let mut s = MonState::default();
+    s.apply(&init());
+    booted_osds(&mut s, 3);
+    let r = s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
+        name: "p".into(),
+        pg_num: Some(4),
+        ..Default::default()
+    })));
+    let MonReply::PoolId { id: pool, .. } = r else {
+        panic!("{r:?}")
+    };
+    for want in 1..=2u64 {
+        let r = s.apply(&cmd(MonCommand::PoolSnapCreate { pool: "p".into() }));
+        let MonReply::SnapId { snap, epoch } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(snap, want);
+        assert_eq!(epoch, s.osdmap().unwrap().epoch);
+    }
+    let r = s.apply(&cmd(MonCommand::PoolSnapRemove {
+        pool: "p".into(),
+        snap: 1,
+    }));
+    assert!(matches!(r, MonReply::Done { .. }), "{r:?}");
+    let map = s.osdmap().unwrap();
+    assert_eq!(map.pools[&pool].snap_seq, 2);
+    assert!(map.pools[&pool].removed_snaps.contains(&1));
+    assert!(
+        err(s.apply(&cmd(MonCommand::PoolSnapRemove {
+            pool: "p".into(),
+            snap: 9,
+        })))
+        .contains("1..=2")
+    );
+    assert!(
+        err(s.apply(&cmd(MonCommand::PoolSnapCreate {
+            pool: "nope".into()
+        })))
+        .contains("nope")
+    );
+}

@@ -17,7 +17,9 @@
 //! * `scrub_map` builds and compares scrub maps (pure comparison, blocking store reads), and
 //!   `scrub` runs scrubs and repairs as the PG's primary;
 //! * `watch` keeps the watchers of the primary's objects and the notifies in progress (a pure
-//!   table plus the glue that pushes events), and says which clients are fenced.
+//!   table plus the glue that pushes events), and says which clients are fenced;
+//! * `snapset` holds the self-managed snapshot decisions (pure), `snaps` the primary's
+//!   snapshot I/O around them, and `snap_trim` the worker that trims removed snapshots.
 
 pub mod admission;
 pub mod daemon;

@@ -10,8 +10,9 @@
 //! trimming converges.
 //!
 //! Throttled: `osd_snap_trim_sleep` between trimmed objects; a PG is trimmed only while it is
-//! active with its whole acting set in sync (not degraded, not recovering), and a PG whose
-//! log and removed set have not changed since its last complete pass is skipped.
+//! active with its whole acting set in sync (not degraded, not recovering), and a PG trimmed
+//! completely is scanned again only when its pool's removed set changes (or after
+//! `RESCAN_INTERVAL`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
@@ -27,6 +28,10 @@ use crate::snapset;
 
 /// How often the trimmer looks for work.
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// A PG trimmed completely is scanned again when its pool's removed set changes, or after
+/// this long (a writer with an old snapshot context can still make a clone for a snapshot
+/// removed since; an interrupted trim can leave a clone its head no longer lists).
+const RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Starts the trimmer; it ends when the service is dropped.
 pub fn start(service: &Arc<OsdService>) -> tokio::task::JoinHandle<()> {
@@ -34,8 +39,8 @@ pub fn start(service: &Arc<OsdService>) -> tokio::task::JoinHandle<()> {
 }
 
 async fn run(service: Weak<OsdService>) {
-    // Per PG: (removed snapshots count, last_update) of its last complete pass.
-    let mut done: HashMap<PgId, (usize, (u32, u64))> = HashMap::new();
+    // Per PG: the removed snapshots count at its last complete pass, and when that was.
+    let mut done: HashMap<PgId, (usize, std::time::Instant)> = HashMap::new();
     let mut reqid = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64);
@@ -58,7 +63,7 @@ async fn run(service: Weak<OsdService>) {
             if mapping.acting_primary != svc.id() {
                 continue;
             }
-            let (coll, last_update, clean) = {
+            let (coll, clean) = {
                 let state = handle.read().await;
                 let members: Vec<i32> = mapping.acting_osds().collect();
                 let clean = state.active.as_deref() == Some(&mapping.acting[..])
@@ -69,21 +74,20 @@ async fn run(service: Weak<OsdService>) {
                     && members
                         .iter()
                         .all(|m| *m == svc.id() || state.write_to.contains(m));
-                (state.meta.coll, state.meta.info.last_update, clean)
+                (state.meta.coll, clean)
             };
             if !clean {
                 continue;
             }
-            let key = (pool.removed_snaps.len(), last_update);
-            if done.get(&pgid) == Some(&key) {
+            if done.get(&pgid).is_some_and(|(removed, at)| {
+                *removed == pool.removed_snaps.len() && at.elapsed() < RESCAN_INTERVAL
+            }) {
                 continue;
             }
             match trim_pg(&svc, pgid, coll, map.epoch, &mut reqid).await {
                 Ok(complete) => {
                     if complete {
-                        // Its own writes moved last_update: remember where it ended.
-                        let now = handle.read().await.meta.info.last_update;
-                        done.insert(pgid, (pool.removed_snaps.len(), now));
+                        done.insert(pgid, (pool.removed_snaps.len(), std::time::Instant::now()));
                     }
                 }
                 Err(why) => debug!(pg = %pgid, "snapshot trim paused: {why}"),

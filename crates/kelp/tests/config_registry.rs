@@ -62,6 +62,10 @@ fn daemon_defaults_match_the_registry() {
     );
     assert_eq!(secs(r.sleep), keys::OSD_RECOVERY_SLEEP.default.as_f64());
     assert_eq!(
+        secs(r.snap_trim_sleep),
+        keys::OSD_SNAP_TRIM_SLEEP.default.as_f64()
+    );
+    assert_eq!(
         u64::from(r.op_priority),
         keys::OSD_RECOVERY_OP_PRIORITY.default.as_u64()
     );
