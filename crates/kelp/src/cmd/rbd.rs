@@ -974,9 +974,9 @@ async fn bench(img: &Image, b: &BenchArgs) -> Result<()> {
         }
     });
     let results = futures::future::join_all(workers).await;
-    stop.store(true, Ordering::Relaxed);
-    let _ = reporter.await;
     let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    reporter.abort();
     let mut lat = Vec::new();
     for r in results {
         lat.extend(r?);
