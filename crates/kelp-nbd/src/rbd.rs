@@ -136,7 +136,9 @@ fn device_error(e: RbdError) -> DeviceError {
         RbdError::OutOfRange { .. } | RbdError::Invalid(_) => DeviceError::Invalid(e.to_string()),
         RbdError::ReadOnly(_) => DeviceError::ReadOnly,
         RbdError::Rados(kelp_client::ClientError::Full(_)) => DeviceError::NoSpace,
-        RbdError::LockLost(_) => DeviceError::Shutdown(e.to_string()),
+        RbdError::LockLost(_) | RbdError::Rados(kelp_client::ClientError::Blocklisted(_)) => {
+            DeviceError::Shutdown(e.to_string())
+        }
         e => DeviceError::Io(e.to_string()),
     }
 }

@@ -58,6 +58,7 @@ impl RbdError {
             RbdError::LockLost(_) => ESHUTDOWN,
             RbdError::Corrupt(_) => EIO,
             RbdError::Rados(ClientError::Full(_)) => ENOSPC,
+            RbdError::Rados(ClientError::Blocklisted(_)) => ESHUTDOWN,
             RbdError::Rados(_) => EIO,
         }
     }

@@ -282,6 +282,7 @@ impl Rbd {
                     parent,
                     known: std::sync::Mutex::default(),
                     lock: tokio::sync::Mutex::default(),
+                    acquiring: tokio::sync::Mutex::default(),
                     io_gate: Arc::default(),
                     watch_task: std::sync::Mutex::default(),
                 }),
@@ -622,6 +623,8 @@ pub(crate) struct Inner {
     known: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
     /// The exclusive lock (`crate::lock`): whether this client holds it.
     pub(crate) lock: tokio::sync::Mutex<crate::lock::LockState>,
+    /// Held by the one acquisition of the lock under way.
+    pub(crate) acquiring: tokio::sync::Mutex<()>,
     /// Changes hold it shared; handing the lock over holds it exclusively (waits for them).
     pub(crate) io_gate: Arc<tokio::sync::RwLock<()>>,
     /// The header watch's task (lock requests, header updates) and the way to stop it (it
@@ -636,24 +639,31 @@ pub(crate) struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Dropping the stop sender ends the watch task, which unwatches.
-        drop(
-            self.watch_task
-                .get_mut()
-                .expect("task lock is never poisoned")
-                .take(),
-        );
-        // Give the lock back so the next writer need not break it.
-        if self.lock.get_mut().held
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let (meta, id, instance) = (
-                self.meta.clone(),
-                self.id.clone(),
-                self.rbd.rados().instance(),
-            );
-            rt.spawn(async move { crate::lock::release_record(&meta, &id, &instance).await });
-        }
+        let stop = self
+            .watch_task
+            .get_mut()
+            .expect("task lock is never poisoned")
+            .take();
+        let state = self.lock.get_mut();
+        let me = state.held.then(|| crate::lock::LockOwner {
+            instance: self.rbd.rados().instance(),
+            cookie: state.cookie,
+        });
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // dropping `stop` ends the watch task
+        };
+        let (meta, id) = (self.meta.clone(), self.id.clone());
+        rt.spawn(async move {
+            // Give the lock back first, then stop watching: a client that saw the holder
+            // gone before its record would fence it.
+            if let Some(me) = me {
+                let _ = crate::lock::release_record(&meta, &id, &me).await;
+            }
+            if let Some((task, stop)) = stop {
+                let _ = stop.send(());
+                let _ = task.await;
+            }
+        });
     }
 }
 
@@ -913,8 +923,8 @@ impl Image {
 
     /// Writes `data` at `offset`. Returns once every copy (or shard) of the data is durable.
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), RbdError> {
-        self.check_range(offset, data.len() as u64)?;
         let _guard = self.write_guard().await?;
+        self.check_range(offset, data.len() as u64)?;
         let layout = self.layout();
         let extents = layout.map(offset, data.len() as u64);
         let muts = extents.iter().map(|e| {
@@ -1012,8 +1022,8 @@ impl Image {
     /// Discards `len` bytes at `offset`: they read as zeros and their space is freed (whole
     /// objects are removed; parts of objects are punched out).
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), RbdError> {
-        self.check_range(offset, len)?;
         let _guard = self.write_guard().await?;
+        self.check_range(offset, len)?;
         self.discard_locked(offset, len).await
     }
 
@@ -1084,8 +1094,8 @@ impl Image {
         if may_free {
             return self.discard(offset, len).await;
         }
-        self.check_range(offset, len)?;
         let _guard = self.write_guard().await?;
+        self.check_range(offset, len)?;
         let layout = self.layout();
         let extents = layout.map(offset, len);
         let jobs = extents.into_iter().map(|e| {
@@ -1173,6 +1183,15 @@ impl Image {
         self.refresh().await?;
         let old = self.size();
         if size < old {
+            // The parent shows through no further than the new end: bytes past it are
+            // dropped, not copied up.
+            self.update_header(|h| {
+                if let Some(p) = &mut h.parent {
+                    p.overlap = p.overlap.min(size);
+                }
+                Ok(())
+            })
+            .await?;
             self.discard_locked(size, old - size).await?;
         }
         self.update_header(|h| {

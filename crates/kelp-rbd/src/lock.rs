@@ -6,9 +6,9 @@
 //! compare-and-swap from "absent" to its own `{instance, cookie}`. If another client holds it:
 //!
 //! - the holder is alive (it watches the header and answers notifications): the client
-//!   notifies `request_lock`; the holder waits for its writes in flight, deletes the key and
-//!   acknowledges; the client takes the key. Two writers therefore take turns, and each write
-//!   happens under the lock;
+//!   notifies `request_lock` (naming itself, so a client ignores its own requests); the holder
+//!   acknowledges at once, waits for its writes in flight and deletes the key; the client takes
+//!   the key. Two writers therefore take turns, and each write happens under the lock;
 //! - the holder is dead (no watch, or it does not acknowledge within the notify timeout): the
 //!   client **blocklists** the holder's instance in the OSD map first (so any write it still
 //!   has in flight, or sends late, is refused by the OSDs), then replaces the key by
@@ -106,16 +106,22 @@ impl Image {
 
     async fn acquire(&self) -> Result<(), RbdError> {
         let inner = &self.inner;
-        let mut state = inner.lock.lock().await;
-        if state.held {
-            return Ok(());
-        }
-        let rados = inner.rbd.rados().clone();
-        let me = LockOwner {
-            instance: rados.instance(),
-            cookie: state.cookie,
+        // One acquisition at a time; the state itself is only locked for short moments (the
+        // watch loop needs it to answer notifications meanwhile).
+        let _one = inner.acquiring.lock().await;
+        let me = {
+            let state = inner.lock.lock().await;
+            if state.held {
+                return Ok(());
+            }
+            LockOwner {
+                instance: inner.rbd.rados().instance(),
+                cookie: state.cookie,
+            }
         };
+        let rados = inner.rbd.rados().clone();
         let mine = serde_json::to_vec(&me).expect("a lock owner serialises");
+        let request = request_payload(&me);
         let header = header_object(&inner.id);
         let deadline = Instant::now() + ACQUIRE_TIMEOUT;
         loop {
@@ -130,40 +136,42 @@ impl Image {
             let Some((owner, raw)) = read_owner(inner).await? else {
                 continue; // released meanwhile
             };
-            if owner.instance == me.instance {
-                // A lock this instance took before (an earlier open of the image): keep it.
-                let op = WriteOp::new()
-                    .cmp_omap(LOCK_KEY, Some(&raw))
-                    .omap_set(&[(LOCK_KEY, &mine)]);
-                match inner.meta.operate(op, &header).await {
-                    Ok(_) => break,
-                    Err(ClientError::Canceled { .. }) => continue,
-                    Err(e) => return Err(lock_error(e)),
-                }
+            if owner == me {
+                break; // this very handle took it before
             }
-            let alive = inner
+            if Instant::now() > deadline {
+                return Err(RbdError::Busy(format!(
+                    "image '{}' is locked by {} which did not hand the lock over within {ACQUIRE_TIMEOUT:?}",
+                    inner.name, owner.instance
+                )));
+            }
+            let watching = inner
                 .meta
                 .watchers(&header)
                 .await?
                 .iter()
-                .any(|w| w.instance == owner.instance);
-            let answered = alive
-                && inner
+                .any(|w| w.instance == owner.instance && w.cookie == owner.cookie);
+            let alive = watching && {
+                // A live holder acknowledges at once and lets go in the background.
+                let res = inner
                     .meta
-                    .notify(&header, Bytes::from_static(REQUEST_LOCK), NOTIFY_TIMEOUT)
-                    .await?
-                    .acks
+                    .notify(&header, request.clone(), NOTIFY_TIMEOUT)
+                    .await?;
+                !res.timed_out
                     .iter()
-                    .any(|a| a.watcher.instance == owner.instance);
-            if answered {
-                // The holder let go (or is letting go): try again.
-                if Instant::now() > deadline {
-                    return Err(RbdError::Busy(format!(
-                        "image '{}' is locked by {} which did not hand the lock over within {ACQUIRE_TIMEOUT:?}",
-                        inner.name, owner.instance
-                    )));
+                    .any(|w| w.instance == owner.instance && w.cookie == owner.cookie)
+            };
+            if alive {
+                // Wait for the record to go (polling), then try to take it.
+                let until = Instant::now() + NOTIFY_TIMEOUT;
+                while Instant::now() < until {
+                    match read_owner(inner).await? {
+                        Some((o, _)) if o == owner => {
+                            tokio::time::sleep(Duration::from_millis(10)).await
+                        }
+                        _ => break,
+                    }
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
             // Dead holder: fence it off, then take its lock.
@@ -184,8 +192,7 @@ impl Image {
                 Err(e) => return Err(lock_error(e)),
             }
         }
-        state.held = true;
-        drop(state);
+        inner.lock.lock().await.held = true;
         // Another client may have changed the image while it held the lock.
         self.refresh().await
     }
@@ -254,19 +261,25 @@ async fn read_owner(inner: &Inner) -> Result<Option<(LockOwner, Bytes)>, RbdErro
 pub(crate) async fn release(inner: &Inner) -> Result<(), RbdError> {
     // No change runs while the gate is held for writing.
     let _gate = inner.io_gate.write().await;
-    let mut state = inner.lock.lock().await;
-    if !state.held {
-        return Ok(());
-    }
-    state.held = false;
-    release_record(&inner.meta, &inner.id, &inner.rbd.rados().instance()).await
+    let me = {
+        let mut state = inner.lock.lock().await;
+        if !state.held {
+            return Ok(());
+        }
+        state.held = false;
+        LockOwner {
+            instance: inner.rbd.rados().instance(),
+            cookie: state.cookie,
+        }
+    };
+    release_record(&inner.meta, &inner.id, &me).await
 }
 
-/// Deletes the lock record if `instance` holds it.
+/// Deletes the lock record if it is exactly `me`'s.
 pub(crate) async fn release_record(
     meta: &kelp_client::IoCtx,
     id: &str,
-    instance: &str,
+    me: &LockOwner,
 ) -> Result<(), RbdError> {
     let header = header_object(id);
     let mut res = meta
@@ -278,8 +291,7 @@ pub(crate) async fn release_record(
     let Some((_, raw)) = entries.into_iter().find(|(k, _)| k == LOCK_KEY) else {
         return Ok(());
     };
-    let mine = serde_json::from_slice::<LockOwner>(&raw).is_ok_and(|o| o.instance == instance);
-    if mine {
+    if serde_json::from_slice::<LockOwner>(&raw).is_ok_and(|o| o == *me) {
         let op = WriteOp::new()
             .cmp_omap(LOCK_KEY, Some(&raw))
             .omap_rm_keys(&[LOCK_KEY]);
@@ -289,6 +301,19 @@ pub(crate) async fn release_record(
         }
     }
     Ok(())
+}
+
+/// A lock request names the requester, so that a client ignores its own.
+fn request_payload(me: &LockOwner) -> Bytes {
+    let mut p = REQUEST_LOCK.to_vec();
+    p.push(b' ');
+    p.extend(serde_json::to_vec(me).expect("a lock owner serialises"));
+    Bytes::from(p)
+}
+
+fn requester(payload: &[u8]) -> Option<LockOwner> {
+    let rest = payload.strip_prefix(REQUEST_LOCK)?.strip_prefix(b" ")?;
+    serde_json::from_slice(rest).ok()
 }
 
 async fn watch_loop(
@@ -309,9 +334,19 @@ async fn watch_loop(
             let Some(inner) = inner.upgrade() else { return };
             match event {
                 WatchEvent::Notify(n) => {
-                    if &n.payload[..] == REQUEST_LOCK {
-                        if let Err(e) = release(&inner).await {
-                            tracing::warn!(image = %inner.name, "releasing the lock: {e}");
+                    if let Some(from) = requester(&n.payload) {
+                        let me = LockOwner {
+                            instance: inner.rbd.rados().instance(),
+                            cookie: inner.lock.lock().await.cookie,
+                        };
+                        if from != me {
+                            // Acknowledge now; let go once the writes in flight are done.
+                            let inner = inner.clone();
+                            tokio::spawn(async move {
+                                if let Err(e) = release(&inner).await {
+                                    tracing::warn!(image = %inner.name, "releasing the lock: {e}");
+                                }
+                            });
                         }
                     } else if &n.payload[..] == HEADER_UPDATE {
                         let img = Image::from_inner(inner.clone());

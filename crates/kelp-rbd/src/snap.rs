@@ -28,6 +28,10 @@ impl Image {
     pub async fn snap_create(&self, name: &str) -> Result<SnapInfo, RbdError> {
         self.head_only("snap create")?;
         header::check_snap_name(name)?;
+        // Under the exclusive lock: a writer elsewhere hands it over (after its writes in
+        // flight) and reads the new snapshot context when it takes it back, so no write of
+        // its lands in the snapshot after it was taken.
+        let _guard = self.write_guard().await?;
         self.refresh().await?;
         let h = self.header();
         if h.snap(name).is_some() {

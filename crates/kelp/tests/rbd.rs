@@ -141,6 +141,43 @@ fn rbd_cli_manages_images() {
         .collect();
     assert!(ids.is_empty(), "data objects left: {ids:?}");
 
+    // data on an erasure-coded pool, header in the replicated one
+    c.cli(&[
+        "osd",
+        "erasure-code-profile",
+        "set",
+        "ec21",
+        "k=2",
+        "m=1",
+        "crush-failure-domain=osd",
+    ]);
+    c.cli(&["pool", "create", "ecdata", "--erasure", "ec21"]);
+    refused(
+        &c,
+        &["rbd", "create", "ecdata/img", "--size", "1M"],
+        "--data-pool",
+    );
+    c.cli(&[
+        "rbd",
+        "import",
+        src.to_str().unwrap(),
+        "ecimg",
+        "--data-pool",
+        "ecdata",
+    ]);
+    let info: serde_json::Value =
+        serde_json::from_str(&c.cli(&["rbd", "info", "ecimg", "--format", "json"])).unwrap();
+    assert_eq!(info["data_pool"], "ecdata");
+    c.cli(&["rbd", "snap", "create", "ecimg@one"]);
+    c.cli(&["rbd", "resize", "ecimg", "--size", "2M", "--allow-shrink"]);
+    c.cli(&["rbd", "export", "ecimg@one", out.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "EC-backed snapshot differs"
+    );
+    c.cli(&["rbd", "snap", "purge", "ecimg"]);
+    c.cli(&["rbd", "rm", "ecimg"]);
+
     // bench writes, then reads
     let b = c.cli(&[
         "rbd",

@@ -37,6 +37,10 @@ pub struct NbdArgs {
     /// pid file.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// If the --bind port is taken, listen on a free port of the same address instead (and
+    /// say so); `kelp up` uses this and reads the address from DIR/addr.
+    #[arg(long)]
+    pub any_port_if_taken: bool,
 }
 
 pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
@@ -53,9 +57,22 @@ pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                 ..ServerConfig::default()
             },
         ));
-        let listener = tokio::net::TcpListener::bind(a.bind)
-            .await
-            .with_context(|| format!("cannot listen on {}", a.bind))?;
+        let listener = match tokio::net::TcpListener::bind(a.bind).await {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && a.any_port_if_taken => {
+                let any = SocketAddr::new(a.bind.ip(), 0);
+                let l = tokio::net::TcpListener::bind(any)
+                    .await
+                    .with_context(|| format!("cannot listen on {any}"))?;
+                eprintln!(
+                    "kelp nbd: {} is taken; listening on {} instead",
+                    a.bind,
+                    l.local_addr()?
+                );
+                l
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot listen on {}", a.bind)),
+        };
         let local = listener.local_addr()?;
         let unix = match &a.socket {
             Some(path) => {

@@ -583,6 +583,7 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
                     "nbd".into(),
                     "-c".into(),
                     conf.clone(),
+                    "--any-port-if-taken".into(),
                     "--bind".into(),
                     format!("127.0.0.1:{}", port.trim()),
                     "--data".into(),
@@ -1037,10 +1038,12 @@ async fn wait_nbd(dir: &Path, timeout: Duration) -> Result<()> {
             && let Ok(addr) = text.trim().parse::<SocketAddr>()
             && tokio::net::TcpStream::connect(addr).await.is_ok()
         {
-            // Port 0 (any free port) becomes the port it got: a restarted server comes back
-            // at the same address, so clients can reconnect.
+            // The port it got (asked for any free port, or its port was taken) becomes its
+            // port: a restarted server comes back at the same address, so clients reconnect.
             let port_file = dir.join(NBD_DIR).join("port");
-            if std::fs::read_to_string(&port_file).is_ok_and(|p| p.trim() == "0") {
+            if std::fs::read_to_string(&port_file)
+                .is_ok_and(|p| p.trim() != addr.port().to_string())
+            {
                 std::fs::write(&port_file, format!("{}\n", addr.port()))?;
             }
             return Ok(());
