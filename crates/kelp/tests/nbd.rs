@@ -233,6 +233,8 @@ fn acknowledged_writes_survive_killing_the_nbd_server_and_an_osd() {
             "--iodepth=16",
             "--size=32M",
             "--verify=crc32c",
+            // no verify-state file left in the working directory
+            "--verify_state_save=0",
             "--do_verify=1",
             "--verify_fatal=1",
             "--output-format=json",
