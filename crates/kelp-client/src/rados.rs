@@ -120,6 +120,19 @@ impl Rados {
         Ok(self.inner.mon.command(&cmd).await?)
     }
 
+    /// Runs a monitor command that changes the OSD map; returns the epoch that has the change,
+    /// once this client's map has it.
+    pub(crate) async fn map_command(&self, cmd: MonCommand) -> Result<u32, ClientError> {
+        match self.mon_command(cmd).await? {
+            MonReply::Done { epoch } => {
+                self.wait_for_epoch(epoch).await?;
+                Ok(epoch)
+            }
+            MonReply::Error { message } => Err(ClientError::Invalid(message)),
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     /// Creates a pool and waits until this client's map has it. Returns its id.
     pub async fn create_pool(&self, spec: PoolSpec) -> Result<u32, ClientError> {
         match self.mon_command(MonCommand::PoolCreate(spec)).await? {
@@ -154,20 +167,13 @@ impl Rados {
         words: &[String],
         force: bool,
     ) -> Result<(), ClientError> {
-        let reply = self
-            .mon_command(MonCommand::EcProfileSet {
-                name: name.to_string(),
-                words: words.to_vec(),
-                force,
-            })
-            .await?;
-        match reply {
-            MonReply::Done { epoch } => {
-                self.wait_for_epoch(epoch).await?;
-                Ok(())
-            }
-            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
-        }
+        self.map_command(MonCommand::EcProfileSet {
+            name: name.to_string(),
+            words: words.to_vec(),
+            force,
+        })
+        .await
+        .map(drop)
     }
 
     /// `osd erasure-code-profile get`: the profile's `key=value` pairs, sorted by key.
@@ -193,18 +199,11 @@ impl Rados {
 
     /// `osd erasure-code-profile rm`: removes a profile no pool was created from.
     pub async fn ec_profile_rm(&self, name: &str) -> Result<(), ClientError> {
-        let reply = self
-            .mon_command(MonCommand::EcProfileRm {
-                name: name.to_string(),
-            })
-            .await?;
-        match reply {
-            MonReply::Done { epoch } => {
-                self.wait_for_epoch(epoch).await?;
-                Ok(())
-            }
-            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
-        }
+        self.map_command(MonCommand::EcProfileRm {
+            name: name.to_string(),
+        })
+        .await
+        .map(drop)
     }
 
     /// Allocates a self-managed snapshot id in `pool` (the monitors count them per pool) and
@@ -229,20 +228,12 @@ impl Rados {
     /// Removes self-managed snapshot `snap` of `pool`: reads at it find nothing from now on,
     /// and the OSDs trim its clones in the background.
     pub async fn selfmanaged_snap_remove(&self, pool: &str, snap: u64) -> Result<(), ClientError> {
-        let reply = self
-            .mon_command(MonCommand::PoolSnapRemove {
-                pool: pool.to_string(),
-                snap,
-            })
-            .await?;
-        match reply {
-            MonReply::Done { epoch } => {
-                self.wait_for_epoch(epoch).await?;
-                Ok(())
-            }
-            MonReply::Error { message } => Err(ClientError::Invalid(message)),
-            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
-        }
+        self.map_command(MonCommand::PoolSnapRemove {
+            pool: pool.to_string(),
+            snap,
+        })
+        .await
+        .map(drop)
     }
 
     /// An I/O context on a pool (by name).
@@ -408,17 +399,7 @@ impl Rados {
             &format!("operation on '{}'", object.name),
             &object.name,
             msg_type::OSD_OP,
-            |map| {
-                let pool = map
-                    .pools
-                    .get(&object.pool)
-                    .ok_or_else(|| ClientError::NoSuchPool(object.pool.to_string()))?;
-                Ok(pool.placement().object_pg(
-                    &object.name,
-                    object.key.as_deref(),
-                    &object.namespace,
-                ))
-            },
+            |map| object_pg(map, object),
             |pg, epoch| {
                 encode(&OsdOp {
                     reqid,
@@ -580,4 +561,15 @@ pub(crate) fn primary_of(
         .and_then(|o| o.addr)
         .ok_or(NoPrimary::NoAddress { osd })?;
     Ok((osd, addr))
+}
+
+/// The PG of `object` in `map`.
+pub(crate) fn object_pg(map: &OsdMap, object: &ObjectLocator) -> Result<PgId, ClientError> {
+    let pool = map
+        .pools
+        .get(&object.pool)
+        .ok_or_else(|| ClientError::NoSuchPool(object.pool.to_string()))?;
+    Ok(pool
+        .placement()
+        .object_pg(&object.name, object.key.as_deref(), &object.namespace))
 }

@@ -329,17 +329,7 @@ impl Rados {
             &format!("{op:?} on '{}'", object.name),
             &object.name,
             msg_type::OSD_WATCH,
-            |map| {
-                let pool = map
-                    .pools
-                    .get(&object.pool)
-                    .ok_or_else(|| ClientError::NoSuchPool(object.pool.to_string()))?;
-                Ok(pool.placement().object_pg(
-                    &object.name,
-                    object.key.as_deref(),
-                    &object.namespace,
-                ))
-            },
+            |map| crate::rados::object_pg(map, object),
             |pg, epoch| {
                 encode(&WatchRequest {
                     reqid,
@@ -383,16 +373,6 @@ impl Rados {
     pub async fn blocklist_ls(&self) -> Result<Vec<BlocklistEntry>, ClientError> {
         match self.mon_command(MonCommand::BlocklistLs).await? {
             MonReply::Blocklist(entries) => Ok(entries),
-            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
-        }
-    }
-
-    async fn map_command(&self, cmd: MonCommand) -> Result<u32, ClientError> {
-        match self.mon_command(cmd).await? {
-            MonReply::Done { epoch } => {
-                self.wait_for_epoch(epoch).await?;
-                Ok(epoch)
-            }
             other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
         }
     }

@@ -332,16 +332,17 @@ impl Rbd {
             remove_data_objects(&data, &id).await?;
             if let Some(p) = &h.parent {
                 let pio = self.ioctx(&p.pool).await?;
-                update_header(&pio, &p.image_id, |ph| {
+                let unlinked = update_header(&pio, &p.image_id, |ph| {
                     ph.children
                         .retain(|c| !(c.image_id == id && c.pool == pool));
                     Ok(())
                 })
-                .await
-                .or_else(|e| match e {
-                    RbdError::NoSuchImage(_) => Ok(ImageHeader::placeholder()),
-                    e => Err(e),
-                })?;
+                .await;
+                match unlinked {
+                    // A parent already gone has no child list to leave.
+                    Ok(_) | Err(RbdError::NoSuchImage(_)) => {}
+                    Err(e) => return Err(e),
+                }
             }
             match meta.remove(&header_object(&id)).await {
                 Ok(()) => {}
@@ -463,27 +464,6 @@ fn new_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-impl ImageHeader {
-    fn placeholder() -> ImageHeader {
-        ImageHeader {
-            format: FORMAT,
-            id: String::new(),
-            size: 0,
-            layout: Layout {
-                order: crate::DEFAULT_ORDER,
-                stripe_unit: 1 << crate::DEFAULT_ORDER,
-                stripe_count: 1,
-            },
-            data_pool: String::new(),
-            created_ns: 0,
-            snap_seq: 0,
-            snaps: Vec::new(),
-            parent: None,
-            children: Vec::new(),
-        }
-    }
-}
-
 /// Reads an image header and its raw bytes (for a later compare-and-swap).
 pub(crate) async fn read_header(io: &IoCtx, id: &str) -> Result<(ImageHeader, Bytes), RbdError> {
     let res = io
@@ -538,14 +518,19 @@ where
     Err(RbdError::Conflict(header_object(id)))
 }
 
-async fn remove_data_objects(data: &IoCtx, id: &str) -> Result<u64, RbdError> {
+/// The data objects of image `id` in its data pool.
+async fn data_objects(data: &IoCtx, id: &str) -> Result<Vec<String>, RbdError> {
     let prefix = data_prefix(id);
-    let names: Vec<String> = data
+    Ok(data
         .list_objects()
         .await?
         .into_iter()
         .filter(|n| n.starts_with(&prefix))
-        .collect();
+        .collect())
+}
+
+async fn remove_data_objects(data: &IoCtx, id: &str) -> Result<u64, RbdError> {
+    let names = data_objects(data, id).await?;
     let n = names.len() as u64;
     futures::stream::iter(names)
         .map(|name| async move {
@@ -1210,13 +1195,7 @@ impl Image {
     /// Provisioned size and bytes stored by the image's objects.
     pub async fn usage(&self) -> Result<Usage, RbdError> {
         let io = self.data_io();
-        let prefix = data_prefix(&self.inner.id);
-        let names: Vec<String> = io
-            .list_objects()
-            .await?
-            .into_iter()
-            .filter(|n| n.starts_with(&prefix))
-            .collect();
+        let names = data_objects(&io, &self.inner.id).await?;
         let with_snaps = !self.header().snaps.is_empty();
         let sizes = futures::stream::iter(names.into_iter().map(|n| {
             let io = io.clone();

@@ -270,6 +270,16 @@ fn progress_bar(len: u64, what: &str, hidden: bool) -> indicatif::ProgressBar {
     pb
 }
 
+/// A progress bar counting objects (its length set as the work reports it).
+fn object_progress(what: &str, hidden: bool) -> indicatif::ProgressBar {
+    let pb = progress_bar(0, what, hidden);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} objects")
+            .expect("a valid template"),
+    );
+    pb
+}
+
 pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async move {
@@ -476,11 +486,7 @@ pub fn run(a: RbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
             RbdCommand::Flatten { image } => {
                 let s = spec(&image)?.no_snap("flatten")?;
                 let img = s.open(&rbd).await?;
-                let pb = progress_bar(0, "flatten", a.no_progress);
-                pb.set_style(
-                    indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} objects")
-                        .expect("a valid template"),
-                );
+                let pb = object_progress("flatten", a.no_progress);
                 img.flatten(|n, total| {
                     pb.set_length(total);
                     pb.set_position(n);
@@ -654,11 +660,7 @@ async fn snap_command(
             }
             SnapCommand::Rm { .. } => img.snap_remove(&snap).await?,
             SnapCommand::Rollback { .. } => {
-                let pb = progress_bar(0, "rollback", no_progress);
-                pb.set_style(
-                    indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} objects")
-                        .expect("a valid template"),
-                );
+                let pb = object_progress("rollback", no_progress);
                 img.snap_rollback(&snap, |n, total| {
                     pb.set_length(total);
                     pb.set_position(n);
