@@ -39,6 +39,8 @@ pub use ioctx::{CloneInfo, IoCtx, ObjectStat, SnapSet};
 pub use kelp_config::{ClusterConf, ConfFileError, GlobalSection, OsdSection};
 /// Pool parameters for [`Rados::create_pool`].
 pub use kelp_maps::PoolSpec;
+/// A daemon in the service map ([`Rados::service_map`]).
+pub use kelp_proto::ServiceEntry;
 pub use ops::{ReadOp, ReadResult, WriteOp};
 pub use rados::Rados;
 pub use watch::{

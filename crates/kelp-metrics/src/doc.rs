@@ -9,7 +9,11 @@ pub fn markdown(tables: &[MetricTable]) -> String {
     for t in tables {
         let who = match t.daemon {
             "all" => "Every daemon".to_string(),
-            d => format!("`kelp {d}`"),
+            d => d
+                .split(',')
+                .map(|d| format!("`kelp {d}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
         };
         out.push_str(&format!("### {who}\n\n"));
         out.push_str("| metric | type | labels | meaning |\n|---|---|---|---|\n");

@@ -77,7 +77,7 @@ impl MetricDef {
 /// A table of metric definitions for one daemon kind (or for every daemon: `"all"`), for docs.
 #[derive(Debug, Clone, Copy)]
 pub struct MetricTable {
-    /// Which daemons export it: `all`, `mon`, `osd`, `rgw`, `nbd`, …
+    /// Which daemons export it: `all`, `mon`, `osd`, `rgw`, `nbd`, … (several: `mon,osd`)
     pub daemon: &'static str,
     pub metrics: &'static [MetricDef],
 }
@@ -140,6 +140,14 @@ pub struct CounterVec {
 }
 
 impl CounterVec {
+    /// A family not yet in a registry (add it with [`Registry::add_counter_vec`]).
+    pub fn new(def: &'static MetricDef) -> Self {
+        debug_assert_eq!(def.kind, MetricType::Counter, "{}", def.name);
+        CounterVec {
+            def,
+            family: Family::default(),
+        }
+    }
     pub fn with(&self, values: &[&str]) -> Counter {
         self.family
             .get_or_create_owned(&labels_of(self.def, values))
@@ -154,6 +162,14 @@ pub struct GaugeVec {
 }
 
 impl GaugeVec {
+    /// A family not yet in a registry (add it with [`Registry::add_gauge_vec`]).
+    pub fn new(def: &'static MetricDef) -> Self {
+        debug_assert_eq!(def.kind, MetricType::Gauge, "{}", def.name);
+        GaugeVec {
+            def,
+            family: Family::default(),
+        }
+    }
     pub fn with(&self, values: &[&str]) -> Gauge {
         self.family
             .get_or_create_owned(&labels_of(self.def, values))
@@ -190,6 +206,14 @@ impl std::fmt::Debug for HistogramVec {
 }
 
 impl HistogramVec {
+    /// A family not yet in a registry (add it with [`Registry::add_histogram_vec`]).
+    pub fn new(def: &'static MetricDef, buckets: &'static [f64]) -> Self {
+        debug_assert_eq!(def.kind, MetricType::Histogram, "{}", def.name);
+        HistogramVec {
+            def,
+            family: Family::new_with_constructor(HistogramMaker(buckets)),
+        }
+    }
     pub fn with(&self, values: &[&str]) -> Histogram {
         self.family
             .get_or_create_owned(&labels_of(self.def, values))
@@ -295,17 +319,15 @@ impl Registry {
     }
 
     pub fn counter_vec(&mut self, def: &'static MetricDef) -> CounterVec {
-        self.note(def, MetricType::Counter);
-        let family = Family::<Labels, Counter>::default();
-        self.inner.register(def.name, help(def), family.clone());
-        CounterVec { def, family }
+        let v = CounterVec::new(def);
+        self.add_counter_vec(&v);
+        v
     }
 
     pub fn gauge_vec(&mut self, def: &'static MetricDef) -> GaugeVec {
-        self.note(def, MetricType::Gauge);
-        let family = Family::<Labels, Gauge>::default();
-        self.inner.register(def.name, help(def), family.clone());
-        GaugeVec { def, family }
+        let v = GaugeVec::new(def);
+        self.add_gauge_vec(&v);
+        v
     }
 
     pub fn histogram_vec(
@@ -313,10 +335,40 @@ impl Registry {
         def: &'static MetricDef,
         buckets: &'static [f64],
     ) -> HistogramVec {
-        self.note(def, MetricType::Histogram);
-        let family = Family::new_with_constructor(HistogramMaker(buckets));
-        self.inner.register(def.name, help(def), family.clone());
-        HistogramVec { def, family }
+        let v = HistogramVec::new(def, buckets);
+        self.add_histogram_vec(&v);
+        v
+    }
+
+    /// Exports a counter made earlier.
+    pub fn add_counter(&mut self, def: &'static MetricDef, c: &Counter) {
+        self.note(def, MetricType::Counter);
+        self.inner.register(def.name, help(def), c.clone());
+    }
+
+    /// Exports a gauge made earlier.
+    pub fn add_gauge(&mut self, def: &'static MetricDef, g: &Gauge) {
+        self.note(def, MetricType::Gauge);
+        self.inner.register(def.name, help(def), g.clone());
+    }
+
+    /// Exports a family made earlier (by a component built before the registry).
+    pub fn add_counter_vec(&mut self, v: &CounterVec) {
+        self.note(v.def, MetricType::Counter);
+        self.inner
+            .register(v.def.name, help(v.def), v.family.clone());
+    }
+
+    pub fn add_gauge_vec(&mut self, v: &GaugeVec) {
+        self.note(v.def, MetricType::Gauge);
+        self.inner
+            .register(v.def.name, help(v.def), v.family.clone());
+    }
+
+    pub fn add_histogram_vec(&mut self, v: &HistogramVec) {
+        self.note(v.def, MetricType::Histogram);
+        self.inner
+            .register(v.def.name, help(v.def), v.family.clone());
     }
 
     /// Adds metrics computed at each scrape by `source` (which may set any of `defs`). The
@@ -425,6 +477,84 @@ pub static COMMON_TABLE: MetricTable = MetricTable {
     daemon: "all",
     metrics: COMMON_METRICS,
 };
+
+/// A messenger's counters (`kelp_msgr::MsgrStats`, copied by the daemon that owns it; this
+/// crate depends on no messenger).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MsgrCounts {
+    pub peers: u64,
+    pub connections_accepted: u64,
+    pub connections_dialed: u64,
+    pub handshake_failures: u64,
+    pub auth_failures: u64,
+    pub frame_errors: u64,
+    pub frames_sent: u64,
+    pub flushes: u64,
+}
+
+/// Messenger metrics of daemons that serve the cluster protocol (monitors, OSDs).
+pub static MSGR_METRICS: &[MetricDef] = &[
+    MetricDef {
+        name: "kelp_msgr_peers",
+        kind: MetricType::Gauge,
+        help: "Open messenger connections (sessions with peers).",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_msgr_connections",
+        kind: MetricType::Counter,
+        help: "Messenger connections that completed the handshake, by direction.",
+        labels: &["direction"],
+    },
+    MetricDef {
+        name: "kelp_msgr_handshake_failures",
+        kind: MetricType::Counter,
+        help: "Messenger handshakes that failed, by reason (auth or other).",
+        labels: &["reason"],
+    },
+    MetricDef {
+        name: "kelp_msgr_frame_errors",
+        kind: MetricType::Counter,
+        help: "Messenger connections closed because of a malformed frame.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_msgr_frames_sent",
+        kind: MetricType::Counter,
+        help: "Frames written to messenger sockets (keepalives included).",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_msgr_flushes",
+        kind: MetricType::Counter,
+        help: "Messenger socket flushes (each carries one or more frames).",
+        labels: &[],
+    },
+];
+
+/// The messenger table for docs.
+pub static MSGR_TABLE: MetricTable = MetricTable {
+    daemon: "mon,osd",
+    metrics: MSGR_METRICS,
+};
+
+impl Registry {
+    /// Adds [`MSGR_METRICS`], read from `counts` at each scrape.
+    pub fn register_msgr(&mut self, counts: impl Fn() -> MsgrCounts + Send + Sync + 'static) {
+        self.snapshot(MSGR_METRICS, move |s| {
+            let c = counts();
+            let m = MSGR_METRICS;
+            s.set(&m[0], &[], c.peers as f64);
+            s.set(&m[1], &["in"], c.connections_accepted as f64);
+            s.set(&m[1], &["out"], c.connections_dialed as f64);
+            s.set(&m[2], &["auth"], c.auth_failures as f64);
+            s.set(&m[2], &["other"], c.handshake_failures as f64);
+            s.set(&m[3], &[], c.frame_errors as f64);
+            s.set(&m[4], &[], c.frames_sent as f64);
+            s.set(&m[5], &[], c.flushes as f64);
+        });
+    }
+}
 
 /// The `k` largest of `items` by `key` (ties by name), for top-K labels: everything past `k`
 /// is summed into one `"other"` entry so totals still add up.

@@ -17,6 +17,7 @@ pub mod central_config;
 pub mod client;
 mod error;
 pub mod liveness;
+pub mod metrics;
 pub mod monitor;
 pub mod network;
 pub mod pg_history;

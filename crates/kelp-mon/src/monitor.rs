@@ -45,6 +45,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::MonError;
 use crate::liveness::{Liveness, LivenessParams};
+use crate::metrics::ServiceMap;
 use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};
 use crate::pgmap::{FullRatios, PgMap, ratio_ppm};
 use crate::state::{InitSpec, MonEntry, MonInfo};
@@ -274,6 +275,12 @@ struct Inner {
     clock: Instant,
     /// The leader's failure reports and timers (empty on followers).
     liveness: Mutex<Liveness>,
+    /// `kelp_mon_commands` (`crate::metrics`).
+    commands: kelp_metrics::CounterVec,
+    /// The leader's service map (daemons' beacons; empty on followers).
+    service_map: Mutex<ServiceMap>,
+    /// This monitor's own endpoints for its beacon (`"metrics"` → URL); `None`: no beacon.
+    service_addrs: Mutex<Option<std::collections::BTreeMap<String, String>>>,
 }
 
 /// A running monitor.
@@ -386,6 +393,9 @@ impl Monitor {
             pgmap: Mutex::new(PgMap::default()),
             clock: Instant::now(),
             liveness: Mutex::new(Liveness::default()),
+            commands: kelp_metrics::CounterVec::new(&crate::metrics::METRICS[0]),
+            service_map: Mutex::new(ServiceMap::default()),
+            service_addrs: Mutex::new(Default::default()),
         });
         let _ = dispatcher.inner.set(Arc::downgrade(&inner));
 
@@ -414,6 +424,7 @@ impl Monitor {
             tokio::spawn(pusher(inner.clone())),
             tokio::spawn(leader_loop(inner.clone())),
             tokio::spawn(stats_loop(inner.clone())),
+            tokio::spawn(beacon_loop(inner.clone())),
         ];
         Ok(Monitor {
             inner,
@@ -449,6 +460,42 @@ impl Monitor {
 
     pub fn is_leader(&self) -> bool {
         self.inner.is_leader()
+    }
+
+    /// Exports this monitor's metrics into `reg` (`crate::metrics`): commands received, its
+    /// Raft and map state and, on the leader, the cluster's.
+    pub fn register_metrics(&self, reg: &mut kelp_metrics::Registry) {
+        reg.add_counter_vec(&self.inner.commands);
+        let msgr = self.inner.msgr.clone();
+        reg.register_msgr(move || {
+            let s = msgr.stats();
+            kelp_metrics::MsgrCounts {
+                peers: msgr.peers().len() as u64,
+                connections_accepted: s.connections_accepted,
+                connections_dialed: s.connections_dialed,
+                handshake_failures: s.handshake_failures,
+                auth_failures: s.auth_failures,
+                frame_errors: s.frame_errors,
+                frames_sent: s.frames_sent,
+                flushes: s.flushes,
+            }
+        });
+        let weak = Arc::downgrade(&self.inner);
+        reg.snapshot(crate::metrics::snapshot_metrics(), move |s| {
+            if let Some(inner) = weak.upgrade() {
+                inner.metrics_snapshot(s);
+            }
+        });
+    }
+
+    /// Sets the endpoints this monitor announces in its service-map beacon (`"metrics"` →
+    /// URL); the beacon is sent every [`BEACON_INTERVAL`] once set.
+    pub fn set_service_addrs(&self, addrs: std::collections::BTreeMap<String, String>) {
+        *self
+            .inner
+            .service_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(addrs);
     }
 
     /// Stops serving, stops Raft and closes every connection.
@@ -563,7 +610,17 @@ impl Inner {
 
     async fn command(&self, cmd: MonCommand, from: &Peer) -> MonReply {
         let forwarded = from.entity().starts_with("mon.");
+        self.commands
+            .with(&[&crate::metrics::command_name(&cmd)])
+            .inc();
         match &cmd {
+            MonCommand::ServiceBeacon { .. } | MonCommand::ServiceMap => {
+                if self.is_leader() {
+                    self.service_command(&cmd)
+                } else {
+                    self.forward(cmd, forwarded).await
+                }
+            }
             MonCommand::Status
             | MonCommand::ConfigDump
             | MonCommand::AuthList
@@ -693,6 +750,57 @@ impl Inner {
                 message: format!("raft: {e}"),
             },
         }
+    }
+
+    /// `ServiceBeacon` and `ServiceMap` (leader only, in memory).
+    fn service_command(&self, cmd: &MonCommand) -> MonReply {
+        let mut sm = self.service_map.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match cmd {
+            MonCommand::ServiceBeacon {
+                name,
+                kind,
+                addrs,
+                version,
+            } => {
+                sm.beacon(name, kind, addrs.clone(), version, now);
+                MonReply::Done {
+                    epoch: self.shared.read().state.epoch(),
+                }
+            }
+            _ => MonReply::ServiceMap(sm.entries(now)),
+        }
+    }
+
+    /// The scrape-time metrics: this monitor's own, and the cluster's on the leader. Takes
+    /// the state's read lock and the statistics lock briefly (as `kelp status` does).
+    fn metrics_snapshot(&self, s: &mut kelp_metrics::Snapshot) {
+        let leader = self.is_leader();
+        let (term, applied) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_term, m.last_applied.map(|l| l.index).unwrap_or(0))
+        };
+        let a = self.shared.read();
+        crate::metrics::mon_snapshot(s, leader, term, applied, a.state.epoch());
+        if !leader {
+            return;
+        }
+        let Some(map) = a.state.osdmap() else {
+            return;
+        };
+        let ratios = full_ratios(&a.state);
+        let stale_after = stale_after(&a.state);
+        let digest = {
+            let mut pm = self.pgmap.lock().unwrap_or_else(|p| p.into_inner());
+            pm.prune(map);
+            pm.digest(map, &ratios, self.now(), stale_after)
+        };
+        crate::metrics::cluster_snapshot(s, map, &digest);
+        self.service_map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .snapshot(s, Instant::now());
     }
 
     fn now(&self) -> f64 {
@@ -926,6 +1034,37 @@ fn stale_after(state: &crate::state::MonState) -> f64 {
 /// The leader's statistics housekeeping: forgets the reports of OSDs that went down, and sets
 /// or clears the map's `full` flag from the OSDs' usage (`PgMap::full_decision`). A monitor
 /// that is not the leader holds no statistics.
+/// How often a monitor sends its own service-map beacon.
+pub const BEACON_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Sends this monitor's beacon (once its endpoints are set): handled here on the leader,
+/// forwarded to it by a follower.
+async fn beacon_loop(inner: Arc<Inner>) {
+    let mut tick = tokio::time::interval(BEACON_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(addrs) = inner
+            .service_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            continue;
+        };
+        let cmd = MonCommand::ServiceBeacon {
+            name: format!("mon.{}", inner.name),
+            kind: "mon".into(),
+            addrs,
+            version: env!("CARGO_PKG_VERSION").into(),
+        };
+        if inner.is_leader() {
+            inner.service_command(&cmd);
+        } else {
+            let _ = inner.forward(cmd, false).await;
+        }
+    }
+}
+
 async fn stats_loop(inner: Arc<Inner>) {
     let mut tick = tokio::time::interval(Duration::from_millis(inner.config.tick_ms.max(10)));
     loop {

@@ -18,7 +18,7 @@ mod watch;
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{
     ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply,
-    OsdBoot, OsdFailure, PgActivation, PgRecord, Subscribe,
+    OsdBoot, OsdFailure, PgActivation, PgRecord, ServiceEntry, Subscribe,
 };
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,

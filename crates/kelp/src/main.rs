@@ -101,6 +101,11 @@ enum Command {
     /// Write man pages for kelp and every subcommand (kelp.1, kelp-status.1, …) into a
     /// directory, or print kelp(1) to stdout.
     Man(cmd::help::ManArgs),
+    // --- metrics ---
+    /// Print the metric reference of docs/METRICS.md (every metric's name, type, labels and
+    /// meaning), generated from the daemons' metric tables.
+    #[command(hide = true)]
+    MetricsDoc,
 }
 
 fn main() -> ExitCode {
@@ -163,6 +168,7 @@ fn main() -> ExitCode {
         Command::Watch(a) => cmd::watch::run(a, &g),
         Command::Completions(a) => cmd::help::completions(a, Cli::command()),
         Command::Man(a) => cmd::help::man(a, Cli::command()),
+        Command::MetricsDoc => cmd::service_map::run_metrics_doc(),
     };
     match result {
         Ok(code) => code,
