@@ -85,7 +85,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &["state"],
     },
     MetricDef {
-        name: "kelp_cluster_pgs_total",
+        name: "kelp_cluster_pg_count",
         kind: T::Gauge,
         help: "PGs in all pools.",
         labels: &[],
@@ -115,19 +115,19 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[],
     },
     MetricDef {
-        name: "kelp_cluster_bytes_total",
+        name: "kelp_cluster_capacity_bytes",
         kind: T::Gauge,
         help: "Raw capacity of the up OSDs that reported.",
         labels: &[],
     },
     MetricDef {
-        name: "kelp_cluster_bytes_used",
+        name: "kelp_cluster_used_bytes",
         kind: T::Gauge,
         help: "Raw bytes used on the up OSDs that reported.",
         labels: &[],
     },
     MetricDef {
-        name: "kelp_cluster_bytes_available",
+        name: "kelp_cluster_available_bytes",
         kind: T::Gauge,
         help: "Raw bytes available on the up OSDs that reported.",
         labels: &[],

@@ -1040,9 +1040,14 @@ pub const BEACON_INTERVAL: Duration = Duration::from_secs(5);
 /// Sends this monitor's beacon (once its endpoints are set): handled here on the leader,
 /// forwarded to it by a follower.
 async fn beacon_loop(inner: Arc<Inner>) {
-    let mut tick = tokio::time::interval(BEACON_INTERVAL);
+    // checked every second so that the first beacon goes out as soon as the endpoints are set
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last: Option<Instant> = None;
     loop {
         tick.tick().await;
+        if last.is_some_and(|t| t.elapsed() < BEACON_INTERVAL) {
+            continue;
+        }
         let Some(addrs) = inner
             .service_addrs
             .lock()
@@ -1057,6 +1062,7 @@ async fn beacon_loop(inner: Arc<Inner>) {
             addrs,
             version: env!("CARGO_PKG_VERSION").into(),
         };
+        last = Some(Instant::now());
         if inner.is_leader() {
             inner.service_command(&cmd);
         } else {

@@ -343,6 +343,8 @@ fn every_daemon_is_scraped_by_prometheus() {
         .to_string();
     let (status, _) = http_get(&format!("{s3}/"), Duration::from_secs(5)).unwrap();
     assert_eq!(status, 403, "anonymous ListBuckets is refused");
+    let (status, _) = http_get(&format!("{s3}/somebucket"), Duration::from_secs(5)).unwrap();
+    assert!(status >= 400, "anonymous ListObjects is refused");
 
     // 3. Prometheus scrapes them all (targets from kelp daemon ls)
     let prom = Prometheus::start(&daemons);
@@ -521,6 +523,36 @@ fn metrics_doc_matches_the_metric_tables() {
         "docs/METRICS.md is out of date with the metric tables: regenerate the part between the \
          markers with `kelp metrics-doc` (cargo run -p kelp -- metrics-doc)"
     );
+}
+
+#[test]
+fn metric_names_are_valid_and_unique() {
+    let mut seen = std::collections::BTreeSet::new();
+    for t in kelp_metrics_tables() {
+        for m in t.metrics {
+            assert!(
+                m.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{}",
+                m.name
+            );
+            // a counter gets `_total` when exported; nothing else may end with it
+            assert!(!m.name.ends_with("_total"), "{}", m.name);
+            assert!(seen.insert(m.name), "{} declared twice", m.name);
+        }
+    }
+}
+
+fn kelp_metrics_tables() -> Vec<kelp_metrics::MetricTable> {
+    vec![
+        kelp_metrics::COMMON_TABLE,
+        kelp_metrics::MSGR_TABLE,
+        kelp_mon::metrics::TABLE,
+        kelp_osd::metrics::TABLE,
+        kelp_rgw::metrics::TABLE,
+        kelp_nbd::metrics::TABLE,
+    ]
 }
 
 #[test]
