@@ -85,7 +85,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &["state"],
     },
     MetricDef {
-        name: "kelp_cluster_pg_count",
+        name: "kelp_cluster_pg_num",
         kind: T::Gauge,
         help: "PGs in all pools.",
         labels: &[],
