@@ -970,3 +970,32 @@ impl MonState {
         })
     }
 }
+
+#[cfg(test)]
+mod format_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A state written before the file-system map existed (format 3) still reads, with no
+    /// file systems.
+    #[test]
+    fn format_3_states_decode_without_file_systems() {
+        let v3 = StateWireV3 {
+            osdmap: None,
+            incrementals: Vec::new(),
+            config: vec![("mon".into(), "mon_max_incrementals".into(), "5".into())],
+            auth: vec![("client.admin".into(), "YWRtaW4=".into())],
+            monmap: Vec::new(),
+            auto_out: vec![3],
+            pg_history: Vec::new(),
+        };
+        let mut bytes = vec![3u8];
+        bytes.extend(postcard::to_stdvec(&v3).unwrap());
+        let s = MonState::decode(&bytes).unwrap();
+        assert_eq!(s.fsmap(), &FsMap::new());
+        assert_eq!(s.secret("client.admin"), Some("YWRtaW4="));
+        assert!(s.auto_out().contains(&3));
+        let again = MonState::decode(&s.encode()).unwrap();
+        assert_eq!(again.encode(), s.encode());
+    }
+}
