@@ -188,8 +188,9 @@ pub fn mon_snapshot(s: &mut Snapshot, leader: bool, term: u64, applied: u64, epo
     s.set(&METRICS[4], &[], f64::from(epoch));
 }
 
-/// The leader's cluster-wide series from the map and the statistics digest.
-pub fn cluster_snapshot(s: &mut Snapshot, map: &OsdMap, d: &PgMapDigest) {
+/// The leader's cluster-wide series from the map, the statistics digest and the file-system
+/// map.
+pub fn cluster_snapshot(s: &mut Snapshot, map: &OsdMap, d: &PgMapDigest, fsmap: &kelp_maps::FsMap) {
     let m = &METRICS;
     s.set(&m[5], &[], map.osds.len() as f64);
     s.set(
@@ -233,7 +234,8 @@ pub fn cluster_snapshot(s: &mut Snapshot, map: &OsdMap, d: &PgMapDigest) {
     s.set(&m[19], &[], t.degraded_objects as f64);
     s.set(&m[20], &[], t.misplaced_objects as f64);
     s.set(&m[21], &[], t.unfound_objects as f64);
-    let checks = kelp_health::cluster_checks(map, Some(d));
+    let mut checks = kelp_health::cluster_checks(map, Some(d));
+    checks.extend(kelp_health::fs_checks(fsmap));
     let status = match kelp_health::overall(&checks) {
         kelp_health::Severity::Ok => 0.0,
         kelp_health::Severity::Warn => 1.0,
@@ -250,8 +252,8 @@ pub fn cluster_snapshot(s: &mut Snapshot, map: &OsdMap, d: &PgMapDigest) {
     }
 }
 
-/// The health checks the monitors evaluate (`kelp_health::cluster_checks`); the scrub ones
-/// (`OSD_SCRUB_ERRORS`, `PG_DAMAGED`) need the OSDs' scrub summaries.
+/// The health checks the monitors evaluate (`kelp_health::cluster_checks` and `fs_checks`);
+/// the scrub ones (`OSD_SCRUB_ERRORS`, `PG_DAMAGED`) need the OSDs' scrub summaries.
 pub const MON_CHECKS: &[kelp_health::HealthCode] = &[
     kelp_health::HealthCode::OsdDown,
     kelp_health::HealthCode::OsdmapFlags,
@@ -263,6 +265,10 @@ pub const MON_CHECKS: &[kelp_health::HealthCode] = &[
     kelp_health::HealthCode::ObjectMisplaced,
     kelp_health::HealthCode::ObjectUnfound,
     kelp_health::HealthCode::TooFewOsds,
+    kelp_health::HealthCode::FsDegraded,
+    kelp_health::HealthCode::MdsAllDown,
+    kelp_health::HealthCode::FsWithFailedMds,
+    kelp_health::HealthCode::MdsInsufficientStandby,
 ];
 
 /// A beacon older than this is shown `stale`.

@@ -20,6 +20,9 @@ pub mod status;
 pub mod store;
 pub mod up;
 pub mod watch;
+// File-system map and MDS administration.
+pub mod fs;
+pub mod mds;
 
 /// Output format of commands that can print machine-readable results.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
