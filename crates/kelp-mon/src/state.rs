@@ -19,8 +19,8 @@ use std::net::SocketAddr;
 
 use kelp_maps::{Change, ClusterFlag, Incremental, OsdMap, PoolSpec};
 use kelp_proto::{
-    ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
-    PgRecord,
+    ActivationVerdict, ClusterStatus, ConfigEntry, LogEntry, MapUpdate, MonCommand, MonReply,
+    OsdBoot, PgRecord,
 };
 use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
@@ -31,9 +31,10 @@ use crate::error::MonError;
 /// In/out weight meaning "fully in" (16.16 fixed point).
 const WEIGHT_IN: u32 = 0x1_0000;
 
-/// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`;
-/// older formats are still read (as "no OSD was marked out automatically", "no PG records").
-pub const STATE_FORMAT: u8 = 3;
+/// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`,
+/// 4 `cluster_log`; older formats are still read (as "no OSD was marked out automatically",
+/// "no PG records", "an empty cluster log").
+pub const STATE_FORMAT: u8 = 4;
 
 /// One monitor of the monitor map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -82,6 +83,10 @@ pub enum MonEntry {
     },
     /// The leader's clock says blocklist entries expiring at or before `now_ms` are due.
     BlocklistExpire { now_ms: u64 },
+    // Cluster log.
+    /// Events the leader saw (OSDs up/down/in/out, pools, health, manager failover), stamped
+    /// by its clock; `seq` is assigned when applied (the entries' own `seq` is ignored).
+    ClusterLog(Vec<LogEntry>),
 }
 
 /// The replicated state of the monitors.
@@ -103,6 +108,8 @@ pub struct MonState {
     auto_out: BTreeSet<i32>,
     /// Each PG's latest activation record (`crate::pg_history`).
     pg_history: BTreeMap<PgId, PgRecord>,
+    /// The cluster log, oldest first, at most `mon_cluster_log_max` entries.
+    cluster_log: VecDeque<LogEntry>,
 }
 
 /// Format 1 of the encoded state.
@@ -128,6 +135,18 @@ struct StateWireV2 {
 
 /// Format 3: format 2 plus `pg_history`.
 #[derive(Serialize, Deserialize)]
+struct StateWireV3 {
+    osdmap: Option<Vec<u8>>,
+    incrementals: Vec<(u32, Vec<u8>)>,
+    config: Vec<(String, String, String)>,
+    auth: Vec<(String, String)>,
+    monmap: Vec<MonInfo>,
+    auto_out: Vec<i32>,
+    pg_history: Vec<(PgId, PgRecord)>,
+}
+
+/// Format 4: format 3 plus `cluster_log`.
+#[derive(Serialize, Deserialize)]
 struct StateWire {
     osdmap: Option<Vec<u8>>,
     incrementals: Vec<(u32, Vec<u8>)>,
@@ -136,6 +155,22 @@ struct StateWire {
     monmap: Vec<MonInfo>,
     auto_out: Vec<i32>,
     pg_history: Vec<(PgId, PgRecord)>,
+    cluster_log: Vec<LogEntry>,
+}
+
+impl From<StateWireV3> for StateWire {
+    fn from(v3: StateWireV3) -> StateWire {
+        StateWire {
+            osdmap: v3.osdmap,
+            incrementals: v3.incrementals,
+            config: v3.config,
+            auth: v3.auth,
+            monmap: v3.monmap,
+            auto_out: v3.auto_out,
+            pg_history: v3.pg_history,
+            cluster_log: Vec::new(),
+        }
+    }
 }
 
 impl From<StateWireV1> for StateWireV2 {
@@ -151,9 +186,9 @@ impl From<StateWireV1> for StateWireV2 {
     }
 }
 
-impl From<StateWireV2> for StateWire {
-    fn from(v2: StateWireV2) -> StateWire {
-        StateWire {
+impl From<StateWireV2> for StateWireV3 {
+    fn from(v2: StateWireV2) -> StateWireV3 {
+        StateWireV3 {
             osdmap: v2.osdmap,
             incrementals: v2.incrementals,
             config: v2.config,
@@ -270,6 +305,10 @@ impl MonState {
                 let inc = map.propose_blocklist_expire(*now_ms);
                 self.commit(Ok(inc))
             }
+            MonEntry::ClusterLog(entries) => {
+                self.append_log(entries);
+                Ok(MonReply::Done { epoch })
+            }
         };
         result.unwrap_or_else(refuse)
     }
@@ -328,6 +367,20 @@ impl MonState {
             MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
                 Ok(self.read_only(cmd))
             }
+            MonCommand::LogLast { .. } => Ok(self.read_only(cmd)),
+            MonCommand::LogAppend { entries } => {
+                self.append_log(entries);
+                Ok(MonReply::Done {
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::MgrBeacon { .. }
+            | MonCommand::MgrStat
+            | MonCommand::ProgressReport { .. }
+            | MonCommand::ProgressGet => Err(MonError::InvalidSpec(
+                "the manager map and progress are kept by the leader in memory, not in the log"
+                    .into(),
+            )),
             MonCommand::PgStats => Err(MonError::InvalidSpec(
                 "PG statistics are answered by the leader from memory, not through the log".into(),
             )),
@@ -562,6 +615,26 @@ impl MonState {
         }
     }
 
+    /// Appends to the cluster log, numbering the entries, and drops the oldest past
+    /// `mon_cluster_log_max`.
+    fn append_log(&mut self, entries: &[LogEntry]) {
+        let mut seq = self.cluster_log.back().map_or(0, |e| e.seq);
+        for e in entries {
+            seq += 1;
+            self.cluster_log.push_back(LogEntry { seq, ..e.clone() });
+        }
+        let max = (self.config_u64(kelp_config::keys::MON_CLUSTER_LOG_MAX.name) as usize).max(1);
+        while self.cluster_log.len() > max {
+            self.cluster_log.pop_front();
+        }
+    }
+
+    /// The newest `n` cluster-log entries, oldest first.
+    pub fn log_last(&self, n: usize) -> Vec<LogEntry> {
+        let skip = self.cluster_log.len().saturating_sub(n);
+        self.cluster_log.iter().skip(skip).cloned().collect()
+    }
+
     /// Takes `id` out of every PG's activation record (`osd lost`, `osd rm`).
     fn forget_osd(&mut self, id: i32) {
         for r in self.pg_history.values_mut() {
@@ -689,6 +762,7 @@ impl MonState {
                     })
                     .unwrap_or_default(),
             ),
+            MonCommand::LogLast { n } => MonReply::ClusterLog(self.log_last(*n as usize)),
             MonCommand::EcProfileLs => MonReply::EcProfileNames(
                 self.osdmap
                     .as_ref()
@@ -774,6 +848,7 @@ impl MonState {
                 .iter()
                 .map(|(pg, r)| (*pg, r.clone()))
                 .collect(),
+            cluster_log: self.cluster_log.iter().cloned().collect(),
         };
         let mut out = vec![STATE_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("encoding into a Vec cannot fail"));
@@ -790,9 +865,13 @@ impl MonState {
             reason: e.to_string(),
         };
         let wire: StateWire = match v {
-            1 => StateWireV2::from(postcard::from_bytes::<StateWireV1>(body).map_err(corrupt)?)
+            1 => StateWireV3::from(StateWireV2::from(
+                postcard::from_bytes::<StateWireV1>(body).map_err(corrupt)?,
+            ))
+            .into(),
+            2 => StateWireV3::from(postcard::from_bytes::<StateWireV2>(body).map_err(corrupt)?)
                 .into(),
-            2 => postcard::from_bytes::<StateWireV2>(body)
+            3 => postcard::from_bytes::<StateWireV3>(body)
                 .map_err(corrupt)?
                 .into(),
             STATE_FORMAT => postcard::from_bytes(body).map_err(corrupt)?,
@@ -817,6 +896,7 @@ impl MonState {
             monmap: wire.monmap,
             auto_out: wire.auto_out.into_iter().collect(),
             pg_history: wire.pg_history.into_iter().collect(),
+            cluster_log: wire.cluster_log.into(),
         })
     }
 }

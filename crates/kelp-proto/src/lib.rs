@@ -20,6 +20,8 @@ pub use mon::{
     ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply,
     OsdBoot, OsdFailure, PgActivation, PgRecord, Subscribe,
 };
+// Manager, progress and cluster log.
+pub use mon::{LogEntry, LogLevel, MgrInfo, MgrMap, ProgressItem, ProgressKind};
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
     OsdOpReply, OsdPing, OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery,
