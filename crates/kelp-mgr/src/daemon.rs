@@ -42,6 +42,10 @@ pub struct MgrOptions {
     pub series_len: usize,
     /// How long finished progress items stay listed.
     pub keep_finished: Duration,
+    /// A file to write the dashboard's bound address into (`HOST:PORT`).
+    pub addr_file: Option<std::path::PathBuf>,
+    /// Listen on any free port of the same address when `dashboard_addr`'s port is taken.
+    pub any_port_if_taken: bool,
 }
 
 impl MgrOptions {
@@ -53,6 +57,8 @@ impl MgrOptions {
             poll_interval: Duration::from_secs(2),
             series_len: 900,
             keep_finished: Duration::from_secs(300),
+            addr_file: None,
+            any_port_if_taken: false,
         }
     }
 }
@@ -178,17 +184,30 @@ pub async fn run(
     let rados = Rados::connect(opts.client.clone())
         .await
         .map_err(MgrError::Connect)?;
-    let listener = TcpListener::bind(opts.dashboard_addr)
-        .await
-        .map_err(|source| MgrError::Bind {
-            addr: opts.dashboard_addr,
-            source,
-        })?;
+    let listener = match TcpListener::bind(opts.dashboard_addr).await {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && opts.any_port_if_taken => {
+            let mut any = opts.dashboard_addr;
+            any.set_port(0);
+            warn!(addr = %opts.dashboard_addr, "dashboard port taken: listening on a free port");
+            TcpListener::bind(any).await
+        }
+        other => other,
+    }
+    .map_err(|source| MgrError::Bind {
+        addr: opts.dashboard_addr,
+        source,
+    })?;
     let local = listener.local_addr().map_err(|source| MgrError::Bind {
         addr: opts.dashboard_addr,
         source,
     })?;
     let url = format!("http://{local}/");
+    if let Some(path) = &opts.addr_file {
+        std::fs::write(path, format!("{local}\n")).map_err(|source| MgrError::AddrFile {
+            path: path.clone(),
+            source,
+        })?;
+    }
     let shared = Arc::new(Shared {
         name: opts.name.clone(),
         instance: format!("{:016x}", rand::random::<u64>()),

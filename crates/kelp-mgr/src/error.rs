@@ -11,6 +11,12 @@ pub enum MgrError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot write the dashboard address into {path}: {source}")]
+    AddrFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("invalid manager name '{0}' (letters, digits, '-' and '_', at most 64)")]
     InvalidName(String),
 }

@@ -101,6 +101,20 @@ enum Command {
     /// Write man pages for kelp and every subcommand (kelp.1, kelp-status.1, …) into a
     /// directory, or print kelp(1) to stdout.
     Man(cmd::help::ManArgs),
+    // Manager, dashboard, progress and cluster log.
+    /// The manager daemon (run), its dashboard URL (services) and the manager map (stat).
+    #[command(subcommand)]
+    Mgr(cmd::mgr::MgrCommand),
+    /// Long operations (recovery, backfill, scrub, deep scrub, bucket reshard) with how far
+    /// along each is and its estimated time left, as the active manager follows them.
+    Progress(cmd::mgr::ProgressArgs),
+    /// The cluster log kept by the monitors: `last [N]` (like `ceph log last`), `add TEXT`.
+    #[command(subcommand)]
+    Log(cmd::mgr::LogCommand),
+    /// Web dashboard users: ac-user-create NAME --role admin|read-only, ac-user-ls,
+    /// ac-user-rm.
+    #[command(subcommand)]
+    Dashboard(cmd::mgr::DashboardCommand),
 }
 
 fn main() -> ExitCode {
@@ -163,6 +177,11 @@ fn main() -> ExitCode {
         Command::Watch(a) => cmd::watch::run(a, &g),
         Command::Completions(a) => cmd::help::completions(a, Cli::command()),
         Command::Man(a) => cmd::help::man(a, Cli::command()),
+        // Manager, dashboard, progress and cluster log.
+        Command::Mgr(c) => cmd::mgr::run_mgr(c, &g),
+        Command::Progress(a) => cmd::mgr::run_progress(a, &g),
+        Command::Log(c) => cmd::mgr::run_log(c, &g),
+        Command::Dashboard(c) => cmd::mgr::run_dashboard(c, &g),
     };
     match result {
         Ok(code) => code,
