@@ -76,6 +76,8 @@ pub struct Shared {
     pub series: Mutex<Ring<IoSample>>,
     pub progress: RwLock<Vec<ProgressItem>>,
     users: Mutex<(Users, Option<Instant>)>,
+    /// One look at the users at a time.
+    refresh: tokio::sync::Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -120,22 +122,37 @@ impl Shared {
         }
     }
 
-    /// The role of `name` logging in with `key`; looks the users up again (at most once a
-    /// second) when the cache does not know them.
+    /// The role of `name` logging in with `key`. The users are looked up again when the cache
+    /// does not know these credentials (or is 30 s old), at most once a second: a failed
+    /// attempt waits for the next look (which also slows down guessing).
     pub async fn authenticate(&self, name: &str, key: &str) -> Option<Role> {
-        let stale = {
-            let u = lock(&self.users);
-            if let Some(role) = u.0.check(name, key) {
-                // a removed user is noticed within 30 s
-                if u.1.is_some_and(|t| t.elapsed() < Duration::from_secs(30)) {
-                    return Some(role);
-                }
-            }
-            u.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        let fresh = |u: &(Users, Option<Instant>)| {
+            u.1.is_some_and(|t| t.elapsed() < Duration::from_secs(30))
         };
-        if stale {
-            self.refresh_users().await;
+        {
+            let u = lock(&self.users);
+            if let Some(role) = u.0.check(name, key)
+                && fresh(&u)
+            {
+                return Some(role);
+            }
         }
+        let _one_at_a_time = self.refresh.lock().await;
+        let since = {
+            let u = lock(&self.users);
+            if let Some(role) = u.0.check(name, key)
+                && fresh(&u)
+            {
+                return Some(role);
+            }
+            u.1.map(|t| t.elapsed())
+        };
+        if let Some(since) = since
+            && since < Duration::from_secs(1)
+        {
+            tokio::time::sleep(Duration::from_secs(1) - since).await;
+        }
+        self.refresh_users().await;
         lock(&self.users).0.check(name, key)
     }
 
@@ -219,6 +236,7 @@ pub async fn run(
         series: Mutex::new(Ring::new(opts.series_len)),
         progress: RwLock::new(Vec::new()),
         users: Mutex::new((Users::default(), None)),
+        refresh: tokio::sync::Mutex::new(()),
     });
     info!(mgr = %opts.name, dashboard = %url, "manager started");
     let tasks = [

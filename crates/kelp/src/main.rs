@@ -91,9 +91,10 @@ enum Command {
     /// S3 administration (users, keys, buckets, garbage collection).
     #[command(subcommand)]
     S3(cmd::rgw::S3Command),
-    /// Print the cluster's status, then one line per event as it happens: health changes,
-    /// OSDs going down or up, in or out, PG state changes, pools created or removed (Ceph's
-    /// `ceph -w`). Ctrl-C stops it.
+    /// Print the cluster's status, then one line per event as it happens, from the cluster
+    /// log the monitors keep: health changes, OSDs going down or up, in or out, pools created
+    /// or removed, manager failovers, scrub errors; and PG state changes (Ceph's `ceph -w`).
+    /// Ctrl-C stops it.
     Watch(cmd::watch::WatchArgs),
     /// Print a shell completion script for kelp (e.g. `kelp completions bash >
     /// /etc/bash_completion.d/kelp`, or `source <(kelp completions bash)`).

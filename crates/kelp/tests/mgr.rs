@@ -239,13 +239,24 @@ fn dashboard_api_progress_log_and_failover() {
         (r.status == 200).then(|| json(&r))
     });
     assert_eq!(summary["osds"]["total"], 4, "{summary}");
+    // `kelp up` starts mgr.x first: it is the active one
     assert_eq!(summary["mgr"]["active"], "x", "{summary}");
     assert!(summary["health"]["status"].as_str().unwrap().starts_with("HEALTH_"));
     // the standby redirects to the active dashboard
-    let standby_addr = std::fs::read_to_string(c.dir.join("mgr.y").join("addr")).unwrap();
-    let r = http("GET", &format!("http://{}/api/summary", standby_addr.trim()), None);
-    assert_eq!(r.status, 307, "{}", r.headers);
+    let (standby_addr, r) = wait_for("the standby redirects", Duration::from_secs(20), || {
+        let addr = std::fs::read_to_string(c.dir.join("mgr.y").join("addr")).ok()?;
+        let r = http("GET", &format!("http://{}/api/summary", addr.trim()), None);
+        (r.status == 307).then_some((addr, r))
+    });
     assert!(r.headers.contains(&format!("{url}api/summary")), "{}", r.headers);
+
+    // what the browser fetches for the first page: the HTML, the script, the style, the data
+    let load = Instant::now();
+    for path in ["", "static/app.js", "static/style.css", "api/whoami", "api/summary"] {
+        let r = http("GET", &format!("{url}{path}"), Some(&admin));
+        assert_eq!(r.status, 200, "{path}: {}", r.headers);
+    }
+    t(&format!("first page's five requests answered in {:?}", load.elapsed()));
 
     // ---- 2. API, keys and roles
     assert_eq!(http("GET", &format!("{url}api/summary"), None).status, 401);

@@ -998,18 +998,22 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
             }
             rt.block_on(wait_nbd(&dir, Duration::from_secs(a.timeout_secs)))?;
         }
-        // Managers: the first to beacon becomes active and serves the dashboard.
-        let mut mgrs = false;
-        for d in list.iter().filter(|d| d.name.starts_with(MGR_PREFIX)) {
-            mgrs = true;
+        // Managers: the first to beacon becomes active and serves the dashboard; mgr.x is
+        // started first and the others once it is active, so that it is the active one.
+        let mut mgrs: Vec<&Daemon> = list
+            .iter()
+            .filter(|d| d.name.starts_with(MGR_PREFIX))
+            .collect();
+        mgrs.sort_by(|a, b| a.name.cmp(&b.name));
+        for (i, d) in mgrs.iter().enumerate() {
             if running_pid(&dir, &d.name).is_some() {
                 eprintln!("{} is already running", d.name);
             } else {
                 children.push((d.name.clone(), start(&dir, d)?));
             }
-        }
-        if mgrs {
-            rt.block_on(setup_dashboard(&dir, Duration::from_secs(a.timeout_secs)))?;
+            if i == 0 {
+                rt.block_on(setup_dashboard(&dir, Duration::from_secs(a.timeout_secs)))?;
+            }
         }
         // Only now "up": a client may write the moment this returns, to any pool.
         rt.block_on(wait_ready(&dir, Duration::from_secs(a.timeout_secs)))?;
