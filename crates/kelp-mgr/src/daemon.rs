@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kelp_client::{ClientConfig, Rados};
 use kelp_proto::{
-    LogEntry, LogLevel, MgrMap, MonCommand, MonReply, OsdScrubCommand, PgScrubSummary,
-    ProgressItem,
+    LogEntry, LogLevel, MgrMap, MonCommand, MonReply, OsdScrubCommand, PgScrubSummary, ProgressItem,
 };
 use kelp_types::PgId;
 use tokio::net::TcpListener;
@@ -293,7 +292,10 @@ async fn poll_loop(shared: Arc<Shared>, opts: MgrOptions) {
             *shared.view.write().unwrap_or_else(|p| p.into_inner()) = None;
             continue;
         }
-        if buckets.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+        if buckets
+            .1
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
             buckets = (read_buckets(&shared.rados).await, Some(Instant::now()));
         }
         let view = poll(&shared, buckets.0.clone()).await;
@@ -400,11 +402,8 @@ async fn poll(shared: &Shared, buckets: Vec<BucketInfo>) -> View {
         _ => None,
     };
     if let Some(d) = &digest {
-        let _ = tokio::time::timeout(
-            Duration::from_secs(1),
-            shared.rados.wait_for_epoch(d.epoch),
-        )
-        .await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), shared.rados.wait_for_epoch(d.epoch))
+            .await;
     }
     let map = shared.rados.osd_map();
     let scrubs = scrub_summaries(&shared.rados, &map).await;
@@ -416,10 +415,7 @@ async fn poll(shared: &Shared, buckets: Vec<BucketInfo>) -> View {
     View::new(unix_ms(), map, status, digest, scrubs, mgrmap, buckets)
 }
 
-async fn scrub_summaries(
-    rados: &Rados,
-    map: &kelp_maps::OsdMap,
-) -> BTreeMap<PgId, PgScrubSummary> {
+async fn scrub_summaries(rados: &Rados, map: &kelp_maps::OsdMap) -> BTreeMap<PgId, PgScrubSummary> {
     let asks = map.osds.values().filter(|o| o.up).map(|o| {
         let id = o.id;
         async move {
@@ -452,11 +448,8 @@ async fn read_buckets(rados: &Rados) -> Vec<BucketInfo> {
     let mut names: Vec<(String, String)> = Vec::new();
     let mut after = String::new();
     loop {
-        let Ok(Ok((page, more))) = tokio::time::timeout(
-            CALL_TIMEOUT,
-            io.omap_get_vals("buckets", &after, "", 1000),
-        )
-        .await
+        let Ok(Ok((page, more))) =
+            tokio::time::timeout(CALL_TIMEOUT, io.omap_get_vals("buckets", &after, "", 1000)).await
         else {
             break;
         };
@@ -474,14 +467,12 @@ async fn read_buckets(rados: &Rados) -> Vec<BucketInfo> {
     let io = &io;
     futures::stream::iter(names)
         .map(|(name, owner)| async move {
-            let record = tokio::time::timeout(
-                CALL_TIMEOUT,
-                io.read(&format!("bucket.{name}"), 0, 1 << 20),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            let record =
+                tokio::time::timeout(CALL_TIMEOUT, io.read(&format!("bucket.{name}"), 0, 1 << 20))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
             let r = record.unwrap_or_default();
             BucketInfo {
                 owner: r["owner"].as_str().map_or(owner, str::to_string),

@@ -35,7 +35,15 @@ const STYLE_CSS: &str = include_str!("assets/style.css");
 
 /// The dashboard's pages (one HTML shell; `app.js` draws the page the path names).
 pub const PAGES: &[&str] = &[
-    "/", "/health", "/osds", "/pools", "/pgs", "/io", "/buckets", "/progress", "/log",
+    "/",
+    "/health",
+    "/osds",
+    "/pools",
+    "/pgs",
+    "/io",
+    "/buckets",
+    "/progress",
+    "/log",
 ];
 
 type Resp = Response<Full<Bytes>>;
@@ -88,7 +96,7 @@ fn redirect(status: StatusCode, to: &str) -> Resp {
     r
 }
 
-fn header<'a>(req: &'a Request<Incoming>, name: hyper::header::HeaderName) -> Option<&'a str> {
+fn header(req: &Request<Incoming>, name: hyper::header::HeaderName) -> Option<&str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -337,10 +345,9 @@ async fn action(shared: &Shared, path: &str) -> Resp {
                         )
                         .await
                     {
-                        Ok(r) => json_resp(
-                            StatusCode::OK,
-                            &json!({"done": true, "pgs": r.pgs.len()}),
-                        ),
+                        Ok(r) => {
+                            json_resp(StatusCode::OK, &json!({"done": true, "pgs": r.pgs.len()}))
+                        }
                         Err(e) => {
                             warn_action("osd deep-scrub", &e);
                             error(StatusCode::BAD_GATEWAY, &e.to_string())

@@ -147,7 +147,11 @@ impl ProgressTracker {
             ProgressKind::Backfill,
         );
         for deep in [false, true] {
-            let slot = if deep { &mut self.deep } else { &mut self.scrub };
+            let slot = if deep {
+                &mut self.deep
+            } else {
+                &mut self.scrub
+            };
             let kind = if deep {
                 ProgressKind::DeepScrub
             } else {
@@ -183,7 +187,11 @@ impl ProgressTracker {
                     .count() as u64;
                 w.done = done;
                 w.left = now_scrubbing.len() as u64;
-                w.idle = if now_scrubbing.is_empty() { w.idle + 1 } else { 0 };
+                w.idle = if now_scrubbing.is_empty() {
+                    w.idle + 1
+                } else {
+                    0
+                };
                 if w.idle >= 2 {
                     let mut item = wave_item(w, kind, now);
                     item.finished_ms = Some(now);
@@ -280,10 +288,7 @@ fn countdown_item(c: &Countdown, kind: ProgressKind) -> ProgressItem {
         message: if c.left == 0 {
             format!("{verb} {what} object copies: done ({} in all)", c.most)
         } else {
-            format!(
-                "{verb} {what} object copies: {} of {} left",
-                c.left, c.most
-            )
+            format!("{verb} {what} object copies: {} of {} left", c.left, c.most)
         },
         fraction_ppm: c.fraction_ppm(),
         eta_secs: c.eta_secs(),

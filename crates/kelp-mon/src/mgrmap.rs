@@ -40,7 +40,12 @@ pub struct MgrTracker {
 
 impl MgrTracker {
     /// A beacon from manager `info.name`: records it and answers whether it is active now.
-    pub fn beacon(&mut self, info: MgrInfo, now: Instant, grace: Duration) -> (bool, Vec<MgrEvent>) {
+    pub fn beacon(
+        &mut self,
+        info: MgrInfo,
+        now: Instant,
+        grace: Duration,
+    ) -> (bool, Vec<MgrEvent>) {
         let name = info.name.clone();
         let mut events = self.tick(now, grace);
         if let Some(a) = &mut self.active

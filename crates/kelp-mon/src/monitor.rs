@@ -43,8 +43,8 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::error::MonError;
 use crate::cluster_log::LogView;
+use crate::error::MonError;
 use crate::liveness::{Liveness, LivenessParams};
 use crate::mgrmap::{MgrEvent, MgrTracker};
 use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};

@@ -618,9 +618,8 @@ impl MonState {
     /// Appends to the cluster log, numbering the entries, and drops the oldest past
     /// `mon_cluster_log_max`.
     fn append_log(&mut self, entries: &[LogEntry]) {
-        let mut seq = self.cluster_log.back().map_or(0, |e| e.seq);
-        for e in entries {
-            seq += 1;
+        let last = self.cluster_log.back().map_or(0, |e| e.seq);
+        for (seq, e) in (last + 1..).zip(entries) {
             self.cluster_log.push_back(LogEntry { seq, ..e.clone() });
         }
         let max = (self.config_u64(kelp_config::keys::MON_CLUSTER_LOG_MAX.name) as usize).max(1);

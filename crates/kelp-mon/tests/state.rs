@@ -715,7 +715,9 @@ fn cluster_log_is_numbered_capped_and_kept_in_snapshots() {
     }));
     let last = s.log_last(2);
     assert_eq!(
-        last.iter().map(|e| (e.seq, e.message.as_str())).collect::<Vec<_>>(),
+        last.iter()
+            .map(|e| (e.seq, e.message.as_str()))
+            .collect::<Vec<_>>(),
         vec![(2, "b"), (3, "c")]
     );
     match s.read_only(&MonCommand::LogLast { n: 100 }) {

@@ -112,8 +112,9 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             for name in ["mgr.x", "mgr.y", "mon.a"] {
-                let text = std::fs::read_to_string(self.dir.join("logs").join(format!("{name}.log")))
-                    .unwrap_or_default();
+                let text =
+                    std::fs::read_to_string(self.dir.join("logs").join(format!("{name}.log")))
+                        .unwrap_or_default();
                 let lines: Vec<&str> = text.lines().collect();
                 eprintln!("==== {name}");
                 for l in &lines[lines.len().saturating_sub(25)..] {
@@ -134,7 +135,9 @@ struct HttpResponse {
 /// One HTTP/1.1 request (`Connection: close`) to `url` (`http://HOST:PORT/...`).
 fn http(method: &str, url: &str, bearer: Option<&str>) -> HttpResponse {
     let rest = url.strip_prefix("http://").unwrap();
-    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
     let mut s = std::net::TcpStream::connect(host).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let auth = bearer
@@ -172,7 +175,10 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?}: {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?}: {what}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -191,7 +197,11 @@ fn encode(s: &str) -> String {
 
 fn chromium() -> &'static str {
     for c in ["chromium", "chromium-browser"] {
-        if Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        if Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
             return c;
         }
     }
@@ -234,33 +244,58 @@ fn dashboard_api_progress_log_and_failover() {
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     let key = std::fs::read_to_string(c.dir.join("dashboard.key")).unwrap();
     let admin = format!("admin:{}", key.trim());
-    let summary = wait_for("the active manager's first look", Duration::from_secs(30), || {
-        let r = http("GET", &format!("{url}api/summary"), Some(&admin));
-        (r.status == 200).then(|| json(&r))
-    });
+    let summary = wait_for(
+        "the active manager's first look",
+        Duration::from_secs(30),
+        || {
+            let r = http("GET", &format!("{url}api/summary"), Some(&admin));
+            (r.status == 200).then(|| json(&r))
+        },
+    );
     assert_eq!(summary["osds"]["total"], 4, "{summary}");
     // `kelp up` starts mgr.x first: it is the active one
     assert_eq!(summary["mgr"]["active"], "x", "{summary}");
-    assert!(summary["health"]["status"].as_str().unwrap().starts_with("HEALTH_"));
+    assert!(
+        summary["health"]["status"]
+            .as_str()
+            .unwrap()
+            .starts_with("HEALTH_")
+    );
     // the standby redirects to the active dashboard
     let (standby_addr, r) = wait_for("the standby redirects", Duration::from_secs(20), || {
         let addr = std::fs::read_to_string(c.dir.join("mgr.y").join("addr")).ok()?;
         let r = http("GET", &format!("http://{}/api/summary", addr.trim()), None);
         (r.status == 307).then_some((addr, r))
     });
-    assert!(r.headers.contains(&format!("{url}api/summary")), "{}", r.headers);
+    assert!(
+        r.headers.contains(&format!("{url}api/summary")),
+        "{}",
+        r.headers
+    );
 
     // what the browser fetches for the first page: the HTML, the script, the style, the data
     let load = Instant::now();
-    for path in ["", "static/app.js", "static/style.css", "api/whoami", "api/summary"] {
+    for path in [
+        "",
+        "static/app.js",
+        "static/style.css",
+        "api/whoami",
+        "api/summary",
+    ] {
         let r = http("GET", &format!("{url}{path}"), Some(&admin));
         assert_eq!(r.status, 200, "{path}: {}", r.headers);
     }
-    t(&format!("first page's five requests answered in {:?}", load.elapsed()));
+    t(&format!(
+        "first page's five requests answered in {:?}",
+        load.elapsed()
+    ));
 
     // ---- 2. API, keys and roles
     assert_eq!(http("GET", &format!("{url}api/summary"), None).status, 401);
-    assert_eq!(http("GET", &format!("{url}api/osds"), Some("admin:wrong")).status, 401);
+    assert_eq!(
+        http("GET", &format!("{url}api/osds"), Some("admin:wrong")).status,
+        401
+    );
     let ro: serde_json::Value = serde_json::from_str(&c.cli(&[
         "dashboard",
         "ac-user-create",
@@ -272,13 +307,21 @@ fn dashboard_api_progress_log_and_failover() {
     ]))
     .unwrap();
     let viewer = format!("viewer:{}", ro["key"].as_str().unwrap());
-    let osds = http("GET", &format!("{url}api/osds?page=2&per_page=3"), Some(&viewer));
+    let osds = http(
+        "GET",
+        &format!("{url}api/osds?page=2&per_page=3"),
+        Some(&viewer),
+    );
     assert_eq!(osds.status, 200, "{}", osds.body);
     let osds = json(&osds);
     assert_eq!(osds["total"], 4);
     assert_eq!(osds["pages"], 2);
     assert_eq!(osds["items"].as_array().unwrap().len(), 1, "{osds}");
-    let pgs = json(&http("GET", &format!("{url}api/pgs?per_page=5"), Some(&viewer)));
+    let pgs = json(&http(
+        "GET",
+        &format!("{url}api/pgs?per_page=5"),
+        Some(&viewer),
+    ));
     assert_eq!(pgs["items"].as_array().unwrap().len(), 5, "{pgs}");
     assert!(pgs["total"].as_u64().unwrap() >= 16, "{pgs}");
     for list in ["pools", "pg_states", "progress", "log", "buckets", "io"] {
@@ -289,12 +332,18 @@ fn dashboard_api_progress_log_and_failover() {
     for action in ["osd/0/deep-scrub", "osd/0/out"] {
         let r = http("POST", &format!("{url}api/{action}"), Some(&viewer));
         assert_eq!(r.status, 403, "{action}: {}", r.body);
-        assert_eq!(http("POST", &format!("{url}api/{action}"), None).status, 401);
+        assert_eq!(
+            http("POST", &format!("{url}api/{action}"), None).status,
+            401
+        );
     }
     let r = http("POST", &format!("{url}api/osd/0/deep-scrub"), Some(&admin));
     assert_eq!(r.status, 200, "{}", r.body);
     let users = c.cli(&["dashboard", "ac-user-ls"]);
-    assert!(users.contains("admin admin") && users.contains("viewer read-only"), "{users}");
+    assert!(
+        users.contains("admin admin") && users.contains("viewer read-only"),
+        "{users}"
+    );
     t("API checked");
 
     // ---- 3. the pages in headless Chromium
@@ -310,31 +359,70 @@ fn dashboard_api_progress_log_and_failover() {
     };
     let first = Instant::now();
     let dom = chrome(&profile, &login("/"), &["--dump-dom"]);
-    t(&format!("overview rendered by {browser} in {:?}", first.elapsed()));
-    assert!(dom.contains("id=\"health-status\""), "no health in the DOM:\n{dom}");
+    t(&format!(
+        "overview rendered by {browser} in {:?}",
+        first.elapsed()
+    ));
+    assert!(
+        dom.contains("id=\"health-status\""),
+        "no health in the DOM:\n{dom}"
+    );
     assert!(dom.contains("HEALTH_"), "{dom}");
-    assert!(dom.contains("<span id=\"osd-count\">4</span>"), "no OSD count 4:\n{dom}");
+    assert!(
+        dom.contains("<span id=\"osd-count\">4</span>"),
+        "no OSD count 4:\n{dom}"
+    );
     let dom = chrome(&profile, &login("/osds"), &["--dump-dom"]);
     assert!(dom.contains("osd.3") && dom.contains("mark out"), "{dom}");
-    for page in ["/", "/health", "/osds", "/pools", "/pgs", "/io", "/buckets", "/progress", "/log"] {
+    for page in [
+        "/",
+        "/health",
+        "/osds",
+        "/pools",
+        "/pgs",
+        "/io",
+        "/buckets",
+        "/progress",
+        "/log",
+    ] {
         let name = if page == "/" { "overview" } else { &page[1..] };
         let png = shots.join(format!("{name}.png"));
         chrome(
             &profile,
             &login(page),
-            &[&format!("--screenshot={}", png.display()), "--window-size=1280,900"],
+            &[
+                &format!("--screenshot={}", png.display()),
+                "--window-size=1280,900",
+            ],
         );
         let len = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
         assert!(len > 1000, "no screenshot of {page} ({len} bytes)");
     }
     t(&format!("screenshots in {}", shots.display()));
     // without logging in, a page sends the browser to the login form
-    let dom = chrome(&profile.with_extension("anon"), &format!("{url}osds"), &["--dump-dom"]);
+    let dom = chrome(
+        &profile.with_extension("anon"),
+        &format!("{url}osds"),
+        &["--dump-dom"],
+    );
     assert!(dom.contains("name=\"key\""), "{dom}");
 
     // ---- 4. recovery progress: data on every OSD, osd.3 killed and marked out
-    let rados_out = c.cli(&["rados", "-p", "data", "bench", "4", "write", "--no-cleanup", "-b", "64KiB"]);
-    t(&format!("wrote objects: {}", rados_out.lines().last().unwrap_or("")));
+    let rados_out = c.cli(&[
+        "rados",
+        "-p",
+        "data",
+        "bench",
+        "4",
+        "write",
+        "--no-cleanup",
+        "-b",
+        "64KiB",
+    ]);
+    t(&format!(
+        "wrote objects: {}",
+        rados_out.lines().last().unwrap_or("")
+    ));
     c.kill9("osd.3");
     wait_for("osd.3 marked down", Duration::from_secs(60), || {
         let v: serde_json::Value =
@@ -348,7 +436,8 @@ fn dashboard_api_progress_log_and_failover() {
     c.cli(&["osd", "out", "3"]);
     t("osd.3 down and out");
     let item = wait_for("a recovery progress item", Duration::from_secs(60), || {
-        let v: serde_json::Value = serde_json::from_str(&c.cli(&["progress", "--format", "json"])).ok()?;
+        let v: serde_json::Value =
+            serde_json::from_str(&c.cli(&["progress", "--format", "json"])).ok()?;
         v.as_array()?
             .iter()
             .find(|i| i["kind"] == "recovery" || i["kind"] == "backfill")
@@ -356,7 +445,10 @@ fn dashboard_api_progress_log_and_failover() {
     });
     t(&format!("progress item: {item}"));
     let dom = chrome(&profile, &login("/progress"), &["--dump-dom"]);
-    assert!(dom.contains("role=\"progressbar\""), "no progress bar:\n{dom}");
+    assert!(
+        dom.contains("role=\"progressbar\""),
+        "no progress bar:\n{dom}"
+    );
     assert!(
         dom.contains("data-kind=\"recovery\"") || dom.contains("data-kind=\"backfill\""),
         "{dom}"
@@ -364,12 +456,22 @@ fn dashboard_api_progress_log_and_failover() {
     chrome(
         &profile,
         &login("/progress"),
-        &[&format!("--screenshot={}", shots.join("progress-recovery.png").display()), "--window-size=1280,900"],
+        &[
+            &format!(
+                "--screenshot={}",
+                shots.join("progress-recovery.png").display()
+            ),
+            "--window-size=1280,900",
+        ],
     );
-    let log = wait_for("osd.3 down and out in the cluster log", Duration::from_secs(20), || {
-        let log = c.cli(&["log", "last", "200"]);
-        (log.contains("osd.3 marked down") && log.contains("osd.3 marked out")).then_some(log)
-    });
+    let log = wait_for(
+        "osd.3 down and out in the cluster log",
+        Duration::from_secs(20),
+        || {
+            let log = c.cli(&["log", "last", "200"]);
+            (log.contains("osd.3 marked down") && log.contains("osd.3 marked out")).then_some(log)
+        },
+    );
     assert!(log.contains("is now the leader"), "{log}");
     assert!(log.contains("[WRN]"), "{log}");
 
@@ -388,17 +490,32 @@ fn dashboard_api_progress_log_and_failover() {
         let u = c.dashboard();
         (!u.is_empty() && u != url).then_some(u)
     });
-    t(&format!("mgr.y active after {:?}: {new_url}", killed.elapsed()));
-    assert!(new_url.contains(standby_addr.trim()), "{new_url} vs {standby_addr}");
-    let s = wait_for("the new active manager serves", Duration::from_secs(20), || {
-        let r = http("GET", &format!("{new_url}api/summary"), Some(&viewer));
-        (r.status == 200).then(|| json(&r))
-    });
+    t(&format!(
+        "mgr.y active after {:?}: {new_url}",
+        killed.elapsed()
+    ));
+    assert!(
+        new_url.contains(standby_addr.trim()),
+        "{new_url} vs {standby_addr}"
+    );
+    let s = wait_for(
+        "the new active manager serves",
+        Duration::from_secs(20),
+        || {
+            let r = http("GET", &format!("{new_url}api/summary"), Some(&viewer));
+            (r.status == 200).then(|| json(&r))
+        },
+    );
     assert_eq!(s["mgr"]["active"], "y", "{s}");
-    let log = wait_for("the failover in the cluster log", Duration::from_secs(20), || {
-        let log = c.cli(&["log", "last", "50"]);
-        log.contains("replacing it with standby daemon y").then_some(log)
-    });
+    let log = wait_for(
+        "the failover in the cluster log",
+        Duration::from_secs(20),
+        || {
+            let log = c.cli(&["log", "last", "50"]);
+            log.contains("replacing it with standby daemon y")
+                .then_some(log)
+        },
+    );
     assert!(log.contains("Manager daemon x is unresponsive"), "{log}");
     t("done");
 }

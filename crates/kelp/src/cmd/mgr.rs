@@ -90,9 +90,7 @@ pub enum DashboardCommand {
     AcUserLs,
     /// Remove a user (its key stops working within 30 s).
     #[command(name = "ac-user-rm")]
-    AcUserRm {
-        name: String,
-    },
+    AcUserRm { name: String },
 }
 
 pub fn run_mgr(cmd: MgrCommand, g: &Global) -> Result<ExitCode> {
@@ -364,8 +362,10 @@ pub fn run_dashboard(cmd: DashboardCommand, g: &Global) -> Result<ExitCode> {
                     MonReply::Entities(e) => e,
                     other => bail!("unexpected reply {other:?}"),
                 };
-                let users: Vec<(Role, &str)> =
-                    entities.iter().filter_map(|e| auth::parse_entity(e)).collect();
+                let users: Vec<(Role, &str)> = entities
+                    .iter()
+                    .filter_map(|e| auth::parse_entity(e))
+                    .collect();
                 if g.format == OutputFormat::Json {
                     let v: Vec<_> = users
                         .iter()

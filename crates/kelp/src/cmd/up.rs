@@ -1211,7 +1211,10 @@ async fn setup_dashboard(dir: &Path, timeout: Duration) -> Result<()> {
             break;
         }
         if std::time::Instant::now() > deadline {
-            bail!("no manager became active within {timeout:?} (see {}/logs/mgr.x.log)", dir.display());
+            bail!(
+                "no manager became active within {timeout:?} (see {}/logs/mgr.x.log)",
+                dir.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -188,7 +188,11 @@ pub fn run(a: WatchArgs, g: &Global) -> Result<ExitCode> {
                             }
                         }
                         // the log has the other events; PG state counts are not logged
-                        for e in prev.events(&snap).into_iter().filter(|e| e.starts_with("pgmap:")) {
+                        for e in prev
+                            .events(&snap)
+                            .into_iter()
+                            .filter(|e| e.starts_with("pgmap:"))
+                        {
                             println!("{} {e}", now());
                         }
                     } else {
