@@ -79,7 +79,7 @@ pub enum DashboardCommand {
     /// Create a user and print its key (or print the key of an existing user with the same
     /// role). Roles: admin (may mark OSDs out/in and start deep scrubs) and read-only.
     #[command(name = "ac-user-create")]
-    AcUserCreate {
+    Create {
         /// The user's name (letters, digits, '-', '_').
         name: String,
         #[arg(long, default_value = "read-only", value_parser = ["admin", "read-only"])]
@@ -87,10 +87,10 @@ pub enum DashboardCommand {
     },
     /// The dashboard's users and their roles.
     #[command(name = "ac-user-ls")]
-    AcUserLs,
+    Ls,
     /// Remove a user (its key stops working within 30 s).
     #[command(name = "ac-user-rm")]
-    AcUserRm { name: String },
+    Rm { name: String },
 }
 
 pub fn run_mgr(cmd: MgrCommand, g: &Global) -> Result<ExitCode> {
@@ -345,7 +345,7 @@ pub fn run_dashboard(cmd: DashboardCommand, g: &Global) -> Result<ExitCode> {
     rt.block_on(async {
         let rados = g.conf.connect().await?;
         match cmd {
-            DashboardCommand::AcUserCreate { name, role } => {
+            DashboardCommand::Create { name, role } => {
                 let role = Role::parse(&role).context("role must be admin or read-only")?;
                 let key = dashboard_user_create(&rados, &name, role).await?;
                 if g.format == OutputFormat::Json {
@@ -357,7 +357,7 @@ pub fn run_dashboard(cmd: DashboardCommand, g: &Global) -> Result<ExitCode> {
                     println!("user {name} ({}) key: {key}", role.name());
                 }
             }
-            DashboardCommand::AcUserLs => {
+            DashboardCommand::Ls => {
                 let entities = match rados.mon_command(MonCommand::AuthList).await? {
                     MonReply::Entities(e) => e,
                     other => bail!("unexpected reply {other:?}"),
@@ -378,7 +378,7 @@ pub fn run_dashboard(cmd: DashboardCommand, g: &Global) -> Result<ExitCode> {
                     }
                 }
             }
-            DashboardCommand::AcUserRm { name } => {
+            DashboardCommand::Rm { name } => {
                 let mut removed = false;
                 for role in [Role::Admin, Role::ReadOnly] {
                     if let MonReply::Done { .. } = rados
