@@ -19,8 +19,8 @@ use std::net::SocketAddr;
 
 use kelp_maps::{Change, ClusterFlag, FsAction, FsMap, Incremental, OsdMap, PoolSpec};
 use kelp_proto::{
-    ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
-    PgRecord,
+    ActivationVerdict, ClusterStatus, ConfigEntry, LogEntry, MapUpdate, MonCommand, MonReply,
+    OsdBoot, PgRecord,
 };
 use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
@@ -32,8 +32,8 @@ use crate::error::MonError;
 const WEIGHT_IN: u32 = 0x1_0000;
 
 /// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`,
-/// 4 `fsmap`; older formats are still read (as "no OSD was marked out automatically", "no PG
-/// records", "no file systems").
+/// 4 `fsmap` and `cluster_log`; older formats are still read (as "no OSD was marked out
+/// automatically", "no PG records", "no file systems and an empty cluster log").
 pub const STATE_FORMAT: u8 = 4;
 
 /// One monitor of the monitor map.
@@ -95,6 +95,10 @@ pub enum MonEntry {
         instance: String,
         now_ms: u64,
     },
+    // Cluster log.
+    /// Events the leader saw (OSDs up/down/in/out, pools, health, manager failover), stamped
+    /// by its clock; `seq` is assigned when applied (the entries' own `seq` is ignored).
+    ClusterLog(Vec<LogEntry>),
 }
 
 /// The replicated state of the monitors.
@@ -118,6 +122,8 @@ pub struct MonState {
     pg_history: BTreeMap<PgId, PgRecord>,
     /// File systems and MDS roles.
     fsmap: FsMap,
+    /// The cluster log, oldest first, at most `mon_cluster_log_max` entries.
+    cluster_log: VecDeque<LogEntry>,
 }
 
 /// Format 1 of the encoded state.
@@ -153,7 +159,7 @@ struct StateWireV3 {
     pg_history: Vec<(PgId, PgRecord)>,
 }
 
-/// Format 4: format 3 plus the encoded file-system map.
+/// Format 4: format 3 plus the encoded file-system map and `cluster_log`.
 #[derive(Serialize, Deserialize)]
 struct StateWire {
     osdmap: Option<Vec<u8>>,
@@ -164,6 +170,7 @@ struct StateWire {
     auto_out: Vec<i32>,
     pg_history: Vec<(PgId, PgRecord)>,
     fsmap: Vec<u8>,
+    cluster_log: Vec<LogEntry>,
 }
 
 impl From<StateWireV3> for StateWire {
@@ -177,6 +184,7 @@ impl From<StateWireV3> for StateWire {
             auto_out: v3.auto_out,
             pg_history: v3.pg_history,
             fsmap: FsMap::new().encode(),
+            cluster_log: Vec::new(),
         }
     }
 }
@@ -329,6 +337,10 @@ impl MonState {
                     epoch: self.epoch(),
                 })
             }
+            MonEntry::ClusterLog(entries) => {
+                self.append_log(entries);
+                Ok(MonReply::Done { epoch })
+            }
         };
         result.unwrap_or_else(refuse)
     }
@@ -387,6 +399,20 @@ impl MonState {
             MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
                 Ok(self.read_only(cmd))
             }
+            MonCommand::LogLast { .. } => Ok(self.read_only(cmd)),
+            MonCommand::LogAppend { entries } => {
+                self.append_log(entries);
+                Ok(MonReply::Done {
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::MgrBeacon { .. }
+            | MonCommand::MgrStat
+            | MonCommand::ProgressReport { .. }
+            | MonCommand::ProgressGet => Err(MonError::InvalidSpec(
+                "the manager map and progress are kept by the leader in memory, not in the log"
+                    .into(),
+            )),
             MonCommand::PgStats => Err(MonError::InvalidSpec(
                 "PG statistics are answered by the leader from memory, not through the log".into(),
             )),
@@ -710,6 +736,25 @@ impl MonState {
         Ok(())
     }
 
+    /// Appends to the cluster log, numbering the entries, and drops the oldest past
+    /// `mon_cluster_log_max`.
+    fn append_log(&mut self, entries: &[LogEntry]) {
+        let last = self.cluster_log.back().map_or(0, |e| e.seq);
+        for (seq, e) in (last + 1..).zip(entries) {
+            self.cluster_log.push_back(LogEntry { seq, ..e.clone() });
+        }
+        let max = (self.config_u64(kelp_config::keys::MON_CLUSTER_LOG_MAX.name) as usize).max(1);
+        while self.cluster_log.len() > max {
+            self.cluster_log.pop_front();
+        }
+    }
+
+    /// The newest `n` cluster-log entries, oldest first.
+    pub fn log_last(&self, n: usize) -> Vec<LogEntry> {
+        let skip = self.cluster_log.len().saturating_sub(n);
+        self.cluster_log.iter().skip(skip).cloned().collect()
+    }
+
     /// Takes `id` out of every PG's activation record (`osd lost`, `osd rm`).
     fn forget_osd(&mut self, id: i32) {
         for r in self.pg_history.values_mut() {
@@ -838,6 +883,7 @@ impl MonState {
                     .unwrap_or_default(),
             ),
             MonCommand::FsMapGet => MonReply::FsMap(self.fsmap.clone()),
+            MonCommand::LogLast { n } => MonReply::ClusterLog(self.log_last(*n as usize)),
             MonCommand::EcProfileLs => MonReply::EcProfileNames(
                 self.osdmap
                     .as_ref()
@@ -924,6 +970,7 @@ impl MonState {
                 .map(|(pg, r)| (*pg, r.clone()))
                 .collect(),
             fsmap: self.fsmap.encode(),
+            cluster_log: self.cluster_log.iter().cloned().collect(),
         };
         let mut out = vec![STATE_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("encoding into a Vec cannot fail"));
@@ -972,6 +1019,7 @@ impl MonState {
             auto_out: wire.auto_out.into_iter().collect(),
             pg_history: wire.pg_history.into_iter().collect(),
             fsmap: FsMap::decode(&wire.fsmap)?,
+            cluster_log: wire.cluster_log.into(),
         })
     }
 }

@@ -22,6 +22,8 @@ pub use mon::{
 };
 // File-system map and MDS roles (types of the pure map in kelp-maps, used on the wire).
 pub use mon::{FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState};
+// Manager, progress and cluster log.
+pub use mon::{LogEntry, LogLevel, MgrInfo, MgrMap, ProgressItem, ProgressKind};
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
     OsdOpReply, OsdPing, OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery,

@@ -23,6 +23,8 @@ pub mod watch;
 // File-system map and MDS administration.
 pub mod fs;
 pub mod mds;
+// Manager, dashboard, progress and cluster log.
+pub mod mgr;
 
 /// Output format of commands that can print machine-readable results.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,7 +1,9 @@
 //! `kelp watch` (`kelp -w`): the status once, then one line per cluster event, as Ceph's
-//! `ceph -w`. Events are found by comparing successive looks at the cluster ([`Snapshot`]):
-//! health and its checks, OSDs up/down/in/out/created/removed, pools created/removed, and the
-//! PG state counts whenever they change.
+//! `ceph -w`. The events are the cluster log the monitors keep (OSDs up/down/in/out, pools,
+//! flags, health checks, manager failovers, scrub errors, `kelp log add`), streamed as new
+//! entries appear, plus the PG state counts whenever they change. Monitors without a cluster
+//! log: events are found by comparing successive looks at the cluster ([`Snapshot`]): health
+//! and its checks, OSDs up/down/in/out/created/removed, pools created/removed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -160,6 +162,12 @@ pub fn run(a: WatchArgs, g: &Global) -> Result<ExitCode> {
         println!();
         let mut prev = Snapshot::of(&r);
         let mut unreachable = false;
+        // the cluster log's newest entry so far (`None`: the monitors keep no log)
+        let rados = g.conf.connect().await?;
+        let mut log_seq: Option<u64> = crate::cmd::mgr::log_last(&rados, 1)
+            .await
+            .ok()
+            .map(|e| e.last().map_or(0, |e| e.seq));
         loop {
             tokio::select! {
                 _ = common::shutdown_signal() => return Ok(ExitCode::SUCCESS),
@@ -172,8 +180,25 @@ pub fn run(a: WatchArgs, g: &Global) -> Result<ExitCode> {
                         unreachable = false;
                     }
                     let snap = Snapshot::of(&r);
-                    for e in prev.events(&snap) {
-                        println!("{} {e}", now());
+                    if let Some(seen) = log_seq {
+                        if let Ok(entries) = crate::cmd::mgr::log_last(&rados, 1000).await {
+                            for e in entries.iter().filter(|e| e.seq > seen) {
+                                println!("{}", crate::cmd::mgr::log_line(e));
+                                log_seq = Some(e.seq);
+                            }
+                        }
+                        // the log has the other events; PG state counts are not logged
+                        for e in prev
+                            .events(&snap)
+                            .into_iter()
+                            .filter(|e| e.starts_with("pgmap:"))
+                        {
+                            println!("{} {e}", now());
+                        }
+                    } else {
+                        for e in prev.events(&snap) {
+                            println!("{} {e}", now());
+                        }
                     }
                     prev = snap;
                 }
