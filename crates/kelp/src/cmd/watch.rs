@@ -1,7 +1,8 @@
 //! `kelp watch` (`kelp -w`): the status once, then one line per cluster event, as Ceph's
 //! `ceph -w`. Events are found by comparing successive looks at the cluster ([`Snapshot`]):
-//! health and its checks, OSDs up/down/in/out/created/removed, pools created/removed, and the
-//! PG state counts whenever they change.
+//! health and its checks, OSDs up/down/in/out/created/removed, pools created/removed, the
+//! PG state counts whenever they change, and the file systems' MDS roles (`mds: …`, as
+//! `kelp mds stat`) whenever they change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -36,6 +37,8 @@ pub struct Snapshot {
     pub osds: BTreeMap<i32, (bool, bool)>,
     pub pools: BTreeSet<String>,
     pub pgs_by_state: BTreeMap<String, u32>,
+    /// File systems and MDS roles, as `kelp mds stat` prints them (empty without any).
+    pub mds: String,
 }
 
 impl Snapshot {
@@ -60,6 +63,12 @@ impl Snapshot {
                 .collect(),
             pools: r.map.pools.values().map(|p| p.name.clone()).collect(),
             pgs_by_state: r.pgs_by_state.clone(),
+            mds: r
+                .fsmap
+                .as_ref()
+                .filter(|f| !f.filesystems.is_empty() || !f.standbys.is_empty())
+                .map(crate::cmd::mds::mds_summary)
+                .unwrap_or_default(),
         }
     }
 
@@ -96,6 +105,9 @@ impl Snapshot {
                 .map(|(s, n)| format!("{n} {s}"))
                 .collect();
             out.push(format!("pgmap: {total} pgs: {}", states.join(", ")));
+        }
+        if self.mds != now.mds && !now.mds.is_empty() {
+            out.push(format!("mds: {}", now.mds));
         }
         for (name, (sev, summary)) in &now.checks {
             if self.checks.get(name).map(|(_, s)| s) != Some(summary) {
@@ -198,6 +210,7 @@ mod tests {
             osds: osds.iter().map(|&(i, u, n)| (i, (u, n))).collect(),
             pools: BTreeSet::from(["data".to_string()]),
             pgs_by_state: pgs.iter().map(|&(s, n)| (s.to_string(), n)).collect(),
+            mds: String::new(),
         }
     }
 
@@ -219,6 +232,7 @@ mod tests {
             ("HEALTH_WARN".into(), "1 osds down".into()),
         );
         b.pools.insert("images".into());
+        b.mds = "cephfs:1 {0=a=up:active}".into();
         assert_eq!(
             a.events(&b),
             vec![
@@ -226,6 +240,7 @@ mod tests {
                 "osd.2 created",
                 "pool 'images' created",
                 "pgmap: 8 pgs: 5 active+clean, 3 active+undersized+degraded",
+                "mds: cephfs:1 {0=a=up:active}",
                 "[WRN] OSD_DOWN: 1 osds down",
                 "health: HEALTH_OK -> HEALTH_WARN",
             ]
