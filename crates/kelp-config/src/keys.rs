@@ -496,6 +496,16 @@ pub const OSD_CLIENT_WATCH_TIMEOUT: KeyDef = KeyDef {
     doc: "A watch whose client has not pinged it for this long is dropped by the object's primary (its client is presumed dead); clients ping at a third of it.",
 };
 
+/// `metrics_top_k`
+pub const METRICS_TOP_K: KeyDef = KeyDef {
+    name: "metrics_top_k",
+    default: Value::U64(10),
+    min: Some(1.0),
+    max: Some(1000.0),
+    readers: "S3 gateway, at start",
+    doc: "How many buckets get series of their own in the gateway's /metrics (the busiest; the rest add up in bucket=\"other\"), so that no label grows with the number of buckets.",
+};
+
 /// Every key, in the order `kelp config help` and docs/CONFIG.md list them.
 pub const KEYS: &[&KeyDef] = &[
     &MON_MAX_INCREMENTALS,
@@ -529,6 +539,7 @@ pub const KEYS: &[&KeyDef] = &[
     &MDS_BEACON_INTERVAL,
     &MDS_BEACON_GRACE,
     &MDS_BLOCKLIST_INTERVAL,
+    &METRICS_TOP_K,
 ];
 
 // File-system map and MDS failover.

@@ -18,6 +18,7 @@ pub mod client;
 mod error;
 pub mod liveness;
 pub mod mds_liveness;
+pub mod metrics;
 pub mod monitor;
 pub mod network;
 pub mod pg_history;

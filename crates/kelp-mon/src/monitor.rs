@@ -46,6 +46,7 @@ use tracing::{debug, info, warn};
 use crate::error::MonError;
 use crate::liveness::{Liveness, LivenessParams};
 use crate::mds_liveness::MdsLiveness;
+use crate::metrics::ServiceMap;
 use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};
 use crate::pgmap::{FullRatios, PgMap, ratio_ppm};
 use crate::state::{InitSpec, MonEntry, MonInfo};
@@ -277,6 +278,12 @@ struct Inner {
     liveness: Mutex<Liveness>,
     /// The leader's MDS beacon timers (empty on followers).
     mds_liveness: Mutex<MdsLiveness>,
+    /// `kelp_mon_commands` (`crate::metrics`).
+    commands: kelp_metrics::CounterVec,
+    /// The leader's service map (daemons' beacons; empty on followers).
+    service_map: Mutex<ServiceMap>,
+    /// This monitor's own endpoints for its beacon (`"metrics"` → URL); `None`: no beacon.
+    service_addrs: Mutex<Option<std::collections::BTreeMap<String, String>>>,
 }
 
 /// A running monitor.
@@ -390,6 +397,9 @@ impl Monitor {
             clock: Instant::now(),
             liveness: Mutex::new(Liveness::default()),
             mds_liveness: Mutex::new(MdsLiveness::default()),
+            commands: kelp_metrics::CounterVec::new(&crate::metrics::METRICS[0]),
+            service_map: Mutex::new(ServiceMap::default()),
+            service_addrs: Mutex::new(Default::default()),
         });
         let _ = dispatcher.inner.set(Arc::downgrade(&inner));
 
@@ -418,6 +428,7 @@ impl Monitor {
             tokio::spawn(pusher(inner.clone())),
             tokio::spawn(leader_loop(inner.clone())),
             tokio::spawn(stats_loop(inner.clone())),
+            tokio::spawn(beacon_loop(inner.clone())),
         ];
         Ok(Monitor {
             inner,
@@ -453,6 +464,42 @@ impl Monitor {
 
     pub fn is_leader(&self) -> bool {
         self.inner.is_leader()
+    }
+
+    /// Exports this monitor's metrics into `reg` (`crate::metrics`): commands received, its
+    /// Raft and map state and, on the leader, the cluster's.
+    pub fn register_metrics(&self, reg: &mut kelp_metrics::Registry) {
+        reg.add_counter_vec(&self.inner.commands);
+        let msgr = self.inner.msgr.clone();
+        reg.register_msgr(move || {
+            let s = msgr.stats();
+            kelp_metrics::MsgrCounts {
+                peers: msgr.peers().len() as u64,
+                connections_accepted: s.connections_accepted,
+                connections_dialed: s.connections_dialed,
+                handshake_failures: s.handshake_failures,
+                auth_failures: s.auth_failures,
+                frame_errors: s.frame_errors,
+                frames_sent: s.frames_sent,
+                flushes: s.flushes,
+            }
+        });
+        let weak = Arc::downgrade(&self.inner);
+        reg.snapshot(crate::metrics::snapshot_metrics(), move |s| {
+            if let Some(inner) = weak.upgrade() {
+                inner.metrics_snapshot(s);
+            }
+        });
+    }
+
+    /// Sets the endpoints this monitor announces in its service-map beacon (`"metrics"` →
+    /// URL); the beacon is sent every [`BEACON_INTERVAL`] once set.
+    pub fn set_service_addrs(&self, addrs: std::collections::BTreeMap<String, String>) {
+        *self
+            .inner
+            .service_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(addrs);
     }
 
     /// Stops serving, stops Raft and closes every connection.
@@ -571,7 +618,17 @@ impl Inner {
 
     async fn command(&self, cmd: MonCommand, from: &Peer) -> MonReply {
         let forwarded = from.entity().starts_with("mon.");
+        self.commands
+            .with(&[&crate::metrics::command_name(&cmd)])
+            .inc();
         match &cmd {
+            MonCommand::ServiceBeacon { .. } | MonCommand::ServiceMap => {
+                if self.is_leader() {
+                    self.service_command(&cmd)
+                } else {
+                    self.forward(cmd, forwarded).await
+                }
+            }
             MonCommand::Status
             | MonCommand::ConfigDump
             | MonCommand::AuthList
@@ -744,6 +801,57 @@ impl Inner {
                 message: format!("raft: {e}"),
             },
         }
+    }
+
+    /// `ServiceBeacon` and `ServiceMap` (leader only, in memory).
+    fn service_command(&self, cmd: &MonCommand) -> MonReply {
+        let mut sm = self.service_map.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match cmd {
+            MonCommand::ServiceBeacon {
+                name,
+                kind,
+                addrs,
+                version,
+            } => {
+                sm.beacon(name, kind, addrs.clone(), version, now);
+                MonReply::Done {
+                    epoch: self.shared.read().state.epoch(),
+                }
+            }
+            _ => MonReply::ServiceMap(sm.entries(now)),
+        }
+    }
+
+    /// The scrape-time metrics: this monitor's own, and the cluster's on the leader. Takes
+    /// the state's read lock and the statistics lock briefly (as `kelp status` does).
+    fn metrics_snapshot(&self, s: &mut kelp_metrics::Snapshot) {
+        let leader = self.is_leader();
+        let (term, applied) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_term, m.last_applied.map(|l| l.index).unwrap_or(0))
+        };
+        let a = self.shared.read();
+        crate::metrics::mon_snapshot(s, leader, term, applied, a.state.epoch());
+        if !leader {
+            return;
+        }
+        let Some(map) = a.state.osdmap() else {
+            return;
+        };
+        let ratios = full_ratios(&a.state);
+        let stale_after = stale_after(&a.state);
+        let digest = {
+            let mut pm = self.pgmap.lock().unwrap_or_else(|p| p.into_inner());
+            pm.prune(map);
+            pm.digest(map, &ratios, self.now(), stale_after)
+        };
+        crate::metrics::cluster_snapshot(s, map, &digest, a.state.fsmap());
+        self.service_map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .snapshot(s, Instant::now());
     }
 
     fn now(&self) -> f64 {
@@ -977,6 +1085,43 @@ fn stale_after(state: &crate::state::MonState) -> f64 {
 /// The leader's statistics housekeeping: forgets the reports of OSDs that went down, and sets
 /// or clears the map's `full` flag from the OSDs' usage (`PgMap::full_decision`). A monitor
 /// that is not the leader holds no statistics.
+/// How often a monitor sends its own service-map beacon.
+pub const BEACON_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Sends this monitor's beacon (once its endpoints are set): handled here on the leader,
+/// forwarded to it by a follower.
+async fn beacon_loop(inner: Arc<Inner>) {
+    // checked every second so that the first beacon goes out as soon as the endpoints are set
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last: Option<Instant> = None;
+    loop {
+        tick.tick().await;
+        if last.is_some_and(|t| t.elapsed() < BEACON_INTERVAL) {
+            continue;
+        }
+        let Some(addrs) = inner
+            .service_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            continue;
+        };
+        let cmd = MonCommand::ServiceBeacon {
+            name: format!("mon.{}", inner.name),
+            kind: "mon".into(),
+            addrs,
+            version: env!("CARGO_PKG_VERSION").into(),
+        };
+        last = Some(Instant::now());
+        if inner.is_leader() {
+            inner.service_command(&cmd);
+        } else {
+            let _ = inner.forward(cmd, false).await;
+        }
+    }
+}
+
 async fn stats_loop(inner: Arc<Inner>) {
     let mut tick = tokio::time::interval(Duration::from_millis(inner.config.tick_ms.max(10)));
     loop {

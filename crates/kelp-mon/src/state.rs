@@ -390,6 +390,11 @@ impl MonState {
             MonCommand::PgStats => Err(MonError::InvalidSpec(
                 "PG statistics are answered by the leader from memory, not through the log".into(),
             )),
+            MonCommand::ServiceBeacon { .. } | MonCommand::ServiceMap => {
+                Err(MonError::InvalidSpec(
+                    "the service map is kept by the leader in memory, not through the log".into(),
+                ))
+            }
             MonCommand::OsdCreate {
                 id: want,
                 uuid,

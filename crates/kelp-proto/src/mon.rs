@@ -183,6 +183,33 @@ pub enum MonCommand {
     MdsFail {
         name: String,
     },
+    // --- service map (metrics): daemons say who they are and where their endpoints are ---
+    /// A daemon's beacon for the service map, sent every few seconds (kept by the leader in
+    /// memory; an entry not renewed goes `stale`, then away). `addrs` maps an endpoint's kind
+    /// to its URL (`"metrics"` → `http://127.0.0.1:9283/metrics`). Answered with `Done`.
+    ServiceBeacon {
+        /// `osd.3`, `mon.a`, `rgw.gw1`, `nbd.0`, …
+        name: String,
+        /// `mon`, `osd`, `rgw`, `nbd`, `mgr`, `mds`, …
+        kind: String,
+        addrs: std::collections::BTreeMap<String, String>,
+        version: String,
+    },
+    /// The service map: every daemon that sent a beacon recently. Answered with `ServiceMap`.
+    ServiceMap,
+}
+
+/// One daemon in the service map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEntry {
+    pub name: String,
+    pub kind: String,
+    pub addrs: std::collections::BTreeMap<String, String>,
+    pub version: String,
+    /// Milliseconds since the leader last heard its beacon.
+    pub age_ms: u64,
+    /// Whether the beacon is older than the stale threshold (the daemon may be gone).
+    pub stale: bool,
 }
 
 /// One blocklisted client instance, and when its entry expires (unix ms; `None`: never).
@@ -316,6 +343,9 @@ pub enum MonReply {
     FsMap(FsMap),
     /// The answer to an `MdsBeacon`.
     MdsAssignment(MdsAssignment),
+    // --- service map (metrics) ---
+    /// `ServiceMap`: every daemon with a recent beacon, sorted by name.
+    ServiceMap(Vec<ServiceEntry>),
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be

@@ -109,6 +109,11 @@ enum Command {
     /// Metadata server daemons as the monitors see them: stat, fail.
     #[command(subcommand)]
     Mds(cmd::mds::MdsCommand),
+    // --- metrics ---
+    /// Print the metric reference of docs/METRICS.md (every metric's name, type, labels and
+    /// meaning), generated from the daemons' metric tables.
+    #[command(hide = true)]
+    MetricsDoc,
 }
 
 fn main() -> ExitCode {
@@ -174,6 +179,7 @@ fn main() -> ExitCode {
         // File-system map and MDS administration.
         Command::Fs(c) => cmd::fs::run(c, &g),
         Command::Mds(c) => cmd::mds::run(c, &g),
+        Command::MetricsDoc => cmd::service_map::run_metrics_doc(),
     };
     match result {
         Ok(code) => code,

@@ -15,6 +15,7 @@ pub mod rados;
 pub mod rbd;
 pub mod rgw;
 pub mod scrub;
+pub mod service_map;
 pub mod status;
 pub mod store;
 pub mod up;

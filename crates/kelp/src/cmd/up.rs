@@ -199,6 +199,12 @@ pub enum DaemonCommand {
     /// unless it was marked out (`kelp osd out N`) and no PG maps to it any more; --force
     /// skips the checks and the wait.
     RemoveOsd(RemoveOsdArgs),
+    // --- service map (metrics) ---
+    /// List every daemon of the cluster from the monitors' service map (any cluster, not
+    /// only `kelp up`'s): name, kind, status (up, or stale when its beacon is late) and the
+    /// URL of its Prometheus metrics. `-f json` for scripts and Prometheus file_sd
+    /// (docs/METRICS.md).
+    Ls(crate::cmd::service_map::DaemonLsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -1218,6 +1224,7 @@ pub fn run_daemon(cmd: DaemonCommand, g: &common::Global) -> Result<ExitCode> {
         DaemonCommand::Restart(a) => (a, "restart"),
         DaemonCommand::AddOsd(a) => return add_osd(a, g),
         DaemonCommand::RemoveOsd(a) => return remove_osd(a, g),
+        DaemonCommand::Ls(a) => return crate::cmd::service_map::run_ls(a, g),
     };
     let dir = existing_dir(g, a.dir.as_deref())?;
     let list = daemons(&dir)?;
