@@ -18,6 +18,7 @@ pub mod client;
 pub mod cluster_log;
 mod error;
 pub mod liveness;
+pub mod mds_liveness;
 pub mod mgrmap;
 pub mod monitor;
 pub mod network;

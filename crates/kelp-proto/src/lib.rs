@@ -20,6 +20,8 @@ pub use mon::{
     ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply,
     OsdBoot, OsdFailure, PgActivation, PgRecord, Subscribe,
 };
+// File-system map and MDS roles (types of the pure map in kelp-maps, used on the wire).
+pub use mon::{FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState};
 // Manager, progress and cluster log.
 pub use mon::{LogEntry, LogLevel, MgrInfo, MgrMap, ProgressItem, ProgressKind};
 pub use osd::{

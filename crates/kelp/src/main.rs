@@ -102,6 +102,14 @@ enum Command {
     /// Write man pages for kelp and every subcommand (kelp.1, kelp-status.1, …) into a
     /// directory, or print kelp(1) to stdout.
     Man(cmd::help::ManArgs),
+    // File-system map and MDS administration.
+    /// File systems (Ceph's `ceph fs`): new, ls, status, rm, set, fail, add_data_pool,
+    /// rm_data_pool.
+    #[command(subcommand)]
+    Fs(cmd::fs::FsCommand),
+    /// Metadata server daemons as the monitors see them: stat, fail.
+    #[command(subcommand)]
+    Mds(cmd::mds::MdsCommand),
     // Manager, dashboard, progress and cluster log.
     /// The manager daemon (run), its dashboard URL (services) and the manager map (stat).
     #[command(subcommand)]
@@ -178,6 +186,9 @@ fn main() -> ExitCode {
         Command::Watch(a) => cmd::watch::run(a, &g),
         Command::Completions(a) => cmd::help::completions(a, Cli::command()),
         Command::Man(a) => cmd::help::man(a, Cli::command()),
+        // File-system map and MDS administration.
+        Command::Fs(c) => cmd::fs::run(c, &g),
+        Command::Mds(c) => cmd::mds::run(c, &g),
         // Manager, dashboard, progress and cluster log.
         Command::Mgr(c) => cmd::mgr::run_mgr(c, &g),
         Command::Progress(a) => cmd::mgr::run_progress(a, &g),

@@ -19,6 +19,9 @@ pub mod status;
 pub mod store;
 pub mod up;
 pub mod watch;
+// File-system map and MDS administration.
+pub mod fs;
+pub mod mds;
 // Manager, dashboard, progress and cluster log.
 pub mod mgr;
 

@@ -50,6 +50,8 @@ pub struct Report {
     pub checks: Vec<HealthCheck>,
     pub pgs_by_state: BTreeMap<String, u32>,
     pub num_pgs: u32,
+    /// The file-system map (`None` if the monitors could not give it).
+    pub fsmap: Option<kelp_client::FsMap>,
     // Manager and its progress items.
     /// The manager map (`None` if the monitors did not give one).
     pub mgr: Option<kelp_proto::MgrMap>,
@@ -247,6 +249,10 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
     if let Some(d) = &digest {
         explain_blocked_pgs(&rados, &map, d, &mut checks).await;
     }
+    let fsmap = rados.fs_map().await.ok();
+    if let Some(f) = &fsmap {
+        checks.extend(kelp_health::fs_checks(f));
+    }
     let mut pgs_by_state: BTreeMap<String, u32> = BTreeMap::new();
     let mut num_pgs = 0;
     match &digest {
@@ -276,6 +282,7 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
         checks,
         pgs_by_state,
         num_pgs,
+        fsmap,
         mgr,
         progress_items,
     })
@@ -303,6 +310,14 @@ pub fn status_json(r: &Report) -> serde_json::Value {
             "num_mons": m.monitors.len(),
             "quorum_names": m.monitors.iter().filter(|(_, q)| *q).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
             "leader": m.leader,
+        })),
+        "fsmap": r.fsmap.as_ref().map(|f| serde_json::json!({
+            "epoch": f.epoch,
+            "by_rank": f.filesystems.values().filter_map(|fs| fs.active.as_ref().map(|a| serde_json::json!({
+                "filesystem_id": fs.id, "filesystem_name": fs.name, "rank": 0,
+                "name": a.name, "status": a.state.to_string(), "incarnation": a.incarnation}))).collect::<Vec<_>>(),
+            "up:standby": f.standbys.len(),
+            "summary": crate::cmd::mds::mds_summary(f),
         })),
         "mgrmap": r.mgr.as_ref().map(crate::cmd::mgr::mgr_map_json),
         "progress_events": r.progress_items.iter().map(crate::cmd::mgr::progress_item_json).collect::<Vec<_>>(),
@@ -388,6 +403,13 @@ pub fn print_status(r: &Report) {
         map.num_in(),
         map.epoch
     );
+    if let Some(f) = r
+        .fsmap
+        .as_ref()
+        .filter(|f| !f.filesystems.is_empty() || !f.standbys.is_empty())
+    {
+        println!("    mds: {}", crate::cmd::mds::mds_summary(f));
+    }
     println!();
     println!("  data:");
     println!("    pools:   {} pools, {} pgs", map.pools.len(), r.num_pgs);
