@@ -32,9 +32,9 @@ use crate::error::MonError;
 const WEIGHT_IN: u32 = 0x1_0000;
 
 /// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`,
-/// 4 `fsmap` and `cluster_log`; older formats are still read (as "no OSD was marked out
-/// automatically", "no PG records", "no file systems and an empty cluster log").
-pub const STATE_FORMAT: u8 = 4;
+/// 4 `fsmap`, 5 `cluster_log`; older formats are still read (as "no OSD was marked out
+/// automatically", "no PG records", "no file systems", "an empty cluster log").
+pub const STATE_FORMAT: u8 = 5;
 
 /// One monitor of the monitor map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -159,7 +159,20 @@ struct StateWireV3 {
     pg_history: Vec<(PgId, PgRecord)>,
 }
 
-/// Format 4: format 3 plus the encoded file-system map and `cluster_log`.
+/// Format 4: format 3 plus the encoded file-system map.
+#[derive(Serialize, Deserialize)]
+struct StateWireV4 {
+    osdmap: Option<Vec<u8>>,
+    incrementals: Vec<(u32, Vec<u8>)>,
+    config: Vec<(String, String, String)>,
+    auth: Vec<(String, String)>,
+    monmap: Vec<MonInfo>,
+    auto_out: Vec<i32>,
+    pg_history: Vec<(PgId, PgRecord)>,
+    fsmap: Vec<u8>,
+}
+
+/// Format 5: format 4 plus `cluster_log`.
 #[derive(Serialize, Deserialize)]
 struct StateWire {
     osdmap: Option<Vec<u8>>,
@@ -173,9 +186,9 @@ struct StateWire {
     cluster_log: Vec<LogEntry>,
 }
 
-impl From<StateWireV3> for StateWire {
-    fn from(v3: StateWireV3) -> StateWire {
-        StateWire {
+impl From<StateWireV3> for StateWireV4 {
+    fn from(v3: StateWireV3) -> StateWireV4 {
+        StateWireV4 {
             osdmap: v3.osdmap,
             incrementals: v3.incrementals,
             config: v3.config,
@@ -184,6 +197,21 @@ impl From<StateWireV3> for StateWire {
             auto_out: v3.auto_out,
             pg_history: v3.pg_history,
             fsmap: FsMap::new().encode(),
+        }
+    }
+}
+
+impl From<StateWireV4> for StateWire {
+    fn from(v4: StateWireV4) -> StateWire {
+        StateWire {
+            osdmap: v4.osdmap,
+            incrementals: v4.incrementals,
+            config: v4.config,
+            auth: v4.auth,
+            monmap: v4.monmap,
+            auto_out: v4.auto_out,
+            pg_history: v4.pg_history,
+            fsmap: v4.fsmap,
             cluster_log: Vec::new(),
         }
     }
@@ -987,13 +1015,17 @@ impl MonState {
             reason: e.to_string(),
         };
         let wire: StateWire = match v {
-            1 => StateWireV3::from(StateWireV2::from(
+            1 => StateWireV4::from(StateWireV3::from(StateWireV2::from(
                 postcard::from_bytes::<StateWireV1>(body).map_err(corrupt)?,
+            )))
+            .into(),
+            2 => StateWireV4::from(StateWireV3::from(
+                postcard::from_bytes::<StateWireV2>(body).map_err(corrupt)?,
             ))
             .into(),
-            2 => StateWireV3::from(postcard::from_bytes::<StateWireV2>(body).map_err(corrupt)?)
+            3 => StateWireV4::from(postcard::from_bytes::<StateWireV3>(body).map_err(corrupt)?)
                 .into(),
-            3 => postcard::from_bytes::<StateWireV3>(body)
+            4 => postcard::from_bytes::<StateWireV4>(body)
                 .map_err(corrupt)?
                 .into(),
             STATE_FORMAT => postcard::from_bytes(body).map_err(corrupt)?,
@@ -1050,5 +1082,27 @@ mod format_tests {
         assert!(s.auto_out().contains(&3));
         let again = MonState::decode(&s.encode()).unwrap();
         assert_eq!(again.encode(), s.encode());
+    }
+
+    /// A state written before the cluster log existed (format 4) still reads, with an empty
+    /// log and its file systems.
+    #[test]
+    fn format_4_states_decode_with_an_empty_cluster_log() {
+        let v4 = StateWireV4 {
+            osdmap: None,
+            incrementals: Vec::new(),
+            config: Vec::new(),
+            auth: vec![("client.admin".into(), "YWRtaW4=".into())],
+            monmap: Vec::new(),
+            auto_out: Vec::new(),
+            pg_history: Vec::new(),
+            fsmap: FsMap::new().encode(),
+        };
+        let mut bytes = vec![4u8];
+        bytes.extend(postcard::to_stdvec(&v4).unwrap());
+        let s = MonState::decode(&bytes).unwrap();
+        assert!(s.log_last(10).is_empty());
+        assert_eq!(s.fsmap(), &FsMap::new());
+        assert_eq!(s.encode()[0], STATE_FORMAT);
     }
 }
