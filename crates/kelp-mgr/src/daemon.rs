@@ -45,6 +45,9 @@ pub struct MgrOptions {
     pub addr_file: Option<std::path::PathBuf>,
     /// Listen on any free port of the same address when `dashboard_addr`'s port is taken.
     pub any_port_if_taken: bool,
+    /// Where to serve Prometheus metrics (`None`: no endpoint). Either way the daemon
+    /// announces itself in the service map (`kelp daemon ls`).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl MgrOptions {
@@ -58,6 +61,7 @@ impl MgrOptions {
             keep_finished: Duration::from_secs(300),
             addr_file: None,
             any_port_if_taken: false,
+            metrics_addr: None,
         }
     }
 }
@@ -238,12 +242,33 @@ pub async fn run(
         refresh: tokio::sync::Mutex::new(()),
     });
     info!(mgr = %opts.name, dashboard = %url, "manager started");
+    let daemon = format!("mgr.{}", opts.name);
+    let mut addrs = BTreeMap::new();
+    addrs.insert("dashboard".to_string(), url.clone());
+    let _metrics = match opts.metrics_addr {
+        Some(at) => {
+            let mut reg = kelp_metrics::Registry::new();
+            reg.register_common(&daemon, "mgr");
+            crate::metrics::register(&mut reg, shared.clone());
+            let m = kelp_metrics::serve(at, Arc::new(reg))
+                .await
+                .map_err(MgrError::Metrics)?;
+            info!(url = %m.url(), "metrics endpoint");
+            addrs.insert("metrics".to_string(), m.url());
+            Some(m)
+        }
+        None => None,
+    };
+    let beacons = shared
+        .rados
+        .spawn_service_beacons(daemon, "mgr".into(), addrs);
     let tasks = [
         tokio::spawn(beacon_loop(shared.clone())),
         tokio::spawn(poll_loop(shared.clone(), opts.clone())),
         tokio::spawn(crate::http::serve(listener, shared.clone())),
     ];
     shutdown.await;
+    beacons.abort();
     for t in &tasks {
         t.abort();
     }

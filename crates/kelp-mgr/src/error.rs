@@ -17,6 +17,8 @@ pub enum MgrError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot serve metrics: {0}")]
+    Metrics(#[source] kelp_metrics::MetricsError),
     #[error("invalid manager name '{0}' (letters, digits, '-' and '_', at most 64)")]
     InvalidName(String),
 }

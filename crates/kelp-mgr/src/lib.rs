@@ -21,6 +21,7 @@ pub mod auth;
 pub mod daemon;
 mod error;
 pub mod http;
+pub mod metrics;
 pub mod progress;
 pub mod series;
 pub mod view;

@@ -289,7 +289,7 @@ fn every_daemon_is_scraped_by_prometheus() {
     let c = Cluster::up();
 
     // 1. the service map lists every daemon with its metrics URL
-    let want = ["mon.a", "osd.0", "osd.1", "osd.2"];
+    let want = ["mon.a", "osd.0", "osd.1", "osd.2", "mgr.x"];
     let deadline = Instant::now() + Duration::from_secs(60);
     let daemons = loop {
         let d = c.daemons();
@@ -325,6 +325,7 @@ fn every_daemon_is_scraped_by_prometheus() {
             "osd" => "kelp_osd_op_latency_seconds_bucket{",
             "rgw" => "kelp_rgw_requests_in_flight",
             "nbd" => "kelp_nbd_connections_open",
+            "mgr" => "kelp_mgr_active 1",
             k => panic!("unexpected kind {k}"),
         };
         assert!(body.contains(expect), "{name} lacks {expect}:\n{body}");
@@ -555,6 +556,7 @@ fn kelp_metrics_tables() -> Vec<kelp_metrics::MetricTable> {
         kelp_osd::metrics::TABLE,
         kelp_rgw::metrics::TABLE,
         kelp_nbd::metrics::TABLE,
+        kelp_mgr::metrics::TABLE,
     ]
 }
 

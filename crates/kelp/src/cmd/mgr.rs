@@ -49,6 +49,8 @@ pub struct MgrRunArgs {
     /// (`kelp up` uses this so that clusters started side by side never fail on it).
     #[arg(long)]
     pub any_port_if_taken: bool,
+    #[command(flatten)]
+    pub metrics: common::MetricsArgs,
 }
 
 /// Long operations the active manager follows (recovery, backfill, scrub, deep scrub,
@@ -166,6 +168,7 @@ fn run_daemon(a: MgrRunArgs, g: &Global) -> Result<ExitCode> {
     opts.poll_interval = std::time::Duration::from_secs_f64(a.poll_interval);
     opts.addr_file = a.data.as_ref().map(|d| d.join("addr"));
     opts.any_port_if_taken = a.any_port_if_taken;
+    opts.metrics_addr = a.metrics.addr();
     // two workers are plenty: the manager polls and answers small requests
     let rt = common::runtime_with_threads(Some(2))?;
     rt.block_on(async {

@@ -82,6 +82,7 @@ pub fn metric_tables() -> Vec<kelp_metrics::MetricTable> {
         kelp_osd::metrics::TABLE,
         kelp_rgw::metrics::TABLE,
         kelp_nbd::metrics::TABLE,
+        kelp_mgr::metrics::TABLE,
     ]
 }
 
