@@ -19,6 +19,8 @@ pub mod status;
 pub mod store;
 pub mod up;
 pub mod watch;
+// file system
+pub mod filesystem;
 
 /// Output format of commands that can print machine-readable results.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
