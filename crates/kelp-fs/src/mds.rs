@@ -395,7 +395,9 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
                     None => dels.push(n),
                 }
             }
-            let mut op = WriteOp::new();
+            // a directory's entry object may not exist yet (its first entry was added and
+            // removed between two checkpoints): create it rather than fail
+            let mut op = WriteOp::new().create(false);
             if !puts.is_empty() {
                 op = op.omap_set(&puts);
             }
@@ -440,7 +442,7 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
                 .filter(|(_, a)| !**a)
                 .map(|(i, _)| format!("{i:x}"))
                 .collect();
-            let mut op = WriteOp::new();
+            let mut op = WriteOp::new().create(false);
             if !add.is_empty() {
                 op = op.omap_set(&add);
             }

@@ -390,3 +390,35 @@ fn setgid_directories_pass_their_group_on() {
     assert_eq!(sub.gid, 50);
     assert_ne!(sub.mode & S_ISGID, 0);
 }
+
+#[test]
+fn rename_a_directory_over_an_empty_sibling() {
+    both(|fs| {
+        let q = fs.mkdir(ROOT_INO, "q");
+        let full = fs.mkdir(q, "full");
+        fs.mkdir(q, "empty");
+        assert_eq!(fs.rename(q, "full", q, "empty"), Reply::Ok);
+        assert_eq!(fs.names(q), ["empty"]);
+        assert_eq!(fs.ino(q, "empty"), full);
+        assert_eq!(fs.attr(q).nlink, 3);
+    });
+}
+
+#[test]
+fn failed_renames_leave_no_trace() {
+    both(|fs| {
+        let q = fs.mkdir(ROOT_INO, "q");
+        let full = fs.mkdir(q, "full");
+        let empty = fs.mkdir(q, "empty");
+        fs.create(full, "x");
+        fs.create(q, "file");
+        assert_eq!(fs.rename(q, "empty", q, "full"), Reply::Err(errno::ENOTEMPTY));
+        assert_eq!(fs.rename(ROOT_INO, "q", empty, "in"), Reply::Err(errno::EINVAL));
+        assert_eq!(fs.rename(q, "file", q, "empty"), Reply::Err(errno::EISDIR));
+        assert_eq!(fs.rename(q, "empty", q, "file"), Reply::Err(errno::ENOTDIR));
+        assert_eq!(fs.rename(full, "x", q, "x2"), Reply::Ok);
+        assert_eq!(fs.rename(q, "full", q, "empty"), Reply::Ok);
+        assert_eq!(fs.names(q), ["empty", "file", "x2"]);
+        assert_eq!(fs.attr(q).nlink, 3);
+    });
+}
