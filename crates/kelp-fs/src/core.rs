@@ -279,7 +279,13 @@ impl Namespace {
     }
 
     /// One link of `inode` went away: update it, and remove it (or make it a stray) at zero.
-    fn drop_link(&mut self, mut inode: Inode, now: Time, upd: &mut Vec<Update>, inval: &mut Invalidate) {
+    fn drop_link(
+        &mut self,
+        mut inode: Inode,
+        now: Time,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) {
         let ino = inode.ino;
         if inode.is_dir() {
             inode.nlink = 0;
@@ -519,17 +525,24 @@ impl Namespace {
                 new_parent,
                 new_name,
                 flags,
-            } => self.rename(*parent, name, *new_parent, new_name, *flags, now, upd, inval),
+            } => self.rename(
+                *parent,
+                name,
+                *new_parent,
+                new_name,
+                *flags,
+                now,
+                upd,
+                inval,
+            ),
             Op::ReadDir { ino, after, max } => {
                 let (_, entries) = self.live_dir(*ino)?;
                 let max = (*max).clamp(1, 4096) as usize;
                 let iter: Box<dyn Iterator<Item = (&String, &Dentry)>> = match after {
-                    Some(a) => Box::new(
-                        entries.range::<str, _>((
-                            std::ops::Bound::Excluded(a.as_str()),
-                            std::ops::Bound::Unbounded,
-                        )),
-                    ),
+                    Some(a) => Box::new(entries.range::<str, _>((
+                        std::ops::Bound::Excluded(a.as_str()),
+                        std::ops::Bound::Unbounded,
+                    ))),
                     None => Box::new(entries.iter()),
                 };
                 let mut out = Vec::new();
@@ -606,7 +619,12 @@ impl Namespace {
                 if i.nlink == 0 && !self.opens.contains_key(ino) {
                     return Err(Stop::Err(errno::ENOENT));
                 }
-                *self.opens.entry(*ino).or_default().entry(client).or_default() += 1;
+                *self
+                    .opens
+                    .entry(*ino)
+                    .or_default()
+                    .entry(client)
+                    .or_default() += 1;
                 Ok(Reply::Attr(i))
             }
             Op::Close { ino } => {
@@ -659,7 +677,14 @@ impl Namespace {
     }
 
     /// A directory's entries changed: mtime/ctime now, nlink by `subdirs`.
-    fn touch_dir(&mut self, mut p: Inode, subdirs: i32, now: Time, upd: &mut Vec<Update>, inval: &mut Invalidate) {
+    fn touch_dir(
+        &mut self,
+        mut p: Inode,
+        subdirs: i32,
+        now: Time,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) {
         p.mtime = now;
         p.ctime = now;
         p.nlink = p.nlink.saturating_add_signed(subdirs);

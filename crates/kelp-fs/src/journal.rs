@@ -86,7 +86,10 @@ mod tests {
             updates: vec![Update::NextIno(9), Update::DelInode(4)],
         };
         let mut seg = encode(&e);
-        seg.extend(encode(&Entry { seq: 4, ..e.clone() }));
+        seg.extend(encode(&Entry {
+            seq: 4,
+            ..e.clone()
+        }));
         let back = decode_segment(&seg).unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back[0], e);

@@ -221,12 +221,14 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino)> {
         trim(meta, head.first_segment, seg).await?;
     }
     let next_ino = match meta.read(journal::INOTABLE_OBJECT, 0, 0).await {
-        Ok(b) => serde_json::from_slice::<InoTable>(&b)
-            .map_err(|e| FsError::Malformed {
-                what: "inode table".into(),
-                detail: e.to_string(),
-            })?
-            .next_ino,
+        Ok(b) => {
+            serde_json::from_slice::<InoTable>(&b)
+                .map_err(|e| FsError::Malformed {
+                    what: "inode table".into(),
+                    detail: e.to_string(),
+                })?
+                .next_ino
+        }
         Err(ClientError::NotFound { .. }) => FIRST_INO,
         Err(e) => return Err(e.into()),
     };
@@ -567,10 +569,12 @@ impl Inner {
             });
         }
         let to = st.segment;
-        trim(&self.meta, st.first_segment, to).await.map_err(|e| match e {
-            FsError::Rados(c) => self.check_fenced(c),
-            e => e,
-        })?;
+        trim(&self.meta, st.first_segment, to)
+            .await
+            .map_err(|e| match e {
+                FsError::Rados(c) => self.check_fenced(c),
+                e => e,
+            })?;
         st.first_segment = to;
         st.ns.mark_clean();
         st.ns.evict_to(self.cfg.cache_inodes);
@@ -698,11 +702,10 @@ mod tests {
             }
             assert!(decode_request(&buf).is_err());
         }
-        let old = good
-            .clone()
-            .into_iter()
-            .collect::<Vec<u8>>();
-        let text = String::from_utf8(old).unwrap().replace("\"v\":1", "\"v\":99");
+        let old = good.clone().into_iter().collect::<Vec<u8>>();
+        let text = String::from_utf8(old)
+            .unwrap()
+            .replace("\"v\":1", "\"v\":99");
         assert!(decode_request(text.as_bytes()).is_err());
     }
 }

@@ -319,8 +319,15 @@ pub struct Invalidate {
 pub enum Update {
     PutInode(Inode),
     DelInode(Ino),
-    PutDentry { dir: Ino, name: String, dentry: Dentry },
-    DelDentry { dir: Ino, name: String },
+    PutDentry {
+        dir: Ino,
+        name: String,
+        dentry: Dentry,
+    },
+    DelDentry {
+        dir: Ino,
+        name: String,
+    },
     /// A directory was removed: its (empty) entry object goes too.
     DelDir(Ino),
     NextIno(Ino),

@@ -59,7 +59,9 @@ struct Mount {
 fn mounted(dir: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let d = dir.display().to_string();
-    mounts.lines().any(|l| l.split(' ').nth(1) == Some(d.as_str()))
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(d.as_str()))
 }
 
 impl Mount {
@@ -170,7 +172,10 @@ fn tools_rules_permissions_and_two_mounts() {
     assert_eq!(std::fs::metadata(a.p("hl")).unwrap().len(), 10000);
     let h = std::fs::read(a.p("hl")).unwrap();
     assert_eq!(&h[..6], b"hello\n");
-    assert!(h[6..].iter().all(|b| *b == 0), "a truncated-up file reads zeros");
+    assert!(
+        h[6..].iter().all(|b| *b == 0),
+        "a truncated-up file reads zeros"
+    );
     a.sh(
         "python3 -c \"import os; os.setxattr('f', 'user.color', b'blue'); \
          assert os.getxattr('f', 'user.color') == b'blue'; \
@@ -187,11 +192,26 @@ fn tools_rules_permissions_and_two_mounts() {
     ));
     // rename rules
     a.sh("mkdir -p r/full r/empty && touch r/full/x r/file");
-    assert_eq!(errno_of(std::fs::rename(a.p("r/empty"), a.p("r/full"))), libc::ENOTEMPTY);
-    assert_eq!(errno_of(std::fs::rename(a.p("r"), a.p("r/empty/in"))), libc::EINVAL);
-    assert_eq!(errno_of(std::fs::rename(a.p("r/file"), a.p("r/empty"))), libc::EISDIR);
-    assert_eq!(errno_of(std::fs::rename(a.p("r/empty"), a.p("r/file"))), libc::ENOTDIR);
-    assert_eq!(errno_of(std::fs::remove_dir(a.p("r/full"))), libc::ENOTEMPTY);
+    assert_eq!(
+        errno_of(std::fs::rename(a.p("r/empty"), a.p("r/full"))),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        errno_of(std::fs::rename(a.p("r"), a.p("r/empty/in"))),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno_of(std::fs::rename(a.p("r/file"), a.p("r/empty"))),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno_of(std::fs::rename(a.p("r/empty"), a.p("r/file"))),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno_of(std::fs::remove_dir(a.p("r/full"))),
+        libc::ENOTEMPTY
+    );
     std::fs::rename(a.p("r/full/x"), a.p("d/e/x")).unwrap();
     std::fs::rename(a.p("r/full"), a.p("r/empty")).unwrap(); // over an empty directory
     assert!(a.p("d/e/x").exists() && !a.p("r/full").exists());
@@ -200,19 +220,36 @@ fn tools_rules_permissions_and_two_mounts() {
     a.sh("mkdir -p priv && chmod 700 priv && echo s > priv/secret && mkdir -p open && chmod 1777 open");
     let as_user = |script: &str| {
         Command::new("setpriv")
-            .args(["--reuid=4321", "--regid=4321", "--clear-groups", "bash", "-c", script])
+            .args([
+                "--reuid=4321",
+                "--regid=4321",
+                "--clear-groups",
+                "bash",
+                "-c",
+                script,
+            ])
             .current_dir(&a.dir)
             .output()
             .unwrap()
     };
     let denied = as_user("cat priv/secret");
-    assert!(!denied.status.success(), "a 0700 directory of root let uid 4321 in");
+    assert!(
+        !denied.status.success(),
+        "a 0700 directory of root let uid 4321 in"
+    );
     assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
     let mine = as_user("echo mine > open/mine && stat -c '%u %g' open/mine");
-    assert!(mine.status.success(), "{}", String::from_utf8_lossy(&mine.stderr));
+    assert!(
+        mine.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mine.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&mine.stdout).trim(), "4321 4321");
     let del = as_user("rm -f h");
-    assert!(!del.status.success(), "uid 4321 removed root's file from a 0755 directory");
+    assert!(
+        !del.status.success(),
+        "uid 4321 removed root's file from a 0755 directory"
+    );
 
     // random reads, writes and truncates against a model (objects are 4 MiB: cross them)
     let path = a.p("model");
@@ -267,11 +304,18 @@ fn tools_rules_permissions_and_two_mounts() {
                 assert_eq!(&buf[..got], want, "step {step}: read {len} at {off}");
             }
         }
-        assert_eq!(f.metadata().unwrap().len(), model.len() as u64, "step {step}");
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            model.len() as u64,
+            "step {step}"
+        );
     }
     f.sync_all().unwrap();
     drop(f);
-    assert!(std::fs::read(&path).unwrap() == model, "whole file differs from the model");
+    assert!(
+        std::fs::read(&path).unwrap() == model,
+        "whole file differs from the model"
+    );
     // O_APPEND
     a.sh("printf one > app && printf two >> app");
     assert_eq!(std::fs::read_to_string(a.p("app")).unwrap(), "onetwo");
@@ -280,9 +324,15 @@ fn tools_rules_permissions_and_two_mounts() {
     std::fs::write(a.p("shared"), b"from a").unwrap();
     assert_eq!(std::fs::read(b.p("shared")).unwrap(), b"from a");
     std::fs::write(b.p("shared"), b"changed on b, longer").unwrap();
-    assert_eq!(std::fs::read(a.p("shared")).unwrap(), b"changed on b, longer");
+    assert_eq!(
+        std::fs::read(a.p("shared")).unwrap(),
+        b"changed on b, longer"
+    );
     std::fs::set_permissions(b.p("shared"), std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert_eq!(std::fs::metadata(a.p("shared")).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(a.p("shared")).unwrap().mode() & 0o777,
+        0o600
+    );
     std::fs::create_dir(b.p("made-on-b")).unwrap();
     std::fs::write(b.p("made-on-b/file"), b"x").unwrap();
     let listed: Vec<String> = std::fs::read_dir(a.p("made-on-b"))

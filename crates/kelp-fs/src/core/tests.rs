@@ -24,7 +24,10 @@ impl Store {
                     self.inodes.remove(i);
                 }
                 Update::PutDentry { dir, name, dentry } => {
-                    self.dirs.entry(*dir).or_default().insert(name.clone(), *dentry);
+                    self.dirs
+                        .entry(*dir)
+                        .or_default()
+                        .insert(name.clone(), *dentry);
                 }
                 Update::DelDentry { dir, name } => {
                     self.dirs.entry(*dir).or_default().remove(name);
@@ -218,7 +221,10 @@ fn hard_links_and_unlink() {
             name: "g".into(),
         });
         assert_eq!(fs.names(ROOT_INO), Vec::<String>::new());
-        assert!(!fs.store.inodes.contains_key(&f), "an empty closed file is removed");
+        assert!(
+            !fs.store.inodes.contains_key(&f),
+            "an empty closed file is removed"
+        );
         let d = fs.mkdir(ROOT_INO, "d");
         assert_eq!(
             fs.run(Op::Link {
@@ -250,10 +256,16 @@ fn rename_rules() {
         assert_eq!(fs.rename(ROOT_INO, "a", b, "a"), Reply::Err(errno::EINVAL));
         assert_eq!(fs.rename(ROOT_INO, "a", a, "z"), Reply::Err(errno::EINVAL));
         // over a non-empty directory
-        assert_eq!(fs.rename(a, "b", ROOT_INO, "c"), Reply::Err(errno::ENOTEMPTY));
+        assert_eq!(
+            fs.rename(a, "b", ROOT_INO, "c"),
+            Reply::Err(errno::ENOTEMPTY)
+        );
         // dir over file / file over dir
         assert_eq!(fs.rename(a, "b", ROOT_INO, "f"), Reply::Err(errno::ENOTDIR));
-        assert_eq!(fs.rename(ROOT_INO, "f", ROOT_INO, "a"), Reply::Err(errno::EISDIR));
+        assert_eq!(
+            fs.rename(ROOT_INO, "f", ROOT_INO, "a"),
+            Reply::Err(errno::EISDIR)
+        );
         // across directories
         assert_eq!(fs.rename(a, "b", c, "b2"), Reply::Ok);
         assert_eq!(fs.attr(b).parent, c);
@@ -412,8 +424,14 @@ fn failed_renames_leave_no_trace() {
         let empty = fs.mkdir(q, "empty");
         fs.create(full, "x");
         fs.create(q, "file");
-        assert_eq!(fs.rename(q, "empty", q, "full"), Reply::Err(errno::ENOTEMPTY));
-        assert_eq!(fs.rename(ROOT_INO, "q", empty, "in"), Reply::Err(errno::EINVAL));
+        assert_eq!(
+            fs.rename(q, "empty", q, "full"),
+            Reply::Err(errno::ENOTEMPTY)
+        );
+        assert_eq!(
+            fs.rename(ROOT_INO, "q", empty, "in"),
+            Reply::Err(errno::EINVAL)
+        );
         assert_eq!(fs.rename(q, "file", q, "empty"), Reply::Err(errno::EISDIR));
         assert_eq!(fs.rename(q, "empty", q, "file"), Reply::Err(errno::ENOTDIR));
         assert_eq!(fs.rename(full, "x", q, "x2"), Reply::Ok);

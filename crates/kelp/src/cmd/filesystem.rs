@@ -132,11 +132,7 @@ fn mount(a: MountArgs, g: &common::Global) -> Result<ExitCode> {
             fs_name: format!("kelp:{}", a.fs),
         },
     );
-    eprintln!(
-        "kelp fs: mounted {} on {}",
-        a.fs,
-        a.mountpoint.display()
-    );
+    eprintln!("kelp fs: mounted {} on {}", a.fs, a.mountpoint.display());
     kelp_fs::fuse::mount(fs, &a.mountpoint)
         .with_context(|| format!("mounting on {}", a.mountpoint.display()))?;
     Ok(ExitCode::SUCCESS)
@@ -150,7 +146,11 @@ pub fn run_mds(c: MdsRunCommand, g: &common::Global) -> Result<ExitCode> {
         let conf_path = g.conf.path();
         let conf = kelp_client::ClusterConf::load(&conf_path)
             .with_context(|| format!("reading {}", conf_path.display()))?;
-        let keyring_path = g.conf.keyring.clone().unwrap_or(conf.global.keyring.clone());
+        let keyring_path = g
+            .conf
+            .keyring
+            .clone()
+            .unwrap_or(conf.global.keyring.clone());
         let keys = kelp_msgr::Keyring::load(&keyring_path)
             .with_context(|| format!("keyring {}", keyring_path.display()))?;
         let rados = g.conf.connect().await?;
