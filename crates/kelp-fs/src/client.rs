@@ -481,6 +481,44 @@ impl FsClient {
         Ok(())
     }
 
+    /// The lock that would block `lock`, if any (`F_GETLK`).
+    pub async fn getlk(
+        &self,
+        ino: Ino,
+        lock: crate::locks::Lock,
+    ) -> Result<Option<crate::locks::Lock>> {
+        match self
+            .call(Caller::default(), Op::GetLk { ino, lock })
+            .await?
+        {
+            Reply::Lock(l) => Ok(l),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Takes or releases a lock; with `wait`, retries until the lock is free.
+    pub async fn setlk(&self, ino: Ino, lock: crate::locks::Lock, wait: bool) -> Result<()> {
+        let mut delay = Duration::from_millis(10);
+        loop {
+            match self
+                .ok_call(Caller::default(), Op::SetLk { ino, lock })
+                .await
+            {
+                Err(FsError::Errno(errno::EAGAIN)) if wait => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Releases the locks `owner` holds on `ino`.
+    pub async fn release_locks(&self, ino: Ino, owner: u64) -> Result<()> {
+        self.ok_call(Caller::default(), Op::ReleaseLocks { ino, owner })
+            .await
+    }
+
     /// Reads up to `len` bytes at `off` of the file (short at its end).
     pub async fn read(&self, inode: &Inode, off: u64, len: u64) -> Result<Vec<u8>> {
         if off >= inode.size {
@@ -558,7 +596,7 @@ impl FsClient {
                 Err(e) => return Err(e.into()),
             }
         }
-        if size % os != 0 {
+        if !size.is_multiple_of(os) {
             match self
                 .data
                 .truncate(&data_object(inode.ino, size / os), size % os)

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::locks::LockTable;
 use crate::types::*;
 
 /// What [`Namespace::apply`] needs loaded before it can decide.
@@ -22,7 +23,9 @@ pub enum Need {
     Dir(Ino),
 }
 
-/// The outcome of one step: answered, or blocked on a load.
+/// The outcome of one step: answered, or blocked on a load. (Short-lived: returned and
+/// matched at once, so the size of `Done` costs nothing worth a box.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     Done {
@@ -53,6 +56,7 @@ pub struct Namespace {
     /// Open handles per inode: client id -> count.
     opens: HashMap<Ino, HashMap<u64, u32>>,
     strays: HashSet<Ino>,
+    locks: LockTable,
     next_ino: Ino,
     default_object_size: u64,
 }
@@ -161,6 +165,7 @@ impl Namespace {
 
     /// Forgets every open handle of `client` (it went away); returns strays now purgeable.
     pub fn drop_client(&mut self, client: u64) {
+        self.locks.drop_client(client);
         self.opens.retain(|_, m| {
             m.remove(&client);
             !m.is_empty()
@@ -648,6 +653,25 @@ impl Namespace {
                         self.opens.entry(*ino).or_default().insert(client, *n);
                     }
                 }
+                Ok(Reply::Ok)
+            }
+            Op::GetLk { ino, lock } => Ok(Reply::Lock(self.locks.test(*ino, client, lock))),
+            Op::SetLk { ino, lock } => {
+                if !matches!(
+                    lock.typ,
+                    crate::locks::F_RDLCK | crate::locks::F_WRLCK | crate::locks::F_UNLCK
+                ) || lock.start > lock.end
+                {
+                    return Err(Stop::Err(errno::EINVAL));
+                }
+                if self.locks.set(*ino, client, lock) {
+                    Ok(Reply::Ok)
+                } else {
+                    Err(Stop::Err(errno::EAGAIN))
+                }
+            }
+            Op::ReleaseLocks { ino, owner } => {
+                self.locks.release_owner(*ino, client, *owner);
                 Ok(Reply::Ok)
             }
         }

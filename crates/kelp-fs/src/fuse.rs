@@ -9,7 +9,7 @@
 //! `stat` asks the MDS, so two mounts see each other's changes at once), and a file's pages
 //! are dropped at each open (close-to-open consistency).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,12 +18,13 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
 };
 
 use crate::client::FsClient;
 use crate::error::{FsError, Result};
+use crate::locks::Lock;
 use crate::types::*;
 
 /// How a mount behaves.
@@ -37,6 +38,9 @@ pub struct MountConfig {
     pub fs_name: String,
 }
 
+/// A directory's entries, read at opendir and served from here by readdir.
+type Listing = Vec<(String, Dentry)>;
+
 struct Handle {
     ino: Ino,
     append: bool,
@@ -49,7 +53,9 @@ pub struct KelpFuse {
     rt: tokio::runtime::Handle,
     cfg: MountConfig,
     handles: Arc<Mutex<HashMap<u64, Handle>>>,
-    dirs: Arc<Mutex<HashMap<u64, Vec<(String, Dentry)>>>>,
+    dirs: Arc<Mutex<HashMap<u64, Listing>>>,
+    /// (inode, lock owner) pairs that took a lock here: released at flush/release.
+    locked: Arc<Mutex<HashSet<(Ino, u64)>>>,
     next_fh: AtomicU64,
 }
 
@@ -93,6 +99,7 @@ impl KelpFuse {
             cfg,
             handles: Arc::default(),
             dirs: Arc::default(),
+            locked: Arc::default(),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -154,6 +161,9 @@ impl Filesystem for KelpFuse {
         config: &mut KernelConfig,
     ) -> std::result::Result<(), libc::c_int> {
         let _ = config.set_max_write(1 << 20);
+        // fcntl and flock locks are decided by the MDS, so they hold across mounts
+        let _ = config
+            .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS | fuser::consts::FUSE_FLOCK_LOCKS);
         Ok(())
     }
 
@@ -507,9 +517,84 @@ impl Filesystem for KelpFuse {
         });
     }
 
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lo: u64, reply: ReplyEmpty) {
-        // writes are stored in RADOS before they are acknowledged: nothing is buffered
-        reply.ok();
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
+        // writes are stored in RADOS before they are acknowledged: nothing is buffered; a
+        // close drops the closing owner's POSIX locks
+        let ino = self.ino_in(ino);
+        if !self.locked.lock().expect("locks").remove(&(ino, owner)) {
+            reply.ok();
+            return;
+        }
+        let (c, _, _) = self.ctx();
+        self.spawn(async move {
+            match c.release_locks(ino, owner).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn getlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let (c, _, _) = self.ctx();
+        let ino = self.ino_in(ino);
+        let lock = Lock {
+            owner: lock_owner,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.spawn(async move {
+            match c.getlk(ino, lock).await {
+                Ok(Some(l)) => reply.locked(l.start, l.end, l.typ, l.pid),
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn setlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let (c, _, _) = self.ctx();
+        let ino = self.ino_in(ino);
+        if typ != libc::F_UNLCK {
+            self.locked.lock().expect("locks").insert((ino, lock_owner));
+        }
+        let lock = Lock {
+            owner: lock_owner,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.spawn(async move {
+            match c.setlk(ino, lock, sleep).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
     }
 
     fn release(
@@ -518,17 +603,27 @@ impl Filesystem for KelpFuse {
         _ino: u64,
         fh: u64,
         _flags: i32,
-        _lock_owner: Option<u64>,
+        lock_owner: Option<u64>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let (c, _, _) = self.ctx();
         let h = self.handles.lock().expect("handles lock").remove(&fh);
+        // flock locks belong to the open file: its release drops them
+        let owner = lock_owner.filter(|o| {
+            h.as_ref()
+                .is_some_and(|h| self.locked.lock().expect("locks").remove(&(h.ino, *o)))
+        });
         self.spawn(async move {
-            if let Some(h) = h {
-                if let Err(e) = c.close(h.ino).await {
-                    tracing::warn!("closing {:x}: {e}", h.ino);
-                }
+            if let (Some(h), Some(o)) = (&h, owner)
+                && let Err(e) = c.release_locks(h.ino, o).await
+            {
+                tracing::warn!("releasing locks on {:x}: {e}", h.ino);
+            }
+            if let Some(h) = h
+                && let Err(e) = c.close(h.ino).await
+            {
+                tracing::warn!("closing {:x}: {e}", h.ino);
             }
             reply.ok();
         });

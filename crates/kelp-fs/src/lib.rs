@@ -5,6 +5,7 @@
 //! - [`core`]: the namespace as a pure state machine (operations in, replies and journal
 //!   updates out; it asks for objects it has not loaded);
 //! - [`journal`]: the metadata journal's encoding and object names;
+//! - [`locks`]: advisory locks (fcntl, flock) held by the MDS across clients;
 //! - [`mds`]: the daemon around the core: RADOS I/O, the journal, checkpoints, the messenger;
 //! - [`client`]: the MDS session and the file data path (striping over data objects);
 //! - [`fuse`]: the thin FUSE adapter on `fuser`.
@@ -16,6 +17,7 @@ pub mod core;
 mod error;
 pub mod fuse;
 pub mod journal;
+pub mod locks;
 pub mod mds;
 pub mod types;
 

@@ -259,6 +259,21 @@ pub enum Op {
     Reconnect {
         opens: Vec<(Ino, u32)>,
     },
+    /// `F_GETLK`: the lock that would block this one, if any.
+    GetLk {
+        ino: Ino,
+        lock: crate::locks::Lock,
+    },
+    /// `F_SETLK` (and `flock`): take or release a lock; EAGAIN when another owner blocks it.
+    SetLk {
+        ino: Ino,
+        lock: crate::locks::Lock,
+    },
+    /// The lock owner closed the file: release its locks on it.
+    ReleaseLocks {
+        ino: Ino,
+        owner: u64,
+    },
 }
 
 impl Op {
@@ -274,6 +289,9 @@ impl Op {
                 | Op::Open { .. }
                 | Op::Close { .. }
                 | Op::Reconnect { .. }
+                | Op::GetLk { .. }
+                | Op::SetLk { .. }
+                | Op::ReleaseLocks { .. }
         )
     }
 }
@@ -289,6 +307,8 @@ pub enum Reply {
     },
     Xattr(Vec<u8>),
     XattrNames(Vec<String>),
+    /// The blocking lock (`None`: the request would succeed).
+    Lock(Option<crate::locks::Lock>),
     Ok,
     /// The operation failed with this errno.
     Err(i32),
@@ -341,6 +361,7 @@ pub mod errno {
     pub const EPERM: i32 = 1;
     pub const ENOENT: i32 = 2;
     pub const EIO: i32 = 5;
+    pub const EAGAIN: i32 = 11;
     pub const E2BIG: i32 = 7;
     pub const EEXIST: i32 = 17;
     pub const EXDEV: i32 = 18;
