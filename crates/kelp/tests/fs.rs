@@ -346,6 +346,64 @@ fn tools_rules_permissions_and_two_mounts() {
     std::fs::remove_file(b.p("moved-by-a")).unwrap();
     assert!(!a.p("moved-by-a").exists());
 
+    // locks hold across mounts: flock and fcntl, in both directions
+    std::fs::write(a.p("lockfile"), b"").unwrap();
+    let holder = Command::new("flock")
+        .arg(a.p("lockfile"))
+        .args(["-c", "sleep 4"])
+        .spawn()
+        .unwrap();
+    let mut holder = Daemon { child: holder };
+    std::thread::sleep(Duration::from_millis(1500));
+    let blocked = Command::new("flock")
+        .args(["-n"])
+        .arg(b.p("lockfile"))
+        .arg("true")
+        .status()
+        .unwrap();
+    assert!(!blocked.success(), "flock -n on b took a lock a holds");
+    let waited = Command::new("flock")
+        .args(["-w", "30"])
+        .arg(b.p("lockfile"))
+        .arg("true")
+        .status()
+        .unwrap();
+    assert!(waited.success(), "flock on b never got the lock a released");
+    holder.kill9();
+    let fcntl = |m: &Mount, script: &str| {
+        Command::new("python3")
+            .args(["-c", script])
+            .current_dir(&m.dir)
+            .output()
+            .unwrap()
+    };
+    let hold = "import fcntl, time\nf = open('lockfile', 'r+')\nfcntl.lockf(f, fcntl.LOCK_EX, 10, 0)\nprint('held', flush=True)\ntime.sleep(3)";
+    let try_lock = "import fcntl, sys\nf = open('lockfile', 'r+')\ntry:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)\nexcept OSError:\n    sys.exit(7)";
+    let other_range = "import fcntl\nf = open('lockfile', 'r+')\nfcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 100)";
+    let b_dir = b.dir.clone();
+    let h = std::thread::spawn(move || {
+        Command::new("python3")
+            .args(["-c", hold])
+            .current_dir(&b_dir)
+            .output()
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        fcntl(&a, try_lock).status.code(),
+        Some(7),
+        "a locked a range b holds"
+    );
+    assert!(
+        fcntl(&a, other_range).status.success(),
+        "a could not lock another range"
+    );
+    assert!(h.join().unwrap().status.success());
+    assert!(
+        fcntl(&a, try_lock).status.success(),
+        "b's lock outlived its process"
+    );
+
     // statfs shows the cluster's space
     let df = a.sh("df -B1 --output=size . | tail -1");
     let size: u64 = df.trim().parse().unwrap();
