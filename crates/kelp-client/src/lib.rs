@@ -26,6 +26,7 @@
 
 mod config;
 mod error;
+mod fsmap;
 mod ioctx;
 mod ops;
 mod rados;
@@ -39,6 +40,8 @@ pub use ioctx::{CloneInfo, IoCtx, ObjectStat, SnapSet};
 pub use kelp_config::{ClusterConf, ConfFileError, GlobalSection, OsdSection};
 /// Pool parameters for [`Rados::create_pool`].
 pub use kelp_maps::PoolSpec;
+/// The file-system map and MDS beacon types ([`Rados::fs_map`], [`Rados::mds_beacon`]).
+pub use kelp_maps::{FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState};
 pub use ops::{ReadOp, ReadResult, WriteOp};
 pub use rados::Rados;
 pub use watch::{

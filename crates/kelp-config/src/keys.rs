@@ -525,7 +525,43 @@ pub const KEYS: &[&KeyDef] = &[
     &OSD_STATS_INTERVAL,
     &OSD_FAST_READ,
     &OSD_CLIENT_WATCH_TIMEOUT,
+    // File-system map and MDS failover.
+    &MDS_BEACON_INTERVAL,
+    &MDS_BEACON_GRACE,
+    &MDS_BLOCKLIST_INTERVAL,
 ];
+
+// File-system map and MDS failover.
+
+/// `mds_beacon_interval`
+pub const MDS_BEACON_INTERVAL: KeyDef = KeyDef {
+    name: "mds_beacon_interval",
+    default: Value::Secs(1.0),
+    min: None,
+    max: None,
+    readers: "MDS",
+    doc: "How often an MDS sends its beacon to the monitors.",
+};
+
+/// `mds_beacon_grace`
+pub const MDS_BEACON_GRACE: KeyDef = KeyDef {
+    name: "mds_beacon_grace",
+    default: Value::Secs(5.0),
+    min: None,
+    max: None,
+    readers: "monitor",
+    doc: "An MDS without a beacon for this long is removed from the file-system map; an active one is blocklisted and a standby takes its role (Ceph: 15 s).",
+};
+
+/// `mds_blocklist_interval`
+pub const MDS_BLOCKLIST_INTERVAL: KeyDef = KeyDef {
+    name: "mds_blocklist_interval",
+    default: Value::Secs(86400.0),
+    min: None,
+    max: None,
+    readers: "monitor",
+    doc: "How long a failed active MDS's client instance stays on the OSD blocklist.",
+};
 
 #[cfg(test)]
 mod tests {

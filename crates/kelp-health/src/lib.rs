@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use kelp_maps::{ClusterFlag, OsdMap};
+use kelp_maps::{ClusterFlag, FsMap, MdsState, OsdMap};
 use kelp_proto::{Fullness, PgMapDigest, PgScrubSummary, PgStateFlag, PgSummary};
 use kelp_types::PgId;
 
@@ -82,6 +82,16 @@ pub enum HealthCode {
     PgDamaged,
     /// No OSDs at all.
     TooFewOsds,
+    // File systems (from the file-system map).
+    /// A file system's rank 0 is not active (replaying, or no MDS holds it).
+    FsDegraded,
+    /// A file system has no active MDS: it is offline.
+    MdsAllDown,
+    /// A file system without an active MDS that no standby can take (none left, or it is
+    /// failed / not joinable).
+    FsWithFailedMds,
+    /// Fewer standby MDS daemons than a file system's `standby_count_wanted`.
+    MdsInsufficientStandby,
 }
 
 impl HealthCode {
@@ -99,6 +109,10 @@ impl HealthCode {
         HealthCode::TooFewOsds,
         HealthCode::OsdScrubErrors,
         HealthCode::PgDamaged,
+        HealthCode::FsDegraded,
+        HealthCode::MdsAllDown,
+        HealthCode::FsWithFailedMds,
+        HealthCode::MdsInsufficientStandby,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -115,6 +129,10 @@ impl HealthCode {
             HealthCode::OsdScrubErrors => "OSD_SCRUB_ERRORS",
             HealthCode::PgDamaged => "PG_DAMAGED",
             HealthCode::TooFewOsds => "TOO_FEW_OSDS",
+            HealthCode::FsDegraded => "FS_DEGRADED",
+            HealthCode::MdsAllDown => "MDS_ALL_DOWN",
+            HealthCode::FsWithFailedMds => "FS_WITH_FAILED_MDS",
+            HealthCode::MdsInsufficientStandby => "MDS_INSUFFICIENT_STANDBY",
         }
     }
 
@@ -129,7 +147,8 @@ impl HealthCode {
             HealthCode::OsdFull
             | HealthCode::PgAvailability
             | HealthCode::OsdScrubErrors
-            | HealthCode::PgDamaged => Severity::Err,
+            | HealthCode::PgDamaged
+            | HealthCode::MdsAllDown => Severity::Err,
             HealthCode::OsdDown
             | HealthCode::OsdmapFlags
             | HealthCode::OsdBackfillfull
@@ -137,7 +156,10 @@ impl HealthCode {
             | HealthCode::PgDegraded
             | HealthCode::ObjectMisplaced
             | HealthCode::ObjectUnfound
-            | HealthCode::TooFewOsds => Severity::Warn,
+            | HealthCode::TooFewOsds
+            | HealthCode::FsDegraded
+            | HealthCode::FsWithFailedMds
+            | HealthCode::MdsInsufficientStandby => Severity::Warn,
         }
     }
 }
@@ -188,6 +210,81 @@ pub fn health_checks(
 ) -> Vec<HealthCheck> {
     let mut checks = cluster_checks(map, digest);
     checks.extend(scrub_checks(scrubs));
+    checks
+}
+
+/// The file-system checks, from the file-system map (after the cluster and scrub checks):
+/// `FS_DEGRADED` (rank 0 replaying or unheld), `MDS_ALL_DOWN` (no active MDS: the file system
+/// is offline), `FS_WITH_FAILED_MDS` (offline and no standby can take it) and
+/// `MDS_INSUFFICIENT_STANDBY` (fewer standbys that may take it than `standby_count_wanted`).
+pub fn fs_checks(fsmap: &FsMap) -> Vec<HealthCheck> {
+    let plural = |n: usize, word: &str| {
+        if n == 1 {
+            format!("1 {word}")
+        } else {
+            format!("{n} {word}s")
+        }
+    };
+    let mut degraded = Vec::new();
+    let mut offline = Vec::new();
+    let mut failed = Vec::new();
+    let mut short = Vec::new();
+    for fs in fsmap.filesystems.values() {
+        let standbys = fsmap.standbys_for(&fs.name).count();
+        match &fs.active {
+            Some(a) if a.state == MdsState::Active => {}
+            Some(a) => degraded.push(format!(
+                "fs {} is degraded: mds.{} is {}",
+                fs.name, a.name, a.state
+            )),
+            None => {
+                degraded.push(format!("fs {} is degraded: rank 0 has no MDS", fs.name));
+                offline.push(format!(
+                    "fs {} is offline because no MDS is active for it",
+                    fs.name
+                ));
+                if fs.failed {
+                    failed.push(format!(
+                        "fs {} is failed (not joinable): `kelp fs set {} joinable true` lets an \
+                         MDS take it",
+                        fs.name, fs.name
+                    ));
+                } else if standbys == 0 {
+                    failed.push(format!(
+                        "fs {} has a failed rank 0 and no standby MDS to take it",
+                        fs.name
+                    ));
+                }
+            }
+        }
+        if (standbys as u64) < u64::from(fs.standby_count_wanted) {
+            short.push(format!(
+                "fs {} has {} standby MDS, wants {}",
+                fs.name, standbys, fs.standby_count_wanted
+            ));
+        }
+    }
+    let mut checks = Vec::new();
+    if !degraded.is_empty() {
+        let s = format!("{} degraded", plural(degraded.len(), "filesystem"));
+        checks.push(HealthCheck::new(HealthCode::FsDegraded, s, degraded));
+    }
+    if !offline.is_empty() {
+        let s = format!("{} offline", plural(offline.len(), "filesystem"));
+        checks.push(HealthCheck::new(HealthCode::MdsAllDown, s, offline));
+    }
+    if !failed.is_empty() {
+        let s = format!("{} with a failed MDS", plural(failed.len(), "filesystem"));
+        checks.push(HealthCheck::new(HealthCode::FsWithFailedMds, s, failed));
+    }
+    if !short.is_empty() {
+        let s = "insufficient standby MDS daemons available".to_string();
+        checks.push(HealthCheck::new(
+            HealthCode::MdsInsufficientStandby,
+            s,
+            short,
+        ));
+    }
     checks
 }
 

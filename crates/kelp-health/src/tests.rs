@@ -119,6 +119,10 @@ fn codes_names_and_severities_are_stable() {
             "TOO_FEW_OSDS",
             "OSD_SCRUB_ERRORS",
             "PG_DAMAGED",
+            "FS_DEGRADED",
+            "MDS_ALL_DOWN",
+            "FS_WITH_FAILED_MDS",
+            "MDS_INSUFFICIENT_STANDBY",
         ]
     );
     for c in HealthCode::ALL {
@@ -366,4 +370,65 @@ fn pg_states_with_scrub_states() {
     .into_iter()
     .collect();
     assert_eq!(clean_pgs(&table), 6);
+}
+
+#[test]
+fn file_system_checks() {
+    use kelp_maps::{FsMap, MdsBeacon, MdsState};
+    let mut map = cluster(3);
+    for name in ["meta", "fsdata"] {
+        let (_, inc) = map
+            .propose_pool_create(&PoolSpec {
+                name: name.into(),
+                pg_num: Some(4),
+                ..PoolSpec::default()
+            })
+            .unwrap();
+        map.apply(&inc).unwrap();
+    }
+    let mut fsmap = FsMap::new();
+    assert!(fs_checks(&fsmap).is_empty());
+    fsmap
+        .fs_new(&map, "cephfs", "meta", "fsdata", false, 0)
+        .unwrap();
+    assert_eq!(
+        codes(&fs_checks(&fsmap)),
+        [
+            "FS_DEGRADED",
+            "MDS_ALL_DOWN",
+            "FS_WITH_FAILED_MDS",
+            "MDS_INSUFFICIENT_STANDBY"
+        ]
+    );
+    assert_eq!(overall(&fs_checks(&fsmap)), Severity::Err);
+    let beacon = |name: &str, state, incarnation| MdsBeacon {
+        name: name.into(),
+        addr: "127.0.0.1:6800".parse().unwrap(),
+        instance: format!("i.{name}"),
+        fs: None,
+        state,
+        incarnation,
+    };
+    fsmap
+        .mds_beacon(&beacon("a", MdsState::Standby, 0), 1)
+        .unwrap();
+    assert_eq!(
+        codes(&fs_checks(&fsmap)),
+        ["FS_DEGRADED", "MDS_INSUFFICIENT_STANDBY"],
+        "replaying"
+    );
+    fsmap
+        .mds_beacon(&beacon("a", MdsState::Active, 1), 2)
+        .unwrap();
+    fsmap
+        .mds_beacon(&beacon("b", MdsState::Standby, 0), 2)
+        .unwrap();
+    assert!(fs_checks(&fsmap).is_empty());
+    fsmap.fs_fail("cephfs").unwrap();
+    let checks = fs_checks(&fsmap);
+    assert_eq!(
+        codes(&checks),
+        ["FS_DEGRADED", "MDS_ALL_DOWN", "FS_WITH_FAILED_MDS"]
+    );
+    assert!(checks[2].detail[0].contains("joinable true"), "{checks:?}");
 }

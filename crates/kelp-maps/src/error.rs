@@ -79,4 +79,34 @@ pub enum MapError {
         got: u8,
         max: u8,
     },
+    // File-system map (`crate::fsmap`).
+    #[error("file system '{0}' already exists")]
+    FsExists(String),
+    #[error("file system '{0}' does not exist")]
+    NoSuchFs(String),
+    #[error("MDS '{0}' is not in the file-system map")]
+    NoSuchMds(String),
+    #[error("pool '{pool}' is already used by file system '{fs}'")]
+    PoolInUseByFs { pool: String, fs: String },
+    #[error(
+        "pool '{0}' is erasure-coded and cannot be a metadata pool: the namespace is kept in \
+         omap, which erasure-coded pools do not have; use a replicated pool"
+    )]
+    FsEcMetadataPool(String),
+    #[error(
+        "pool '{0}' is erasure-coded: a replicated default data pool is recommended (add \
+         erasure-coded pools with `fs add_data_pool` and place directories there by layout); \
+         --force uses it anyway"
+    )]
+    FsEcDefaultDataPool(String),
+    #[error("pool '{0}' cannot be both the metadata and the data pool")]
+    FsSamePool(String),
+    #[error("file system '{fs}' has an active MDS ({mds}): fail it first with `kelp fs fail {fs}`")]
+    FsHasActiveMds { fs: String, mds: String },
+    #[error("max_mds {0} is not supported: only one active MDS per file system (max_mds 1)")]
+    FsMaxMdsUnsupported(u32),
+    #[error("pool '{pool}' is not a data pool of file system '{fs}'")]
+    NotAFsDataPool { pool: String, fs: String },
+    #[error("pool '{pool}' is the default data pool of file system '{fs}' and cannot be removed")]
+    FsDefaultDataPool { pool: String, fs: String },
 }

@@ -16,10 +16,16 @@
 #[cfg(test)]
 mod ec_tests;
 mod error;
+pub mod fsmap;
+#[cfg(test)]
+mod fsmap_tests;
 mod mapcache;
 mod osdmap;
 
 pub use error::MapError;
+pub use fsmap::{
+    FS_MAP_FORMAT, FsAction, FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState,
+};
 pub use mapcache::MappingCache;
 pub use osdmap::{
     Change, ClusterFlag, DEFAULT_EC_PROFILE, Incremental, OSD_MAP_FORMAT, OsdInfo, OsdMap,

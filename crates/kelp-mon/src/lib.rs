@@ -17,6 +17,7 @@ pub mod central_config;
 pub mod client;
 mod error;
 pub mod liveness;
+pub mod mds_liveness;
 pub mod monitor;
 pub mod network;
 pub mod pg_history;

@@ -45,6 +45,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::MonError;
 use crate::liveness::{Liveness, LivenessParams};
+use crate::mds_liveness::MdsLiveness;
 use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};
 use crate::pgmap::{FullRatios, PgMap, ratio_ppm};
 use crate::state::{InitSpec, MonEntry, MonInfo};
@@ -274,6 +275,8 @@ struct Inner {
     clock: Instant,
     /// The leader's failure reports and timers (empty on followers).
     liveness: Mutex<Liveness>,
+    /// The leader's MDS beacon timers (empty on followers).
+    mds_liveness: Mutex<MdsLiveness>,
 }
 
 /// A running monitor.
@@ -386,6 +389,7 @@ impl Monitor {
             pgmap: Mutex::new(PgMap::default()),
             clock: Instant::now(),
             liveness: Mutex::new(Liveness::default()),
+            mds_liveness: Mutex::new(MdsLiveness::default()),
         });
         let _ = dispatcher.inner.set(Arc::downgrade(&inner));
 
@@ -488,6 +492,10 @@ impl Inner {
         self.liveness.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn mds_liveness(&self) -> std::sync::MutexGuard<'_, MdsLiveness> {
+        self.mds_liveness.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A heartbeat failure report (or its withdrawal) from `osd.<reporter>`. Leader only.
     fn failure_report(&self, f: OsdFailure, from: &Peer) -> MonReply {
         if from.entity() != format!("osd.{}", f.reporter) {
@@ -570,7 +578,8 @@ impl Inner {
             | MonCommand::PgRecordGet { .. }
             | MonCommand::EcProfileGet { .. }
             | MonCommand::EcProfileLs
-            | MonCommand::BlocklistLs => {
+            | MonCommand::BlocklistLs
+            | MonCommand::FsMapGet => {
                 if self.is_leader() && self.raft.ensure_linearizable().await.is_ok() {
                     self.read_only(&cmd)
                 } else {
@@ -593,6 +602,48 @@ impl Inner {
                 let entry = MonEntry::BlocklistAdd {
                     instance: instance.clone(),
                     until_ms: expire_secs.map(|s| unix_ms().saturating_add(s.saturating_mul(1000))),
+                };
+                self.write(entry, cmd, forwarded).await
+            }
+            MonCommand::MdsBeacon(b) => {
+                if !self.is_leader() {
+                    return self.forward(cmd, forwarded).await;
+                }
+                self.mds_liveness()
+                    .beacon(&b.name, &b.instance, Instant::now());
+                // Most beacons change nothing: answer them from the map without the log.
+                let now_ms = unix_ms();
+                let (epoch, mut fsmap) = {
+                    let a = self.shared.read();
+                    (a.state.fsmap().epoch, a.state.fsmap().clone())
+                };
+                match fsmap.mds_beacon(b, now_ms) {
+                    Err(e) => MonReply::Error {
+                        message: e.to_string(),
+                    },
+                    Ok((assignment, actions)) if fsmap.epoch == epoch && actions.is_empty() => {
+                        MonReply::MdsAssignment(assignment)
+                    }
+                    Ok(_) => {
+                        let entry = MonEntry::Fs {
+                            cmd: cmd.clone(),
+                            now_ms,
+                        };
+                        self.write(entry, cmd, forwarded).await
+                    }
+                }
+            }
+            MonCommand::FsNew { .. }
+            | MonCommand::FsRm { .. }
+            | MonCommand::FsSet { .. }
+            | MonCommand::FsAddDataPool { .. }
+            | MonCommand::FsRmDataPool { .. }
+            | MonCommand::FsFail { .. }
+            | MonCommand::MdsFail { .. } => {
+                // The leader's clock goes into the entry (`since_ms`, blocklist expiries).
+                let entry = MonEntry::Fs {
+                    cmd: cmd.clone(),
+                    now_ms: unix_ms(),
                 };
                 self.write(entry, cmd, forwarded).await
             }
@@ -974,6 +1025,7 @@ async fn leader_loop(inner: Arc<Inner>) {
         tick.tick().await;
         if !inner.is_leader() {
             inner.liveness().reset();
+            inner.mds_liveness().reset();
             continue;
         }
         let initialized = inner.shared.read().state.is_initialized();
@@ -1005,6 +1057,24 @@ async fn leader_loop(inner: Arc<Inner>) {
             let now_ms = unix_ms();
             if map.propose_blocklist_expire(now_ms).is_some() {
                 proposals.push(MonEntry::BlocklistExpire { now_ms });
+            }
+            let mds_grace = Duration::from_secs_f64(
+                a.state
+                    .config_value("mon", keys::MDS_BEACON_GRACE.name)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(keys::MDS_BEACON_GRACE.default.as_f64())
+                    .max(0.0),
+            );
+            let silent = inner
+                .mds_liveness()
+                .tick(a.state.fsmap(), Instant::now(), mds_grace);
+            for (name, instance) in silent {
+                info!(mds = %name, %instance, grace = ?mds_grace, "no beacon from the MDS within mds_beacon_grace; failing it");
+                proposals.push(MonEntry::MdsTimedOut {
+                    name,
+                    instance,
+                    now_ms,
+                });
             }
             for p in &proposals {
                 match p {

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 
-use kelp_maps::{Change, ClusterFlag, Incremental, OsdMap, PoolSpec};
+use kelp_maps::{Change, ClusterFlag, FsAction, FsMap, Incremental, OsdMap, PoolSpec};
 use kelp_proto::{
     ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
     PgRecord,
@@ -31,9 +31,10 @@ use crate::error::MonError;
 /// In/out weight meaning "fully in" (16.16 fixed point).
 const WEIGHT_IN: u32 = 0x1_0000;
 
-/// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`;
-/// older formats are still read (as "no OSD was marked out automatically", "no PG records").
-pub const STATE_FORMAT: u8 = 3;
+/// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`,
+/// 4 `fsmap`; older formats are still read (as "no OSD was marked out automatically", "no PG
+/// records", "no file systems").
+pub const STATE_FORMAT: u8 = 4;
 
 /// One monitor of the monitor map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -82,6 +83,18 @@ pub enum MonEntry {
     },
     /// The leader's clock says blocklist entries expiring at or before `now_ms` are due.
     BlocklistExpire { now_ms: u64 },
+    // File-system map and MDS roles.
+    /// A file-system or MDS command (`FsNew`, `FsRm`, `FsSet`, `FsAddDataPool`,
+    /// `FsRmDataPool`, `FsFail`, `MdsFail`, `MdsBeacon`), with the leader's wall-clock time
+    /// (unix ms) for the map's `since_ms` and blocklist expiries.
+    Fs { cmd: MonCommand, now_ms: u64 },
+    /// The leader heard no beacon from MDS `name` for `mds_beacon_grace`. Applies only if that
+    /// MDS is still the client `instance` the leader timed (it did not restart meanwhile).
+    MdsTimedOut {
+        name: String,
+        instance: String,
+        now_ms: u64,
+    },
 }
 
 /// The replicated state of the monitors.
@@ -103,6 +116,8 @@ pub struct MonState {
     auto_out: BTreeSet<i32>,
     /// Each PG's latest activation record (`crate::pg_history`).
     pg_history: BTreeMap<PgId, PgRecord>,
+    /// File systems and MDS roles.
+    fsmap: FsMap,
 }
 
 /// Format 1 of the encoded state.
@@ -128,6 +143,18 @@ struct StateWireV2 {
 
 /// Format 3: format 2 plus `pg_history`.
 #[derive(Serialize, Deserialize)]
+struct StateWireV3 {
+    osdmap: Option<Vec<u8>>,
+    incrementals: Vec<(u32, Vec<u8>)>,
+    config: Vec<(String, String, String)>,
+    auth: Vec<(String, String)>,
+    monmap: Vec<MonInfo>,
+    auto_out: Vec<i32>,
+    pg_history: Vec<(PgId, PgRecord)>,
+}
+
+/// Format 4: format 3 plus the encoded file-system map.
+#[derive(Serialize, Deserialize)]
 struct StateWire {
     osdmap: Option<Vec<u8>>,
     incrementals: Vec<(u32, Vec<u8>)>,
@@ -136,6 +163,22 @@ struct StateWire {
     monmap: Vec<MonInfo>,
     auto_out: Vec<i32>,
     pg_history: Vec<(PgId, PgRecord)>,
+    fsmap: Vec<u8>,
+}
+
+impl From<StateWireV3> for StateWire {
+    fn from(v3: StateWireV3) -> StateWire {
+        StateWire {
+            osdmap: v3.osdmap,
+            incrementals: v3.incrementals,
+            config: v3.config,
+            auth: v3.auth,
+            monmap: v3.monmap,
+            auto_out: v3.auto_out,
+            pg_history: v3.pg_history,
+            fsmap: FsMap::new().encode(),
+        }
+    }
 }
 
 impl From<StateWireV1> for StateWireV2 {
@@ -151,9 +194,9 @@ impl From<StateWireV1> for StateWireV2 {
     }
 }
 
-impl From<StateWireV2> for StateWire {
-    fn from(v2: StateWireV2) -> StateWire {
-        StateWire {
+impl From<StateWireV2> for StateWireV3 {
+    fn from(v2: StateWireV2) -> StateWireV3 {
+        StateWireV3 {
             osdmap: v2.osdmap,
             incrementals: v2.incrementals,
             config: v2.config,
@@ -191,6 +234,11 @@ impl MonState {
     /// OSDs marked out by the monitors (not by an operator): they go in again at boot.
     pub fn auto_out(&self) -> &BTreeSet<i32> {
         &self.auto_out
+    }
+
+    /// File systems and MDS roles.
+    pub fn fsmap(&self) -> &FsMap {
+        &self.fsmap
     }
 
     /// The base64 secret of `entity`.
@@ -269,6 +317,17 @@ impl MonState {
             MonEntry::BlocklistExpire { now_ms } => {
                 let inc = map.propose_blocklist_expire(*now_ms);
                 self.commit(Ok(inc))
+            }
+            MonEntry::Fs { cmd, now_ms } => self.fs_command(cmd, *now_ms),
+            MonEntry::MdsTimedOut {
+                name,
+                instance,
+                now_ms,
+            } => {
+                let actions = self.fsmap.mds_timed_out(name, instance, *now_ms);
+                self.fs_actions(&actions, *now_ms).map(|()| MonReply::Done {
+                    epoch: self.epoch(),
+                })
             }
         };
         result.unwrap_or_else(refuse)
@@ -464,8 +523,26 @@ impl MonState {
                     epoch: self.epoch(),
                 })
             }
+            MonCommand::FsNew { .. }
+            | MonCommand::FsRm { .. }
+            | MonCommand::FsSet { .. }
+            | MonCommand::FsAddDataPool { .. }
+            | MonCommand::FsRmDataPool { .. }
+            | MonCommand::FsFail { .. }
+            | MonCommand::MdsFail { .. }
+            | MonCommand::MdsBeacon(_) => Err(MonError::InvalidSpec(
+                "file-system commands are logged with the leader's clock (MonEntry::Fs)".into(),
+            )),
+            MonCommand::FsMapGet => Ok(self.read_only(cmd)),
             MonCommand::PoolDelete { name } => {
                 let pool = map.pool_by_name(name).map(|p| p.id);
+                if let Some(fs) = pool.and_then(|id| self.fsmap.fs_using_pool(id)) {
+                    return Err(MonError::InvalidSpec(format!(
+                        "pool '{name}' is in use by file system '{}': remove the file system \
+                         first (kelp fs fail {0}; kelp fs rm {0} --yes-i-really-mean-it)",
+                        fs.name
+                    )));
+                }
                 let inc = map.propose_pool_delete(name)?;
                 let r = self.commit(Ok(Some(inc)))?;
                 if let Some(pool) = pool {
@@ -560,6 +637,72 @@ impl MonState {
                 })
             }
         }
+    }
+
+    /// Applies a file-system or MDS command (`MonEntry::Fs`): the file-system map's decision,
+    /// then what it asks of the OSD map (blocklisting failed MDS instances), in one entry.
+    fn fs_command(&mut self, cmd: &MonCommand, now_ms: u64) -> Result<MonReply, MonError> {
+        let map = self.map()?;
+        let mut fsmap = self.fsmap.clone();
+        let (reply, actions) = match cmd {
+            MonCommand::FsNew {
+                name,
+                metadata_pool,
+                data_pool,
+                force,
+            } => {
+                fsmap.fs_new(map, name, metadata_pool, data_pool, *force, now_ms)?;
+                (None, Vec::new())
+            }
+            MonCommand::FsRm { name } => {
+                fsmap.fs_rm(name)?;
+                (None, Vec::new())
+            }
+            MonCommand::FsSet { name, key, value } => {
+                fsmap.fs_set(name, key, value, now_ms)?;
+                (None, Vec::new())
+            }
+            MonCommand::FsAddDataPool { name, pool } => {
+                fsmap.fs_add_data_pool(map, name, pool)?;
+                (None, Vec::new())
+            }
+            MonCommand::FsRmDataPool { name, pool } => {
+                fsmap.fs_rm_data_pool(map, name, pool)?;
+                (None, Vec::new())
+            }
+            MonCommand::FsFail { name } => (None, fsmap.fs_fail(name)?),
+            MonCommand::MdsFail { name } => (None, fsmap.mds_fail(name, now_ms)?),
+            MonCommand::MdsBeacon(b) => {
+                let (a, actions) = fsmap.mds_beacon(b, now_ms)?;
+                (Some(MonReply::MdsAssignment(a)), actions)
+            }
+            other => {
+                return Err(MonError::InvalidSpec(format!(
+                    "{other:?} is not a file-system command"
+                )));
+            }
+        };
+        self.fsmap = fsmap;
+        self.fs_actions(&actions, now_ms)?;
+        Ok(reply.unwrap_or(MonReply::Done {
+            epoch: self.epoch(),
+        }))
+    }
+
+    /// Carries out what a file-system map change asks of the OSD map: a failed MDS's client
+    /// instance goes on the blocklist for `mds_blocklist_interval`.
+    fn fs_actions(&mut self, actions: &[FsAction], now_ms: u64) -> Result<(), MonError> {
+        let secs = self.config_secs(kelp_config::keys::MDS_BLOCKLIST_INTERVAL.name);
+        let until = now_ms.saturating_add((secs * 1000.0) as u64);
+        for a in actions {
+            match a {
+                FsAction::Blocklist { instance } => {
+                    let inc = self.map()?.propose_blocklist_add(instance, Some(until))?;
+                    self.commit(Ok(inc))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes `id` out of every PG's activation record (`osd lost`, `osd rm`).
@@ -689,6 +832,7 @@ impl MonState {
                     })
                     .unwrap_or_default(),
             ),
+            MonCommand::FsMapGet => MonReply::FsMap(self.fsmap.clone()),
             MonCommand::EcProfileLs => MonReply::EcProfileNames(
                 self.osdmap
                     .as_ref()
@@ -774,6 +918,7 @@ impl MonState {
                 .iter()
                 .map(|(pg, r)| (*pg, r.clone()))
                 .collect(),
+            fsmap: self.fsmap.encode(),
         };
         let mut out = vec![STATE_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("encoding into a Vec cannot fail"));
@@ -790,9 +935,13 @@ impl MonState {
             reason: e.to_string(),
         };
         let wire: StateWire = match v {
-            1 => StateWireV2::from(postcard::from_bytes::<StateWireV1>(body).map_err(corrupt)?)
+            1 => StateWireV3::from(StateWireV2::from(
+                postcard::from_bytes::<StateWireV1>(body).map_err(corrupt)?,
+            ))
+            .into(),
+            2 => StateWireV3::from(postcard::from_bytes::<StateWireV2>(body).map_err(corrupt)?)
                 .into(),
-            2 => postcard::from_bytes::<StateWireV2>(body)
+            3 => postcard::from_bytes::<StateWireV3>(body)
                 .map_err(corrupt)?
                 .into(),
             STATE_FORMAT => postcard::from_bytes(body).map_err(corrupt)?,
@@ -817,6 +966,36 @@ impl MonState {
             monmap: wire.monmap,
             auto_out: wire.auto_out.into_iter().collect(),
             pg_history: wire.pg_history.into_iter().collect(),
+            fsmap: FsMap::decode(&wire.fsmap)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A state written before the file-system map existed (format 3) still reads, with no
+    /// file systems.
+    #[test]
+    fn format_3_states_decode_without_file_systems() {
+        let v3 = StateWireV3 {
+            osdmap: None,
+            incrementals: Vec::new(),
+            config: vec![("mon".into(), "mon_max_incrementals".into(), "5".into())],
+            auth: vec![("client.admin".into(), "YWRtaW4=".into())],
+            monmap: Vec::new(),
+            auto_out: vec![3],
+            pg_history: Vec::new(),
+        };
+        let mut bytes = vec![3u8];
+        bytes.extend(postcard::to_stdvec(&v3).unwrap());
+        let s = MonState::decode(&bytes).unwrap();
+        assert_eq!(s.fsmap(), &FsMap::new());
+        assert_eq!(s.secret("client.admin"), Some("YWRtaW4="));
+        assert!(s.auto_out().contains(&3));
+        let again = MonState::decode(&s.encode()).unwrap();
+        assert_eq!(again.encode(), s.encode());
     }
 }

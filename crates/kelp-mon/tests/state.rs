@@ -690,3 +690,86 @@ fn self_managed_snapshot_ids_are_allocated_and_removed_by_the_monitors() {
         .contains("nope")
     );
 }
+
+fn fs(c: MonCommand, now_ms: u64) -> MonEntry {
+    MonEntry::Fs { cmd: c, now_ms }
+}
+
+fn mds(name: &str, state: kelp_maps::MdsState, incarnation: u64) -> MonCommand {
+    MonCommand::MdsBeacon(kelp_maps::MdsBeacon {
+        name: name.into(),
+        addr: "127.0.0.1:6800".parse().unwrap(),
+        instance: format!("client.mds-{name}.1"),
+        fs: None,
+        state,
+        incarnation,
+    })
+}
+
+#[test]
+fn file_systems_are_replicated_state_and_failed_mds_are_blocklisted() {
+    use kelp_maps::{MdsAssignment, MdsState};
+    let mut s = MonState::default();
+    s.apply(&init());
+    booted_osds(&mut s, 3);
+    for name in ["meta", "data"] {
+        s.apply(&cmd(MonCommand::PoolCreate(PoolSpec {
+            name: name.into(),
+            pg_num: Some(4),
+            size: Some(1),
+            ..PoolSpec::default()
+        })));
+    }
+    // Without the leader's clock a file-system command is refused.
+    let m = err(s.apply(&cmd(MonCommand::FsRm { name: "x".into() })));
+    assert!(m.contains("leader's clock"), "{m}");
+    let new = MonCommand::FsNew {
+        name: "cephfs".into(),
+        metadata_pool: "meta".into(),
+        data_pool: "data".into(),
+        force: false,
+    };
+    assert!(matches!(
+        s.apply(&fs(new.clone(), 1)),
+        MonReply::Done { .. }
+    ));
+    assert!(err(s.apply(&fs(new, 1))).contains("already exists"));
+    let m = err(s.apply(&cmd(MonCommand::PoolDelete {
+        name: "meta".into(),
+    })));
+    assert!(m.contains("in use by file system 'cephfs'"), "{m}");
+    assert_eq!(
+        s.apply(&fs(mds("a", MdsState::Standby, 0), 2)),
+        MonReply::MdsAssignment(MdsAssignment::Active {
+            fs: "cephfs".into(),
+            incarnation: 1
+        })
+    );
+    s.apply(&fs(mds("b", MdsState::Standby, 0), 3));
+    let epoch = s.epoch();
+    // A stale timeout (another instance) changes nothing.
+    s.apply(&MonEntry::MdsTimedOut {
+        name: "a".into(),
+        instance: "other".into(),
+        now_ms: 4,
+    });
+    assert_eq!(s.epoch(), epoch);
+    s.apply(&MonEntry::MdsTimedOut {
+        name: "a".into(),
+        instance: "client.mds-a.1".into(),
+        now_ms: 5,
+    });
+    // Fenced in the OSD map (one new epoch), for mds_blocklist_interval from the leader's clock.
+    assert_eq!(s.epoch(), epoch + 1);
+    let until = s.osdmap().unwrap().blocklist["client.mds-a.1"];
+    assert_eq!(until, Some(5 + 86_400_000));
+    let active = s.fsmap().filesystems["cephfs"].active.clone().unwrap();
+    assert_eq!((active.name.as_str(), active.incarnation), ("b", 2));
+    // The state (file-system map included) survives a snapshot.
+    let back = MonState::decode(&s.encode()).unwrap();
+    assert_eq!(back.fsmap(), s.fsmap());
+    assert_eq!(
+        s.read_only(&MonCommand::FsMapGet),
+        MonReply::FsMap(s.fsmap().clone())
+    );
+}

@@ -20,6 +20,8 @@ pub use mon::{
     ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply,
     OsdBoot, OsdFailure, PgActivation, PgRecord, Subscribe,
 };
+// File-system map and MDS roles (types of the pure map in kelp-maps, used on the wire).
+pub use mon::{FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState};
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
     OsdOpReply, OsdPing, OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery,

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use kelp_maps::PoolSpec;
+pub use kelp_maps::{FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState};
 
 use crate::stats::{PgMapDigest, StatsAck};
 use serde::{Deserialize, Serialize};
@@ -139,6 +140,49 @@ pub enum MonCommand {
         pool: String,
         snap: u64,
     },
+    // File-system map and MDS roles (`kelp fs`, `kelp mds`).
+    /// `kelp fs new NAME METADATA_POOL DATA_POOL [--force]`. Answered with `Done`.
+    FsNew {
+        name: String,
+        metadata_pool: String,
+        data_pool: String,
+        /// Accept an erasure-coded default data pool.
+        force: bool,
+    },
+    /// `kelp fs rm NAME`: refused while an MDS is active (fail the fs first). `Done`.
+    FsRm {
+        name: String,
+    },
+    /// `kelp fs set NAME KEY VALUE` (`max_mds`, `standby_count_wanted`, `joinable`). `Done`.
+    FsSet {
+        name: String,
+        key: String,
+        value: String,
+    },
+    /// `kelp fs add_data_pool NAME POOL`. `Done`.
+    FsAddDataPool {
+        name: String,
+        pool: String,
+    },
+    /// `kelp fs rm_data_pool NAME POOL`. `Done`.
+    FsRmDataPool {
+        name: String,
+        pool: String,
+    },
+    /// `kelp fs fail NAME`: fences and removes the active MDS, and lets no MDS take the file
+    /// system until `fs set NAME joinable true`. `Done`.
+    FsFail {
+        name: String,
+    },
+    /// The file-system map: answered with `FsMap`.
+    FsMapGet,
+    /// An MDS's beacon (every `mds_beacon_interval`): answered with `MdsAssignment`.
+    MdsBeacon(MdsBeacon),
+    /// `kelp mds fail NAME`: as if its beacons had stopped (an active MDS is fenced and a
+    /// standby takes its role). `Done`.
+    MdsFail {
+        name: String,
+    },
 }
 
 /// One blocklisted client instance, and when its entry expires (unix ms; `None`: never).
@@ -267,6 +311,11 @@ pub enum MonReply {
         snap: u64,
         epoch: u32,
     },
+    // File-system map and MDS roles.
+    /// `FsMapGet`.
+    FsMap(FsMap),
+    /// The answer to an `MdsBeacon`.
+    MdsAssignment(MdsAssignment),
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be

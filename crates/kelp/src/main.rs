@@ -101,14 +101,14 @@ enum Command {
     /// Write man pages for kelp and every subcommand (kelp.1, kelp-status.1, …) into a
     /// directory, or print kelp(1) to stdout.
     Man(cmd::help::ManArgs),
-    // -- file system: the FUSE client and the metadata server --
-    /// File systems: mount one with FUSE (`mount MOUNTPOINT [--fs NAME] [--subdir PATH]`),
-    /// unmount it (`umount MOUNTPOINT`).
+    // File-system map and MDS administration.
+    /// File systems (Ceph's `ceph fs`): new, ls, status, rm, set, fail, add_data_pool,
+    /// rm_data_pool.
     #[command(subcommand)]
-    Fs(cmd::filesystem::FsMountCommand),
-    /// Metadata servers of the file systems: run one (`run --id NAME`).
+    Fs(cmd::fs::FsCommand),
+    /// Metadata server daemons as the monitors see them: stat, fail.
     #[command(subcommand)]
-    Mds(cmd::filesystem::MdsRunCommand),
+    Mds(cmd::mds::MdsCommand),
 }
 
 fn main() -> ExitCode {
@@ -171,9 +171,9 @@ fn main() -> ExitCode {
         Command::Watch(a) => cmd::watch::run(a, &g),
         Command::Completions(a) => cmd::help::completions(a, Cli::command()),
         Command::Man(a) => cmd::help::man(a, Cli::command()),
-        // file system
-        Command::Fs(c) => cmd::filesystem::run_fs(c, &g),
-        Command::Mds(c) => cmd::filesystem::run_mds(c, &g),
+        // File-system map and MDS administration.
+        Command::Fs(c) => cmd::fs::run(c, &g),
+        Command::Mds(c) => cmd::mds::run(c, &g),
     };
     match result {
         Ok(code) => code,

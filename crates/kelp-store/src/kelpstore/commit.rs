@@ -427,32 +427,18 @@ pub(super) fn commit_batch(
                 .sync_data()
                 .map_err(|e| StoreError::io("flushing the data file", e))?;
         }
-        let mut verify: Vec<NewRun> = Vec::new();
-        if wrote && !data_flush {
-            // Units that a deferred write of this batch also targets are left out: their
-            // write-back may already have replaced the new extent's content.
-            let bpu = inner.geo.bpu as usize;
-            for p in &batch {
-                for (punit, units, csums) in &p.new_runs {
-                    let mut i = 0u64;
-                    while i < *units {
-                        if deferred.contains_key(&(punit + i)) {
-                            i += 1;
-                            continue;
-                        }
-                        let s = i;
-                        while i < *units && !deferred.contains_key(&(punit + i)) {
-                            i += 1;
-                        }
-                        verify.push((
-                            punit + s,
-                            i - s,
-                            csums[s as usize * bpu..i as usize * bpu].to_vec(),
-                        ));
-                    }
-                }
-            }
-        }
+        let verify = if wrote && !data_flush {
+            let freed: Vec<(u64, u64)> =
+                batch.iter().flat_map(|p| p.freed.iter().copied()).collect();
+            verify_runs(
+                batch.iter().flat_map(|p| p.new_runs.iter()),
+                &deferred,
+                &freed,
+                inner.geo.bpu as usize,
+            )
+        } else {
+            Vec::new()
+        };
         // 2. One atomic metadata batch for every transaction of the group.
         let mut merged: BTreeMap<&[u8], &Option<Value>> = BTreeMap::new();
         for p in &batch {
@@ -527,6 +513,45 @@ pub(super) fn commit_batch(
         },
     );
     Ok(())
+}
+
+/// The new extents of a batch that replay must find intact for its record to count (see
+/// `mount.rs`): every new run of its transactions, less two kinds of units.
+/// - Units that a deferred write of this batch also targets: their write-back may already have
+///   replaced the new extent's content.
+/// - Units that a later transaction of the same batch freed (an object written and then
+///   overwritten or removed within one group commit): the batch's final state does not use
+///   them, and they are released as soon as the batch is acknowledged (`release_and_ack`), so
+///   the next batch may write its own data there before its record reaches the log. Verifying
+///   them made a crash at that moment drop this acknowledged batch at replay.
+pub(super) fn verify_runs<'a>(
+    new_runs: impl Iterator<Item = &'a NewRun>,
+    deferred: &BTreeMap<u64, Arc<Vec<u8>>>,
+    freed: &[(u64, u64)],
+    bpu: usize,
+) -> Vec<NewRun> {
+    let skip =
+        |u: u64| deferred.contains_key(&u) || freed.iter().any(|&(o, l)| u >= o && u < o + l);
+    let mut verify = Vec::new();
+    for (punit, units, csums) in new_runs {
+        let mut i = 0u64;
+        while i < *units {
+            if skip(punit + i) {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < *units && !skip(punit + i) {
+                i += 1;
+            }
+            verify.push((
+                punit + s,
+                i - s,
+                csums[s as usize * bpu..i as usize * bpu].to_vec(),
+            ));
+        }
+    }
+    verify
 }
 
 /// Acknowledge a durable batch's transactions, releasing first the units it freed that no
@@ -704,5 +729,36 @@ pub(super) fn publish_durable(inner: &Inner, bytes: u64, last_seq: u64) {
     };
     if wake {
         inner.durable_cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(punit: u64, units: u64) -> NewRun {
+        (punit, units, (0..units as u32 * 2).collect())
+    }
+
+    #[test]
+    fn verify_runs_leave_out_units_freed_or_deferred_in_the_same_batch() {
+        // Two transactions of one batch: the first writes units 10..14, the second overwrites
+        // that object with units 20..22 and so frees 10..14; unit 21 also gets a deferred write.
+        let runs = [run(10, 4), run(20, 2), run(30, 3)];
+        let mut deferred = BTreeMap::new();
+        deferred.insert(21, Arc::new(vec![0u8; 4096]));
+        let freed = [(10, 4), (31, 1)];
+        let v = verify_runs(runs.iter(), &deferred, &freed, 2);
+        assert_eq!(
+            v,
+            vec![
+                (20, 1, vec![0, 1]),
+                (30, 1, vec![0, 1]),
+                (32, 1, vec![4, 5]),
+            ]
+        );
+        // Nothing freed or deferred: every run is verified whole.
+        let v = verify_runs(runs.iter(), &BTreeMap::new(), &[], 2);
+        assert_eq!(v, runs.to_vec());
     }
 }

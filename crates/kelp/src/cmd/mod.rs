@@ -19,7 +19,10 @@ pub mod status;
 pub mod store;
 pub mod up;
 pub mod watch;
-// file system
+// File-system map and MDS administration.
+pub mod fs;
+pub mod mds;
+// file system: the FUSE client and the metadata server daemon
 pub mod filesystem;
 
 /// Output format of commands that can print machine-readable results.

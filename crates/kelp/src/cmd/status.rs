@@ -50,6 +50,8 @@ pub struct Report {
     pub checks: Vec<HealthCheck>,
     pub pgs_by_state: BTreeMap<String, u32>,
     pub num_pgs: u32,
+    /// The file-system map (`None` if the monitors could not give it).
+    pub fsmap: Option<kelp_client::FsMap>,
 }
 
 impl Report {
@@ -242,6 +244,10 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
     if let Some(d) = &digest {
         explain_blocked_pgs(&rados, &map, d, &mut checks).await;
     }
+    let fsmap = rados.fs_map().await.ok();
+    if let Some(f) = &fsmap {
+        checks.extend(kelp_health::fs_checks(f));
+    }
     let mut pgs_by_state: BTreeMap<String, u32> = BTreeMap::new();
     let mut num_pgs = 0;
     match &digest {
@@ -266,6 +272,7 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
         checks,
         pgs_by_state,
         num_pgs,
+        fsmap,
     })
 }
 
@@ -291,6 +298,14 @@ pub fn status_json(r: &Report) -> serde_json::Value {
             "num_mons": m.monitors.len(),
             "quorum_names": m.monitors.iter().filter(|(_, q)| *q).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
             "leader": m.leader,
+        })),
+        "fsmap": r.fsmap.as_ref().map(|f| serde_json::json!({
+            "epoch": f.epoch,
+            "by_rank": f.filesystems.values().filter_map(|fs| fs.active.as_ref().map(|a| serde_json::json!({
+                "filesystem_id": fs.id, "filesystem_name": fs.name, "rank": 0,
+                "name": a.name, "status": a.state.to_string(), "incarnation": a.incarnation}))).collect::<Vec<_>>(),
+            "up:standby": f.standbys.len(),
+            "summary": crate::cmd::mds::mds_summary(f),
         })),
         "osdmap": {"epoch": map.epoch, "num_osds": map.osds.len(), "num_up_osds": map.num_up(),
             "num_in_osds": map.num_in(), "flags": map.flags.iter().map(|f| f.to_string()).collect::<Vec<_>>()},
@@ -357,6 +372,13 @@ pub fn print_status(r: &Report) {
         map.num_in(),
         map.epoch
     );
+    if let Some(f) = r
+        .fsmap
+        .as_ref()
+        .filter(|f| !f.filesystems.is_empty() || !f.standbys.is_empty())
+    {
+        println!("    mds: {}", crate::cmd::mds::mds_summary(f));
+    }
     println!();
     println!("  data:");
     println!("    pools:   {} pools, {} pgs", map.pools.len(), r.num_pgs);
