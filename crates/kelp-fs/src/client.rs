@@ -24,6 +24,10 @@ use crate::types::*;
 /// How a client finds and talks to its file system.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
+    /// The file system's name in the monitors' file-system map: its pools and active MDS are
+    /// taken from there. When the map has no such file system, `meta_pool`/`data_pool` are
+    /// used and the MDS address is read from the metadata pool (a standalone MDS).
+    pub fs_name: Option<String>,
     pub meta_pool: String,
     pub data_pool: String,
     /// The MDS's address, if known (otherwise read from the metadata pool).
@@ -37,6 +41,7 @@ pub struct ClientOptions {
 impl ClientOptions {
     pub fn new(meta_pool: &str, data_pool: &str) -> ClientOptions {
         ClientOptions {
+            fs_name: None,
             meta_pool: meta_pool.into(),
             data_pool: data_pool.into(),
             mds_addr: None,
@@ -55,16 +60,37 @@ pub struct FsClient {
     conn: tokio::sync::Mutex<Option<Connection>>,
     id: u64,
     opts: ClientOptions,
+    /// Whether the monitors' file-system map names the file system (and its MDS).
+    in_map: bool,
     /// Open handles per inode (re-registered with a new MDS on reconnect).
     opens: std::sync::Mutex<HashMap<Ino, u32>>,
 }
 
 impl FsClient {
-    pub async fn connect(cfg: ClientConfig, opts: ClientOptions) -> Result<Arc<FsClient>> {
+    pub async fn connect(cfg: ClientConfig, mut opts: ClientOptions) -> Result<Arc<FsClient>> {
         let msgr = Messenger::builder(cfg.entity.clone())
             .secret(cfg.secret.clone())
             .build()?;
         let rados = Rados::connect(cfg).await?;
+        let mut in_map = false;
+        if let Some(fs) = &opts.fs_name {
+            let map = rados.fs_map().await?;
+            if let Some(info) = map.filesystems.get(fs) {
+                let osd_map = rados.osd_map();
+                let name = |id: u32| {
+                    osd_map
+                        .pools
+                        .get(&id)
+                        .map(|p| p.name.clone())
+                        .ok_or_else(|| FsError::Config(format!("pool {id} of {fs} is gone")))
+                };
+                opts.meta_pool = name(info.metadata_pool)?;
+                opts.data_pool = name(*info.data_pools.first().ok_or_else(|| {
+                    FsError::Config(format!("file system {fs} has no data pool"))
+                })?)?;
+                in_map = true;
+            }
+        }
         let meta = rados.ioctx(&opts.meta_pool).await?;
         let data = rados.ioctx(&opts.data_pool).await?;
         let id = u64::from_str_radix(
@@ -81,6 +107,7 @@ impl FsClient {
             conn: tokio::sync::Mutex::new(None),
             id,
             opts,
+            in_map,
             opens: std::sync::Mutex::new(HashMap::new()),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
@@ -94,6 +121,18 @@ impl FsClient {
     async fn mds_addr(&self) -> Result<SocketAddr> {
         if let Some(a) = self.opts.mds_addr {
             return Ok(a);
+        }
+        if self.in_map
+            && let Some(fs) = &self.opts.fs_name
+        {
+            let map = self.rados.fs_map().await?;
+            return map
+                .filesystems
+                .get(fs)
+                .and_then(|i| i.active.as_ref())
+                .filter(|a| a.state == kelp_client::MdsState::Active)
+                .map(|a| a.addr)
+                .ok_or_else(|| FsError::Config(format!("file system {fs} has no active MDS")));
         }
         let b = self.meta.read(ADDR_OBJECT, 0, 0).await?;
         let a: MdsAddr = serde_json::from_slice(&b).map_err(|e| FsError::Malformed {

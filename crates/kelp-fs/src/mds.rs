@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -89,20 +89,49 @@ struct Inner {
     meta: IoCtx,
     data: IoCtx,
     state: Mutex<State>,
-    fenced: watch::Sender<Option<String>>,
+    fenced: Arc<watch::Sender<Option<String>>>,
 }
 
-/// A running MDS.
+/// A metadata server: its messenger listens from [`Mds::bind`] on, and it serves a file
+/// system once [`Mds::activate`] has replayed that file system's journal (before, requests
+/// are answered with ESHUTDOWN, which sends clients looking for the active MDS).
 pub struct Mds {
-    inner: Arc<Inner>,
+    slot: Arc<OnceLock<Arc<Inner>>>,
+    fenced: Arc<watch::Sender<Option<String>>>,
     msgr: Messenger,
     addr: SocketAddr,
 }
 
 impl Mds {
-    /// Replays the journal, loads (or creates) the root, and starts serving on `cfg.bind`.
-    /// `keys` authenticates clients (the cluster keyring).
+    /// Replays the journal, loads (or creates) the root, and starts serving on `cfg.bind`
+    /// (a standalone MDS, without the monitors' file-system map). `keys` authenticates clients
+    /// (the cluster keyring).
     pub async fn start(cfg: MdsConfig, rados: Rados, keys: Arc<dyn KeyLookup>) -> Result<Mds> {
+        let mds = Mds::bind(&cfg.name, cfg.bind, keys).await?;
+        mds.activate(cfg, rados).await?;
+        Ok(mds)
+    }
+
+    /// Starts listening as `mds.NAME` on `bind`, serving nothing yet.
+    pub async fn bind(name: &str, bind: SocketAddr, keys: Arc<dyn KeyLookup>) -> Result<Mds> {
+        let slot: Arc<OnceLock<Arc<Inner>>> = Arc::default();
+        let msgr = Messenger::builder(format!("mds.{name}"))
+            .keys(keys)
+            .dispatcher(Arc::new(Dispatcher { slot: slot.clone() }))
+            .build()?;
+        let addr = msgr.bind(bind).await?;
+        let (fenced, _) = watch::channel(None);
+        Ok(Mds {
+            slot,
+            fenced: Arc::new(fenced),
+            msgr,
+            addr,
+        })
+    }
+
+    /// Takes the file system of `cfg`: replays its journal, loads (or creates) the root,
+    /// publishes this MDS's address in the metadata pool, and serves.
+    pub async fn activate(&self, cfg: MdsConfig, rados: Rados) -> Result<()> {
         let meta = rados.ioctx(&cfg.meta_pool).await?;
         let data = rados.ioctx(&cfg.data_pool).await?;
         let (segment, next_ino) = replay(&meta).await?;
@@ -126,25 +155,17 @@ impl Mds {
                 st.ns.mark_clean();
             }
         }
-        let (fenced, _) = watch::channel(None);
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
             meta,
             data,
             state: Mutex::new(st),
-            fenced,
+            fenced: self.fenced.clone(),
         });
-        let msgr = Messenger::builder(format!("mds.{}", cfg.name))
-            .keys(keys)
-            .dispatcher(Arc::new(Dispatcher {
-                inner: inner.clone(),
-            }))
-            .build()?;
-        let addr = msgr.bind(cfg.bind).await?;
         let published = MdsAddr {
             v: RECORD_VERSION,
             name: cfg.name.clone(),
-            addr,
+            addr: self.addr,
             instance: rados.instance(),
         };
         inner
@@ -155,10 +176,14 @@ impl Mds {
             )
             .await
             .map_err(|e| inner.check_fenced(e))?;
-        info!(%addr, "mds.{} serving", cfg.name);
-        let bg = inner.clone();
-        tokio::spawn(async move { bg.background().await });
-        Ok(Mds { inner, msgr, addr })
+        if self.slot.set(inner.clone()).is_err() {
+            return Err(FsError::Config(
+                "this MDS already serves a file system".into(),
+            ));
+        }
+        info!(addr = %self.addr, "mds.{} serving", cfg.name);
+        tokio::spawn(async move { inner.background().await });
+        Ok(())
     }
 
     /// Where clients reach this MDS.
@@ -168,7 +193,7 @@ impl Mds {
 
     /// Resolves when the MDS has been fenced (blocklisted), with the reason.
     pub async fn fenced(&self) -> String {
-        let mut rx = self.inner.fenced.subscribe();
+        let mut rx = self.fenced.subscribe();
         loop {
             if let Some(r) = rx.borrow_and_update().clone() {
                 return r;
@@ -180,9 +205,12 @@ impl Mds {
     }
 
     /// Writes back everything dirty (a clean stop leaves an empty journal).
-    pub async fn shutdown(self) -> Result<()> {
+    pub async fn shutdown(&self) -> Result<()> {
         self.msgr.shutdown();
-        self.inner.checkpoint().await
+        match self.slot.get() {
+            Some(inner) => inner.checkpoint().await,
+            None => Ok(()),
+        }
     }
 }
 
@@ -631,8 +659,98 @@ impl Inner {
     }
 }
 
+/// Serves as the monitors' file-system map assigns: beacons every second (as a standby
+/// until given a role), and when given rank 0 of a file system replays its journal (beaconing
+/// `replay`), then serves it (beaconing `active`). Returns why it stopped: told to by the
+/// monitors (its role went to another MDS), or fenced (its RADOS instance blocklisted).
+pub async fn run_in_fsmap(
+    mds: &Mds,
+    rados: &Rados,
+    base: MdsConfig,
+    want_fs: Option<String>,
+) -> Result<String> {
+    use kelp_client::{MdsAssignment, MdsBeacon, MdsState};
+    let (state_tx, state_rx) = watch::channel((MdsState::Standby, 0u64));
+    let (assign_tx, mut assign_rx) = tokio::sync::mpsc::channel(4);
+    let beacon_task = {
+        let rados = rados.clone();
+        let name = base.name.clone();
+        let addr = mds.addr();
+        let want_fs = want_fs.clone();
+        tokio::spawn(async move {
+            loop {
+                let (state, incarnation) = *state_rx.borrow();
+                let beacon = MdsBeacon {
+                    name: name.clone(),
+                    addr,
+                    instance: rados.instance(),
+                    fs: want_fs.clone(),
+                    state,
+                    incarnation,
+                };
+                match rados.mds_beacon(&beacon).await {
+                    Ok(a) => {
+                        if assign_tx.send(a).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => warn!("beacon to the monitors failed: {e}"),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let _stop_beacons = AbortOnDrop(beacon_task);
+    loop {
+        tokio::select! {
+            a = assign_rx.recv() => match a {
+                None | Some(MdsAssignment::Stop) => {
+                    return Ok("the monitors gave this MDS's role to another".into());
+                }
+                Some(MdsAssignment::Active { fs, incarnation }) => {
+                    if state_tx.borrow().0 != MdsState::Standby {
+                        continue;
+                    }
+                    info!(fs, incarnation, "given rank 0: replaying the journal");
+                    state_tx.send_replace((MdsState::Replay, incarnation));
+                    let map = rados.fs_map().await?;
+                    let info = map.filesystems.get(&fs).ok_or_else(|| {
+                        FsError::Config(format!("file system {fs} is not in the map"))
+                    })?;
+                    let osd_map = rados.osd_map();
+                    let pool_name = |id: u32| {
+                        osd_map
+                            .pools
+                            .get(&id)
+                            .map(|p| p.name.clone())
+                            .ok_or_else(|| FsError::Config(format!("pool {id} of {fs} is gone")))
+                    };
+                    let mut cfg = base.clone();
+                    cfg.meta_pool = pool_name(info.metadata_pool)?;
+                    cfg.data_pool = pool_name(*info.data_pools.first().ok_or_else(|| {
+                        FsError::Config(format!("file system {fs} has no data pool"))
+                    })?)?;
+                    mds.activate(cfg, rados.clone()).await?;
+                    state_tx.send_replace((MdsState::Active, incarnation));
+                    info!(fs, incarnation, "active");
+                }
+                Some(MdsAssignment::Standby) => {}
+            },
+            reason = mds.fenced() => return Ok(format!("fenced: {reason}")),
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Dispatcher {
-    inner: Arc<Inner>,
+    slot: Arc<OnceLock<Arc<Inner>>>,
 }
 
 /// Decodes a request envelope; every malformed input is an error, never a panic.
@@ -661,7 +779,10 @@ impl kelp_msgr::Dispatcher for Dispatcher {
             ));
         }
         let env = decode_request(&req.meta)?;
-        let reply = self.inner.handle(env.client, env.caller, &env.op).await;
+        let reply = match self.slot.get() {
+            Some(inner) => inner.handle(env.client, env.caller, &env.op).await,
+            None => Reply::Err(errno::ESHUTDOWN),
+        };
         let meta = serde_json::to_vec(&reply).expect("replies serialize");
         Ok(Response::new(MSG_MDS_REQUEST, meta, Bytes::new()))
     }

@@ -38,11 +38,17 @@ impl Drop for Daemon {
     }
 }
 
+/// A standalone MDS of the pools fs.meta / fs.data (outside the file-system map).
 fn start_mds(c: &Cluster, id: &str) -> Daemon {
+    start_mds_with(c, id, &["--meta-pool", "fs.meta", "--data-pool", "fs.data"])
+}
+
+fn start_mds_with(c: &Cluster, id: &str, extra: &[&str]) -> Daemon {
     let log = std::fs::File::create(c.dir.join(format!("mds.{id}.test.log"))).unwrap();
     let child = Command::new(KELP)
         .args(["mds", "run", "--id", id, "-c", &c.conf()])
         .args(["--checkpoint-interval", "0.5"])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -66,6 +72,14 @@ fn mounted(dir: &Path) -> bool {
 
 impl Mount {
     fn new(c: &Cluster, name: &str) -> Mount {
+        Mount::with(
+            c,
+            name,
+            &["--meta-pool", "fs.meta", "--data-pool", "fs.data"],
+        )
+    }
+
+    fn with(c: &Cluster, name: &str, extra: &[&str]) -> Mount {
         let dir = c.dir.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let log = std::fs::File::create(c.dir.join(format!("{name}.log"))).unwrap();
@@ -73,6 +87,7 @@ impl Mount {
             .args(["fs", "mount"])
             .arg(&dir)
             .args(["-c", &c.conf()])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -451,4 +466,62 @@ fn fsynced_data_survives_kill_of_the_mds() {
         assert_eq!(&std::fs::read(b.p(name)).unwrap(), data, "{name}");
     }
     assert_eq!(std::fs::read(b.p("dir0/new")).unwrap(), b"new");
+}
+
+fn active_mds(c: &Cluster) -> Option<(String, String)> {
+    let v: serde_json::Value =
+        serde_json::from_str(&c.cli(&["fs", "status", "--format", "json"])).unwrap();
+    let a = &v["filesystems"][0]["active"];
+    a.is_object().then(|| {
+        (
+            a["name"].as_str().unwrap().to_string(),
+            a["state"].as_str().unwrap().to_string(),
+        )
+    })
+}
+
+fn wait_active(c: &Cluster, not: Option<&str>) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some((name, state)) = active_mds(c)
+            && state.contains("active")
+            && Some(name.as_str()) != not
+        {
+            return name;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no MDS became active: {:?}",
+            active_mds(c)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn standby_mds_takes_over_from_a_killed_active_one() {
+    let c = fs_cluster();
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let mut daemons = std::collections::BTreeMap::new();
+    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
+    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
+    let first = wait_active(&c, None);
+    let m = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
+    let mut files = Vec::new();
+    for i in 0..10u64 {
+        let data = heal_support::content(i, 5000 + i as usize * 1000);
+        let mut f = std::fs::File::create(m.p(&format!("f{i}"))).unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        f.sync_all().unwrap();
+        files.push(data);
+    }
+    daemons.get_mut(&first).unwrap().kill9();
+    let second = wait_active(&c, Some(&first));
+    assert_ne!(first, second);
+    // the same mount goes on: reads what was fsync'd, writes more
+    for (i, data) in files.iter().enumerate() {
+        assert_eq!(&std::fs::read(m.p(&format!("f{i}"))).unwrap(), data, "f{i}");
+    }
+    std::fs::write(m.p("after"), b"after failover").unwrap();
+    assert_eq!(std::fs::read(m.p("after")).unwrap(), b"after failover");
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
+use clap::Args;
 use kelp_fs::client::{ClientOptions, FsClient};
 use kelp_fs::fuse::{KelpFuse, MountConfig};
 use kelp_fs::mds::{Mds, MdsConfig};
@@ -21,17 +21,10 @@ pub const DEFAULT_DATA_POOL: &str = "fs.data";
 /// The file system `kelp up` makes.
 pub const DEFAULT_FS: &str = "kelpfs";
 
-#[derive(Subcommand, Debug)]
-pub enum FsMountCommand {
-    /// Mount a file system with FUSE and serve it until it is unmounted (`kelp fs umount`)
-    /// or this process gets SIGINT/SIGTERM; run it in the background with `&` (or a service
-    /// manager). File data goes straight between this client and the OSDs.
-    Mount(MountArgs),
-    /// Unmount a file system mounted with `kelp fs mount` (lazily if it is busy).
-    Umount {
-        /// The mount point.
-        mountpoint: PathBuf,
-    },
+#[derive(Args, Debug)]
+pub struct UmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -44,10 +37,11 @@ pub struct MountArgs {
     /// Mount this directory of the file system as the root (e.g. `--subdir /projects/a`).
     #[arg(long, default_value = "/")]
     pub subdir: String,
-    /// The file system's metadata pool.
+    /// The metadata pool, when the file system is not in the monitors' file-system map
+    /// (served by an MDS run with --meta-pool).
     #[arg(long, default_value = DEFAULT_META_POOL)]
     pub meta_pool: String,
-    /// The file system's data pool.
+    /// The data pool, when the file system is not in the file-system map.
     #[arg(long, default_value = DEFAULT_DATA_POOL)]
     pub data_pool: String,
     /// Seconds the kernel may cache attributes and directory entries (0: ask the metadata
@@ -59,24 +53,22 @@ pub struct MountArgs {
     pub mds_addr: Option<SocketAddr>,
 }
 
-#[derive(Subcommand, Debug)]
-pub enum MdsRunCommand {
-    /// Run a metadata server daemon: it serves the file system's namespace from its metadata
-    /// pool, journals every change there before answering, and checkpoints every few seconds.
-    Run(MdsRunArgs),
-}
-
 #[derive(Args, Debug)]
 pub struct MdsRunArgs {
     /// The daemon's name (`a` for mds.a).
     #[arg(long)]
     pub id: String,
-    /// The file system's metadata pool.
-    #[arg(long, default_value = DEFAULT_META_POOL)]
-    pub meta_pool: String,
-    /// The file system's data pool (the MDS removes the data of deleted files).
-    #[arg(long, default_value = DEFAULT_DATA_POOL)]
-    pub data_pool: String,
+    /// Serve only this file system when the monitors assign one (default: any).
+    #[arg(long = "fs")]
+    pub fs: Option<String>,
+    /// Serve the file system in this metadata pool at once, on its own, without the
+    /// monitors' file-system map (no standby takes over; clients find this MDS through the
+    /// metadata pool).
+    #[arg(long, requires = "data_pool")]
+    pub meta_pool: Option<String>,
+    /// The data pool of a --meta-pool file system (the MDS removes deleted files' data).
+    #[arg(long, requires = "meta_pool")]
+    pub data_pool: Option<String>,
     /// Address to serve clients on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: SocketAddr,
@@ -91,22 +83,20 @@ pub struct MdsRunArgs {
     pub data: Option<PathBuf>,
 }
 
-pub fn run_fs(c: FsMountCommand, g: &common::Global) -> Result<ExitCode> {
-    match c {
-        FsMountCommand::Mount(a) => mount(a, g),
-        FsMountCommand::Umount { mountpoint } => {
-            kelp_fs::fuse::unmount(&mountpoint)
-                .with_context(|| format!("unmounting {}", mountpoint.display()))?;
-            Ok(ExitCode::SUCCESS)
-        }
-    }
+/// `kelp fs umount`.
+pub fn umount(a: UmountArgs) -> Result<ExitCode> {
+    kelp_fs::fuse::unmount(&a.mountpoint)
+        .with_context(|| format!("unmounting {}", a.mountpoint.display()))?;
+    Ok(ExitCode::SUCCESS)
 }
 
-fn mount(a: MountArgs, g: &common::Global) -> Result<ExitCode> {
+/// `kelp fs mount`.
+pub fn mount(a: MountArgs, g: &common::Global) -> Result<ExitCode> {
     common::init_logging("warn");
     let rt = common::runtime()?;
     let cfg = g.conf.client_config()?;
     let mut opts = ClientOptions::new(&a.meta_pool, &a.data_pool);
+    opts.fs_name = Some(a.fs.clone());
     opts.mds_addr = a.mds_addr;
     let (client, root) = rt.block_on(async {
         let client = FsClient::connect(cfg, opts)
@@ -138,8 +128,8 @@ fn mount(a: MountArgs, g: &common::Global) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn run_mds(c: MdsRunCommand, g: &common::Global) -> Result<ExitCode> {
-    let MdsRunCommand::Run(a) = c;
+/// `kelp mds run`.
+pub fn run_mds(a: MdsRunArgs, g: &common::Global) -> Result<ExitCode> {
     common::init_logging("info");
     let rt = common::runtime()?;
     rt.block_on(async {
@@ -154,11 +144,15 @@ pub fn run_mds(c: MdsRunCommand, g: &common::Global) -> Result<ExitCode> {
         let keys = kelp_msgr::Keyring::load(&keyring_path)
             .with_context(|| format!("keyring {}", keyring_path.display()))?;
         let rados = g.conf.connect().await?;
-        let mut cfg = MdsConfig::new(&a.id, &a.meta_pool, &a.data_pool);
+        let mut cfg = MdsConfig::new(
+            &a.id,
+            a.meta_pool.as_deref().unwrap_or_default(),
+            a.data_pool.as_deref().unwrap_or_default(),
+        );
         cfg.bind = a.bind;
         cfg.cache_inodes = a.cache_inodes;
         cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval.max(0.05));
-        let mds = Mds::start(cfg, rados, Arc::new(keys))
+        let mds = Mds::bind(&a.id, a.bind, Arc::new(keys))
             .await
             .context("starting the metadata server")?;
         if let Some(dir) = &a.data {
@@ -168,15 +162,30 @@ pub fn run_mds(c: MdsRunCommand, g: &common::Global) -> Result<ExitCode> {
             std::fs::write(&tmp, format!("{}\n", mds.addr()))?;
             std::fs::rename(&tmp, dir.join("addr"))?;
         }
-        eprintln!("kelp mds: mds.{} serving on {}", a.id, mds.addr());
+        let standalone = a.meta_pool.is_some();
+        let serve = async {
+            if standalone {
+                mds.activate(cfg, rados.clone()).await?;
+                eprintln!("kelp mds: mds.{} serving on {}", a.id, mds.addr());
+                Ok(format!("fenced: {}", mds.fenced().await))
+            } else {
+                eprintln!(
+                    "kelp mds: mds.{} on {}, waiting for the monitors to give it a role",
+                    a.id,
+                    mds.addr()
+                );
+                kelp_fs::mds::run_in_fsmap(&mds, &rados, cfg, a.fs.clone()).await
+            }
+        };
         tokio::select! {
             _ = common::shutdown_signal() => {
                 mds.shutdown().await.context("final checkpoint")?;
                 eprintln!("kelp mds: stopped");
                 Ok(ExitCode::SUCCESS)
             }
-            reason = mds.fenced() => {
-                eprintln!("kelp mds: fenced ({reason}); exiting");
+            r = serve => {
+                let why: String = r.context("metadata server")?;
+                eprintln!("kelp mds: {why}; exiting");
                 Ok(ExitCode::from(3))
             }
         }
