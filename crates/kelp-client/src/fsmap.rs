@@ -8,6 +8,8 @@
 //! the monitors' current one, so every op the new MDS sends carries an epoch that fences the
 //! old one (OSDs catch up to an op's epoch before checking the blocklist).
 
+use std::time::Duration;
+
 use kelp_maps::{FsMap, MdsAssignment, MdsBeacon, MdsState};
 use kelp_proto::{MonCommand, MonReply};
 
@@ -128,6 +130,29 @@ impl Rados {
             self.wait_for_epoch(s.epoch).await?;
         }
         Ok(assignment)
+    }
+
+    /// How often MDS `name` should beacon: `mds_beacon_interval` from the central config
+    /// (set for `mds.NAME`, `mds` or `global`), else the registry's default (1 s). An MDS
+    /// reads it again now and then to follow `kelp config set`.
+    pub async fn mds_beacon_interval(&self, name: &str) -> Result<Duration, ClientError> {
+        let key = kelp_config::keys::MDS_BEACON_INTERVAL;
+        let entries = match self.mon_command(MonCommand::ConfigDump).await? {
+            MonReply::Config(entries) => entries,
+            other => return Err(unexpected(other)),
+        };
+        let set = [format!("mds.{name}"), "mds".into(), "global".into()]
+            .into_iter()
+            .find_map(|who| {
+                entries
+                    .iter()
+                    .find(|e| e.who == who && e.key == key.name)
+                    .and_then(|e| e.value.parse::<f64>().ok())
+            });
+        let secs = set
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or(key.default.as_f64());
+        Ok(Duration::from_secs_f64(secs))
     }
 
     /// `mds fail NAME`: as if its beacons had stopped (an active MDS is fenced and a standby

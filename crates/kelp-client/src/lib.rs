@@ -42,6 +42,8 @@ pub use kelp_config::{ClusterConf, ConfFileError, GlobalSection, OsdSection};
 pub use kelp_maps::PoolSpec;
 /// The file-system map and MDS beacon types ([`Rados::fs_map`], [`Rados::mds_beacon`]).
 pub use kelp_maps::{FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState};
+/// A daemon in the service map ([`Rados::service_map`]).
+pub use kelp_proto::ServiceEntry;
 pub use ops::{ReadOp, ReadResult, WriteOp};
 pub use rados::Rados;
 pub use watch::{

@@ -120,6 +120,58 @@ impl Rados {
         Ok(self.inner.mon.command(&cmd).await?)
     }
 
+    /// A central-config value (`kelp config set WHO KEY VALUE`): the last of `sections` that
+    /// sets `key` wins (`["global", "rgw"]`); `None` when none sets it.
+    pub async fn config_value(
+        &self,
+        sections: &[&str],
+        key: &str,
+    ) -> Result<Option<String>, ClientError> {
+        let MonReply::Config(entries) = self.mon_command(MonCommand::ConfigDump).await? else {
+            return Err(ClientError::Invalid(
+                "unexpected reply to config dump".into(),
+            ));
+        };
+        let mut value = None;
+        for who in sections {
+            if let Some(e) = entries.iter().find(|e| e.who == *who && e.key == key) {
+                value = Some(e.value.clone());
+            }
+        }
+        Ok(value)
+    }
+
+    /// Sends one service-map beacon: this daemon's `name` (`rgw.gw1`), `kind` (`rgw`) and
+    /// endpoints (`"metrics"` → URL). Daemons send one every
+    /// [`kelp_monc::SERVICE_BEACON_INTERVAL`] ([`Rados::spawn_service_beacons`]).
+    pub async fn service_beacon(
+        &self,
+        name: &str,
+        kind: &str,
+        addrs: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), ClientError> {
+        Ok(self.inner.mon.service_beacon(name, kind, addrs).await?)
+    }
+
+    /// Sends beacons in the background until the returned task is aborted.
+    pub fn spawn_service_beacons(
+        &self,
+        name: String,
+        kind: String,
+        addrs: std::collections::BTreeMap<String, String>,
+    ) -> tokio::task::JoinHandle<()> {
+        self.inner.mon.spawn_service_beacons(name, kind, addrs)
+    }
+
+    /// The service map: every daemon that sent a beacon lately (stale ones flagged), sorted by
+    /// name.
+    pub async fn service_map(&self) -> Result<Vec<kelp_proto::ServiceEntry>, ClientError> {
+        match self.mon_command(MonCommand::ServiceMap).await? {
+            MonReply::ServiceMap(v) => Ok(v),
+            other => Err(ClientError::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     /// Runs a monitor command that changes the OSD map; returns the epoch that has the change,
     /// once this client's map has it.
     pub(crate) async fn map_command(&self, cmd: MonCommand) -> Result<u32, ClientError> {

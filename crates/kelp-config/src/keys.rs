@@ -496,6 +496,37 @@ pub const OSD_CLIENT_WATCH_TIMEOUT: KeyDef = KeyDef {
     doc: "A watch whose client has not pinged it for this long is dropped by the object's primary (its client is presumed dead); clients ping at a third of it.",
 };
 
+/// `metrics_top_k`
+pub const METRICS_TOP_K: KeyDef = KeyDef {
+    name: "metrics_top_k",
+    default: Value::U64(10),
+    min: Some(1.0),
+    max: Some(1000.0),
+    readers: "S3 gateway, at start",
+    doc: "How many buckets get series of their own in the gateway's /metrics (the busiest; the rest add up in bucket=\"other\"), so that no label grows with the number of buckets.",
+};
+
+// Manager and cluster log.
+/// `mgr_beacon_grace`
+pub const MGR_BEACON_GRACE: KeyDef = KeyDef {
+    name: "mgr_beacon_grace",
+    default: Value::Secs(5.0),
+    min: Some(1.0),
+    max: None,
+    readers: "monitor",
+    doc: "An active manager silent for this long is replaced by a standby (managers beacon every second); a silent standby is dropped from the manager map.",
+};
+
+/// `mon_cluster_log_max`
+pub const MON_CLUSTER_LOG_MAX: KeyDef = KeyDef {
+    name: "mon_cluster_log_max",
+    default: Value::U64(1000),
+    min: Some(10.0),
+    max: Some(100000.0),
+    readers: "monitor",
+    doc: "Entries the monitors keep in the cluster log (`kelp log last`); older ones are dropped.",
+};
+
 /// Every key, in the order `kelp config help` and docs/CONFIG.md list them.
 pub const KEYS: &[&KeyDef] = &[
     &MON_MAX_INCREMENTALS,
@@ -529,6 +560,9 @@ pub const KEYS: &[&KeyDef] = &[
     &MDS_BEACON_INTERVAL,
     &MDS_BEACON_GRACE,
     &MDS_BLOCKLIST_INTERVAL,
+    &METRICS_TOP_K,
+    &MGR_BEACON_GRACE,
+    &MON_CLUSTER_LOG_MAX,
 ];
 
 // File-system map and MDS failover.

@@ -271,3 +271,152 @@ fn bad_beacons_are_refused_and_encoding_round_trips() {
     assert!(FsMap::decode(&[]).is_err());
     assert!(FsMap::decode(&[9, 0]).is_err());
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// MDS `n`, restart generation `g` (its instance), beaconing what it was last told.
+        Beacon {
+            n: u8,
+            g: u8,
+            wants: Option<u8>,
+        },
+        TimedOut {
+            n: u8,
+            g: u8,
+        },
+        MdsFail(u8),
+        FsFail(u8),
+        Joinable(u8),
+        Rm(u8),
+        New(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..4u8, 0..2u8, proptest::option::of(0..2u8))
+                .prop_map(|(n, g, wants)| Op::Beacon { n, g, wants }),
+            2 => (0..4u8, 0..2u8).prop_map(|(n, g)| Op::TimedOut { n, g }),
+            1 => (0..4u8).prop_map(Op::MdsFail),
+            1 => (0..2u8).prop_map(Op::FsFail),
+            1 => (0..2u8).prop_map(Op::Joinable),
+            1 => (0..2u8).prop_map(Op::Rm),
+            1 => (0..2u8).prop_map(Op::New),
+        ]
+    }
+
+    fn fs_name(i: u8) -> String {
+        format!("fs{i}")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Any sequence of beacons, timeouts and operator commands keeps the map's invariants:
+        /// one place per MDS name, incarnations that only grow, every active MDS that loses its
+        /// role fenced in the same step, no joinable file system left without an MDS while a
+        /// standby could take it, and the epoch growing by one per change.
+        #[test]
+        fn invariants_hold(ops in proptest::collection::vec(op(), 1..60)) {
+            let om = osdmap();
+            let pools = [("meta", "data"), ("meta2", "data2")];
+            let mut fm = FsMap::new();
+            // what each (name, generation) believes: (state, incarnation)
+            let mut belief: std::collections::HashMap<(u8, u8), (MdsState, u64)> =
+                std::collections::HashMap::new();
+            let mut high: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+            for (t, op) in ops.into_iter().enumerate() {
+                let now = t as u64;
+                let before = fm.clone();
+                let actions = match op {
+                    Op::Beacon { n, g, wants } => {
+                        let (state, incarnation) =
+                            belief.get(&(n, g)).copied().unwrap_or((MdsState::Standby, 0));
+                        let b = MdsBeacon {
+                            name: format!("m{n}"),
+                            addr: "127.0.0.1:1".parse().unwrap(),
+                            instance: format!("i{n}.{g}"),
+                            fs: wants.map(fs_name),
+                            state,
+                            incarnation,
+                        };
+                        let (a, actions) = fm.mds_beacon(&b, now).unwrap();
+                        let next = match a {
+                            MdsAssignment::Active { incarnation, .. } => {
+                                let s = if state == MdsState::Standby {
+                                    MdsState::Replay
+                                } else {
+                                    MdsState::Active
+                                };
+                                (s, incarnation)
+                            }
+                            MdsAssignment::Standby | MdsAssignment::Stop => (MdsState::Standby, 0),
+                        };
+                        belief.insert((n, g), next);
+                        actions
+                    }
+                    Op::TimedOut { n, g } => fm.mds_timed_out(&format!("m{n}"), &format!("i{n}.{g}"), now),
+                    Op::MdsFail(n) => fm.mds_fail(&format!("m{n}"), now).unwrap_or_default(),
+                    Op::FsFail(i) => fm.fs_fail(&fs_name(i)).unwrap_or_default(),
+                    Op::Joinable(i) => {
+                        let _ = fm.fs_set(&fs_name(i), "joinable", "true", now);
+                        Vec::new()
+                    }
+                    Op::Rm(i) => {
+                        let _ = fm.fs_rm(&fs_name(i));
+                        Vec::new()
+                    }
+                    Op::New(i) => {
+                        let (m, d) = pools[i as usize];
+                        let _ = fm.fs_new(&om, &fs_name(i), m, d, false, now);
+                        Vec::new()
+                    }
+                };
+                // epoch: +1 per change, unchanged otherwise
+                if fm == before {
+                    prop_assert!(actions.is_empty());
+                } else {
+                    prop_assert_eq!(fm.epoch, before.epoch + 1);
+                }
+                // one place per name
+                let mut names: Vec<&str> = fm.mds_daemons().map(|d| d.name.as_str()).collect();
+                let count = names.len();
+                names.sort_unstable();
+                names.dedup();
+                prop_assert_eq!(names.len(), count);
+                for fs in fm.filesystems.values() {
+                    // incarnations only grow (per file system, while it exists)
+                    let h = high.entry(fs.name.clone()).or_insert(0);
+                    prop_assert!(fs.last_incarnation >= *h);
+                    *h = fs.last_incarnation;
+                    if let Some(a) = &fs.active {
+                        prop_assert!(a.incarnation >= 1 && a.incarnation <= fs.last_incarnation);
+                        prop_assert!(a.state != MdsState::Standby);
+                    } else if !fs.failed {
+                        prop_assert_eq!(fm.standbys_for(&fs.name).count(), 0);
+                    }
+                }
+                // an active that lost its role (same fs, other holder or none) was fenced
+                for (name, old) in &before.filesystems {
+                    let Some(a) = &old.active else { continue };
+                    let still = fm
+                        .filesystems
+                        .get(name)
+                        .and_then(|f| f.active.as_ref())
+                        .is_some_and(|n| n.instance == a.instance && n.incarnation == a.incarnation);
+                    if !still {
+                        prop_assert!(
+                            actions.contains(&FsAction::Blocklist { instance: a.instance.clone() }),
+                            "{} lost {} without being fenced", a.name, name
+                        );
+                    }
+                }
+                for name in before.filesystems.keys().filter(|n| !fm.filesystems.contains_key(*n)) {
+                    high.remove(name);
+                }
+            }
+        }
+    }
+}

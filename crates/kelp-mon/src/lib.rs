@@ -15,9 +15,12 @@
 
 pub mod central_config;
 pub mod client;
+pub mod cluster_log;
 mod error;
 pub mod liveness;
 pub mod mds_liveness;
+pub mod metrics;
+pub mod mgrmap;
 pub mod monitor;
 pub mod network;
 pub mod pg_history;

@@ -34,8 +34,8 @@ use kelp_msgr::{
     Dispatcher, KeyLookup, Keyring, Messenger, Peer, RemoteError, Request, Response, Secret,
 };
 use kelp_proto::{
-    MapUpdate, MonCommand, MonReply, OsdBoot, OsdFailure, OsdStatsReport, StatsAck, Subscribe,
-    msg_type,
+    LogEntry, LogLevel, MapUpdate, MgrInfo, MonCommand, MonReply, OsdBoot, OsdFailure,
+    OsdStatsReport, ProgressItem, StatsAck, Subscribe, msg_type,
 };
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
@@ -43,14 +43,20 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::cluster_log::LogView;
 use crate::error::MonError;
 use crate::liveness::{Liveness, LivenessParams};
 use crate::mds_liveness::MdsLiveness;
+use crate::metrics::ServiceMap;
+use crate::mgrmap::{MgrEvent, MgrTracker};
 use crate::network::{self, MsgrNetwork, RaftRpc, RaftRpcReply};
 use crate::pgmap::{FullRatios, PgMap, ratio_ppm};
 use crate::state::{InitSpec, MonEntry, MonInfo};
 use crate::store::{self, LogStore, Shared, StateMachine};
 use crate::{NodeId, TypeConfig};
+
+/// Auth entities `dashboard.<role>.<user>` are dashboard logins (see docs/MANAGER.md).
+pub const DASHBOARD_ENTITY_PREFIX: &str = "dashboard.";
 
 /// Format version of `DIR/mon.json`.
 pub const MON_META_FORMAT: u8 = 1;
@@ -242,6 +248,11 @@ struct MonKeys {
 
 impl KeyLookup for MonKeys {
     fn secret_for(&self, entity: &str) -> Option<Secret> {
+        // Dashboard login keys are kept in the auth table but open only the dashboard: they
+        // never authenticate a session with the monitors.
+        if entity.starts_with(DASHBOARD_ENTITY_PREFIX) {
+            return None;
+        }
         let a = self.shared.read();
         if a.state.is_initialized() {
             a.state
@@ -277,6 +288,19 @@ struct Inner {
     liveness: Mutex<Liveness>,
     /// The leader's MDS beacon timers (empty on followers).
     mds_liveness: Mutex<MdsLiveness>,
+    /// `kelp_mon_commands` (`crate::metrics`).
+    commands: kelp_metrics::CounterVec,
+    /// The leader's service map (daemons' beacons; empty on followers).
+    service_map: Mutex<ServiceMap>,
+    /// This monitor's own endpoints for its beacon (`"metrics"` → URL); `None`: no beacon.
+    service_addrs: Mutex<Option<std::collections::BTreeMap<String, String>>>,
+    // Manager, progress and cluster log (leader only, in memory).
+    /// The manager map, from the managers' beacons.
+    mgr: Mutex<MgrTracker>,
+    /// The active manager's last progress report.
+    progress: Mutex<Vec<ProgressItem>>,
+    /// Cluster-log events seen outside the log loop (manager failovers), to be proposed.
+    log_pending: Mutex<Vec<(LogLevel, String)>>,
 }
 
 /// A running monitor.
@@ -390,6 +414,12 @@ impl Monitor {
             clock: Instant::now(),
             liveness: Mutex::new(Liveness::default()),
             mds_liveness: Mutex::new(MdsLiveness::default()),
+            commands: kelp_metrics::CounterVec::new(&crate::metrics::METRICS[0]),
+            service_map: Mutex::new(ServiceMap::default()),
+            service_addrs: Mutex::new(Default::default()),
+            mgr: Mutex::new(MgrTracker::default()),
+            progress: Mutex::new(Vec::new()),
+            log_pending: Mutex::new(Vec::new()),
         });
         let _ = dispatcher.inner.set(Arc::downgrade(&inner));
 
@@ -418,6 +448,8 @@ impl Monitor {
             tokio::spawn(pusher(inner.clone())),
             tokio::spawn(leader_loop(inner.clone())),
             tokio::spawn(stats_loop(inner.clone())),
+            tokio::spawn(beacon_loop(inner.clone())),
+            tokio::spawn(cluster_log_loop(inner.clone())),
         ];
         Ok(Monitor {
             inner,
@@ -453,6 +485,42 @@ impl Monitor {
 
     pub fn is_leader(&self) -> bool {
         self.inner.is_leader()
+    }
+
+    /// Exports this monitor's metrics into `reg` (`crate::metrics`): commands received, its
+    /// Raft and map state and, on the leader, the cluster's.
+    pub fn register_metrics(&self, reg: &mut kelp_metrics::Registry) {
+        reg.add_counter_vec(&self.inner.commands);
+        let msgr = self.inner.msgr.clone();
+        reg.register_msgr(move || {
+            let s = msgr.stats();
+            kelp_metrics::MsgrCounts {
+                peers: msgr.peers().len() as u64,
+                connections_accepted: s.connections_accepted,
+                connections_dialed: s.connections_dialed,
+                handshake_failures: s.handshake_failures,
+                auth_failures: s.auth_failures,
+                frame_errors: s.frame_errors,
+                frames_sent: s.frames_sent,
+                flushes: s.flushes,
+            }
+        });
+        let weak = Arc::downgrade(&self.inner);
+        reg.snapshot(crate::metrics::snapshot_metrics(), move |s| {
+            if let Some(inner) = weak.upgrade() {
+                inner.metrics_snapshot(s);
+            }
+        });
+    }
+
+    /// Sets the endpoints this monitor announces in its service-map beacon (`"metrics"` →
+    /// URL); the beacon is sent every [`BEACON_INTERVAL`] once set.
+    pub fn set_service_addrs(&self, addrs: std::collections::BTreeMap<String, String>) {
+        *self
+            .inner
+            .service_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(addrs);
     }
 
     /// Stops serving, stops Raft and closes every connection.
@@ -571,7 +639,17 @@ impl Inner {
 
     async fn command(&self, cmd: MonCommand, from: &Peer) -> MonReply {
         let forwarded = from.entity().starts_with("mon.");
+        self.commands
+            .with(&[&crate::metrics::command_name(&cmd)])
+            .inc();
         match &cmd {
+            MonCommand::ServiceBeacon { .. } | MonCommand::ServiceMap => {
+                if self.is_leader() {
+                    self.service_command(&cmd)
+                } else {
+                    self.forward(cmd, forwarded).await
+                }
+            }
             MonCommand::Status
             | MonCommand::ConfigDump
             | MonCommand::AuthList
@@ -579,7 +657,8 @@ impl Inner {
             | MonCommand::EcProfileGet { .. }
             | MonCommand::EcProfileLs
             | MonCommand::BlocklistLs
-            | MonCommand::FsMapGet => {
+            | MonCommand::FsMapGet
+            | MonCommand::LogLast { .. } => {
                 if self.is_leader() && self.raft.ensure_linearizable().await.is_ok() {
                     self.read_only(&cmd)
                 } else {
@@ -592,6 +671,28 @@ impl Inner {
                 } else {
                     self.forward(cmd, forwarded).await
                 }
+            }
+            MonCommand::MgrBeacon { .. }
+            | MonCommand::MgrStat
+            | MonCommand::ProgressReport { .. }
+            | MonCommand::ProgressGet => {
+                if self.is_leader() {
+                    self.mgr_command(cmd)
+                } else {
+                    self.forward(cmd, forwarded).await
+                }
+            }
+            MonCommand::LogAppend { entries } => {
+                let now = unix_ms();
+                let entries = entries
+                    .iter()
+                    .map(|e| LogEntry {
+                        stamp_ms: if e.stamp_ms == 0 { now } else { e.stamp_ms },
+                        ..e.clone()
+                    })
+                    .collect();
+                self.write(MonEntry::ClusterLog(entries), cmd, forwarded)
+                    .await
             }
             MonCommand::BlocklistAdd {
                 instance,
@@ -746,8 +847,149 @@ impl Inner {
         }
     }
 
+    /// `ServiceBeacon` and `ServiceMap` (leader only, in memory).
+    fn service_command(&self, cmd: &MonCommand) -> MonReply {
+        let mut sm = self.service_map.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match cmd {
+            MonCommand::ServiceBeacon {
+                name,
+                kind,
+                addrs,
+                version,
+            } => {
+                sm.beacon(name, kind, addrs.clone(), version, now);
+                MonReply::Done {
+                    epoch: self.shared.read().state.epoch(),
+                }
+            }
+            _ => MonReply::ServiceMap(sm.entries(now)),
+        }
+    }
+
+    /// The scrape-time metrics: this monitor's own, and the cluster's on the leader. Takes
+    /// the state's read lock and the statistics lock briefly (as `kelp status` does).
+    fn metrics_snapshot(&self, s: &mut kelp_metrics::Snapshot) {
+        let leader = self.is_leader();
+        let (term, applied) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_term, m.last_applied.map(|l| l.index).unwrap_or(0))
+        };
+        let a = self.shared.read();
+        crate::metrics::mon_snapshot(s, leader, term, applied, a.state.epoch());
+        if !leader {
+            return;
+        }
+        let Some(map) = a.state.osdmap() else {
+            return;
+        };
+        let ratios = full_ratios(&a.state);
+        let stale_after = stale_after(&a.state);
+        let digest = {
+            let mut pm = self.pgmap.lock().unwrap_or_else(|p| p.into_inner());
+            pm.prune(map);
+            pm.digest(map, &ratios, self.now(), stale_after)
+        };
+        crate::metrics::cluster_snapshot(s, map, &digest, a.state.fsmap());
+        self.service_map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .snapshot(s, Instant::now());
+    }
+
     fn now(&self) -> f64 {
         self.clock.elapsed().as_secs_f64()
+    }
+
+    fn mgr_tracker(&self) -> std::sync::MutexGuard<'_, MgrTracker> {
+        self.mgr.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mgr_grace(&self) -> Duration {
+        let secs = self
+            .shared
+            .read()
+            .state
+            .config_value("mon", keys::MGR_BEACON_GRACE.name)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(keys::MGR_BEACON_GRACE.default.as_f64());
+        Duration::from_secs_f64(secs.max(0.1))
+    }
+
+    fn note_mgr_events(&self, events: Vec<MgrEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut pending = self.log_pending.lock().unwrap_or_else(|p| p.into_inner());
+        for e in events {
+            pending.push(match e {
+                MgrEvent::Active {
+                    name,
+                    previous: Some(prev),
+                } => (
+                    LogLevel::Warn,
+                    format!("Manager daemon {prev} is unresponsive, replacing it with standby daemon {name}"),
+                ),
+                MgrEvent::Active {
+                    name,
+                    previous: None,
+                } => (LogLevel::Info, format!("Manager daemon {name} is now available")),
+                MgrEvent::StandbyGone { name } => (
+                    LogLevel::Info,
+                    format!("Standby manager daemon {name} is unresponsive"),
+                ),
+            });
+        }
+    }
+
+    /// The manager map, beacons and progress reports (leader only, in memory).
+    fn mgr_command(&self, cmd: MonCommand) -> MonReply {
+        match cmd {
+            MonCommand::MgrBeacon {
+                name,
+                dashboard_url,
+                instance,
+            } => {
+                let grace = self.mgr_grace();
+                let (active, events, map) = {
+                    let mut t = self.mgr_tracker();
+                    let (active, events) = t.beacon(
+                        MgrInfo {
+                            name,
+                            dashboard_url,
+                            instance,
+                        },
+                        Instant::now(),
+                        grace,
+                    );
+                    (active, events, t.map())
+                };
+                self.note_mgr_events(events);
+                MonReply::MgrBeacon { active, map }
+            }
+            MonCommand::MgrStat => MonReply::MgrMap(self.mgr_tracker().map()),
+            MonCommand::ProgressReport { mgr, items } => {
+                if !self.mgr_tracker().is_active(&mgr) {
+                    return MonReply::Error {
+                        message: format!("mgr.{mgr} is not the active manager"),
+                    };
+                }
+                *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = items;
+                MonReply::Done {
+                    epoch: self.shared.read().state.epoch(),
+                }
+            }
+            MonCommand::ProgressGet => MonReply::Progress(
+                self.progress
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone(),
+            ),
+            other => MonReply::Error {
+                message: format!("{other:?} is not a manager command"),
+            },
+        }
     }
 
     /// The digest of the OSDs' latest statistics against the current map.
@@ -977,6 +1219,43 @@ fn stale_after(state: &crate::state::MonState) -> f64 {
 /// The leader's statistics housekeeping: forgets the reports of OSDs that went down, and sets
 /// or clears the map's `full` flag from the OSDs' usage (`PgMap::full_decision`). A monitor
 /// that is not the leader holds no statistics.
+/// How often a monitor sends its own service-map beacon.
+pub const BEACON_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Sends this monitor's beacon (once its endpoints are set): handled here on the leader,
+/// forwarded to it by a follower.
+async fn beacon_loop(inner: Arc<Inner>) {
+    // checked every second so that the first beacon goes out as soon as the endpoints are set
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last: Option<Instant> = None;
+    loop {
+        tick.tick().await;
+        if last.is_some_and(|t| t.elapsed() < BEACON_INTERVAL) {
+            continue;
+        }
+        let Some(addrs) = inner
+            .service_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            continue;
+        };
+        let cmd = MonCommand::ServiceBeacon {
+            name: format!("mon.{}", inner.name),
+            kind: "mon".into(),
+            addrs,
+            version: env!("CARGO_PKG_VERSION").into(),
+        };
+        last = Some(Instant::now());
+        if inner.is_leader() {
+            inner.service_command(&cmd);
+        } else {
+            let _ = inner.forward(cmd, false).await;
+        }
+    }
+}
+
 async fn stats_loop(inner: Arc<Inner>) {
     let mut tick = tokio::time::interval(Duration::from_millis(inner.config.tick_ms.max(10)));
     loop {
@@ -1011,6 +1290,83 @@ async fn stats_loop(inner: Arc<Inner>) {
             if let Err(e) = inner.raft.client_write(MonEntry::SetFull { on }).await {
                 warn!(error = %e, "proposing the full flag failed");
             }
+        }
+    }
+}
+
+/// The leader's cluster log: every second, compares the map and the health checks with the
+/// previous look and proposes the differences (and the manager failovers noted meanwhile) as
+/// one `MonEntry::ClusterLog`. A monitor that becomes leader starts from its first look, so a
+/// change that happens during an election is not logged.
+async fn cluster_log_loop(inner: Arc<Inner>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut before: Option<LogView> = None;
+    let mut was_leader = false;
+    loop {
+        tick.tick().await;
+        if !inner.is_leader() {
+            before = None;
+            if was_leader {
+                inner.mgr_tracker().reset();
+                inner
+                    .progress
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
+            }
+            was_leader = false;
+            continue;
+        }
+        let grace = inner.mgr_grace();
+        let events = inner.mgr_tracker().tick(Instant::now(), grace);
+        inner.note_mgr_events(events);
+        let now_view = {
+            let a = inner.shared.read();
+            let Some(map) = a.state.osdmap() else {
+                continue;
+            };
+            // health is compared once the OSDs have had time to report to this leader
+            let checks = (inner.now() > stale_after(&a.state)).then(|| {
+                let ratios = full_ratios(&a.state);
+                let mut pm = inner.pgmap.lock().unwrap_or_else(|p| p.into_inner());
+                pm.prune(map);
+                let d = pm.digest(map, &ratios, inner.now(), stale_after(&a.state));
+                kelp_health::cluster_checks(map, Some(&d))
+            });
+            LogView::of(map, checks.as_deref())
+        };
+        let mut found: Vec<(LogLevel, String)> = Vec::new();
+        if !was_leader {
+            found.push((
+                LogLevel::Info,
+                format!("mon.{} is now the leader", inner.name),
+            ));
+            was_leader = true;
+        }
+        if let Some(b) = &before {
+            found.extend(crate::cluster_log::events(b, &now_view));
+        }
+        found.extend(std::mem::take(
+            &mut *inner.log_pending.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
+        before = Some(now_view);
+        if found.is_empty() {
+            continue;
+        }
+        let stamp_ms = unix_ms();
+        let who = format!("mon.{}", inner.name);
+        let entries = found
+            .into_iter()
+            .map(|(level, message)| LogEntry {
+                seq: 0,
+                stamp_ms,
+                level,
+                who: who.clone(),
+                message,
+            })
+            .collect();
+        if let Err(e) = inner.raft.client_write(MonEntry::ClusterLog(entries)).await {
+            warn!(error = %e, "proposing cluster log entries failed");
         }
     }
 }

@@ -19,8 +19,8 @@ use std::net::SocketAddr;
 
 use kelp_maps::{Change, ClusterFlag, FsAction, FsMap, Incremental, OsdMap, PoolSpec};
 use kelp_proto::{
-    ActivationVerdict, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply, OsdBoot,
-    PgRecord,
+    ActivationVerdict, ClusterStatus, ConfigEntry, LogEntry, MapUpdate, MonCommand, MonReply,
+    OsdBoot, PgRecord,
 };
 use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
@@ -32,9 +32,9 @@ use crate::error::MonError;
 const WEIGHT_IN: u32 = 0x1_0000;
 
 /// Format version of an encoded [`MonState`] (snapshots). 2 added `auto_out`, 3 `pg_history`,
-/// 4 `fsmap`; older formats are still read (as "no OSD was marked out automatically", "no PG
-/// records", "no file systems").
-pub const STATE_FORMAT: u8 = 4;
+/// 4 `fsmap`, 5 `cluster_log`; older formats are still read (as "no OSD was marked out
+/// automatically", "no PG records", "no file systems", "an empty cluster log").
+pub const STATE_FORMAT: u8 = 5;
 
 /// One monitor of the monitor map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -95,6 +95,10 @@ pub enum MonEntry {
         instance: String,
         now_ms: u64,
     },
+    // Cluster log.
+    /// Events the leader saw (OSDs up/down/in/out, pools, health, manager failover), stamped
+    /// by its clock; `seq` is assigned when applied (the entries' own `seq` is ignored).
+    ClusterLog(Vec<LogEntry>),
 }
 
 /// The replicated state of the monitors.
@@ -118,6 +122,8 @@ pub struct MonState {
     pg_history: BTreeMap<PgId, PgRecord>,
     /// File systems and MDS roles.
     fsmap: FsMap,
+    /// The cluster log, oldest first, at most `mon_cluster_log_max` entries.
+    cluster_log: VecDeque<LogEntry>,
 }
 
 /// Format 1 of the encoded state.
@@ -155,7 +161,7 @@ struct StateWireV3 {
 
 /// Format 4: format 3 plus the encoded file-system map.
 #[derive(Serialize, Deserialize)]
-struct StateWire {
+struct StateWireV4 {
     osdmap: Option<Vec<u8>>,
     incrementals: Vec<(u32, Vec<u8>)>,
     config: Vec<(String, String, String)>,
@@ -166,9 +172,23 @@ struct StateWire {
     fsmap: Vec<u8>,
 }
 
-impl From<StateWireV3> for StateWire {
-    fn from(v3: StateWireV3) -> StateWire {
-        StateWire {
+/// Format 5: format 4 plus `cluster_log`.
+#[derive(Serialize, Deserialize)]
+struct StateWire {
+    osdmap: Option<Vec<u8>>,
+    incrementals: Vec<(u32, Vec<u8>)>,
+    config: Vec<(String, String, String)>,
+    auth: Vec<(String, String)>,
+    monmap: Vec<MonInfo>,
+    auto_out: Vec<i32>,
+    pg_history: Vec<(PgId, PgRecord)>,
+    fsmap: Vec<u8>,
+    cluster_log: Vec<LogEntry>,
+}
+
+impl From<StateWireV3> for StateWireV4 {
+    fn from(v3: StateWireV3) -> StateWireV4 {
+        StateWireV4 {
             osdmap: v3.osdmap,
             incrementals: v3.incrementals,
             config: v3.config,
@@ -177,6 +197,22 @@ impl From<StateWireV3> for StateWire {
             auto_out: v3.auto_out,
             pg_history: v3.pg_history,
             fsmap: FsMap::new().encode(),
+        }
+    }
+}
+
+impl From<StateWireV4> for StateWire {
+    fn from(v4: StateWireV4) -> StateWire {
+        StateWire {
+            osdmap: v4.osdmap,
+            incrementals: v4.incrementals,
+            config: v4.config,
+            auth: v4.auth,
+            monmap: v4.monmap,
+            auto_out: v4.auto_out,
+            pg_history: v4.pg_history,
+            fsmap: v4.fsmap,
+            cluster_log: Vec::new(),
         }
     }
 }
@@ -329,6 +365,10 @@ impl MonState {
                     epoch: self.epoch(),
                 })
             }
+            MonEntry::ClusterLog(entries) => {
+                self.append_log(entries);
+                Ok(MonReply::Done { epoch })
+            }
         };
         result.unwrap_or_else(refuse)
     }
@@ -387,9 +427,28 @@ impl MonState {
             MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
                 Ok(self.read_only(cmd))
             }
+            MonCommand::LogLast { .. } => Ok(self.read_only(cmd)),
+            MonCommand::LogAppend { entries } => {
+                self.append_log(entries);
+                Ok(MonReply::Done {
+                    epoch: self.epoch(),
+                })
+            }
+            MonCommand::MgrBeacon { .. }
+            | MonCommand::MgrStat
+            | MonCommand::ProgressReport { .. }
+            | MonCommand::ProgressGet => Err(MonError::InvalidSpec(
+                "the manager map and progress are kept by the leader in memory, not in the log"
+                    .into(),
+            )),
             MonCommand::PgStats => Err(MonError::InvalidSpec(
                 "PG statistics are answered by the leader from memory, not through the log".into(),
             )),
+            MonCommand::ServiceBeacon { .. } | MonCommand::ServiceMap => {
+                Err(MonError::InvalidSpec(
+                    "the service map is kept by the leader in memory, not through the log".into(),
+                ))
+            }
             MonCommand::OsdCreate {
                 id: want,
                 uuid,
@@ -705,6 +764,25 @@ impl MonState {
         Ok(())
     }
 
+    /// Appends to the cluster log, numbering the entries, and drops the oldest past
+    /// `mon_cluster_log_max`.
+    fn append_log(&mut self, entries: &[LogEntry]) {
+        let last = self.cluster_log.back().map_or(0, |e| e.seq);
+        for (seq, e) in (last + 1..).zip(entries) {
+            self.cluster_log.push_back(LogEntry { seq, ..e.clone() });
+        }
+        let max = (self.config_u64(kelp_config::keys::MON_CLUSTER_LOG_MAX.name) as usize).max(1);
+        while self.cluster_log.len() > max {
+            self.cluster_log.pop_front();
+        }
+    }
+
+    /// The newest `n` cluster-log entries, oldest first.
+    pub fn log_last(&self, n: usize) -> Vec<LogEntry> {
+        let skip = self.cluster_log.len().saturating_sub(n);
+        self.cluster_log.iter().skip(skip).cloned().collect()
+    }
+
     /// Takes `id` out of every PG's activation record (`osd lost`, `osd rm`).
     fn forget_osd(&mut self, id: i32) {
         for r in self.pg_history.values_mut() {
@@ -833,6 +911,7 @@ impl MonState {
                     .unwrap_or_default(),
             ),
             MonCommand::FsMapGet => MonReply::FsMap(self.fsmap.clone()),
+            MonCommand::LogLast { n } => MonReply::ClusterLog(self.log_last(*n as usize)),
             MonCommand::EcProfileLs => MonReply::EcProfileNames(
                 self.osdmap
                     .as_ref()
@@ -919,6 +998,7 @@ impl MonState {
                 .map(|(pg, r)| (*pg, r.clone()))
                 .collect(),
             fsmap: self.fsmap.encode(),
+            cluster_log: self.cluster_log.iter().cloned().collect(),
         };
         let mut out = vec![STATE_FORMAT];
         out.extend(postcard::to_stdvec(&wire).expect("encoding into a Vec cannot fail"));
@@ -935,13 +1015,17 @@ impl MonState {
             reason: e.to_string(),
         };
         let wire: StateWire = match v {
-            1 => StateWireV3::from(StateWireV2::from(
+            1 => StateWireV4::from(StateWireV3::from(StateWireV2::from(
                 postcard::from_bytes::<StateWireV1>(body).map_err(corrupt)?,
+            )))
+            .into(),
+            2 => StateWireV4::from(StateWireV3::from(
+                postcard::from_bytes::<StateWireV2>(body).map_err(corrupt)?,
             ))
             .into(),
-            2 => StateWireV3::from(postcard::from_bytes::<StateWireV2>(body).map_err(corrupt)?)
+            3 => StateWireV4::from(postcard::from_bytes::<StateWireV3>(body).map_err(corrupt)?)
                 .into(),
-            3 => postcard::from_bytes::<StateWireV3>(body)
+            4 => postcard::from_bytes::<StateWireV4>(body)
                 .map_err(corrupt)?
                 .into(),
             STATE_FORMAT => postcard::from_bytes(body).map_err(corrupt)?,
@@ -967,6 +1051,7 @@ impl MonState {
             auto_out: wire.auto_out.into_iter().collect(),
             pg_history: wire.pg_history.into_iter().collect(),
             fsmap: FsMap::decode(&wire.fsmap)?,
+            cluster_log: wire.cluster_log.into(),
         })
     }
 }
@@ -997,5 +1082,27 @@ mod format_tests {
         assert!(s.auto_out().contains(&3));
         let again = MonState::decode(&s.encode()).unwrap();
         assert_eq!(again.encode(), s.encode());
+    }
+
+    /// A state written before the cluster log existed (format 4) still reads, with an empty
+    /// log and its file systems.
+    #[test]
+    fn format_4_states_decode_with_an_empty_cluster_log() {
+        let v4 = StateWireV4 {
+            osdmap: None,
+            incrementals: Vec::new(),
+            config: Vec::new(),
+            auth: vec![("client.admin".into(), "YWRtaW4=".into())],
+            monmap: Vec::new(),
+            auto_out: Vec::new(),
+            pg_history: Vec::new(),
+            fsmap: FsMap::new().encode(),
+        };
+        let mut bytes = vec![4u8];
+        bytes.extend(postcard::to_stdvec(&v4).unwrap());
+        let s = MonState::decode(&bytes).unwrap();
+        assert!(s.log_last(10).is_empty());
+        assert_eq!(s.fsmap(), &FsMap::new());
+        assert_eq!(s.encode()[0], STATE_FORMAT);
     }
 }

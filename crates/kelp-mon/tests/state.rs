@@ -773,3 +773,50 @@ fn file_systems_are_replicated_state_and_failed_mds_are_blocklisted() {
         MonReply::FsMap(s.fsmap().clone())
     );
 }
+
+// Cluster log.
+#[test]
+fn cluster_log_is_numbered_capped_and_kept_in_snapshots() {
+    use kelp_proto::{LogEntry, LogLevel};
+    let entry = |m: &str| LogEntry {
+        seq: 0,
+        stamp_ms: 1000,
+        level: LogLevel::Info,
+        who: "mon.a".into(),
+        message: m.into(),
+    };
+    let mut s = MonState::default();
+    s.apply(&init());
+    s.apply(&cmd(MonCommand::ConfigSet {
+        who: "mon".into(),
+        key: "mon_cluster_log_max".into(),
+        value: "10".into(),
+    }));
+    s.apply(&MonEntry::ClusterLog(vec![entry("a"), entry("b")]));
+    s.apply(&cmd(MonCommand::LogAppend {
+        entries: vec![entry("c")],
+    }));
+    let last = s.log_last(2);
+    assert_eq!(
+        last.iter()
+            .map(|e| (e.seq, e.message.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(2, "b"), (3, "c")]
+    );
+    match s.read_only(&MonCommand::LogLast { n: 100 }) {
+        MonReply::ClusterLog(all) => assert_eq!(all.len(), 3),
+        other => panic!("{other:?}"),
+    }
+    for i in 0..20 {
+        s.apply(&MonEntry::ClusterLog(vec![entry(&format!("e{i}"))]));
+    }
+    let all = s.log_last(100);
+    assert_eq!(all.len(), 10, "capped at mon_cluster_log_max");
+    assert_eq!(all.last().map(|e| e.seq), Some(23));
+    // survives a snapshot
+    let copy = MonState::decode(&s.encode()).unwrap();
+    assert_eq!(copy.log_last(100), all);
+    // the manager's commands are not log entries
+    let m = err(s.apply(&cmd(MonCommand::MgrStat)));
+    assert!(m.contains("in memory"), "{m}");
+}

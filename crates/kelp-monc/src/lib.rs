@@ -102,6 +102,10 @@ impl MapSubscription {
     }
 }
 
+/// How often daemons send their service-map beacon (the monitors show a daemon `stale` after
+/// three missed beacons).
+pub const SERVICE_BEACON_INTERVAL: Duration = Duration::from_secs(5);
+
 impl MonClient {
     /// A client authenticating as `entity` (`client.admin`, `osd.3`) with `secret`, talking to
     /// any of `mons`. Each command is retried for up to 30 s (see [`Self::with_timeout`]).
@@ -215,6 +219,48 @@ impl MonClient {
     pub async fn command(&self, cmd: &MonCommand) -> Result<MonReply, MonClientError> {
         self.call(msg_type::MON_COMMAND, Bytes::from(kelp_proto::encode(cmd)))
             .await
+    }
+
+    /// Sends one service-map beacon (`MonCommand::ServiceBeacon`): this daemon's `name`,
+    /// `kind` and endpoints (`"metrics"` → URL).
+    pub async fn service_beacon(
+        &self,
+        name: &str,
+        kind: &str,
+        addrs: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), MonClientError> {
+        let cmd = MonCommand::ServiceBeacon {
+            name: name.to_string(),
+            kind: kind.to_string(),
+            addrs: addrs.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        self.command(&cmd).await.map(|_| ())
+    }
+
+    /// Sends a beacon every [`SERVICE_BEACON_INTERVAL`] until the task is aborted (failures
+    /// are logged at debug level and retried at the next tick).
+    pub fn spawn_service_beacons(
+        self: &Arc<Self>,
+        name: String,
+        kind: String,
+        addrs: std::collections::BTreeMap<String, String>,
+    ) -> tokio::task::JoinHandle<()> {
+        let mon = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SERVICE_BEACON_INTERVAL);
+            loop {
+                tick.tick().await;
+                let sent = tokio::time::timeout(
+                    SERVICE_BEACON_INTERVAL,
+                    mon.service_beacon(&name, &kind, &addrs),
+                )
+                .await;
+                if let Ok(Err(e)) = sent {
+                    tracing::debug!("service beacon not taken: {e}");
+                }
+            }
+        })
     }
 
     /// Reports this OSD booted (goes to the leader, which then watches this client's session).

@@ -17,6 +17,7 @@
 mod device;
 mod handshake;
 pub mod mem;
+pub mod metrics;
 pub mod rbd;
 mod server;
 mod transmission;
@@ -28,6 +29,7 @@ pub use handshake::{
     BASE_ALLOCATION_ID, BlockSizes, MAX_OPTION_DATA, block_sizes, transmission_flags,
 };
 pub use mem::{MemDevice, MemExports, MemStats};
+pub use metrics::NbdMetrics;
 pub use rbd::{RbdDevice, RbdExports};
 pub use server::{NbdServer, ServerConfig};
 pub use transmission::{MAX_EXTENTS_PER_REPLY, descriptors, error_reply, read_reply};

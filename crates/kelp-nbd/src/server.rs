@@ -61,10 +61,12 @@ pub struct NbdServer {
     exports: Arc<dyn Exports>,
     cfg: ServerConfig,
     connections: Arc<Semaphore>,
+    metrics: Arc<crate::metrics::NbdMetrics>,
 }
 
 /// What a connection task needs.
 struct Shared {
+    metrics: Arc<crate::metrics::NbdMetrics>,
     exports: Arc<dyn Exports>,
     handshake_timeout: Duration,
     server_max: u32,
@@ -101,7 +103,13 @@ impl NbdServer {
             exports,
             cfg,
             connections,
+            metrics: Default::default(),
         }
+    }
+
+    /// The server's metrics (export them with `NbdMetrics::register`).
+    pub fn metrics(&self) -> &crate::metrics::NbdMetrics {
+        &self.metrics
     }
 
     /// The configuration in force.
@@ -141,6 +149,7 @@ impl NbdServer {
             .clamp(1, HARD_MAX_REQUEST)
             .min(in_flight_bytes);
         Arc::new(Shared {
+            metrics: self.metrics.clone(),
             exports: self.exports.clone(),
             handshake_timeout: self.cfg.handshake_timeout,
             server_max,
@@ -179,6 +188,7 @@ impl NbdServer {
                         let shared = shared.clone();
                         let stop_rx = stop_rx.clone();
                         conns.spawn(async move {
+                            let _open = shared.metrics.connection();
                             serve_connection(stream, &peer, &shared, stop_rx).await;
                             drop(permit);
                         });
@@ -247,7 +257,7 @@ where
         Ok(Ok(Outcome::Transmission(session))) => session,
     };
     debug!(%peer, export = %session.export, structured = session.negotiated.structured, "transmission");
-    if let Err(e) = transmit(&mut r, w, session, shared.limits, stop_rx).await {
+    if let Err(e) = transmit(&mut r, w, session, shared.limits, stop_rx, &shared.metrics).await {
         debug!(%peer, error = %e, "connection ended");
     }
 }

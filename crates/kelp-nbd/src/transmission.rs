@@ -51,13 +51,14 @@ pub(crate) async fn transmit<R, W>(
     session: Session,
     limits: Limits,
     stopping: watch::Receiver<bool>,
+    metrics: &std::sync::Arc<crate::metrics::NbdMetrics>,
 ) -> Result<(), ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let (tx, rx) = mpsc::channel::<Outgoing>(limits.max_in_flight.max(1));
-    let reader = read_requests(r, session, limits, tx, stopping);
+    let reader = read_requests(r, session, limits, tx, stopping, metrics);
     let writer = write_replies(w, rx);
     tokio::pin!(writer);
     tokio::select! {
@@ -106,6 +107,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
     limits: Limits,
     tx: mpsc::Sender<Outgoing>,
     mut stopping: watch::Receiver<bool>,
+    metrics: &Arc<crate::metrics::NbdMetrics>,
 ) -> Result<(), ConnError> {
     let slots = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     let bytes = Arc::new(Semaphore::new(limits.max_in_flight_bytes as usize));
@@ -196,8 +198,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
             bytes: bytes_permit,
         };
         let device = session.device.clone();
+        let timer = metrics.request(&cmd);
         tokio::spawn(async move {
             let (head, data) = execute(&*device, cmd, data, h.handle, structured).await;
+            timer.done();
             guard.send(head, data).await;
         });
     }

@@ -50,6 +50,9 @@ pub enum DaemonError {
     /// The monitors' map subscription ended before the first map arrived.
     #[error("the map subscription ended")]
     MapSubscriptionEnded,
+    /// The metrics endpoint could not be started.
+    #[error("metrics: {0}")]
+    Metrics(#[from] kelp_metrics::MetricsError),
     /// The PGs this OSD holds could not be opened from the store.
     #[error("opening PGs: {0}")]
     OpenPgs(#[source] ExecError),
@@ -81,6 +84,8 @@ pub struct DaemonOptions {
     pub crush_weight: u32,
     pub store: StoreConfig,
     pub osd: OsdConfig,
+    /// Where to serve `/metrics` (port 0: any free port); `None`: no metrics endpoint.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Runs the OSD until `shutdown` resolves.
@@ -264,6 +269,16 @@ pub async fn run(
     service_slot.set(service.clone()).ok();
     let addr = msgr.bind(opts.bind).await?;
     info!(%entity, %addr, "serving");
+    let metrics = match opts.metrics_addr {
+        Some(at) => Some(serve_metrics(&service, &msgr, &entity, at).await?),
+        None => None,
+    };
+    let mut addrs = std::collections::BTreeMap::new();
+    addrs.insert("osd".to_string(), addr.to_string());
+    if let Some(m) = &metrics {
+        addrs.insert("metrics".to_string(), m.url());
+    }
+    let beacons = mon.spawn_service_beacons(entity.clone(), "osd".into(), addrs);
 
     let boot = OsdBoot {
         id,
@@ -327,6 +342,8 @@ pub async fn run(
         }
     }
     heartbeats.abort();
+    beacons.abort();
+    drop(metrics);
 
     info!(%entity, "shutting down");
     stats_task.abort();
@@ -365,6 +382,52 @@ pub async fn run(
     }
     info!(%entity, "stopped");
     Ok(())
+}
+
+/// Starts the `/metrics` endpoint: the common and messenger metrics and the OSD's own
+/// (`crate::metrics`), read from the service at each scrape.
+async fn serve_metrics(
+    service: &Arc<OsdService>,
+    msgr: &Messenger,
+    entity: &str,
+    at: SocketAddr,
+) -> Result<kelp_metrics::MetricsServer, DaemonError> {
+    let mut reg = kelp_metrics::Registry::new();
+    reg.register_common(entity, "osd");
+    service.metrics().register(&mut reg);
+    let weak = Arc::downgrade(service);
+    reg.snapshot(crate::metrics::snapshot_metrics(), move |s| {
+        if let Some(svc) = weak.upgrade() {
+            let st = svc.stats();
+            let inputs = crate::metrics::SnapshotInputs {
+                io: st.io(),
+                recovery: st.recovery(),
+                full_ratio_ppm: st.full_ratio_ppm(),
+                map_epoch: svc.map().epoch,
+            };
+            crate::metrics::snapshot(svc.metrics(), &inputs, s);
+        }
+    });
+    let m = msgr.clone();
+    reg.register_msgr(move || msgr_counts(&m));
+    let server = kelp_metrics::serve(at, Arc::new(reg)).await?;
+    info!(%entity, url = %server.url(), "metrics endpoint");
+    Ok(server)
+}
+
+/// A messenger's counters for `kelp_metrics`.
+pub fn msgr_counts(m: &Messenger) -> kelp_metrics::MsgrCounts {
+    let s = m.stats();
+    kelp_metrics::MsgrCounts {
+        peers: m.peers().len() as u64,
+        connections_accepted: s.connections_accepted,
+        connections_dialed: s.connections_dialed,
+        handshake_failures: s.handshake_failures,
+        auth_failures: s.auth_failures,
+        frame_errors: s.frame_errors,
+        frames_sent: s.frames_sent,
+        flushes: s.flushes,
+    }
 }
 
 /// Sends the monitors this OSD's statistics every `osd_stats_interval` (the leader's answer

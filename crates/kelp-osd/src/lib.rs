@@ -29,6 +29,7 @@ pub mod error;
 pub mod exec;
 pub mod heartbeat;
 pub mod host;
+pub mod metrics;
 pub mod net;
 pub mod object_state;
 pub mod peering;

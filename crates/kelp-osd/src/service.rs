@@ -117,6 +117,8 @@ pub struct OsdService {
     mappings: kelp_maps::MappingCache,
     /// Watchers of this OSD's primary objects and notifies in progress (`crate::watch`).
     watches: Arc<crate::watch::Watches>,
+    /// Prometheus metrics: per-op counters and latency, the last report (`crate::metrics`).
+    metrics: crate::metrics::OsdMetrics,
 }
 
 /// Clients count as busy on an OSD for this long after their last op.
@@ -161,6 +163,7 @@ impl OsdService {
             map_tx,
             pgs: Mutex::new(HashMap::new()),
             stats: OsdStats::default(),
+            metrics: crate::metrics::OsdMetrics::default(),
             recovery: Recovery::default(),
             mon_link: std::sync::OnceLock::new(),
             activation_link: std::sync::OnceLock::new(),
@@ -355,14 +358,21 @@ impl OsdService {
     /// (`crate::stats`).
     pub async fn stats_report(&self) -> kelp_proto::OsdStatsReport {
         let map = self.map();
-        OsdStats::report(ReportSource {
+        let report = OsdStats::report(ReportSource {
             me: self.cfg.id,
             map: &map,
             store: self.store.clone(),
             pgs: self.pg_handles(),
             stats: &self.stats,
         })
-        .await
+        .await;
+        self.metrics.note_report(&report);
+        report
+    }
+
+    /// This OSD's Prometheus metrics.
+    pub fn metrics(&self) -> &crate::metrics::OsdMetrics {
+        &self.metrics
     }
 
     /// Counters and the full-ratio failsafe behind this OSD's stats reports.
@@ -441,7 +451,9 @@ impl OsdService {
         let in_bytes = data.len() as u64;
         self.last_client_op_ms
             .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let timer = self.metrics.op_started(&op.ops);
         let (reply, out) = self.serve_client_op(client, op, data, false).await;
+        timer.finish(reply.error.is_none(), in_bytes, out.len() as u64);
         if reply.error.is_none() {
             let bytes = if is_write { in_bytes } else { out.len() as u64 };
             self.stats.count_op(is_write, bytes);

@@ -18,10 +18,12 @@ mod watch;
 pub use codec::{PROTO_VERSION, ProtoError, decode, encode};
 pub use mon::{
     ActivationVerdict, BlocklistEntry, ClusterStatus, ConfigEntry, MapUpdate, MonCommand, MonReply,
-    OsdBoot, OsdFailure, PgActivation, PgRecord, Subscribe,
+    OsdBoot, OsdFailure, PgActivation, PgRecord, ServiceEntry, Subscribe,
 };
 // File-system map and MDS roles (types of the pure map in kelp-maps, used on the wire).
 pub use mon::{FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState};
+// Manager, progress and cluster log.
+pub use mon::{LogEntry, LogLevel, MgrInfo, MgrMap, ProgressItem, ProgressKind};
 pub use osd::{
     CmpOp, EcRead, EcReadReply, ErrorCode, ListCursor, ObjectLocator, OpKind, OpResult, OsdOp,
     OsdOpReply, OsdPing, OsdPingReply, PgList, PgListReply, PgPull, PgPullReply, PgQuery,

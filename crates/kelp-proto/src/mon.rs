@@ -183,6 +183,62 @@ pub enum MonCommand {
     MdsFail {
         name: String,
     },
+    // --- service map (metrics): daemons say who they are and where their endpoints are ---
+    /// A daemon's beacon for the service map, sent every few seconds (kept by the leader in
+    /// memory; an entry not renewed goes `stale`, then away). `addrs` maps an endpoint's kind
+    /// to its URL (`"metrics"` → `http://127.0.0.1:9283/metrics`). Answered with `Done`.
+    ServiceBeacon {
+        /// `osd.3`, `mon.a`, `rgw.gw1`, `nbd.0`, …
+        name: String,
+        /// `mon`, `osd`, `rgw`, `nbd`, `mgr`, `mds`, …
+        kind: String,
+        addrs: std::collections::BTreeMap<String, String>,
+        version: String,
+    },
+    /// The service map: every daemon that sent a beacon recently. Answered with `ServiceMap`.
+    ServiceMap,
+    // Manager (kelp mgr), progress of long work and the cluster log.
+    /// A manager daemon says it is alive (every second): `name` (`x` of `mgr.x`), where its
+    /// dashboard listens, and a random id of this run (a restarted daemon is a new instance).
+    /// The leader keeps the manager map (`MgrMap`) in memory and answers with `MgrBeacon`:
+    /// whether this daemon is the active one.
+    MgrBeacon {
+        name: String,
+        dashboard_url: String,
+        instance: String,
+    },
+    /// The manager map: answered with `MgrMap`.
+    MgrStat,
+    /// The active manager publishes its progress items (replacing the previous list); a
+    /// report from a manager that is not the active one is refused.
+    ProgressReport {
+        mgr: String,
+        items: Vec<ProgressItem>,
+    },
+    /// The last progress items published: answered with `Progress`.
+    ProgressGet,
+    /// The newest `n` entries of the cluster log, oldest first: answered with `ClusterLog`.
+    LogLast {
+        n: u32,
+    },
+    /// Appends entries to the cluster log (`kelp log TEXT`, the manager's scrub-error events);
+    /// their `seq` is assigned by the monitors, a zero `stamp_ms` is set by the leader.
+    LogAppend {
+        entries: Vec<LogEntry>,
+    },
+}
+
+/// One daemon in the service map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEntry {
+    pub name: String,
+    pub kind: String,
+    pub addrs: std::collections::BTreeMap<String, String>,
+    pub version: String,
+    /// Milliseconds since the leader last heard its beacon.
+    pub age_ms: u64,
+    /// Whether the beacon is older than the stale threshold (the daemon may be gone).
+    pub stale: bool,
 }
 
 /// One blocklisted client instance, and when its entry expires (unix ms; `None`: never).
@@ -316,6 +372,21 @@ pub enum MonReply {
     FsMap(FsMap),
     /// The answer to an `MdsBeacon`.
     MdsAssignment(MdsAssignment),
+    // --- service map (metrics) ---
+    /// `ServiceMap`: every daemon with a recent beacon, sorted by name.
+    ServiceMap(Vec<ServiceEntry>),
+    // Manager (kelp mgr), progress of long work and the cluster log.
+    /// `MgrBeacon`: whether the beaconing manager is the active one, and the map.
+    MgrBeacon {
+        active: bool,
+        map: MgrMap,
+    },
+    /// `MgrStat`.
+    MgrMap(MgrMap),
+    /// `ProgressGet`.
+    Progress(Vec<ProgressItem>),
+    /// `LogLast`, oldest first.
+    ClusterLog(Vec<LogEntry>),
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be
@@ -353,4 +424,109 @@ pub struct OsdFailure {
     pub target_up_from: u32,
     pub failed_for_ms: u64,
     pub alive: bool,
+}
+
+/// One manager daemon in the manager map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MgrInfo {
+    /// `x` of `mgr.x`.
+    pub name: String,
+    /// Where its dashboard listens (`http://127.0.0.1:8443/`); empty if it serves none.
+    pub dashboard_url: String,
+    /// The id of this run of the daemon.
+    pub instance: String,
+}
+
+/// Which manager is active and which stand by (Ceph's `MgrMap`). Kept by the leader monitor
+/// in memory, from the managers' beacons: a new leader rebuilds it within a beacon interval.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MgrMap {
+    /// Grows by one whenever the active manager changes.
+    pub epoch: u64,
+    pub active: Option<MgrInfo>,
+    pub standbys: Vec<MgrInfo>,
+}
+
+/// What kind of long work a progress item follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ProgressKind {
+    /// Degraded object copies being recovered.
+    Recovery,
+    /// Misplaced object copies being moved (backfill, rebalancing).
+    Backfill,
+    Scrub,
+    DeepScrub,
+    SnapTrim,
+    PoolDeletion,
+    Reshard,
+}
+
+impl ProgressKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProgressKind::Recovery => "recovery",
+            ProgressKind::Backfill => "backfill",
+            ProgressKind::Scrub => "scrub",
+            ProgressKind::DeepScrub => "deep-scrub",
+            ProgressKind::SnapTrim => "snaptrim",
+            ProgressKind::PoolDeletion => "pool-deletion",
+            ProgressKind::Reshard => "reshard",
+        }
+    }
+}
+
+/// One long operation the manager follows (Ceph's progress events).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressItem {
+    /// Stable while the operation lasts (`recovery-1700000000`).
+    pub id: String,
+    pub kind: ProgressKind,
+    /// One line for people (`Recovering 120 degraded object copies`).
+    pub message: String,
+    /// Done so far, in millionths (0..=1 000 000).
+    pub fraction_ppm: u32,
+    /// Estimated seconds left (`None` while unknown).
+    pub eta_secs: Option<u64>,
+    /// Unix ms when it was first seen.
+    pub started_ms: u64,
+    /// Unix ms when it finished (kept in the list for a while after).
+    pub finished_ms: Option<u64>,
+}
+
+impl ProgressItem {
+    pub fn fraction(&self) -> f64 {
+        f64::from(self.fraction_ppm.min(1_000_000)) / 1_000_000.0
+    }
+}
+
+/// How much a cluster-log entry matters (Ceph's `[INF]`, `[WRN]`, `[ERR]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LogLevel {
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    /// `INF`, `WRN`, `ERR`.
+    pub fn short(self) -> &'static str {
+        match self {
+            LogLevel::Info => "INF",
+            LogLevel::Warn => "WRN",
+            LogLevel::Error => "ERR",
+        }
+    }
+}
+
+/// One entry of the cluster log the monitors keep (`kelp log last`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// Position in the log, from 1, without gaps.
+    pub seq: u64,
+    /// Unix ms, by the leader's clock.
+    pub stamp_ms: u64,
+    pub level: LogLevel,
+    /// Who logged it (`mon.a`).
+    pub who: String,
+    pub message: String,
 }

@@ -55,7 +55,24 @@ impl hyper::service::Service<Request<Incoming>> for Front {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let this = self.clone();
-        Box::pin(async move { this.handle(req).await })
+        let op = crate::metrics::s3_operation(
+            req.method().as_str(),
+            req.uri().path(),
+            req.uri().query().unwrap_or(""),
+            req.headers().contains_key("x-amz-copy-source"),
+        );
+        let bucket = target(req.uri().path()).0;
+        let bytes_in = content_length(req.headers());
+        let guard = this.rgw.metrics().start();
+        Box::pin(async move {
+            let r = this.handle(req).await;
+            let (status, bytes_out) = match &r {
+                Ok(resp) => (resp.status().as_u16(), content_length(resp.headers())),
+                Err(_) => (500, 0),
+            };
+            guard.done(op, bucket.as_deref(), status, bytes_in, bytes_out);
+            r
+        })
     }
 }
 
@@ -70,6 +87,14 @@ fn target(path: &str) -> (Option<String>, bool) {
         .decode_utf8_lossy()
         .into_owned();
     (Some(bucket), !key.is_empty())
+}
+
+/// The Content-Length a message announces (0 when none).
+fn content_length(h: &HeaderMap) -> u64 {
+    h.get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -16,6 +16,7 @@ pub mod layout;
 pub mod lifecycle;
 pub mod md5batch;
 pub mod meta;
+pub mod metrics;
 pub mod pending;
 pub mod reshard;
 pub mod rgw;

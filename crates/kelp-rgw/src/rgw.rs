@@ -93,6 +93,8 @@ pub(crate) struct Inner {
     pub buckets: std::sync::Mutex<std::collections::HashMap<String, (BucketRecord, Instant)>>,
     /// This gateway's pending-entry keys ([`crate::pending`]).
     pub pending_slots: Arc<crate::pending::SlotPool>,
+    /// Request metrics ([`crate::metrics`]).
+    pub metrics: Arc<crate::metrics::RgwMetrics>,
 }
 
 impl Rgw {
@@ -145,6 +147,7 @@ impl Rgw {
         .await?;
         // Created by another gateway meanwhile: it may have been created of another kind.
         check_kind(&rados, "data", &cfg.data_pool, want_data)?;
+        let metrics_top_k = crate::metrics::central_top_k(&rados).await;
         let md5 = crate::md5batch::Md5Batcher::start()
             .map_err(|e| RgwError::Internal(format!("starting the MD5 hashing thread: {e}")))?;
         Ok(Rgw {
@@ -157,6 +160,7 @@ impl Rgw {
                 md5,
                 buckets: Default::default(),
                 pending_slots: crate::pending::SlotPool::new(crate::layout::random_hex(6)),
+                metrics: crate::metrics::RgwMetrics::new(metrics_top_k),
             }),
         })
     }
@@ -167,6 +171,11 @@ impl Rgw {
 
     pub fn rados(&self) -> &Rados {
         &self.inner.rados
+    }
+
+    /// The gateway's request metrics (export them with `RgwMetrics::register`).
+    pub fn metrics(&self) -> &Arc<crate::metrics::RgwMetrics> {
+        &self.inner.metrics
     }
 }
 

@@ -91,9 +91,10 @@ enum Command {
     /// S3 administration (users, keys, buckets, garbage collection).
     #[command(subcommand)]
     S3(cmd::rgw::S3Command),
-    /// Print the cluster's status, then one line per event as it happens: health changes,
-    /// OSDs going down or up, in or out, PG state changes, pools created or removed (Ceph's
-    /// `ceph -w`). Ctrl-C stops it.
+    /// Print the cluster's status, then one line per event as it happens, from the cluster
+    /// log the monitors keep: health changes, OSDs going down or up, in or out, pools created
+    /// or removed, manager failovers, scrub errors; and PG state changes (Ceph's `ceph -w`).
+    /// Ctrl-C stops it.
     Watch(cmd::watch::WatchArgs),
     /// Print a shell completion script for kelp (e.g. `kelp completions bash >
     /// /etc/bash_completion.d/kelp`, or `source <(kelp completions bash)`).
@@ -109,6 +110,25 @@ enum Command {
     /// Metadata server daemons as the monitors see them: stat, fail.
     #[command(subcommand)]
     Mds(cmd::mds::MdsCommand),
+    // --- metrics ---
+    /// Print the metric reference of docs/METRICS.md (every metric's name, type, labels and
+    /// meaning), generated from the daemons' metric tables.
+    #[command(hide = true)]
+    MetricsDoc,
+    // Manager, dashboard, progress and cluster log.
+    /// The manager daemon (run), its dashboard URL (services) and the manager map (stat).
+    #[command(subcommand)]
+    Mgr(cmd::mgr::MgrCommand),
+    /// Long operations (recovery, backfill, scrub, deep scrub, bucket reshard) with how far
+    /// along each is and its estimated time left, as the active manager follows them.
+    Progress(cmd::mgr::ProgressArgs),
+    /// The cluster log kept by the monitors: `last [N]` (like `ceph log last`), `add TEXT`.
+    #[command(subcommand)]
+    Log(cmd::mgr::LogCommand),
+    /// Web dashboard users: ac-user-create NAME --role admin|read-only, ac-user-ls,
+    /// ac-user-rm.
+    #[command(subcommand)]
+    Dashboard(cmd::mgr::DashboardCommand),
 }
 
 fn main() -> ExitCode {
@@ -174,6 +194,12 @@ fn main() -> ExitCode {
         // File-system map and MDS administration.
         Command::Fs(c) => cmd::fs::run(c, &g),
         Command::Mds(c) => cmd::mds::run(c, &g),
+        Command::MetricsDoc => cmd::service_map::run_metrics_doc(),
+        // Manager, dashboard, progress and cluster log.
+        Command::Mgr(c) => cmd::mgr::run_mgr(c, &g),
+        Command::Progress(a) => cmd::mgr::run_progress(a, &g),
+        Command::Log(c) => cmd::mgr::run_log(c, &g),
+        Command::Dashboard(c) => cmd::mgr::run_dashboard(c, &g),
     };
     match result {
         Ok(code) => code,

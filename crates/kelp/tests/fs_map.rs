@@ -182,6 +182,16 @@ async fn fs_map_and_mds_failover() {
     let health = c.cli(&["health", "detail"]);
     assert!(health.contains("MDS_ALL_DOWN"), "{health}");
 
+    assert_eq!(
+        c.connect().await.mds_beacon_interval("a").await.unwrap(),
+        Duration::from_secs(1)
+    );
+    c.cli(&["config", "set", "mds", "mds_beacon_interval", "0.5"]);
+    assert_eq!(
+        c.connect().await.mds_beacon_interval("a").await.unwrap(),
+        Duration::from_millis(500)
+    );
+
     t("phase 2: the first MDS takes the file system at once");
     let a = FakeMds::start(&c, "a", 6801).await;
     wait_until("mds a active", Duration::from_secs(20), || {

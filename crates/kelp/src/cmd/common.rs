@@ -194,3 +194,23 @@ pub fn trim_heap_periodically() {
 /// Other C libraries have no `malloc_trim` (and different heaps): nothing to do.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn trim_heap_periodically() {}
+
+/// `--metrics-addr` / `--no-metrics`, taken by every daemon.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free port). The
+    /// daemon logs the address it chose and announces it in the service map (`kelp daemon
+    /// ls`), where Prometheus can find it (docs/METRICS.md).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:0")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Serve no metrics endpoint (and send no service-map beacon).
+    #[arg(long)]
+    pub no_metrics: bool,
+}
+
+impl MetricsArgs {
+    /// Where to serve metrics, if at all.
+    pub fn addr(&self) -> Option<std::net::SocketAddr> {
+        (!self.no_metrics).then_some(self.metrics_addr)
+    }
+}

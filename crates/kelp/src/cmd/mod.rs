@@ -15,6 +15,7 @@ pub mod rados;
 pub mod rbd;
 pub mod rgw;
 pub mod scrub;
+pub mod service_map;
 pub mod status;
 pub mod store;
 pub mod up;
@@ -24,6 +25,8 @@ pub mod fs;
 pub mod mds;
 // file system: the FUSE client and the metadata server daemon
 pub mod filesystem;
+// Manager, dashboard, progress and cluster log.
+pub mod mgr;
 
 /// Output format of commands that can print machine-readable results.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]

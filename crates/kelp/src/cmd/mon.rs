@@ -59,6 +59,8 @@ pub struct RunArgs {
     /// Data directory made by `kelp mon mkfs`.
     #[arg(long)]
     pub data: PathBuf,
+    #[command(flatten)]
+    pub metrics: crate::cmd::common::MetricsArgs,
 }
 
 fn parse_mon(s: &str) -> Result<MonInfo, String> {
@@ -136,6 +138,25 @@ fn run_daemon(a: RunArgs) -> anyhow::Result<ExitCode> {
         let mon = Monitor::start(&a.data, MonConfig::default())
             .await
             .with_context(|| format!("starting mon.{}", a.id))?;
+        let _metrics = match a.metrics.addr() {
+            Some(at) => {
+                let mut reg = kelp_metrics::Registry::new();
+                reg.register_common(&format!("mon.{}", a.id), "mon");
+                mon.register_metrics(&mut reg);
+                let server = kelp_metrics::serve(at, std::sync::Arc::new(reg))
+                    .await
+                    .context("starting the metrics endpoint")?;
+                tracing::info!(url = %server.url(), "metrics endpoint");
+                Some(server)
+            }
+            None => None,
+        };
+        let mut addrs = std::collections::BTreeMap::new();
+        addrs.insert("mon".to_string(), mon.addr().to_string());
+        if let Some(m) = &_metrics {
+            addrs.insert("metrics".to_string(), m.url());
+        }
+        mon.set_service_addrs(addrs);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
         tokio::select! {

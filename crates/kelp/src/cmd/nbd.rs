@@ -41,6 +41,12 @@ pub struct NbdArgs {
     /// say so); `kelp up` uses this and reads the address from DIR/addr.
     #[arg(long)]
     pub any_port_if_taken: bool,
+    /// This server's name in the service map (`kelp daemon ls` shows it as nbd.ID). Default:
+    /// the address it serves on.
+    #[arg(long)]
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub metrics: common::MetricsArgs,
 }
 
 pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
@@ -48,7 +54,7 @@ pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     let rt = common::runtime()?;
     rt.block_on(async {
         let rados = g.conf.connect().await?;
-        let exports = Arc::new(RbdExports::new(Rbd::new(rados), &a.pool));
+        let exports = Arc::new(RbdExports::new(Rbd::new(rados.clone()), &a.pool));
         let server = Arc::new(NbdServer::new(
             exports,
             ServerConfig {
@@ -92,6 +98,24 @@ pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
             std::fs::rename(&tmp, dir.join("addr"))?;
         }
         eprintln!("kelp nbd: serving images on nbd://{local}/{}/IMAGE", a.pool);
+        let name = format!("nbd.{}", a.id.clone().unwrap_or_else(|| local.to_string()));
+        let mut addrs = std::collections::BTreeMap::new();
+        addrs.insert("nbd".to_string(), format!("nbd://{local}"));
+        let _metrics = match a.metrics.addr() {
+            Some(at) => {
+                let mut reg = kelp_metrics::Registry::new();
+                reg.register_common(&name, "nbd");
+                server.metrics().register(&mut reg);
+                let m = kelp_metrics::serve(at, Arc::new(reg))
+                    .await
+                    .context("starting the metrics endpoint")?;
+                tracing::info!(url = %m.url(), "metrics endpoint");
+                addrs.insert("metrics".to_string(), m.url());
+                Some(m)
+            }
+            None => None,
+        };
+        let beacons = rados.spawn_service_beacons(name, "nbd".into(), addrs);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -107,6 +131,7 @@ pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
             tokio::spawn(async move { server.serve_unix(l, stopped(rx)).await })
         });
         common::shutdown_signal().await;
+        beacons.abort();
         let _ = stop_tx.send(true);
         tcp.await?.context("serving NBD over TCP")?;
         if let Some(s) = sock {

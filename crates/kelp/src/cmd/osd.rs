@@ -127,6 +127,8 @@ pub struct RunArgs {
     /// Write the daemon's pid to this file.
     #[arg(long)]
     pub pid_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: crate::cmd::common::MetricsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -436,6 +438,7 @@ fn run_daemon(a: RunArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
         crush_weight: weight,
         store,
         osd: kelp_osd::OsdConfig::new(a.id),
+        metrics_addr: a.metrics.addr(),
     };
     let rt = common::runtime_with_threads(threads)?;
     let result = rt.block_on(async {

@@ -91,6 +91,12 @@ pub struct RgwArgs {
     pub lc_interval_secs: u64,
     #[command(flatten)]
     pub pools: RgwPoolArgs,
+    /// This gateway's name in the service map (`kelp daemon ls` shows it as rgw.ID).
+    /// Default: the address it serves S3 on.
+    #[arg(long)]
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub metrics: common::MetricsArgs,
 }
 
 pub fn run_gateway(a: RgwArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
@@ -119,7 +125,26 @@ pub fn run_gateway(a: RgwArgs, g: &crate::cmd::common::Global) -> Result<ExitCod
             std::fs::rename(&tmp, dir.join("addr"))?;
         }
         eprintln!("kelp rgw: serving S3 on http://{local}");
+        let name = format!("rgw.{}", a.id.clone().unwrap_or_else(|| local.to_string()));
+        let mut addrs = std::collections::BTreeMap::new();
+        addrs.insert("s3".to_string(), format!("http://{local}"));
+        let _metrics = match a.metrics.addr() {
+            Some(at) => {
+                let mut reg = kelp_metrics::Registry::new();
+                reg.register_common(&name, "rgw");
+                rgw.metrics().register(&mut reg);
+                let server = kelp_metrics::serve(at, std::sync::Arc::new(reg))
+                    .await
+                    .context("starting the metrics endpoint")?;
+                tracing::info!(url = %server.url(), "metrics endpoint");
+                addrs.insert("metrics".to_string(), server.url());
+                Some(server)
+            }
+            None => None,
+        };
+        let beacons = rgw.rados().spawn_service_beacons(name, "rgw".into(), addrs);
         kelp_rgw::server::serve(rgw, listener, common::shutdown_signal()).await;
+        beacons.abort();
         eprintln!("kelp rgw: stopped");
         Ok(ExitCode::SUCCESS)
     })

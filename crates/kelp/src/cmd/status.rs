@@ -52,6 +52,11 @@ pub struct Report {
     pub num_pgs: u32,
     /// The file-system map (`None` if the monitors could not give it).
     pub fsmap: Option<kelp_client::FsMap>,
+    // Manager and its progress items.
+    /// The manager map (`None` if the monitors did not give one).
+    pub mgr: Option<kelp_proto::MgrMap>,
+    /// The long operations the active manager follows (empty without one).
+    pub progress_items: Vec<kelp_proto::ProgressItem>,
 }
 
 impl Report {
@@ -265,6 +270,11 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
             }
         }
     }
+    let mgr = match rados.mon_command(MonCommand::MgrStat).await {
+        Ok(MonReply::MgrMap(m)) => Some(m),
+        _ => None,
+    };
+    let progress_items = crate::cmd::mgr::progress_items(&rados).await;
     Ok(Report {
         map,
         mon,
@@ -273,6 +283,8 @@ pub async fn report(conf: &ConfArgs) -> Result<Report> {
         pgs_by_state,
         num_pgs,
         fsmap,
+        mgr,
+        progress_items,
     })
 }
 
@@ -307,6 +319,8 @@ pub fn status_json(r: &Report) -> serde_json::Value {
             "up:standby": f.standbys.len(),
             "summary": crate::cmd::mds::mds_summary(f),
         })),
+        "mgrmap": r.mgr.as_ref().map(crate::cmd::mgr::mgr_map_json),
+        "progress_events": r.progress_items.iter().map(crate::cmd::mgr::progress_item_json).collect::<Vec<_>>(),
         "osdmap": {"epoch": map.epoch, "num_osds": map.osds.len(), "num_up_osds": map.num_up(),
             "num_in_osds": map.num_in(), "flags": map.flags.iter().map(|f| f.to_string()).collect::<Vec<_>>()},
         "pgmap": {"num_pools": map.pools.len(), "num_pgs": r.num_pgs,
@@ -364,6 +378,23 @@ pub fn print_status(r: &Report) {
             quorum.join(","),
             m.leader.as_deref().unwrap_or("none")
         );
+    }
+    if let Some(m) = &r.mgr {
+        match &m.active {
+            Some(a) => {
+                let standbys: Vec<&str> = m.standbys.iter().map(|s| s.name.as_str()).collect();
+                if standbys.is_empty() {
+                    println!("    mgr: {}(active)", a.name);
+                } else {
+                    println!(
+                        "    mgr: {}(active), standbys: {}",
+                        a.name,
+                        standbys.join(", ")
+                    );
+                }
+            }
+            None => println!("    mgr: no daemons active"),
+        }
     }
     println!(
         "    osd: {} osds: {} up, {} in; epoch e{}",
@@ -443,7 +474,22 @@ pub fn print_status(r: &Report) {
             println!("    recovery: {}", recovery_rate_line(&rec));
         }
     }
-    if let Some(p) = r.progress() {
+    // The manager's items when it follows the work (they include recovery); otherwise the
+    // recovery estimate computed here.
+    let running: Vec<&kelp_proto::ProgressItem> = r
+        .progress_items
+        .iter()
+        .filter(|p| p.finished_ms.is_none())
+        .collect();
+    if !running.is_empty() {
+        println!();
+        println!("  progress:");
+        for p in running {
+            for l in crate::cmd::mgr::progress_item_lines(p) {
+                println!("    {l}");
+            }
+        }
+    } else if let Some(p) = r.progress() {
         println!();
         println!("  progress:");
         for l in progress_lines(&p) {

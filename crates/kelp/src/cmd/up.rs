@@ -79,6 +79,15 @@ pub struct UpArgs {
     /// created: refused if it already exists replicated. See docs/ERASURE-CODING.md.
     #[arg(long, value_name = "K+M", value_parser = parse_ec_spec)]
     pub ec: Option<EcSpec>,
+    // Manager and dashboard.
+    /// Port of the web dashboard of the active manager (`kelp mgr`, mgr.x) on 127.0.0.1; a
+    /// free port is picked if it is taken. A cluster with several monitors also runs a
+    /// standby manager, mgr.y, on another port. Chosen once, when the managers are set up.
+    #[arg(long, default_value_t = 8443)]
+    pub dashboard_port: u16,
+    /// Do not run managers (no dashboard, no progress items).
+    #[arg(long)]
+    pub no_mgr: bool,
 }
 
 /// `kelp up --ec K+M`: an erasure code of `k` data and `m` parity shards.
@@ -148,6 +157,10 @@ fn parse_ec_spec(text: &str) -> Result<EcSpec> {
 const RGW_DIR: &str = "rgw.gw";
 /// The NBD server's directory in a cluster directory (its port, address and pid).
 const NBD_DIR: &str = "nbd.0";
+/// The managers' directories: `mgr.x` (and `mgr.y` with several monitors).
+const MGR_PREFIX: &str = "mgr.";
+/// The dashboard user `kelp up` creates (role admin); its key is in `DIR/dashboard.key`.
+const DASHBOARD_ADMIN: &str = "admin";
 /// The S3 user `kelp up` creates.
 const DEFAULT_S3_USER: &str = "kelp";
 
@@ -199,6 +212,12 @@ pub enum DaemonCommand {
     /// unless it was marked out (`kelp osd out N`) and no PG maps to it any more; --force
     /// skips the checks and the wait.
     RemoveOsd(RemoveOsdArgs),
+    // --- service map (metrics) ---
+    /// List every daemon of the cluster from the monitors' service map (any cluster, not
+    /// only `kelp up`'s): name, kind, status (up, or stale when its beacon is late) and the
+    /// URL of its Prometheus metrics. `-f json` for scripts and Prometheus file_sd
+    /// (docs/METRICS.md).
+    Ls(crate::cmd::service_map::DaemonLsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -574,6 +593,25 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
                     dir.join(&name).display().to_string(),
                 ],
             });
+        } else if let Some(id) = name.strip_prefix(MGR_PREFIX) {
+            let port = std::fs::read_to_string(dir.join(&name).join("port"))
+                .with_context(|| format!("reading {}/{name}/port", dir.display()))?;
+            rgws.push(Daemon {
+                name: name.clone(),
+                args: vec![
+                    "mgr".into(),
+                    "run".into(),
+                    "--id".into(),
+                    id.to_string(),
+                    "-c".into(),
+                    conf.clone(),
+                    "--any-port-if-taken".into(),
+                    "--dashboard-addr".into(),
+                    format!("127.0.0.1:{}", port.trim()),
+                    "--data".into(),
+                    dir.join(&name).display().to_string(),
+                ],
+            });
         } else if name == NBD_DIR {
             let port = std::fs::read_to_string(dir.join(&name).join("port"))
                 .with_context(|| format!("reading {}/{name}/port", dir.display()))?;
@@ -910,9 +948,13 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     if !a.no_nbd {
         create_service_dir(&dir, NBD_DIR, a.nbd_port, "the NBD server")?;
     }
+    if !a.no_mgr {
+        create_mgrs(&dir, a.dashboard_port)?;
+    }
     let list: Vec<Daemon> = daemons(&dir)?
         .into_iter()
         .filter(|d| !((a.no_rgw && d.name == RGW_DIR) || (a.no_nbd && d.name == NBD_DIR)))
+        .filter(|d| !(a.no_mgr && d.name.starts_with(MGR_PREFIX)))
         .collect();
     let osd_count = list.iter().filter(|d| d.name.starts_with("osd.")).count();
     let rt = common::runtime()?;
@@ -962,6 +1004,23 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
             }
             rt.block_on(wait_nbd(&dir, Duration::from_secs(a.timeout_secs)))?;
         }
+        // Managers: the first to beacon becomes active and serves the dashboard; mgr.x is
+        // started first and the others once it is active, so that it is the active one.
+        let mut mgrs: Vec<&Daemon> = list
+            .iter()
+            .filter(|d| d.name.starts_with(MGR_PREFIX))
+            .collect();
+        mgrs.sort_by(|a, b| a.name.cmp(&b.name));
+        for (i, d) in mgrs.iter().enumerate() {
+            if running_pid(&dir, &d.name).is_some() {
+                eprintln!("{} is already running", d.name);
+            } else {
+                children.push((d.name.clone(), start(&dir, d)?));
+            }
+            if i == 0 {
+                rt.block_on(setup_dashboard(&dir, Duration::from_secs(a.timeout_secs)))?;
+            }
+        }
         // Only now "up": a client may write the moment this returns, to any pool.
         rt.block_on(wait_ready(&dir, Duration::from_secs(a.timeout_secs)))?;
         Ok(())
@@ -971,7 +1030,8 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
         stop_all(&dir)?;
         return Err(e);
     }
-    print_banner(&dir, a.detach, a.ec, !a.no_rgw)?;
+    let dashboard = (!a.no_mgr).then(|| dashboard_url(&dir, &rt)).flatten();
+    print_banner(&dir, a.detach, a.ec, !a.no_rgw, dashboard)?;
     if a.detach {
         return Ok(ExitCode::SUCCESS);
     }
@@ -1126,8 +1186,85 @@ async fn answers_http(addr: SocketAddr) -> bool {
     )
 }
 
+/// Sets up the managers' directories (`mgr.x`, and `mgr.y` when the cluster has several
+/// monitors) with their dashboard ports, unless they exist.
+fn create_mgrs(dir: &Path, port: u16) -> Result<()> {
+    create_service_dir(dir, "mgr.x", port, "the dashboard")?;
+    let mons = kelp_config::ClusterConf::load(&dir.join("kelp.conf"))
+        .map(|c| c.global.mon_host.len())
+        .unwrap_or(1);
+    if mons > 1 {
+        create_service_dir(
+            dir,
+            "mgr.y",
+            if port == 0 { 0 } else { port.saturating_add(1) },
+            "the standby dashboard",
+        )?;
+    }
+    Ok(())
+}
+
+/// Waits until a manager is active, and makes the dashboard's admin user (its key in
+/// `DIR/dashboard.key`, mode 0600).
+async fn setup_dashboard(dir: &Path, timeout: Duration) -> Result<()> {
+    let rados = admin_conf(dir).connect().await?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Ok(kelp_proto::MonReply::MgrMap(m)) =
+            rados.mon_command(kelp_proto::MonCommand::MgrStat).await
+            && m.active.is_some()
+        {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "no manager became active within {timeout:?} (see {}/logs/mgr.x.log)",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let key = crate::cmd::mgr::dashboard_user_create(
+        &rados,
+        DASHBOARD_ADMIN,
+        kelp_mgr::auth::Role::Admin,
+    )
+    .await?;
+    let path = dir.join("dashboard.key");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        writeln!(f, "{key}")?;
+    }
+    Ok(())
+}
+
+/// The active manager's dashboard URL.
+fn dashboard_url(dir: &Path, rt: &tokio::runtime::Runtime) -> Option<String> {
+    rt.block_on(async {
+        let rados = admin_conf(dir).connect().await.ok()?;
+        match rados.mon_command(kelp_proto::MonCommand::MgrStat).await {
+            Ok(kelp_proto::MonReply::MgrMap(m)) => m.active.map(|a| a.dashboard_url),
+            _ => None,
+        }
+    })
+}
+
 /// `ec`: `kelp up --ec`, whose profile (and, with `rgw`, S3 data pool) it names.
-fn print_banner(dir: &Path, detached: bool, ec: Option<EcSpec>, rgw: bool) -> Result<()> {
+fn print_banner(
+    dir: &Path,
+    detached: bool,
+    ec: Option<EcSpec>,
+    rgw: bool,
+    dashboard: Option<String>,
+) -> Result<()> {
     let conf = kelp_config::ClusterConf::load(&dir.join("kelp.conf"))?;
     let list = daemons(dir)?;
     let osds = list.iter().filter(|d| d.name.starts_with("osd.")).count();
@@ -1183,6 +1320,12 @@ fn print_banner(dir: &Path, detached: bool, ec: Option<EcSpec>, rgw: bool) -> Re
             dir.display()
         );
     }
+    if let Some(url) = dashboard {
+        println!(
+            "  dashboard: {url}   (log in as '{DASHBOARD_ADMIN}' with the key in {}/dashboard.key)",
+            dir.display()
+        );
+    }
     println!();
     println!("Try:");
     println!("  kelp status");
@@ -1218,6 +1361,7 @@ pub fn run_daemon(cmd: DaemonCommand, g: &common::Global) -> Result<ExitCode> {
         DaemonCommand::Restart(a) => (a, "restart"),
         DaemonCommand::AddOsd(a) => return add_osd(a, g),
         DaemonCommand::RemoveOsd(a) => return remove_osd(a, g),
+        DaemonCommand::Ls(a) => return crate::cmd::service_map::run_ls(a, g),
     };
     let dir = existing_dir(g, a.dir.as_deref())?;
     let list = daemons(&dir)?;

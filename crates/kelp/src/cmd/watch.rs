@@ -1,7 +1,10 @@
 //! `kelp watch` (`kelp -w`): the status once, then one line per cluster event, as Ceph's
-//! `ceph -w`. Events are found by comparing successive looks at the cluster ([`Snapshot`]):
-//! health and its checks, OSDs up/down/in/out/created/removed, pools created/removed, and the
-//! PG state counts whenever they change.
+//! `ceph -w`. The events are the cluster log the monitors keep (OSDs up/down/in/out, pools,
+//! flags, health checks, manager failovers, scrub errors, `kelp log add`), streamed as new
+//! entries appear, plus the PG state counts and the file systems' MDS roles (`mds: …`, as
+//! `kelp mds stat`) whenever they change. Monitors without a cluster
+//! log: events are found by comparing successive looks at the cluster ([`Snapshot`]): health
+//! and its checks, OSDs up/down/in/out/created/removed, pools created/removed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -36,6 +39,8 @@ pub struct Snapshot {
     pub osds: BTreeMap<i32, (bool, bool)>,
     pub pools: BTreeSet<String>,
     pub pgs_by_state: BTreeMap<String, u32>,
+    /// File systems and MDS roles, as `kelp mds stat` prints them (empty without any).
+    pub mds: String,
 }
 
 impl Snapshot {
@@ -60,6 +65,12 @@ impl Snapshot {
                 .collect(),
             pools: r.map.pools.values().map(|p| p.name.clone()).collect(),
             pgs_by_state: r.pgs_by_state.clone(),
+            mds: r
+                .fsmap
+                .as_ref()
+                .filter(|f| !f.filesystems.is_empty() || !f.standbys.is_empty())
+                .map(crate::cmd::mds::mds_summary)
+                .unwrap_or_default(),
         }
     }
 
@@ -96,6 +107,9 @@ impl Snapshot {
                 .map(|(s, n)| format!("{n} {s}"))
                 .collect();
             out.push(format!("pgmap: {total} pgs: {}", states.join(", ")));
+        }
+        if self.mds != now.mds && !now.mds.is_empty() {
+            out.push(format!("mds: {}", now.mds));
         }
         for (name, (sev, summary)) in &now.checks {
             if self.checks.get(name).map(|(_, s)| s) != Some(summary) {
@@ -160,6 +174,12 @@ pub fn run(a: WatchArgs, g: &Global) -> Result<ExitCode> {
         println!();
         let mut prev = Snapshot::of(&r);
         let mut unreachable = false;
+        // the cluster log's newest entry so far (`None`: the monitors keep no log)
+        let rados = g.conf.connect().await?;
+        let mut log_seq: Option<u64> = crate::cmd::mgr::log_last(&rados, 1)
+            .await
+            .ok()
+            .map(|e| e.last().map_or(0, |e| e.seq));
         loop {
             tokio::select! {
                 _ = common::shutdown_signal() => return Ok(ExitCode::SUCCESS),
@@ -172,8 +192,25 @@ pub fn run(a: WatchArgs, g: &Global) -> Result<ExitCode> {
                         unreachable = false;
                     }
                     let snap = Snapshot::of(&r);
-                    for e in prev.events(&snap) {
-                        println!("{} {e}", now());
+                    if let Some(seen) = log_seq {
+                        if let Ok(entries) = crate::cmd::mgr::log_last(&rados, 1000).await {
+                            for e in entries.iter().filter(|e| e.seq > seen) {
+                                println!("{}", crate::cmd::mgr::log_line(e));
+                                log_seq = Some(e.seq);
+                            }
+                        }
+                        // the log has the other events; PG state counts are not logged
+                        for e in prev
+                            .events(&snap)
+                            .into_iter()
+                            .filter(|e| e.starts_with("pgmap:"))
+                        {
+                            println!("{} {e}", now());
+                        }
+                    } else {
+                        for e in prev.events(&snap) {
+                            println!("{} {e}", now());
+                        }
                     }
                     prev = snap;
                 }
@@ -198,6 +235,7 @@ mod tests {
             osds: osds.iter().map(|&(i, u, n)| (i, (u, n))).collect(),
             pools: BTreeSet::from(["data".to_string()]),
             pgs_by_state: pgs.iter().map(|&(s, n)| (s.to_string(), n)).collect(),
+            mds: String::new(),
         }
     }
 
@@ -219,6 +257,7 @@ mod tests {
             ("HEALTH_WARN".into(), "1 osds down".into()),
         );
         b.pools.insert("images".into());
+        b.mds = "cephfs:1 {0=a=up:active}".into();
         assert_eq!(
             a.events(&b),
             vec![
@@ -226,6 +265,7 @@ mod tests {
                 "osd.2 created",
                 "pool 'images' created",
                 "pgmap: 8 pgs: 5 active+clean, 3 active+undersized+degraded",
+                "mds: cephfs:1 {0=a=up:active}",
                 "[WRN] OSD_DOWN: 1 osds down",
                 "health: HEALTH_OK -> HEALTH_WARN",
             ]
