@@ -42,6 +42,13 @@ pub enum FsCommand {
     #[command(name = "rm_data_pool")]
     RmDataPool(PoolArgs),
     // Client side of the file system (`mount`, `umount`) goes below.
+    /// Mount a file system with FUSE and serve it until it is unmounted (`kelp fs umount`)
+    /// or this process gets SIGINT/SIGTERM; run it in the background with `&` (or a service
+    /// manager). File data goes straight between this client and the OSDs; the active MDS is
+    /// found in the file-system map, and followed across failovers without remounting.
+    Mount(crate::cmd::filesystem::MountArgs),
+    /// Unmount a file system mounted with `kelp fs mount` (lazily if it is busy).
+    Umount(crate::cmd::filesystem::UmountArgs),
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +190,7 @@ fn print_status(fsmap: &FsMap, map: &OsdMap, only: Option<&str>) -> Result<()> {
 
 async fn run_async(cmd: FsCommand, g: &common::Global, rados: Rados) -> Result<()> {
     match cmd {
+        FsCommand::Mount(_) | FsCommand::Umount(_) => bail!("mount and umount run on their own"),
         FsCommand::New(a) => {
             rados
                 .fs_new_with(&a.name, &a.metadata_pool, &a.data_pool, a.force)
@@ -272,6 +280,12 @@ async fn run_async(cmd: FsCommand, g: &common::Global, rados: Rados) -> Result<(
 }
 
 pub fn run(cmd: FsCommand, g: &common::Global) -> Result<ExitCode> {
+    // the client side runs without a monitor command
+    let cmd = match cmd {
+        FsCommand::Mount(a) => return crate::cmd::filesystem::mount(a, g),
+        FsCommand::Umount(a) => return crate::cmd::filesystem::umount(a),
+        c => c,
+    };
     if let FsCommand::Rm(a) = &cmd
         && !a.yes_i_really_mean_it
     {

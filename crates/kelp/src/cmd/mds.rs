@@ -21,6 +21,11 @@ pub enum MdsCommand {
     /// with its next beacon).
     Fail(FailArgs),
     // The MDS daemon itself (`run`) goes below.
+    /// Run a metadata server daemon: it beacons to the monitors, waits as a standby until
+    /// given rank 0 of a file system, replays that file system's journal and serves its
+    /// namespace, journaling every change before answering and checkpointing every few
+    /// seconds. It exits when fenced or when its role goes to another MDS.
+    Run(crate::cmd::filesystem::MdsRunArgs),
 }
 
 #[derive(Args, Debug)]
@@ -71,6 +76,10 @@ pub fn mds_summary(fsmap: &FsMap) -> String {
 }
 
 pub fn run(cmd: MdsCommand, g: &common::Global) -> Result<ExitCode> {
+    let cmd = match cmd {
+        MdsCommand::Run(a) => return crate::cmd::filesystem::run_mds(a, g),
+        c => c,
+    };
     let rt = common::runtime()?;
     rt.block_on(async move {
         let rados = g.conf.connect().await?;
@@ -86,6 +95,7 @@ pub fn run(cmd: MdsCommand, g: &common::Global) -> Result<ExitCode> {
                 rados.mds_fail(&a.name).await?;
                 eprintln!("failed mds '{}'", a.name);
             }
+            MdsCommand::Run(_) => anyhow::bail!("mds run runs on its own"),
         }
         Ok(ExitCode::SUCCESS)
     })

@@ -23,6 +23,8 @@ pub mod watch;
 // File-system map and MDS administration.
 pub mod fs;
 pub mod mds;
+// file system: the FUSE client and the metadata server daemon
+pub mod filesystem;
 // Manager, dashboard, progress and cluster log.
 pub mod mgr;
 

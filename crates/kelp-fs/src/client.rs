@@ -1,0 +1,708 @@
+//! The file-system client: a session with the MDS for metadata, and the data path straight
+//! to the data pool (a file's bytes live in objects `<ino hex>.<index 8 hex>` of
+//! `object_size` bytes each; a missing object or a short one reads as zeros, which is what
+//! makes files sparse).
+//!
+//! The MDS session survives MDS restarts and moves: a call that finds the connection broken
+//! looks up where the MDS is now, reconnects, re-registers this client's open files, and
+//! retries, until `reconnect_timeout`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kelp_client::{ClientConfig, ClientError, IoCtx, Rados};
+use kelp_msgr::{Connection, Messenger, MsgrError};
+use tracing::{info, warn};
+
+use crate::error::{FsError, Result};
+use crate::mds::{ADDR_OBJECT, MdsAddr};
+use crate::types::*;
+
+/// How a client finds and talks to its file system.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// The file system's name in the monitors' file-system map: its pools and active MDS are
+    /// taken from there. When the map has no such file system, `meta_pool`/`data_pool` are
+    /// used and the MDS address is read from the metadata pool (a standalone MDS).
+    pub fs_name: Option<String>,
+    pub meta_pool: String,
+    pub data_pool: String,
+    /// The MDS's address, if known (otherwise read from the metadata pool).
+    pub mds_addr: Option<SocketAddr>,
+    /// Deadline of one MDS call.
+    pub call_timeout: Duration,
+    /// How long calls keep trying to reach an MDS before failing with EIO.
+    pub reconnect_timeout: Duration,
+}
+
+impl ClientOptions {
+    pub fn new(meta_pool: &str, data_pool: &str) -> ClientOptions {
+        ClientOptions {
+            fs_name: None,
+            meta_pool: meta_pool.into(),
+            data_pool: data_pool.into(),
+            mds_addr: None,
+            call_timeout: Duration::from_secs(10),
+            reconnect_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A mounted file system's client side.
+pub struct FsClient {
+    rados: Rados,
+    meta: IoCtx,
+    data: IoCtx,
+    msgr: Messenger,
+    conn: tokio::sync::Mutex<Option<Connection>>,
+    id: u64,
+    opts: ClientOptions,
+    /// Whether the monitors' file-system map names the file system (and its MDS).
+    in_map: bool,
+    /// Open handles per inode (re-registered with a new MDS on reconnect).
+    opens: std::sync::Mutex<HashMap<Ino, u32>>,
+}
+
+impl FsClient {
+    pub async fn connect(cfg: ClientConfig, mut opts: ClientOptions) -> Result<Arc<FsClient>> {
+        let msgr = Messenger::builder(cfg.entity.clone())
+            .secret(cfg.secret.clone())
+            .build()?;
+        let rados = Rados::connect(cfg).await?;
+        let mut in_map = false;
+        if let Some(fs) = &opts.fs_name {
+            let map = rados.fs_map().await?;
+            if let Some(info) = map.filesystems.get(fs) {
+                let osd_map = rados.osd_map();
+                let name = |id: u32| {
+                    osd_map
+                        .pools
+                        .get(&id)
+                        .map(|p| p.name.clone())
+                        .ok_or_else(|| FsError::Config(format!("pool {id} of {fs} is gone")))
+                };
+                opts.meta_pool = name(info.metadata_pool)?;
+                opts.data_pool = name(*info.data_pools.first().ok_or_else(|| {
+                    FsError::Config(format!("file system {fs} has no data pool"))
+                })?)?;
+                in_map = true;
+            }
+        }
+        let meta = rados.ioctx(&opts.meta_pool).await?;
+        let data = rados.ioctx(&opts.data_pool).await?;
+        let id = u64::from_str_radix(
+            &format!("{:x}", std::process::id() as u64 ^ Time::now().nanos as u64),
+            16,
+        )
+        .unwrap_or(1)
+            ^ (Time::now().secs as u64) << 20;
+        let c = Arc::new(FsClient {
+            rados,
+            meta,
+            data,
+            msgr,
+            conn: tokio::sync::Mutex::new(None),
+            id,
+            opts,
+            in_map,
+            opens: std::sync::Mutex::new(HashMap::new()),
+        });
+        c.getattr(Caller::default(), ROOT_INO).await?;
+        Ok(c)
+    }
+
+    pub fn rados(&self) -> &Rados {
+        &self.rados
+    }
+
+    async fn mds_addr(&self) -> Result<SocketAddr> {
+        if let Some(a) = self.opts.mds_addr {
+            return Ok(a);
+        }
+        if self.in_map
+            && let Some(fs) = &self.opts.fs_name
+        {
+            let map = self.rados.fs_map().await?;
+            return map
+                .filesystems
+                .get(fs)
+                .and_then(|i| i.active.as_ref())
+                .filter(|a| a.state == kelp_client::MdsState::Active)
+                .map(|a| a.addr)
+                .ok_or_else(|| FsError::Config(format!("file system {fs} has no active MDS")));
+        }
+        let b = self.meta.read(ADDR_OBJECT, 0, 0).await?;
+        let a: MdsAddr = serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
+            what: "MDS address".into(),
+            detail: e.to_string(),
+        })?;
+        Ok(a.addr)
+    }
+
+    /// Sends `op` to the MDS and returns its reply (errno replies as `FsError::Errno`).
+    pub async fn call(&self, caller: Caller, op: Op) -> Result<Reply> {
+        let env = Envelope {
+            v: PROTOCOL_VERSION,
+            client: self.id,
+            caller,
+            op,
+        };
+        let meta = Bytes::from(serde_json::to_vec(&env).expect("requests serialize"));
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let conn = self.connection().await;
+            let err = match conn {
+                Ok((conn, fresh)) => {
+                    if fresh {
+                        self.reregister(&conn).await;
+                    }
+                    match conn
+                        .call(
+                            MSG_MDS_REQUEST,
+                            meta.clone(),
+                            Bytes::new(),
+                            self.opts.call_timeout,
+                        )
+                        .await
+                    {
+                        Ok(resp) => {
+                            let reply: Reply = serde_json::from_slice(&resp.meta).map_err(|e| {
+                                FsError::Malformed {
+                                    what: "MDS reply".into(),
+                                    detail: e.to_string(),
+                                }
+                            })?;
+                            match reply {
+                                Reply::Err(e) if e == errno::ESHUTDOWN => {
+                                    // a fenced MDS: find the one that replaced it
+                                    *self.conn.lock().await = None;
+                                    FsError::Errno(e)
+                                }
+                                Reply::Err(e) => return Err(FsError::Errno(e)),
+                                r => return Ok(r),
+                            }
+                        }
+                        Err(MsgrError::Remote { error: r, .. }) => {
+                            return Err(FsError::Errno(if r.code < 4096 {
+                                r.code as i32
+                            } else {
+                                errno::EIO
+                            }));
+                        }
+                        Err(e) => {
+                            *self.conn.lock().await = None;
+                            FsError::from(e)
+                        }
+                    }
+                }
+                Err(e) => e,
+            };
+            if start.elapsed() > self.opts.reconnect_timeout {
+                return Err(err);
+            }
+            warn!("MDS unreachable ({err}); retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// The MDS connection; `true` when it was (re)made now.
+    async fn connection(&self) -> Result<(Connection, bool)> {
+        let mut c = self.conn.lock().await;
+        if let Some(conn) = &*c {
+            return Ok((conn.clone(), false));
+        }
+        let addr = self.mds_addr().await?;
+        self.msgr.disconnect(addr);
+        let conn = self.msgr.connect(addr).await?;
+        info!(%addr, "connected to the MDS");
+        *c = Some(conn.clone());
+        Ok((conn, true))
+    }
+
+    /// Tells a (new) MDS which files this client holds open.
+    async fn reregister(&self, conn: &Connection) {
+        let opens: Vec<(Ino, u32)> = self
+            .opens
+            .lock()
+            .expect("opens lock")
+            .iter()
+            .map(|(i, n)| (*i, *n))
+            .collect();
+        let env = Envelope {
+            v: PROTOCOL_VERSION,
+            client: self.id,
+            caller: Caller::default(),
+            op: Op::Reconnect { opens },
+        };
+        let meta = serde_json::to_vec(&env).expect("requests serialize");
+        if let Err(e) = conn
+            .call(MSG_MDS_REQUEST, meta, Bytes::new(), self.opts.call_timeout)
+            .await
+        {
+            warn!("re-registering open files: {e}");
+        }
+    }
+
+    async fn attr_call(&self, caller: Caller, op: Op) -> Result<Inode> {
+        match self.call(caller, op).await? {
+            Reply::Attr(i) => Ok(i),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    async fn ok_call(&self, caller: Caller, op: Op) -> Result<()> {
+        match self.call(caller, op).await? {
+            Reply::Ok => Ok(()),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    pub async fn lookup(&self, caller: Caller, parent: Ino, name: &str) -> Result<Inode> {
+        self.attr_call(
+            caller,
+            Op::Lookup {
+                parent,
+                name: name.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn getattr(&self, caller: Caller, ino: Ino) -> Result<Inode> {
+        self.attr_call(caller, Op::GetAttr { ino }).await
+    }
+
+    /// Changes attributes; a size change also cuts (or leaves sparse) the data objects.
+    pub async fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Inode> {
+        if let Some(size) = set.size {
+            let old = self.getattr(caller, ino).await?;
+            if size < old.size {
+                self.truncate_data(&old, size).await?;
+            }
+        }
+        self.attr_call(caller, Op::SetAttr { ino, set }).await
+    }
+
+    pub async fn mknod(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        mode: u32,
+        rdev: u32,
+        exclusive: bool,
+    ) -> Result<Inode> {
+        self.attr_call(
+            caller,
+            Op::Mknod {
+                parent,
+                name: name.into(),
+                mode,
+                rdev,
+                exclusive,
+            },
+        )
+        .await
+    }
+
+    pub async fn mkdir(&self, caller: Caller, parent: Ino, name: &str, mode: u32) -> Result<Inode> {
+        self.attr_call(
+            caller,
+            Op::Mkdir {
+                parent,
+                name: name.into(),
+                mode,
+            },
+        )
+        .await
+    }
+
+    pub async fn symlink(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        target: &str,
+    ) -> Result<Inode> {
+        self.attr_call(
+            caller,
+            Op::Symlink {
+                parent,
+                name: name.into(),
+                target: target.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn link(&self, caller: Caller, ino: Ino, parent: Ino, name: &str) -> Result<Inode> {
+        self.attr_call(
+            caller,
+            Op::Link {
+                ino,
+                parent,
+                name: name.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn unlink(&self, caller: Caller, parent: Ino, name: &str) -> Result<()> {
+        self.ok_call(
+            caller,
+            Op::Unlink {
+                parent,
+                name: name.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn rmdir(&self, caller: Caller, parent: Ino, name: &str) -> Result<()> {
+        self.ok_call(
+            caller,
+            Op::Rmdir {
+                parent,
+                name: name.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn rename(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+        flags: u32,
+    ) -> Result<()> {
+        self.ok_call(
+            caller,
+            Op::Rename {
+                parent,
+                name: name.into(),
+                new_parent,
+                new_name: new_name.into(),
+                flags,
+            },
+        )
+        .await
+    }
+
+    /// Every entry of a directory, in name order.
+    pub async fn readdir(&self, caller: Caller, ino: Ino) -> Result<Vec<(String, Dentry)>> {
+        let mut out: Vec<(String, Dentry)> = Vec::new();
+        loop {
+            let after = out.last().map(|(n, _)| n.clone());
+            match self
+                .call(
+                    caller,
+                    Op::ReadDir {
+                        ino,
+                        after,
+                        max: 1024,
+                    },
+                )
+                .await?
+            {
+                Reply::Entries { entries, more } => {
+                    out.extend(entries);
+                    if !more {
+                        return Ok(out);
+                    }
+                }
+                r => return Err(unexpected(r)),
+            }
+        }
+    }
+
+    pub async fn setxattr(
+        &self,
+        caller: Caller,
+        ino: Ino,
+        name: &str,
+        value: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.ok_call(
+            caller,
+            Op::SetXattr {
+                ino,
+                name: name.into(),
+                value: value.to_vec(),
+                flags,
+            },
+        )
+        .await
+    }
+
+    pub async fn getxattr(&self, caller: Caller, ino: Ino, name: &str) -> Result<Vec<u8>> {
+        match self
+            .call(
+                caller,
+                Op::GetXattr {
+                    ino,
+                    name: name.into(),
+                },
+            )
+            .await?
+        {
+            Reply::Xattr(v) => Ok(v),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    pub async fn listxattr(&self, caller: Caller, ino: Ino) -> Result<Vec<String>> {
+        match self.call(caller, Op::ListXattr { ino }).await? {
+            Reply::XattrNames(v) => Ok(v),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    pub async fn removexattr(&self, caller: Caller, ino: Ino, name: &str) -> Result<()> {
+        self.ok_call(
+            caller,
+            Op::RemoveXattr {
+                ino,
+                name: name.into(),
+            },
+        )
+        .await
+    }
+
+    /// Registers an open handle (an unlinked file stays until its last close).
+    pub async fn open(&self, caller: Caller, ino: Ino) -> Result<Inode> {
+        let first = {
+            let mut o = self.opens.lock().expect("opens lock");
+            let n = o.entry(ino).or_default();
+            *n += 1;
+            *n == 1
+        };
+        if first {
+            match self.attr_call(caller, Op::Open { ino }).await {
+                Ok(i) => Ok(i),
+                Err(e) => {
+                    self.forget_open(ino);
+                    Err(e)
+                }
+            }
+        } else {
+            self.getattr(caller, ino).await
+        }
+    }
+
+    fn forget_open(&self, ino: Ino) -> bool {
+        let mut o = self.opens.lock().expect("opens lock");
+        match o.get_mut(&ino) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                o.remove(&ino);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub async fn close(&self, ino: Ino) -> Result<()> {
+        if self.forget_open(ino) {
+            self.ok_call(Caller::default(), Op::Close { ino }).await?;
+        }
+        Ok(())
+    }
+
+    /// The lock that would block `lock`, if any (`F_GETLK`).
+    pub async fn getlk(
+        &self,
+        ino: Ino,
+        lock: crate::locks::Lock,
+    ) -> Result<Option<crate::locks::Lock>> {
+        match self
+            .call(Caller::default(), Op::GetLk { ino, lock })
+            .await?
+        {
+            Reply::Lock(l) => Ok(l),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Takes or releases a lock; with `wait`, retries until the lock is free.
+    pub async fn setlk(&self, ino: Ino, lock: crate::locks::Lock, wait: bool) -> Result<()> {
+        let mut delay = Duration::from_millis(10);
+        loop {
+            match self
+                .ok_call(Caller::default(), Op::SetLk { ino, lock })
+                .await
+            {
+                Err(FsError::Errno(errno::EAGAIN)) if wait => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Releases the locks `owner` holds on `ino`.
+    pub async fn release_locks(&self, ino: Ino, owner: u64) -> Result<()> {
+        self.ok_call(Caller::default(), Op::ReleaseLocks { ino, owner })
+            .await
+    }
+
+    /// Reads up to `len` bytes at `off` of the file (short at its end).
+    pub async fn read(&self, inode: &Inode, off: u64, len: u64) -> Result<Vec<u8>> {
+        if off >= inode.size {
+            return Ok(Vec::new());
+        }
+        let len = len.min(inode.size - off);
+        let os = inode.object_size.max(1);
+        let mut jobs = Vec::new();
+        let mut pos = off;
+        while pos < off + len {
+            let idx = pos / os;
+            let in_obj = pos % os;
+            let n = (os - in_obj).min(off + len - pos);
+            let name = data_object(inode.ino, idx);
+            jobs.push(async move {
+                match self.data.read(&name, in_obj, n).await {
+                    Ok(b) => Ok((n, b)),
+                    Err(ClientError::NotFound { .. }) => Ok((n, Bytes::new())),
+                    Err(e) => Err(FsError::from(e)),
+                }
+            });
+            pos += n;
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        for r in futures::future::join_all(jobs).await {
+            let (n, b) = r?;
+            let take = b.len().min(n as usize);
+            out.extend_from_slice(&b[..take]);
+            out.resize(out.len() + (n as usize - take), 0);
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `off` straight to the data objects, then tells the MDS the new end
+    /// and mtime. Durable when it returns (RADOS acknowledges a write once it is stored).
+    pub async fn write(&self, inode: &Inode, off: u64, data: &[u8]) -> Result<Inode> {
+        let os = inode.object_size.max(1);
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or(FsError::Errno(libc::EFBIG))?;
+        let mut jobs = Vec::new();
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / os;
+            let in_obj = pos % os;
+            let n = (os - in_obj).min(end - pos);
+            let start = (pos - off) as usize;
+            let piece = Bytes::copy_from_slice(&data[start..start + n as usize]);
+            let name = data_object(inode.ino, idx);
+            jobs.push(async move { self.data.write(&name, in_obj, piece).await });
+            pos += n;
+        }
+        for r in futures::future::join_all(jobs).await {
+            r?;
+        }
+        self.attr_call(
+            Caller::default(),
+            Op::Written {
+                ino: inode.ino,
+                end,
+                mtime: Time::now(),
+            },
+        )
+        .await
+    }
+
+    /// Cuts the data objects of `inode` down to `size` bytes.
+    pub async fn truncate_data(&self, inode: &Inode, size: u64) -> Result<()> {
+        let os = inode.object_size.max(1);
+        let last = inode.size.div_ceil(os);
+        let keep = size.div_ceil(os);
+        for idx in keep..last.max(keep) {
+            match self.data.remove(&data_object(inode.ino, idx)).await {
+                Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !size.is_multiple_of(os) {
+            match self
+                .data
+                .truncate(&data_object(inode.ino, size / os), size % os)
+                .await
+            {
+                Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes `[off, off+len)` of the data (punching holes).
+    pub async fn zero(&self, inode: &Inode, off: u64, len: u64) -> Result<()> {
+        let os = inode.object_size.max(1);
+        let end = (off + len).min(inode.size);
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / os;
+            let in_obj = pos % os;
+            let n = (os - in_obj).min(end - pos);
+            let name = data_object(inode.ino, idx);
+            let r = if in_obj == 0 && n == os {
+                self.data.remove(&name).await
+            } else {
+                self.data
+                    .operate(kelp_client::WriteOp::new().zero(in_obj, n), &name)
+                    .await
+                    .map(drop)
+            };
+            match r {
+                Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// The path's inode (from the root, no symlinks followed).
+    pub async fn resolve(&self, path: &str) -> Result<Ino> {
+        let mut ino = ROOT_INO;
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            ino = self.lookup(Caller::default(), ino, part).await?.ino;
+        }
+        Ok(ino)
+    }
+
+    /// The cluster's (total, available) bytes.
+    pub async fn space(&self) -> Result<(u64, u64)> {
+        match self
+            .rados
+            .mon_command(kelp_proto::MonCommand::PgStats)
+            .await?
+        {
+            kelp_proto::MonReply::PgStats(d) => Ok((d.totals.bytes_total, d.totals.bytes_avail)),
+            other => Err(FsError::Malformed {
+                what: "statistics reply".into(),
+                detail: format!("{other:?}"),
+            }),
+        }
+    }
+}
+
+fn unexpected(r: Reply) -> FsError {
+    FsError::Malformed {
+        what: "MDS reply".into(),
+        detail: format!("unexpected {r:?}"),
+    }
+}

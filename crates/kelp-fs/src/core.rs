@@ -1,0 +1,809 @@
+//! The MDS core: namespace operations as a pure state machine over a cache of inodes and
+//! directories.
+//!
+//! Events in, decisions out: [`Namespace::apply`] takes an operation and either answers it
+//! (a [`Reply`] plus the [`Update`]s to journal), or says which object it must see first
+//! ([`Step::Need`]); the daemon loads it ([`Namespace::insert_inode`] /
+//! [`Namespace::insert_dir`]) and applies again. An operation never changes the cache before
+//! every object it reads is loaded, so a `Need` leaves no trace.
+//!
+//! Invariants kept: a directory's `nlink` is 2 + its subdirectories; a directory has one
+//! parent and is never moved below itself; a name maps to one inode; an inode whose last link
+//! goes away is either removed (closed) or kept as a stray until its last close.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::locks::LockTable;
+use crate::types::*;
+
+/// What [`Namespace::apply`] needs loaded before it can decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Need {
+    Inode(Ino),
+    Dir(Ino),
+}
+
+/// The outcome of one step: answered, or blocked on a load. (Short-lived: returned and
+/// matched at once, so the size of `Done` costs nothing worth a box.)
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Done {
+        reply: Reply,
+        updates: Vec<Update>,
+        /// What other clients must drop from their caches.
+        invalidate: Invalidate,
+    },
+    Need(Need),
+}
+
+/// Internal short-circuit: a missing object or an errno.
+enum Stop {
+    Need(Need),
+    Err(i32),
+}
+
+type R<T> = Result<T, Stop>;
+
+/// The cached namespace. Only what has been loaded is here; dirty entries (changed since the
+/// last checkpoint) are never evicted.
+#[derive(Debug, Default)]
+pub struct Namespace {
+    inodes: HashMap<Ino, Inode>,
+    dirs: HashMap<Ino, BTreeMap<String, Dentry>>,
+    dirty_inodes: HashSet<Ino>,
+    dirty_dirs: HashSet<Ino>,
+    /// Open handles per inode: client id -> count.
+    opens: HashMap<Ino, HashMap<u64, u32>>,
+    strays: HashSet<Ino>,
+    locks: LockTable,
+    next_ino: Ino,
+    default_object_size: u64,
+}
+
+impl Namespace {
+    pub fn new(next_ino: Ino) -> Namespace {
+        Namespace {
+            next_ino: next_ino.max(FIRST_INO),
+            default_object_size: DEFAULT_OBJECT_SIZE,
+            ..Namespace::default()
+        }
+    }
+
+    /// A fresh file system's root directory (owned by root, mode 0755) and its updates.
+    pub fn make_root(&mut self, now: Time) -> Vec<Update> {
+        let root = Inode {
+            ino: ROOT_INO,
+            mode: S_IFDIR | 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 2,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            rdev: 0,
+            parent: ROOT_INO,
+            target: String::new(),
+            xattrs: BTreeMap::new(),
+            object_size: self.default_object_size,
+            version: 1,
+        };
+        self.inodes.insert(ROOT_INO, root.clone());
+        self.dirs.insert(ROOT_INO, BTreeMap::new());
+        self.dirty_inodes.insert(ROOT_INO);
+        self.dirty_dirs.insert(ROOT_INO);
+        vec![Update::PutInode(root), Update::NextIno(self.next_ino)]
+    }
+
+    pub fn insert_inode(&mut self, inode: Inode) {
+        if !self.dirty_inodes.contains(&inode.ino) {
+            self.inodes.insert(inode.ino, inode);
+        }
+    }
+
+    pub fn insert_dir(&mut self, ino: Ino, entries: BTreeMap<String, Dentry>) {
+        if !self.dirty_dirs.contains(&ino) {
+            self.dirs.insert(ino, entries);
+        }
+    }
+
+    pub fn set_strays(&mut self, strays: impl IntoIterator<Item = Ino>) {
+        self.strays = strays.into_iter().collect();
+    }
+
+    /// Strays no client has open: ready to purge.
+    pub fn purgeable(&self) -> Vec<Ino> {
+        self.strays
+            .iter()
+            .copied()
+            .filter(|i| !self.opens.contains_key(i))
+            .collect()
+    }
+
+    /// A stray was purged (its data removed): forget it and its inode.
+    pub fn purged(&mut self, ino: Ino) -> Vec<Update> {
+        self.strays.remove(&ino);
+        self.inodes.remove(&ino);
+        self.dirty_inodes.insert(ino);
+        vec![Update::DelInode(ino), Update::DelStray(ino)]
+    }
+
+    pub fn cached_inodes(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// The checkpoint has written every dirty object: they may be evicted again.
+    pub fn mark_clean(&mut self) {
+        self.dirty_inodes.clear();
+        self.dirty_dirs.clear();
+    }
+
+    /// Drops clean cached objects until at most `budget` inodes are cached (open and dirty
+    /// ones stay).
+    pub fn evict_to(&mut self, budget: usize) {
+        if self.inodes.len() <= budget {
+            return;
+        }
+        let excess = self.inodes.len() - budget;
+        let victims: Vec<Ino> = self
+            .inodes
+            .keys()
+            .copied()
+            .filter(|i| {
+                *i != ROOT_INO && !self.dirty_inodes.contains(i) && !self.opens.contains_key(i)
+            })
+            .take(excess)
+            .collect();
+        for v in victims {
+            self.inodes.remove(&v);
+            if !self.dirty_dirs.contains(&v) {
+                self.dirs.remove(&v);
+            }
+        }
+    }
+
+    /// Forgets every open handle of `client` (it went away); returns strays now purgeable.
+    pub fn drop_client(&mut self, client: u64) {
+        self.locks.drop_client(client);
+        self.opens.retain(|_, m| {
+            m.remove(&client);
+            !m.is_empty()
+        });
+    }
+
+    fn inode(&self, ino: Ino) -> R<&Inode> {
+        self.inodes.get(&ino).ok_or(Stop::Need(Need::Inode(ino)))
+    }
+
+    fn dir(&self, ino: Ino) -> R<&BTreeMap<String, Dentry>> {
+        self.dirs.get(&ino).ok_or(Stop::Need(Need::Dir(ino)))
+    }
+
+    /// The directory `ino` (an inode that is a directory, still linked) and its entries.
+    fn live_dir(&self, ino: Ino) -> R<(&Inode, &BTreeMap<String, Dentry>)> {
+        let i = self.inode(ino)?;
+        if !i.is_dir() {
+            return Err(Stop::Err(errno::ENOTDIR));
+        }
+        if i.nlink == 0 {
+            return Err(Stop::Err(errno::ENOENT));
+        }
+        Ok((i, self.dir(ino)?))
+    }
+
+    fn check_name(name: &str) -> R<()> {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(Stop::Err(errno::EINVAL));
+        }
+        if name.len() > NAME_MAX {
+            return Err(Stop::Err(errno::ENAMETOOLONG));
+        }
+        Ok(())
+    }
+
+    /// Applies `op` for `client`/`caller` at `now`.
+    pub fn apply(&mut self, client: u64, caller: Caller, op: &Op, now: Time) -> Step {
+        let mut upd = Vec::new();
+        let mut inval = Invalidate {
+            v: PROTOCOL_VERSION,
+            inodes: Vec::new(),
+            entries: Vec::new(),
+        };
+        match self.apply_inner(client, caller, op, now, &mut upd, &mut inval) {
+            Ok(reply) => {
+                for u in &upd {
+                    match u {
+                        Update::PutInode(i) => {
+                            self.dirty_inodes.insert(i.ino);
+                        }
+                        Update::DelInode(i) => {
+                            self.dirty_inodes.insert(*i);
+                        }
+                        Update::PutDentry { dir, .. } | Update::DelDentry { dir, .. } => {
+                            self.dirty_dirs.insert(*dir);
+                        }
+                        Update::DelDir(d) => {
+                            self.dirty_dirs.insert(*d);
+                        }
+                        _ => {}
+                    }
+                }
+                Step::Done {
+                    reply,
+                    updates: upd,
+                    invalidate: inval,
+                }
+            }
+            Err(Stop::Err(e)) => Step::Done {
+                reply: Reply::Err(e),
+                updates: Vec::new(),
+                invalidate: inval,
+            },
+            Err(Stop::Need(n)) => Step::Need(n),
+        }
+    }
+
+    fn put(&mut self, mut inode: Inode, upd: &mut Vec<Update>, inval: &mut Invalidate) {
+        inode.version += 1;
+        inval.inodes.push(inode.ino);
+        upd.push(Update::PutInode(inode.clone()));
+        self.inodes.insert(inode.ino, inode);
+    }
+
+    fn put_dentry(
+        &mut self,
+        dir: Ino,
+        name: &str,
+        d: Dentry,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) {
+        self.dirs
+            .get_mut(&dir)
+            .expect("callers load the directory first")
+            .insert(name.to_string(), d);
+        inval.entries.push((dir, name.to_string()));
+        upd.push(Update::PutDentry {
+            dir,
+            name: name.to_string(),
+            dentry: d,
+        });
+    }
+
+    fn del_dentry(&mut self, dir: Ino, name: &str, upd: &mut Vec<Update>, inval: &mut Invalidate) {
+        self.dirs
+            .get_mut(&dir)
+            .expect("callers load the directory first")
+            .remove(name);
+        inval.entries.push((dir, name.to_string()));
+        upd.push(Update::DelDentry {
+            dir,
+            name: name.to_string(),
+        });
+    }
+
+    /// One link of `inode` went away: update it, and remove it (or make it a stray) at zero.
+    fn drop_link(
+        &mut self,
+        mut inode: Inode,
+        now: Time,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) {
+        let ino = inode.ino;
+        if inode.is_dir() {
+            inode.nlink = 0;
+        } else {
+            inode.nlink = inode.nlink.saturating_sub(1);
+        }
+        inode.ctime = now;
+        if inode.nlink > 0 {
+            self.put(inode, upd, inval);
+            return;
+        }
+        if inode.is_dir() {
+            self.dirs.remove(&ino);
+            upd.push(Update::DelDir(ino));
+        }
+        if inode.kind() == S_IFREG && (self.opens.contains_key(&ino) || inode.size > 0) {
+            // Data to purge (now or after the last close): keep the inode as a stray.
+            self.strays.insert(ino);
+            upd.push(Update::AddStray(ino));
+            self.put(inode, upd, inval);
+        } else {
+            self.inodes.remove(&ino);
+            inval.inodes.push(ino);
+            upd.push(Update::DelInode(ino));
+        }
+    }
+
+    fn new_inode(&mut self, parent: &Inode, caller: Caller, mode: u32, now: Time) -> Inode {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        let mut mode = mode;
+        let gid = if parent.mode & S_ISGID != 0 {
+            if mode & S_IFMT == S_IFDIR {
+                mode |= S_ISGID;
+            }
+            parent.gid
+        } else {
+            caller.gid
+        };
+        Inode {
+            ino,
+            mode,
+            uid: caller.uid,
+            gid,
+            size: 0,
+            nlink: 1,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            rdev: 0,
+            parent: 0,
+            target: String::new(),
+            xattrs: BTreeMap::new(),
+            object_size: self.default_object_size,
+            version: 0,
+        }
+    }
+
+    /// Whether `dir` is `ancestor` or lies below it (walking parents up to the root).
+    fn is_under(&self, mut dir: Ino, ancestor: Ino) -> R<bool> {
+        for _ in 0..4096 {
+            if dir == ancestor {
+                return Ok(true);
+            }
+            if dir == ROOT_INO {
+                return Ok(false);
+            }
+            dir = self.inode(dir)?.parent;
+        }
+        Err(Stop::Err(errno::EIO))
+    }
+
+    fn apply_inner(
+        &mut self,
+        client: u64,
+        caller: Caller,
+        op: &Op,
+        now: Time,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) -> R<Reply> {
+        match op {
+            Op::Lookup { parent, name } => {
+                if name.len() > NAME_MAX {
+                    return Err(Stop::Err(errno::ENAMETOOLONG));
+                }
+                let (_, entries) = self.live_dir(*parent)?;
+                let d = *entries.get(name).ok_or(Stop::Err(errno::ENOENT))?;
+                Ok(Reply::Attr(self.inode(d.ino)?.clone()))
+            }
+            Op::GetAttr { ino } => Ok(Reply::Attr(self.inode(*ino)?.clone())),
+            Op::SetAttr { ino, set } => {
+                let mut i = self.inode(*ino)?.clone();
+                if let Some(m) = set.mode {
+                    i.mode = (i.mode & S_IFMT) | (m & !S_IFMT);
+                }
+                if let Some(u) = set.uid {
+                    i.uid = u;
+                }
+                if let Some(g) = set.gid {
+                    i.gid = g;
+                }
+                if let Some(s) = set.size {
+                    if i.is_dir() {
+                        return Err(Stop::Err(errno::EISDIR));
+                    }
+                    i.size = s;
+                    i.mtime = now;
+                }
+                let pick = |t: SetTime| match t {
+                    SetTime::Now => now,
+                    SetTime::At(t) => t,
+                };
+                if let Some(t) = set.atime {
+                    i.atime = pick(t);
+                }
+                if let Some(t) = set.mtime {
+                    i.mtime = pick(t);
+                }
+                i.ctime = now;
+                self.put(i.clone(), upd, inval);
+                Ok(Reply::Attr(self.inode(*ino)?.clone()))
+            }
+            Op::Mknod {
+                parent,
+                name,
+                mode,
+                rdev,
+                exclusive,
+            } => {
+                Self::check_name(name)?;
+                let (p, entries) = self.live_dir(*parent)?;
+                if let Some(d) = entries.get(name) {
+                    let existing = self.inode(d.ino)?;
+                    if *exclusive || existing.kind() != S_IFREG || mode & S_IFMT != S_IFREG {
+                        return Err(Stop::Err(errno::EEXIST));
+                    }
+                    return Ok(Reply::Attr(existing.clone()));
+                }
+                let p = p.clone();
+                let mut i = self.new_inode(&p, caller, *mode, now);
+                i.rdev = *rdev;
+                self.create_common(p, name, i, now, upd, inval)
+            }
+            Op::Mkdir { parent, name, mode } => {
+                Self::check_name(name)?;
+                let (p, entries) = self.live_dir(*parent)?;
+                if entries.contains_key(name) {
+                    return Err(Stop::Err(errno::EEXIST));
+                }
+                let p = p.clone();
+                let mut i = self.new_inode(&p, caller, S_IFDIR | (mode & 0o7777), now);
+                i.nlink = 2;
+                i.parent = p.ino;
+                self.dirs.insert(i.ino, BTreeMap::new());
+                self.dirty_dirs.insert(i.ino);
+                self.create_common(p, name, i, now, upd, inval)
+            }
+            Op::Symlink {
+                parent,
+                name,
+                target,
+            } => {
+                Self::check_name(name)?;
+                if target.len() > 4095 {
+                    return Err(Stop::Err(errno::ENAMETOOLONG));
+                }
+                let (p, entries) = self.live_dir(*parent)?;
+                if entries.contains_key(name) {
+                    return Err(Stop::Err(errno::EEXIST));
+                }
+                let p = p.clone();
+                let mut i = self.new_inode(&p, caller, S_IFLNK | 0o777, now);
+                i.size = target.len() as u64;
+                i.target = target.clone();
+                self.create_common(p, name, i, now, upd, inval)
+            }
+            Op::Link { ino, parent, name } => {
+                Self::check_name(name)?;
+                let (p, entries) = self.live_dir(*parent)?;
+                if entries.contains_key(name) {
+                    return Err(Stop::Err(errno::EEXIST));
+                }
+                let p = p.clone();
+                let mut i = self.inode(*ino)?.clone();
+                if i.is_dir() {
+                    return Err(Stop::Err(errno::EPERM));
+                }
+                if i.nlink == 0 {
+                    return Err(Stop::Err(errno::ENOENT));
+                }
+                if i.nlink >= 65000 {
+                    return Err(Stop::Err(errno::EMLINK));
+                }
+                i.nlink += 1;
+                i.ctime = now;
+                let d = Dentry {
+                    ino: i.ino,
+                    kind: i.kind(),
+                };
+                self.put(i, upd, inval);
+                self.put_dentry(p.ino, name, d, upd, inval);
+                self.touch_dir(p, 0, now, upd, inval);
+                Ok(Reply::Attr(self.inode(*ino)?.clone()))
+            }
+            Op::Unlink { parent, name } | Op::Rmdir { parent, name } => {
+                let rmdir = matches!(op, Op::Rmdir { .. });
+                if rmdir && name == "." {
+                    return Err(Stop::Err(errno::EINVAL));
+                }
+                if rmdir && name == ".." {
+                    return Err(Stop::Err(errno::ENOTEMPTY));
+                }
+                let (p, entries) = self.live_dir(*parent)?;
+                let d = *entries.get(name).ok_or(Stop::Err(errno::ENOENT))?;
+                let p = p.clone();
+                let i = self.inode(d.ino)?.clone();
+                if rmdir {
+                    if !i.is_dir() {
+                        return Err(Stop::Err(errno::ENOTDIR));
+                    }
+                    if !self.dir(i.ino)?.is_empty() {
+                        return Err(Stop::Err(errno::ENOTEMPTY));
+                    }
+                } else if i.is_dir() {
+                    return Err(Stop::Err(errno::EISDIR));
+                }
+                self.del_dentry(p.ino, name, upd, inval);
+                let sub = if rmdir { -1 } else { 0 };
+                self.touch_dir(p, sub, now, upd, inval);
+                self.drop_link(i, now, upd, inval);
+                Ok(Reply::Ok)
+            }
+            Op::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => self.rename(
+                *parent,
+                name,
+                *new_parent,
+                new_name,
+                *flags,
+                now,
+                upd,
+                inval,
+            ),
+            Op::ReadDir { ino, after, max } => {
+                let (_, entries) = self.live_dir(*ino)?;
+                let max = (*max).clamp(1, 4096) as usize;
+                let iter: Box<dyn Iterator<Item = (&String, &Dentry)>> = match after {
+                    Some(a) => Box::new(entries.range::<str, _>((
+                        std::ops::Bound::Excluded(a.as_str()),
+                        std::ops::Bound::Unbounded,
+                    ))),
+                    None => Box::new(entries.iter()),
+                };
+                let mut out = Vec::new();
+                let mut more = false;
+                for (n, d) in iter {
+                    if out.len() == max {
+                        more = true;
+                        break;
+                    }
+                    out.push((n.clone(), *d));
+                }
+                Ok(Reply::Entries { entries: out, more })
+            }
+            Op::SetXattr {
+                ino,
+                name,
+                value,
+                flags,
+            } => {
+                if name.is_empty() || name.len() > 255 {
+                    return Err(Stop::Err(errno::ERANGE));
+                }
+                if value.len() > XATTR_SIZE_MAX {
+                    return Err(Stop::Err(errno::E2BIG));
+                }
+                let mut i = self.inode(*ino)?.clone();
+                let exists = i.xattrs.contains_key(name);
+                if flags & XATTR_CREATE != 0 && exists {
+                    return Err(Stop::Err(errno::EEXIST));
+                }
+                if flags & XATTR_REPLACE != 0 && !exists {
+                    return Err(Stop::Err(errno::ENODATA));
+                }
+                if i.xattrs.values().map(Vec::len).sum::<usize>() + value.len() > 1 << 20 {
+                    return Err(Stop::Err(errno::ENOSPC));
+                }
+                i.xattrs.insert(name.clone(), value.clone());
+                i.ctime = now;
+                self.put(i, upd, inval);
+                Ok(Reply::Ok)
+            }
+            Op::GetXattr { ino, name } => {
+                let i = self.inode(*ino)?;
+                i.xattrs
+                    .get(name)
+                    .map(|v| Reply::Xattr(v.clone()))
+                    .ok_or(Stop::Err(errno::ENODATA))
+            }
+            Op::ListXattr { ino } => Ok(Reply::XattrNames(
+                self.inode(*ino)?.xattrs.keys().cloned().collect(),
+            )),
+            Op::RemoveXattr { ino, name } => {
+                let mut i = self.inode(*ino)?.clone();
+                if i.xattrs.remove(name).is_none() {
+                    return Err(Stop::Err(errno::ENODATA));
+                }
+                i.ctime = now;
+                self.put(i, upd, inval);
+                Ok(Reply::Ok)
+            }
+            Op::Written { ino, end, mtime } => {
+                let mut i = self.inode(*ino)?.clone();
+                if i.kind() != S_IFREG {
+                    return Err(Stop::Err(errno::EINVAL));
+                }
+                i.size = i.size.max(*end);
+                i.mtime = *mtime;
+                i.ctime = *mtime;
+                self.put(i, upd, inval);
+                Ok(Reply::Attr(self.inode(*ino)?.clone()))
+            }
+            Op::Open { ino } => {
+                let i = self.inode(*ino)?.clone();
+                if i.nlink == 0 && !self.opens.contains_key(ino) {
+                    return Err(Stop::Err(errno::ENOENT));
+                }
+                *self
+                    .opens
+                    .entry(*ino)
+                    .or_default()
+                    .entry(client)
+                    .or_default() += 1;
+                Ok(Reply::Attr(i))
+            }
+            Op::Close { ino } => {
+                if let Some(m) = self.opens.get_mut(ino) {
+                    if let Some(c) = m.get_mut(&client) {
+                        *c = c.saturating_sub(1);
+                        if *c == 0 {
+                            m.remove(&client);
+                        }
+                    }
+                    if m.is_empty() {
+                        self.opens.remove(ino);
+                    }
+                }
+                Ok(Reply::Ok)
+            }
+            Op::Reconnect { opens } => {
+                self.drop_client(client);
+                for (ino, n) in opens {
+                    if *n > 0 {
+                        self.opens.entry(*ino).or_default().insert(client, *n);
+                    }
+                }
+                Ok(Reply::Ok)
+            }
+            Op::GetLk { ino, lock } => Ok(Reply::Lock(self.locks.test(*ino, client, lock))),
+            Op::SetLk { ino, lock } => {
+                if !matches!(
+                    lock.typ,
+                    crate::locks::F_RDLCK | crate::locks::F_WRLCK | crate::locks::F_UNLCK
+                ) || lock.start > lock.end
+                {
+                    return Err(Stop::Err(errno::EINVAL));
+                }
+                if self.locks.set(*ino, client, lock) {
+                    Ok(Reply::Ok)
+                } else {
+                    Err(Stop::Err(errno::EAGAIN))
+                }
+            }
+            Op::ReleaseLocks { ino, owner } => {
+                self.locks.release_owner(*ino, client, *owner);
+                Ok(Reply::Ok)
+            }
+        }
+    }
+
+    /// Links the new inode `i` as `name` in `p` and journals both.
+    fn create_common(
+        &mut self,
+        p: Inode,
+        name: &str,
+        i: Inode,
+        now: Time,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) -> R<Reply> {
+        let d = Dentry {
+            ino: i.ino,
+            kind: i.kind(),
+        };
+        let ino = i.ino;
+        let sub = i32::from(i.is_dir());
+        upd.push(Update::NextIno(self.next_ino));
+        self.put(i, upd, inval);
+        self.put_dentry(p.ino, name, d, upd, inval);
+        self.touch_dir(p, sub, now, upd, inval);
+        Ok(Reply::Attr(self.inode(ino)?.clone()))
+    }
+
+    /// A directory's entries changed: mtime/ctime now, nlink by `subdirs`.
+    fn touch_dir(
+        &mut self,
+        mut p: Inode,
+        subdirs: i32,
+        now: Time,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) {
+        p.mtime = now;
+        p.ctime = now;
+        p.nlink = p.nlink.saturating_add_signed(subdirs);
+        self.put(p, upd, inval);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rename(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+        flags: u32,
+        now: Time,
+        upd: &mut Vec<Update>,
+        inval: &mut Invalidate,
+    ) -> R<Reply> {
+        if flags & !(RENAME_NOREPLACE) != 0 {
+            return Err(Stop::Err(errno::EINVAL));
+        }
+        Self::check_name(new_name)?;
+        if name == "." || name == ".." {
+            return Err(Stop::Err(errno::EINVAL));
+        }
+        // load everything first
+        let (_, src_entries) = self.live_dir(parent)?;
+        let sd = *src_entries.get(name).ok_or(Stop::Err(errno::ENOENT))?;
+        let (_, dst_entries) = self.live_dir(new_parent)?;
+        let dd = dst_entries.get(new_name).copied();
+        let src = self.inode(sd.ino)?.clone();
+        let dst = match dd {
+            Some(d) => Some(self.inode(d.ino)?.clone()),
+            None => None,
+        };
+        if src.is_dir() && self.is_under(new_parent, src.ino)? {
+            return Err(Stop::Err(errno::EINVAL));
+        }
+        if let Some(dst) = &dst {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(Stop::Err(errno::EEXIST));
+            }
+            if dst.ino == src.ino {
+                return Ok(Reply::Ok); // same file: POSIX says do nothing
+            }
+            match (src.is_dir(), dst.is_dir()) {
+                (true, false) => return Err(Stop::Err(errno::ENOTDIR)),
+                (false, true) => return Err(Stop::Err(errno::EISDIR)),
+                (true, true) => {
+                    if !self.dir(dst.ino)?.is_empty() {
+                        return Err(Stop::Err(errno::ENOTEMPTY));
+                    }
+                    // the destination's parent chain must not pass through it either
+                }
+                (false, false) => {}
+            }
+        }
+        // decide, then change
+        let moving_dir = src.is_dir();
+        let mut replaced_dir = false;
+        if let Some(dst) = dst {
+            replaced_dir = dst.is_dir();
+            self.drop_link(dst, now, upd, inval);
+        }
+        self.del_dentry(parent, name, upd, inval);
+        self.put_dentry(
+            new_parent,
+            new_name,
+            Dentry {
+                ino: src.ino,
+                kind: src.kind(),
+            },
+            upd,
+            inval,
+        );
+        let mut moved = src;
+        moved.ctime = now;
+        if moving_dir {
+            moved.parent = new_parent;
+        }
+        self.put(moved, upd, inval);
+        let old_p = self.inode(parent)?.clone();
+        if parent == new_parent {
+            let delta = if replaced_dir { -1 } else { 0 };
+            self.touch_dir(old_p, delta, now, upd, inval);
+        } else {
+            let d_old = if moving_dir { -1 } else { 0 };
+            let d_new = i32::from(moving_dir) - i32::from(replaced_dir);
+            self.touch_dir(old_p, d_old, now, upd, inval);
+            let new_p = self.inode(new_parent)?.clone();
+            self.touch_dir(new_p, d_new, now, upd, inval);
+        }
+        Ok(Reply::Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,442 @@
+//! Namespace core tests: a driver that keeps the "stored" objects in memory (as the
+//! checkpoint writes them), applies operations, answers `Need`s from the store, and often
+//! evicts the whole cache to prove that every operation loads what it reads.
+
+use super::*;
+
+#[derive(Default)]
+struct Store {
+    inodes: HashMap<Ino, Inode>,
+    dirs: HashMap<Ino, BTreeMap<String, Dentry>>,
+}
+
+impl Store {
+    fn apply(&mut self, updates: &[Update]) {
+        for u in updates {
+            match u {
+                Update::PutInode(i) => {
+                    self.inodes.insert(i.ino, i.clone());
+                    if i.is_dir() {
+                        self.dirs.entry(i.ino).or_default();
+                    }
+                }
+                Update::DelInode(i) => {
+                    self.inodes.remove(i);
+                }
+                Update::PutDentry { dir, name, dentry } => {
+                    self.dirs
+                        .entry(*dir)
+                        .or_default()
+                        .insert(name.clone(), *dentry);
+                }
+                Update::DelDentry { dir, name } => {
+                    self.dirs.entry(*dir).or_default().remove(name);
+                }
+                Update::DelDir(d) => {
+                    self.dirs.remove(d);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+struct Fs {
+    ns: Namespace,
+    store: Store,
+    evict: bool,
+}
+
+const ROOT: Caller = Caller { uid: 0, gid: 0 };
+
+impl Fs {
+    fn new(evict: bool) -> Fs {
+        let mut ns = Namespace::new(FIRST_INO);
+        let mut store = Store::default();
+        store.apply(&ns.make_root(Time::default()));
+        Fs { ns, store, evict }
+    }
+
+    fn run(&mut self, op: Op) -> Reply {
+        for _ in 0..100 {
+            match self.ns.apply(7, ROOT, &op, Time { secs: 5, nanos: 0 }) {
+                Step::Done { reply, updates, .. } => {
+                    self.store.apply(&updates);
+                    if self.evict {
+                        self.ns.mark_clean();
+                        self.ns.evict_to(0);
+                    }
+                    return reply;
+                }
+                Step::Need(Need::Inode(i)) => {
+                    let inode = self.store.inodes.get(&i).cloned().expect("dangling");
+                    self.ns.insert_inode(inode);
+                }
+                Step::Need(Need::Dir(d)) => {
+                    let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
+                    self.ns.insert_dir(d, entries);
+                }
+            }
+        }
+        panic!("op never completed: {op:?}");
+    }
+
+    fn ino(&mut self, parent: Ino, name: &str) -> Ino {
+        match self.run(Op::Lookup {
+            parent,
+            name: name.into(),
+        }) {
+            Reply::Attr(i) => i.ino,
+            r => panic!("lookup {name}: {r:?}"),
+        }
+    }
+
+    fn attr(&mut self, ino: Ino) -> Inode {
+        match self.run(Op::GetAttr { ino }) {
+            Reply::Attr(i) => i,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn mkdir(&mut self, parent: Ino, name: &str) -> Ino {
+        match self.run(Op::Mkdir {
+            parent,
+            name: name.into(),
+            mode: 0o755,
+        }) {
+            Reply::Attr(i) => i.ino,
+            r => panic!("mkdir {name}: {r:?}"),
+        }
+    }
+
+    fn create(&mut self, parent: Ino, name: &str) -> Ino {
+        match self.run(Op::Mknod {
+            parent,
+            name: name.into(),
+            mode: S_IFREG | 0o644,
+            rdev: 0,
+            exclusive: true,
+        }) {
+            Reply::Attr(i) => i.ino,
+            r => panic!("create {name}: {r:?}"),
+        }
+    }
+
+    fn rename(&mut self, p: Ino, n: &str, np: Ino, nn: &str) -> Reply {
+        self.run(Op::Rename {
+            parent: p,
+            name: n.into(),
+            new_parent: np,
+            new_name: nn.into(),
+            flags: 0,
+        })
+    }
+
+    fn names(&mut self, dir: Ino) -> Vec<String> {
+        match self.run(Op::ReadDir {
+            ino: dir,
+            after: None,
+            max: 1000,
+        }) {
+            Reply::Entries { entries, .. } => entries.into_iter().map(|(n, _)| n).collect(),
+            r => panic!("{r:?}"),
+        }
+    }
+}
+
+fn both(f: impl Fn(&mut Fs)) {
+    f(&mut Fs::new(false));
+    f(&mut Fs::new(true));
+}
+
+#[test]
+fn create_lookup_and_directory_link_counts() {
+    both(|fs| {
+        let a = fs.mkdir(ROOT_INO, "a");
+        let f = fs.create(a, "f");
+        assert_eq!(fs.ino(a, "f"), f);
+        assert_eq!(fs.attr(ROOT_INO).nlink, 3);
+        assert_eq!(fs.attr(a).nlink, 2);
+        assert_eq!(fs.attr(f).nlink, 1);
+        assert_eq!(
+            fs.run(Op::Mkdir {
+                parent: a,
+                name: "f".into(),
+                mode: 0o700
+            }),
+            Reply::Err(errno::EEXIST)
+        );
+        assert_eq!(
+            fs.run(Op::Lookup {
+                parent: a,
+                name: "nope".into()
+            }),
+            Reply::Err(errno::ENOENT)
+        );
+        assert_eq!(
+            fs.run(Op::Lookup {
+                parent: f,
+                name: "x".into()
+            }),
+            Reply::Err(errno::ENOTDIR)
+        );
+        let long = "x".repeat(256);
+        assert_eq!(
+            fs.run(Op::Mknod {
+                parent: a,
+                name: long,
+                mode: S_IFREG | 0o644,
+                rdev: 0,
+                exclusive: true
+            }),
+            Reply::Err(errno::ENAMETOOLONG)
+        );
+    });
+}
+
+#[test]
+fn hard_links_and_unlink() {
+    both(|fs| {
+        let f = fs.create(ROOT_INO, "f");
+        assert_eq!(
+            fs.run(Op::Link {
+                ino: f,
+                parent: ROOT_INO,
+                name: "g".into()
+            }),
+            Reply::Attr(fs.attr(f))
+        );
+        assert_eq!(fs.attr(f).nlink, 2);
+        assert_eq!(
+            fs.run(Op::Unlink {
+                parent: ROOT_INO,
+                name: "f".into()
+            }),
+            Reply::Ok
+        );
+        assert_eq!(fs.attr(f).nlink, 1);
+        assert_eq!(fs.ino(ROOT_INO, "g"), f);
+        fs.run(Op::Unlink {
+            parent: ROOT_INO,
+            name: "g".into(),
+        });
+        assert_eq!(fs.names(ROOT_INO), Vec::<String>::new());
+        assert!(
+            !fs.store.inodes.contains_key(&f),
+            "an empty closed file is removed"
+        );
+        let d = fs.mkdir(ROOT_INO, "d");
+        assert_eq!(
+            fs.run(Op::Link {
+                ino: d,
+                parent: ROOT_INO,
+                name: "d2".into()
+            }),
+            Reply::Err(errno::EPERM)
+        );
+        assert_eq!(
+            fs.run(Op::Unlink {
+                parent: ROOT_INO,
+                name: "d".into()
+            }),
+            Reply::Err(errno::EISDIR)
+        );
+    });
+}
+
+#[test]
+fn rename_rules() {
+    both(|fs| {
+        let a = fs.mkdir(ROOT_INO, "a");
+        let b = fs.mkdir(a, "b");
+        let c = fs.mkdir(ROOT_INO, "c");
+        fs.create(c, "x");
+        let f = fs.create(ROOT_INO, "f");
+        // into its own subdirectory
+        assert_eq!(fs.rename(ROOT_INO, "a", b, "a"), Reply::Err(errno::EINVAL));
+        assert_eq!(fs.rename(ROOT_INO, "a", a, "z"), Reply::Err(errno::EINVAL));
+        // over a non-empty directory
+        assert_eq!(
+            fs.rename(a, "b", ROOT_INO, "c"),
+            Reply::Err(errno::ENOTEMPTY)
+        );
+        // dir over file / file over dir
+        assert_eq!(fs.rename(a, "b", ROOT_INO, "f"), Reply::Err(errno::ENOTDIR));
+        assert_eq!(
+            fs.rename(ROOT_INO, "f", ROOT_INO, "a"),
+            Reply::Err(errno::EISDIR)
+        );
+        // across directories
+        assert_eq!(fs.rename(a, "b", c, "b2"), Reply::Ok);
+        assert_eq!(fs.attr(b).parent, c);
+        assert_eq!(fs.attr(a).nlink, 2);
+        assert_eq!(fs.attr(c).nlink, 3);
+        // over an empty directory
+        let e = fs.mkdir(ROOT_INO, "e");
+        assert_eq!(fs.rename(c, "b2", ROOT_INO, "e"), Reply::Ok);
+        assert_eq!(fs.ino(ROOT_INO, "e"), b);
+        assert!(!fs.store.inodes.contains_key(&e));
+        assert_eq!(fs.attr(ROOT_INO).nlink, 2 + 3); // a, c, e
+        // over a file
+        let g = fs.create(ROOT_INO, "g");
+        assert_eq!(fs.rename(ROOT_INO, "f", ROOT_INO, "g"), Reply::Ok);
+        assert_eq!(fs.ino(ROOT_INO, "g"), f);
+        assert!(!fs.store.inodes.contains_key(&g));
+        assert_eq!(
+            fs.run(Op::Rename {
+                parent: c,
+                name: "x".into(),
+                new_parent: ROOT_INO,
+                new_name: "g".into(),
+                flags: RENAME_NOREPLACE
+            }),
+            Reply::Err(errno::EEXIST)
+        );
+        let mut names = fs.names(ROOT_INO);
+        names.sort();
+        assert_eq!(names, ["a", "c", "e", "g"]);
+    });
+}
+
+#[test]
+fn rmdir_and_setattr_and_xattrs() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        fs.create(d, "f");
+        assert_eq!(
+            fs.run(Op::Rmdir {
+                parent: ROOT_INO,
+                name: "d".into()
+            }),
+            Reply::Err(errno::ENOTEMPTY)
+        );
+        let f = fs.ino(d, "f");
+        let set = SetAttr {
+            mode: Some(0o4711),
+            uid: Some(12),
+            gid: Some(34),
+            size: Some(99),
+            atime: Some(SetTime::At(Time { secs: 1, nanos: 2 })),
+            mtime: None,
+        };
+        let Reply::Attr(i) = fs.run(Op::SetAttr { ino: f, set }) else {
+            panic!()
+        };
+        assert_eq!(
+            (i.mode, i.uid, i.gid, i.size, i.atime.secs),
+            (S_IFREG | 0o4711, 12, 34, 99, 1)
+        );
+        let x = |fs: &mut Fs, flags| {
+            fs.run(Op::SetXattr {
+                ino: f,
+                name: "user.k".into(),
+                value: b"v".to_vec(),
+                flags,
+            })
+        };
+        assert_eq!(x(fs, XATTR_REPLACE), Reply::Err(errno::ENODATA));
+        assert_eq!(x(fs, XATTR_CREATE), Reply::Ok);
+        assert_eq!(x(fs, XATTR_CREATE), Reply::Err(errno::EEXIST));
+        assert_eq!(
+            fs.run(Op::GetXattr {
+                ino: f,
+                name: "user.k".into()
+            }),
+            Reply::Xattr(b"v".to_vec())
+        );
+        assert_eq!(
+            fs.run(Op::ListXattr { ino: f }),
+            Reply::XattrNames(vec!["user.k".into()])
+        );
+        fs.run(Op::Unlink {
+            parent: d,
+            name: "f".into(),
+        });
+        assert_eq!(
+            fs.run(Op::Rmdir {
+                parent: ROOT_INO,
+                name: "d".into()
+            }),
+            Reply::Ok
+        );
+        assert_eq!(fs.attr(ROOT_INO).nlink, 2);
+        // the file had data (size 99): a stray until purged
+        assert_eq!(fs.ns.purgeable(), vec![f]);
+    });
+}
+
+#[test]
+fn open_unlinked_files_stay_until_closed() {
+    let mut fs = Fs::new(false);
+    let f = fs.create(ROOT_INO, "f");
+    assert!(matches!(fs.run(Op::Open { ino: f }), Reply::Attr(_)));
+    fs.run(Op::Unlink {
+        parent: ROOT_INO,
+        name: "f".into(),
+    });
+    assert_eq!(fs.attr(f).nlink, 0);
+    assert!(fs.ns.purgeable().is_empty());
+    fs.run(Op::Close { ino: f });
+    assert_eq!(fs.ns.purgeable(), vec![f]);
+}
+
+#[test]
+fn setgid_directories_pass_their_group_on() {
+    let mut fs = Fs::new(false);
+    let d = fs.mkdir(ROOT_INO, "d");
+    fs.run(Op::SetAttr {
+        ino: d,
+        set: SetAttr {
+            mode: Some(0o2775),
+            gid: Some(50),
+            ..SetAttr::default()
+        },
+    });
+    let Reply::Attr(sub) = fs.run(Op::Mkdir {
+        parent: d,
+        name: "s".into(),
+        mode: 0o755,
+    }) else {
+        panic!()
+    };
+    assert_eq!(sub.gid, 50);
+    assert_ne!(sub.mode & S_ISGID, 0);
+}
+
+#[test]
+fn rename_a_directory_over_an_empty_sibling() {
+    both(|fs| {
+        let q = fs.mkdir(ROOT_INO, "q");
+        let full = fs.mkdir(q, "full");
+        fs.mkdir(q, "empty");
+        assert_eq!(fs.rename(q, "full", q, "empty"), Reply::Ok);
+        assert_eq!(fs.names(q), ["empty"]);
+        assert_eq!(fs.ino(q, "empty"), full);
+        assert_eq!(fs.attr(q).nlink, 3);
+    });
+}
+
+#[test]
+fn failed_renames_leave_no_trace() {
+    both(|fs| {
+        let q = fs.mkdir(ROOT_INO, "q");
+        let full = fs.mkdir(q, "full");
+        let empty = fs.mkdir(q, "empty");
+        fs.create(full, "x");
+        fs.create(q, "file");
+        assert_eq!(
+            fs.rename(q, "empty", q, "full"),
+            Reply::Err(errno::ENOTEMPTY)
+        );
+        assert_eq!(
+            fs.rename(ROOT_INO, "q", empty, "in"),
+            Reply::Err(errno::EINVAL)
+        );
+        assert_eq!(fs.rename(q, "file", q, "empty"), Reply::Err(errno::EISDIR));
+        assert_eq!(fs.rename(q, "empty", q, "file"), Reply::Err(errno::ENOTDIR));
+        assert_eq!(fs.rename(full, "x", q, "x2"), Reply::Ok);
+        assert_eq!(fs.rename(q, "full", q, "empty"), Reply::Ok);
+        assert_eq!(fs.names(q), ["empty", "file", "x2"]);
+        assert_eq!(fs.attr(q).nlink, 3);
+    });
+}

@@ -1,0 +1,890 @@
+//! The FUSE adapter: a thin translation from `fuser`'s callbacks to [`FsClient`] calls.
+//!
+//! fuser calls the methods on one thread; each one hands its work to the tokio runtime and
+//! replies from there, so slow RADOS calls never hold up other requests. Errors become errno
+//! here and only here (`FsError::errno`: ENOSPC for a full cluster, EIO for anything without
+//! a more precise meaning, never a silent success).
+//!
+//! Kernel caching: attributes and entries are cached for `attr_ttl` (default 0: every
+//! `stat` asks the MDS, so two mounts see each other's changes at once), and a file's pages
+//! are dropped at each open (close-to-open consistency).
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
+};
+
+use crate::client::FsClient;
+use crate::error::{FsError, Result};
+use crate::locks::Lock;
+use crate::types::*;
+
+/// How a mount behaves.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// How long the kernel may cache attributes and directory entries.
+    pub attr_ttl: Duration,
+    /// The directory shown as the mount's root (`--subdir`), by inode.
+    pub root: Ino,
+    /// Name shown in /proc/mounts (`kelp:NAME`).
+    pub fs_name: String,
+}
+
+/// A directory's entries, read at opendir and served from here by readdir.
+type Listing = Vec<(String, Dentry)>;
+
+struct Handle {
+    ino: Ino,
+    append: bool,
+    object_size: u64,
+}
+
+/// The FUSE file system.
+pub struct KelpFuse {
+    client: Arc<FsClient>,
+    rt: tokio::runtime::Handle,
+    cfg: MountConfig,
+    handles: Arc<Mutex<HashMap<u64, Handle>>>,
+    dirs: Arc<Mutex<HashMap<u64, Listing>>>,
+    /// (inode, lock owner) pairs that took a lock here: released at flush/release.
+    locked: Arc<Mutex<HashSet<(Ino, u64)>>>,
+    next_fh: AtomicU64,
+}
+
+fn caller(req: &Request<'_>) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & S_IFMT {
+        S_IFDIR => FileType::Directory,
+        S_IFLNK => FileType::Symlink,
+        0o020000 => FileType::CharDevice,
+        0o060000 => FileType::BlockDevice,
+        0o010000 => FileType::NamedPipe,
+        0o140000 => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn name_of(name: &OsStr) -> Result<String> {
+    name.to_str()
+        .map(str::to_string)
+        .ok_or(FsError::Errno(libc::EILSEQ))
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(Time::from_system(t)),
+    }
+}
+
+impl KelpFuse {
+    pub fn new(client: Arc<FsClient>, rt: tokio::runtime::Handle, cfg: MountConfig) -> KelpFuse {
+        KelpFuse {
+            client,
+            rt,
+            cfg,
+            handles: Arc::default(),
+            dirs: Arc::default(),
+            locked: Arc::default(),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn ino_in(&self, ino: u64) -> Ino {
+        if ino == fuser::FUSE_ROOT_ID {
+            self.cfg.root
+        } else {
+            ino
+        }
+    }
+
+    fn attr(root: Ino, i: &Inode) -> FileAttr {
+        let ino = if i.ino == root {
+            fuser::FUSE_ROOT_ID
+        } else {
+            i.ino
+        };
+        FileAttr {
+            ino,
+            size: i.size,
+            blocks: i.size.div_ceil(512),
+            atime: i.atime.to_system(),
+            mtime: i.mtime.to_system(),
+            ctime: i.ctime.to_system(),
+            crtime: SystemTime::UNIX_EPOCH,
+            kind: kind(i.mode),
+            perm: (i.mode & 0o7777) as u16,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            blksize: 65536,
+            flags: 0,
+        }
+    }
+
+    /// Runs `f` on the runtime (the reply is sent from inside `f`).
+    fn spawn<F>(&self, f: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(f);
+    }
+
+    fn ctx(&self) -> (Arc<FsClient>, Ino, Duration) {
+        (self.client.clone(), self.cfg.root, self.cfg.attr_ttl)
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Filesystem for KelpFuse {
+    fn init(
+        &mut self,
+        _req: &Request<'_>,
+        config: &mut KernelConfig,
+    ) -> std::result::Result<(), libc::c_int> {
+        let _ = config.set_max_write(1 << 20);
+        // fcntl and flock locks are decided by the MDS, so they hold across mounts
+        let _ = config
+            .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS | fuser::consts::FUSE_FLOCK_LOCKS);
+        Ok(())
+    }
+
+    fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let (c, root, ttl) = self.ctx();
+        let (who, parent) = (caller(req), self.ino_in(parent));
+        let name = name_of(name);
+        self.spawn(async move {
+            let r = async { c.lookup(who, parent, &name?).await }.await;
+            match r {
+                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn getattr(&mut self, req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        let (c, root, ttl) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        self.spawn(async move {
+            match c.getattr(who, ino).await {
+                Ok(i) => reply.attr(&ttl, &Self::attr(root, &i)),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn setattr(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        let (c, root, ttl) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        self.spawn(async move {
+            match c.setattr(who, ino, set).await {
+                Ok(i) => reply.attr(&ttl, &Self::attr(root, &i)),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn readlink(&mut self, req: &Request<'_>, ino: u64, reply: ReplyData) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        self.spawn(async move {
+            match c.getattr(who, ino).await {
+                Ok(i) if i.kind() == S_IFLNK => reply.data(i.target.as_bytes()),
+                Ok(_) => reply.error(libc::EINVAL),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn mknod(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let (c, root, ttl) = self.ctx();
+        let (who, parent) = (caller(req), self.ino_in(parent));
+        let name = name_of(name);
+        self.spawn(async move {
+            let r = async { c.mknod(who, parent, &name?, mode, rdev, true).await }.await;
+            match r {
+                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn mkdir(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let (c, root, ttl) = self.ctx();
+        let (who, parent) = (caller(req), self.ino_in(parent));
+        let name = name_of(name);
+        self.spawn(async move {
+            let r = async { c.mkdir(who, parent, &name?, mode).await }.await;
+            match r {
+                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn unlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let (c, _, _) = self.ctx();
+        let (who, parent) = (caller(req), self.ino_in(parent));
+        let name = name_of(name);
+        self.spawn(async move {
+            match async { c.unlink(who, parent, &name?).await }.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn rmdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let (c, _, _) = self.ctx();
+        let (who, parent) = (caller(req), self.ino_in(parent));
+        let name = name_of(name);
+        self.spawn(async move {
+            match async { c.rmdir(who, parent, &name?).await }.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn symlink(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let (c, root, ttl) = self.ctx();
+        let (who, parent) = (caller(req), self.ino_in(parent));
+        let name = name_of(link_name);
+        let target = name_of(target.as_os_str());
+        self.spawn(async move {
+            let r = async { c.symlink(who, parent, &name?, &target?).await }.await;
+            match r {
+                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn rename(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (c, _, _) = self.ctx();
+        let who = caller(req);
+        let (parent, newparent) = (self.ino_in(parent), self.ino_in(newparent));
+        let (name, newname) = (name_of(name), name_of(newname));
+        self.spawn(async move {
+            let r = async {
+                c.rename(who, parent, &name?, newparent, &newname?, flags)
+                    .await
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn link(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        newparent: u64,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let (c, root, ttl) = self.ctx();
+        let who = caller(req);
+        let (ino, newparent) = (self.ino_in(ino), self.ino_in(newparent));
+        let name = name_of(newname);
+        self.spawn(async move {
+            match async { c.link(who, ino, newparent, &name?).await }.await {
+                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let fh = self.new_fh();
+        let handles = self.handles.clone();
+        self.spawn(async move {
+            match c.open(who, ino).await {
+                Ok(i) => {
+                    handles.lock().expect("handles lock").insert(
+                        fh,
+                        Handle {
+                            ino,
+                            append: flags & libc::O_APPEND != 0,
+                            object_size: i.object_size,
+                        },
+                    );
+                    reply.opened(fh, 0)
+                }
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn create(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (c, root, ttl) = self.ctx();
+        let (who, parent) = (caller(req), self.ino_in(parent));
+        let name = name_of(name);
+        let fh = self.new_fh();
+        let handles = self.handles.clone();
+        self.spawn(async move {
+            let r = async {
+                let exclusive = flags & libc::O_EXCL != 0;
+                let i = c.mknod(who, parent, &name?, mode, 0, exclusive).await?;
+                c.open(who, i.ino).await
+            }
+            .await;
+            match r {
+                Ok(i) => {
+                    handles.lock().expect("handles lock").insert(
+                        fh,
+                        Handle {
+                            ino: i.ino,
+                            append: flags & libc::O_APPEND != 0,
+                            object_size: i.object_size,
+                        },
+                    );
+                    reply.created(&ttl, &Self::attr(root, &i), 0, fh, 0)
+                }
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn read(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyData,
+    ) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        self.spawn(async move {
+            let r = async {
+                let i = c.getattr(who, ino).await?;
+                c.read(&i, offset.max(0) as u64, u64::from(size)).await
+            }
+            .await;
+            match r {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn write(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        data: &[u8],
+        _write_flags: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyWrite,
+    ) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let (append, object_size) = match self.handles.lock().expect("handles lock").get(&fh) {
+            Some(h) => (h.append, h.object_size),
+            None => (false, DEFAULT_OBJECT_SIZE),
+        };
+        let data = data.to_vec();
+        self.spawn(async move {
+            let r = async {
+                let mut i = if append {
+                    c.getattr(who, ino).await?
+                } else {
+                    // the write needs only the layout
+                    Inode {
+                        ino,
+                        mode: S_IFREG,
+                        uid: 0,
+                        gid: 0,
+                        size: 0,
+                        nlink: 1,
+                        atime: Time::default(),
+                        mtime: Time::default(),
+                        ctime: Time::default(),
+                        rdev: 0,
+                        parent: 0,
+                        target: String::new(),
+                        xattrs: Default::default(),
+                        object_size,
+                        version: 0,
+                    }
+                };
+                i.object_size = object_size;
+                let off = if append { i.size } else { offset.max(0) as u64 };
+                c.write(&i, off, &data).await
+            }
+            .await;
+            match r {
+                Ok(_) => reply.written(data.len() as u32),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
+        // writes are stored in RADOS before they are acknowledged: nothing is buffered; a
+        // close drops the closing owner's POSIX locks
+        let ino = self.ino_in(ino);
+        if !self.locked.lock().expect("locks").remove(&(ino, owner)) {
+            reply.ok();
+            return;
+        }
+        let (c, _, _) = self.ctx();
+        self.spawn(async move {
+            match c.release_locks(ino, owner).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn getlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let (c, _, _) = self.ctx();
+        let ino = self.ino_in(ino);
+        let lock = Lock {
+            owner: lock_owner,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.spawn(async move {
+            match c.getlk(ino, lock).await {
+                Ok(Some(l)) => reply.locked(l.start, l.end, l.typ, l.pid),
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn setlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let (c, _, _) = self.ctx();
+        let ino = self.ino_in(ino);
+        if typ != libc::F_UNLCK {
+            self.locked.lock().expect("locks").insert((ino, lock_owner));
+        }
+        let lock = Lock {
+            owner: lock_owner,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.spawn(async move {
+            match c.setlk(ino, lock, sleep).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        _flags: i32,
+        lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let (c, _, _) = self.ctx();
+        let h = self.handles.lock().expect("handles lock").remove(&fh);
+        // flock locks belong to the open file: its release drops them
+        let owner = lock_owner.filter(|o| {
+            h.as_ref()
+                .is_some_and(|h| self.locked.lock().expect("locks").remove(&(h.ino, *o)))
+        });
+        self.spawn(async move {
+            if let (Some(h), Some(o)) = (&h, owner)
+                && let Err(e) = c.release_locks(h.ino, o).await
+            {
+                tracing::warn!("releasing locks on {:x}: {e}", h.ino);
+            }
+            if let Some(h) = h
+                && let Err(e) = c.close(h.ino).await
+            {
+                tracing::warn!("closing {:x}: {e}", h.ino);
+            }
+            reply.ok();
+        });
+    }
+
+    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _ds: bool, reply: ReplyEmpty) {
+        // every write and size update is durable when acknowledged
+        reply.ok();
+    }
+
+    fn opendir(&mut self, req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let fh = self.new_fh();
+        let dirs = self.dirs.clone();
+        self.spawn(async move {
+            match c.readdir(who, ino).await {
+                Ok(entries) => {
+                    dirs.lock().expect("dirs lock").insert(fh, entries);
+                    reply.opened(fh, 0)
+                }
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn readdir(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dirs = self.dirs.lock().expect("dirs lock");
+        let Some(entries) = dirs.get(&fh) else {
+            reply.error(libc::EBADF);
+            return;
+        };
+        let root = self.cfg.root;
+        let mut idx = offset.max(0) as usize;
+        loop {
+            let full = match idx {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(ino, 2, FileType::Directory, ".."),
+                n => match entries.get(n - 2) {
+                    Some((name, d)) => {
+                        let i = if d.ino == root {
+                            fuser::FUSE_ROOT_ID
+                        } else {
+                            d.ino
+                        };
+                        reply.add(i, (n + 1) as i64, kind(d.kind), name)
+                    }
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            idx += 1;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _f: i32, reply: ReplyEmpty) {
+        self.dirs.lock().expect("dirs lock").remove(&fh);
+        reply.ok();
+    }
+
+    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+        let (c, _, _) = self.ctx();
+        self.spawn(async move {
+            match c.space().await {
+                Ok((total, avail)) => {
+                    let bs = 4096u64;
+                    reply.statfs(
+                        total / bs,
+                        avail / bs,
+                        avail / bs,
+                        u64::MAX >> 1,
+                        u64::MAX >> 1,
+                        bs as u32,
+                        NAME_MAX as u32,
+                        bs as u32,
+                    )
+                }
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn setxattr(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let name = name_of(name);
+        let value = value.to_vec();
+        self.spawn(async move {
+            let r = async { c.setxattr(who, ino, &name?, &value, flags as u32).await }.await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn getxattr(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        name: &OsStr,
+        size: u32,
+        reply: ReplyXattr,
+    ) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let name = name_of(name);
+        self.spawn(async move {
+            match async { c.getxattr(who, ino, &name?).await }.await {
+                Ok(v) if size == 0 => reply.size(v.len() as u32),
+                Ok(v) if v.len() > size as usize => reply.error(libc::ERANGE),
+                Ok(v) => reply.data(&v),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn listxattr(&mut self, req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        self.spawn(async move {
+            match c.listxattr(who, ino).await {
+                Ok(names) => {
+                    let mut buf = Vec::new();
+                    for n in names {
+                        buf.extend_from_slice(n.as_bytes());
+                        buf.push(0);
+                    }
+                    if size == 0 {
+                        reply.size(buf.len() as u32)
+                    } else if buf.len() > size as usize {
+                        reply.error(libc::ERANGE)
+                    } else {
+                        reply.data(&buf)
+                    }
+                }
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn removexattr(&mut self, req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let name = name_of(name);
+        self.spawn(async move {
+            match async { c.removexattr(who, ino, &name?).await }.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn access(&mut self, _req: &Request<'_>, _ino: u64, _mask: i32, reply: ReplyEmpty) {
+        // permission bits are checked by the kernel (default_permissions)
+        reply.ok();
+    }
+
+    fn fallocate(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        offset: i64,
+        length: i64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let (c, _, _) = self.ctx();
+        let (who, ino) = (caller(req), self.ino_in(ino));
+        let (offset, length) = (offset.max(0) as u64, length.max(0) as u64);
+        self.spawn(async move {
+            let r = async {
+                let i = c.getattr(who, ino).await?;
+                match mode {
+                    // allocate: objects are thin, so only the size may grow
+                    0 => {
+                        let end = offset + length;
+                        if end > i.size {
+                            c.setattr(
+                                who,
+                                ino,
+                                SetAttr {
+                                    size: Some(end),
+                                    ..SetAttr::default()
+                                },
+                            )
+                            .await?;
+                        }
+                        Ok(())
+                    }
+                    libc::FALLOC_FL_KEEP_SIZE => Ok(()),
+                    m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
+                        c.zero(&i, offset, length).await
+                    }
+                    _ => Err(FsError::Errno(libc::EOPNOTSUPP)),
+                }
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+}
+
+/// Mounts the file system at `mountpoint` and serves it until it is unmounted.
+pub fn mount(fs: KelpFuse, mountpoint: &Path) -> Result<()> {
+    let mut options = vec![
+        MountOption::FSName(fs.cfg.fs_name.clone()),
+        MountOption::Subtype("kelp".into()),
+        MountOption::DefaultPermissions,
+        MountOption::RW,
+        MountOption::Exec,
+    ];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        options.push(MountOption::AllowOther);
+        options.push(MountOption::Suid);
+        options.push(MountOption::Dev);
+    }
+    fuser::mount2(fs, mountpoint, &options)?;
+    Ok(())
+}
+
+/// Unmounts a Kelp mount (lazily if it is busy).
+pub fn unmount(mountpoint: &Path) -> Result<()> {
+    let status = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(mountpoint)
+        .stderr(std::process::Stdio::null())
+        .status();
+    if matches!(status, Ok(s) if s.success()) {
+        return Ok(());
+    }
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
+        .map_err(|_| FsError::Config("mount point with a NUL byte".into()))?;
+    // SAFETY: c is a valid NUL-terminated path; umount2 only reads it.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}

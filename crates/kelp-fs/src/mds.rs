@@ -1,0 +1,832 @@
+//! The metadata server daemon: the I/O around the pure [`Namespace`] core.
+//!
+//! - Requests arrive over kelp-msgr (authenticated with the cluster keyring); each is decoded
+//!   and checked before it reaches the core, and a malformed one gets an error reply, never a
+//!   panic.
+//! - Operations run one at a time against the cache (simple and obviously serializable); a
+//!   mutation's updates are appended to the journal in RADOS before the reply is sent.
+//! - A checkpoint every `checkpoint_interval` writes the dirty state to the inode and
+//!   directory objects, moves the journal head and removes the old segments, so a restart
+//!   replays at most a few seconds of journal.
+//! - Fencing: once the monitors blocklist this MDS's RADOS instance, its journal writes fail
+//!   with `Blocklisted`; the daemon then stops (it must never answer from a stale view).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use kelp_client::{ClientError, IoCtx, Rados, WriteOp};
+use kelp_msgr::{KeyLookup, Messenger, RemoteError, Request, Response};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, watch};
+use tracing::{debug, error, info, warn};
+
+use crate::core::{Namespace, Need, Step};
+use crate::error::{FsError, Result};
+use crate::journal::{self, Entry, Head};
+use crate::types::*;
+
+/// Where the active MDS of a file system says it listens (an object in the metadata pool),
+/// until the monitors' file-system map records it.
+pub const ADDR_OBJECT: &str = "mds.addr";
+
+/// Settings of one MDS.
+#[derive(Debug, Clone)]
+pub struct MdsConfig {
+    /// The daemon's name (`a` for `mds.a`).
+    pub name: String,
+    pub meta_pool: String,
+    pub data_pool: String,
+    /// Address to serve clients on (port 0: any).
+    pub bind: SocketAddr,
+    /// Most inodes kept in the cache (clean ones beyond it are dropped at each checkpoint).
+    pub cache_inodes: usize,
+    /// How often dirty metadata is written back and the journal trimmed.
+    pub checkpoint_interval: Duration,
+}
+
+impl MdsConfig {
+    pub fn new(name: &str, meta_pool: &str, data_pool: &str) -> MdsConfig {
+        MdsConfig {
+            name: name.into(),
+            meta_pool: meta_pool.into(),
+            data_pool: data_pool.into(),
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            cache_inodes: 100_000,
+            checkpoint_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What the MDS publishes about itself in [`ADDR_OBJECT`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MdsAddr {
+    pub v: u8,
+    pub name: String,
+    pub addr: SocketAddr,
+    /// The RADOS instance (what the monitors blocklist to fence it).
+    pub instance: String,
+}
+
+struct State {
+    ns: Namespace,
+    seq: u64,
+    /// Segment appended to now.
+    segment: u64,
+    segment_bytes: u64,
+    /// First segment not yet checkpointed (the head).
+    first_segment: u64,
+    /// Updates journaled since the last checkpoint, in order.
+    pending: Vec<Update>,
+}
+
+struct Inner {
+    cfg: MdsConfig,
+    meta: IoCtx,
+    data: IoCtx,
+    state: Mutex<State>,
+    fenced: Arc<watch::Sender<Option<String>>>,
+}
+
+/// A metadata server: its messenger listens from [`Mds::bind`] on, and it serves a file
+/// system once [`Mds::activate`] has replayed that file system's journal (before, requests
+/// are answered with ESHUTDOWN, which sends clients looking for the active MDS).
+pub struct Mds {
+    slot: Arc<OnceLock<Arc<Inner>>>,
+    fenced: Arc<watch::Sender<Option<String>>>,
+    msgr: Messenger,
+    addr: SocketAddr,
+}
+
+impl Mds {
+    /// Replays the journal, loads (or creates) the root, and starts serving on `cfg.bind`
+    /// (a standalone MDS, without the monitors' file-system map). `keys` authenticates clients
+    /// (the cluster keyring).
+    pub async fn start(cfg: MdsConfig, rados: Rados, keys: Arc<dyn KeyLookup>) -> Result<Mds> {
+        let mds = Mds::bind(&cfg.name, cfg.bind, keys).await?;
+        mds.activate(cfg, rados).await?;
+        Ok(mds)
+    }
+
+    /// Starts listening as `mds.NAME` on `bind`, serving nothing yet.
+    pub async fn bind(name: &str, bind: SocketAddr, keys: Arc<dyn KeyLookup>) -> Result<Mds> {
+        let slot: Arc<OnceLock<Arc<Inner>>> = Arc::default();
+        let msgr = Messenger::builder(format!("mds.{name}"))
+            .keys(keys)
+            .dispatcher(Arc::new(Dispatcher { slot: slot.clone() }))
+            .build()?;
+        let addr = msgr.bind(bind).await?;
+        let (fenced, _) = watch::channel(None);
+        Ok(Mds {
+            slot,
+            fenced: Arc::new(fenced),
+            msgr,
+            addr,
+        })
+    }
+
+    /// Takes the file system of `cfg`: replays its journal, loads (or creates) the root,
+    /// publishes this MDS's address in the metadata pool, and serves.
+    pub async fn activate(&self, cfg: MdsConfig, rados: Rados) -> Result<()> {
+        let meta = rados.ioctx(&cfg.meta_pool).await?;
+        let data = rados.ioctx(&cfg.data_pool).await?;
+        let (segment, next_ino) = replay(&meta).await?;
+        let mut ns = Namespace::new(next_ino);
+        let strays = load_strays(&meta).await?;
+        ns.set_strays(strays);
+        let mut st = State {
+            ns,
+            seq: 0,
+            segment,
+            segment_bytes: 0,
+            first_segment: segment,
+            pending: Vec::new(),
+        };
+        match load_inode(&meta, ROOT_INO).await? {
+            Some(root) => st.ns.insert_inode(root),
+            None => {
+                info!("no root directory: creating a new file system");
+                let updates = st.ns.make_root(Time::now());
+                apply_updates(&meta, &updates).await?;
+                st.ns.mark_clean();
+            }
+        }
+        let inner = Arc::new(Inner {
+            cfg: cfg.clone(),
+            meta,
+            data,
+            state: Mutex::new(st),
+            fenced: self.fenced.clone(),
+        });
+        let published = MdsAddr {
+            v: RECORD_VERSION,
+            name: cfg.name.clone(),
+            addr: self.addr,
+            instance: rados.instance(),
+        };
+        inner
+            .meta
+            .write_full(
+                ADDR_OBJECT,
+                serde_json::to_vec(&published).expect("serializable"),
+            )
+            .await
+            .map_err(|e| inner.check_fenced(e))?;
+        if self.slot.set(inner.clone()).is_err() {
+            return Err(FsError::Config(
+                "this MDS already serves a file system".into(),
+            ));
+        }
+        info!(addr = %self.addr, "mds.{} serving", cfg.name);
+        tokio::spawn(async move { inner.background().await });
+        Ok(())
+    }
+
+    /// Where clients reach this MDS.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Resolves when the MDS has been fenced (blocklisted), with the reason.
+    pub async fn fenced(&self) -> String {
+        let mut rx = self.fenced.subscribe();
+        loop {
+            if let Some(r) = rx.borrow_and_update().clone() {
+                return r;
+            }
+            if rx.changed().await.is_err() {
+                return "stopped".into();
+            }
+        }
+    }
+
+    /// Writes back everything dirty (a clean stop leaves an empty journal).
+    pub async fn shutdown(&self) -> Result<()> {
+        self.msgr.shutdown();
+        match self.slot.get() {
+            Some(inner) => inner.checkpoint().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Reads the head and every segment after it and writes their updates to the objects;
+/// returns the segment to append to next and the next free inode number.
+async fn replay(meta: &IoCtx) -> Result<(u64, Ino)> {
+    let head = match meta.read(journal::HEAD_OBJECT, 0, 0).await {
+        Ok(b) => serde_json::from_slice::<Head>(&b).map_err(|e| FsError::Malformed {
+            what: "journal head".into(),
+            detail: e.to_string(),
+        })?,
+        Err(ClientError::NotFound { .. }) => Head {
+            v: RECORD_VERSION,
+            first_segment: 0,
+        },
+        Err(e) => return Err(e.into()),
+    };
+    let mut seg = head.first_segment;
+    let mut updates = Vec::new();
+    loop {
+        match meta.read(&journal::segment_object(seg), 0, 0).await {
+            Ok(b) => {
+                let entries = journal::decode_segment(&b)?;
+                info!(segment = seg, entries = entries.len(), "replaying journal");
+                updates.extend(entries.into_iter().flat_map(|e| e.updates));
+                seg += 1;
+            }
+            Err(ClientError::NotFound { .. }) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !updates.is_empty() {
+        apply_updates(meta, &updates).await?;
+    }
+    if seg != head.first_segment {
+        trim(meta, head.first_segment, seg).await?;
+    }
+    let next_ino = match meta.read(journal::INOTABLE_OBJECT, 0, 0).await {
+        Ok(b) => {
+            serde_json::from_slice::<InoTable>(&b)
+                .map_err(|e| FsError::Malformed {
+                    what: "inode table".into(),
+                    detail: e.to_string(),
+                })?
+                .next_ino
+        }
+        Err(ClientError::NotFound { .. }) => FIRST_INO,
+        Err(e) => return Err(e.into()),
+    };
+    Ok((seg, next_ino))
+}
+
+/// Moves the head to `to` and removes segments `from..to`.
+async fn trim(meta: &IoCtx, from: u64, to: u64) -> Result<()> {
+    let head = Head {
+        v: RECORD_VERSION,
+        first_segment: to,
+    };
+    meta.write_full(
+        journal::HEAD_OBJECT,
+        serde_json::to_vec(&head).expect("serializable"),
+    )
+    .await?;
+    for s in from..to {
+        match meta.remove(&journal::segment_object(s)).await {
+            Ok(()) | Err(ClientError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct InoTable {
+    v: u8,
+    next_ino: Ino,
+}
+
+async fn load_inode(meta: &IoCtx, ino: Ino) -> Result<Option<Inode>> {
+    match meta.read(&inode_object(ino), 0, 0).await {
+        Ok(b) => {
+            let s: StoredInode = serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
+                what: format!("inode {ino:x}"),
+                detail: e.to_string(),
+            })?;
+            Ok(Some(s.inode))
+        }
+        Err(ClientError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn load_dir(meta: &IoCtx, ino: Ino) -> Result<BTreeMap<String, Dentry>> {
+    let mut out = BTreeMap::new();
+    let obj = dir_object(ino);
+    let mut after = String::new();
+    loop {
+        let (page, more) = match meta.omap_get_vals(&obj, &after, "", 1000).await {
+            Ok(p) => p,
+            Err(ClientError::NotFound { .. }) => return Ok(out),
+            Err(e) => return Err(e.into()),
+        };
+        for (k, v) in page {
+            let d: StoredDentry = serde_json::from_slice(&v).map_err(|e| FsError::Malformed {
+                what: format!("dentry {k} of {ino:x}"),
+                detail: e.to_string(),
+            })?;
+            after = k.clone();
+            out.insert(k, d.dentry);
+        }
+        if !more {
+            return Ok(out);
+        }
+    }
+}
+
+async fn load_strays(meta: &IoCtx) -> Result<Vec<Ino>> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (page, more) = match meta
+            .omap_get_vals(journal::STRAY_OBJECT, &after, "", 1000)
+            .await
+        {
+            Ok(p) => p,
+            Err(ClientError::NotFound { .. }) => return Ok(out),
+            Err(e) => return Err(e.into()),
+        };
+        for (k, _) in page {
+            if let Ok(i) = Ino::from_str_radix(&k, 16) {
+                out.push(i);
+            }
+            after = k;
+        }
+        if !more {
+            return Ok(out);
+        }
+    }
+}
+
+/// Writes a run of updates to the objects, last update per key winning.
+async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
+    let mut inodes: HashMap<Ino, Option<&Inode>> = HashMap::new();
+    let mut dirs: HashMap<Ino, BTreeMap<&str, Option<Dentry>>> = HashMap::new();
+    let mut removed_dirs = Vec::new();
+    let mut next_ino = None;
+    let mut strays: BTreeMap<Ino, bool> = BTreeMap::new();
+    for u in updates {
+        match u {
+            Update::PutInode(i) => {
+                inodes.insert(i.ino, Some(i));
+            }
+            Update::DelInode(i) => {
+                inodes.insert(*i, None);
+            }
+            Update::PutDentry { dir, name, dentry } => {
+                dirs.entry(*dir).or_default().insert(name, Some(*dentry));
+            }
+            Update::DelDentry { dir, name } => {
+                dirs.entry(*dir).or_default().insert(name, None);
+            }
+            Update::DelDir(d) => {
+                dirs.remove(d);
+                removed_dirs.push(*d);
+            }
+            Update::NextIno(n) => next_ino = Some(next_ino.unwrap_or(0).max(*n)),
+            Update::AddStray(i) => {
+                strays.insert(*i, true);
+            }
+            Update::DelStray(i) => {
+                strays.insert(*i, false);
+            }
+        }
+    }
+    let mut jobs: Vec<futures::future::BoxFuture<'_, Result<()>>> = Vec::new();
+    for (ino, i) in inodes {
+        jobs.push(Box::pin(async move {
+            match i {
+                Some(i) => {
+                    let rec = StoredInode {
+                        v: RECORD_VERSION,
+                        inode: i.clone(),
+                    };
+                    meta.write_full(
+                        &inode_object(ino),
+                        serde_json::to_vec(&rec).expect("serializable"),
+                    )
+                    .await?;
+                }
+                None => match meta.remove(&inode_object(ino)).await {
+                    Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                },
+            }
+            Ok(())
+        }));
+    }
+    for (dir, names) in dirs {
+        jobs.push(Box::pin(async move {
+            let mut puts = Vec::new();
+            let mut dels = Vec::new();
+            for (n, d) in names {
+                match d {
+                    Some(d) => puts.push((
+                        n,
+                        serde_json::to_vec(&StoredDentry {
+                            v: RECORD_VERSION,
+                            dentry: d,
+                        })
+                        .expect("serializable"),
+                    )),
+                    None => dels.push(n),
+                }
+            }
+            // a directory's entry object may not exist yet (its first entry was added and
+            // removed between two checkpoints): create it rather than fail
+            let mut op = WriteOp::new().create(false);
+            if !puts.is_empty() {
+                op = op.omap_set(&puts);
+            }
+            if !dels.is_empty() {
+                op = op.omap_rm_keys(&dels);
+            }
+            meta.operate(op, &dir_object(dir)).await?;
+            Ok(())
+        }));
+    }
+    for d in removed_dirs {
+        jobs.push(Box::pin(async move {
+            match meta.remove(&dir_object(d)).await {
+                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        }));
+    }
+    if let Some(n) = next_ino {
+        jobs.push(Box::pin(async move {
+            let t = InoTable {
+                v: RECORD_VERSION,
+                next_ino: n,
+            };
+            meta.write_full(
+                journal::INOTABLE_OBJECT,
+                serde_json::to_vec(&t).expect("serializable"),
+            )
+            .await?;
+            Ok(())
+        }));
+    }
+    if !strays.is_empty() {
+        jobs.push(Box::pin(async move {
+            let add: Vec<(String, &[u8])> = strays
+                .iter()
+                .filter(|(_, a)| **a)
+                .map(|(i, _)| (format!("{i:x}"), &b""[..]))
+                .collect();
+            let del: Vec<String> = strays
+                .iter()
+                .filter(|(_, a)| !**a)
+                .map(|(i, _)| format!("{i:x}"))
+                .collect();
+            let mut op = WriteOp::new().create(false);
+            if !add.is_empty() {
+                op = op.omap_set(&add);
+            }
+            if !del.is_empty() {
+                op = op.omap_rm_keys(&del);
+            }
+            meta.operate(op, journal::STRAY_OBJECT).await?;
+            Ok(())
+        }));
+    }
+    let mut results = futures::stream::iter(jobs).buffer_unordered(16);
+    while let Some(r) = results.next().await {
+        r?;
+    }
+    Ok(())
+}
+
+impl Inner {
+    /// Maps a RADOS error, noting when it means this MDS has been fenced.
+    fn check_fenced(&self, e: ClientError) -> FsError {
+        if let ClientError::Blocklisted(m) = &e {
+            error!("this MDS has been blocklisted: {m}; stopping");
+            self.fenced.send_replace(Some(m.clone()));
+            return FsError::Fenced(m.clone());
+        }
+        e.into()
+    }
+
+    fn is_fenced(&self) -> bool {
+        self.fenced.borrow().is_some()
+    }
+
+    /// Runs one client operation to its reply.
+    async fn handle(&self, client: u64, caller: Caller, op: &Op) -> Reply {
+        if self.is_fenced() {
+            return Reply::Err(errno::ESHUTDOWN);
+        }
+        let mut st = self.state.lock().await;
+        for _ in 0..64 {
+            let step = st.ns.apply(client, caller, op, Time::now());
+            match step {
+                Step::Need(need) => {
+                    let loaded = match need {
+                        Need::Inode(ino) => match load_inode(&self.meta, ino).await {
+                            Ok(Some(i)) => {
+                                st.ns.insert_inode(i);
+                                Ok(())
+                            }
+                            Ok(None) => return Reply::Err(errno::ENOENT),
+                            Err(e) => Err(e),
+                        },
+                        Need::Dir(ino) => match load_dir(&self.meta, ino).await {
+                            Ok(d) => {
+                                st.ns.insert_dir(ino, d);
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        },
+                    };
+                    if let Err(e) = loaded {
+                        warn!("loading {need:?}: {e}");
+                        return Reply::Err(e.errno());
+                    }
+                }
+                Step::Done { reply, updates, .. } => {
+                    if updates.is_empty() {
+                        return reply;
+                    }
+                    return match self.journal(&mut st, updates).await {
+                        Ok(()) => reply,
+                        Err(e) => {
+                            error!("journal write failed: {e}");
+                            Reply::Err(errno::EIO)
+                        }
+                    };
+                }
+            }
+        }
+        Reply::Err(errno::EIO)
+    }
+
+    /// Appends one entry to the journal (durable when this returns).
+    async fn journal(&self, st: &mut State, updates: Vec<Update>) -> Result<()> {
+        st.seq += 1;
+        let entry = Entry {
+            v: RECORD_VERSION,
+            seq: st.seq,
+            updates,
+        };
+        let bytes = journal::encode(&entry);
+        let len = bytes.len() as u64;
+        self.meta
+            .append(&journal::segment_object(st.segment), bytes)
+            .await
+            .map_err(|e| self.check_fenced(e))?;
+        st.segment_bytes += len;
+        st.pending.extend(entry.updates);
+        if st.segment_bytes >= journal::SEGMENT_BYTES {
+            st.segment += 1;
+            st.segment_bytes = 0;
+        }
+        Ok(())
+    }
+
+    /// Writes back what is dirty, then trims the journal.
+    async fn checkpoint(&self) -> Result<()> {
+        let mut st = self.state.lock().await;
+        if st.pending.is_empty() && st.first_segment == st.segment {
+            return Ok(());
+        }
+        // later appends go to a new segment; everything before it is in `pending`
+        if st.segment_bytes > 0 {
+            st.segment += 1;
+            st.segment_bytes = 0;
+        }
+        let pending = std::mem::take(&mut st.pending);
+        if let Err(e) = apply_updates(&self.meta, &pending).await {
+            st.pending = pending;
+            return Err(match e {
+                FsError::Rados(c) => self.check_fenced(c),
+                e => e,
+            });
+        }
+        let to = st.segment;
+        trim(&self.meta, st.first_segment, to)
+            .await
+            .map_err(|e| match e {
+                FsError::Rados(c) => self.check_fenced(c),
+                e => e,
+            })?;
+        st.first_segment = to;
+        st.ns.mark_clean();
+        st.ns.evict_to(self.cfg.cache_inodes);
+        debug!(updates = pending.len(), segment = to, "checkpoint");
+        Ok(())
+    }
+
+    /// Checkpoints and purges strays until fenced.
+    async fn background(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.checkpoint_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.is_fenced() {
+                return;
+            }
+            if let Err(e) = self.checkpoint().await {
+                warn!("checkpoint failed: {e}");
+            }
+            if let Err(e) = self.purge().await {
+                warn!("purging strays failed: {e}");
+            }
+        }
+    }
+
+    /// Removes the data of unlinked, closed files, then their inodes.
+    async fn purge(&self) -> Result<()> {
+        let ready = self.state.lock().await.ns.purgeable();
+        for ino in ready {
+            let inode = match self
+                .handle(0, Caller::default(), &Op::GetAttr { ino })
+                .await
+            {
+                Reply::Attr(i) => Some(i),
+                _ => None,
+            };
+            if let Some(i) = &inode {
+                let objects = i.size.div_ceil(i.object_size.max(1));
+                for idx in 0..objects.max(1) {
+                    match self.data.remove(&data_object(ino, idx)).await {
+                        Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                        Err(e) => return Err(self.check_fenced(e)),
+                    }
+                }
+            }
+            let mut st = self.state.lock().await;
+            if !st.ns.purgeable().contains(&ino) {
+                continue; // opened again meanwhile
+            }
+            let updates = st.ns.purged(ino);
+            self.journal(&mut st, updates).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves as the monitors' file-system map assigns: beacons every second (as a standby
+/// until given a role), and when given rank 0 of a file system replays its journal (beaconing
+/// `replay`), then serves it (beaconing `active`). Returns why it stopped: told to by the
+/// monitors (its role went to another MDS), or fenced (its RADOS instance blocklisted).
+pub async fn run_in_fsmap(
+    mds: &Mds,
+    rados: &Rados,
+    base: MdsConfig,
+    want_fs: Option<String>,
+) -> Result<String> {
+    use kelp_client::{MdsAssignment, MdsBeacon, MdsState};
+    let (state_tx, state_rx) = watch::channel((MdsState::Standby, 0u64));
+    let (assign_tx, mut assign_rx) = tokio::sync::mpsc::channel(4);
+    let beacon_task = {
+        let rados = rados.clone();
+        let name = base.name.clone();
+        let addr = mds.addr();
+        let want_fs = want_fs.clone();
+        tokio::spawn(async move {
+            loop {
+                let (state, incarnation) = *state_rx.borrow();
+                let beacon = MdsBeacon {
+                    name: name.clone(),
+                    addr,
+                    instance: rados.instance(),
+                    fs: want_fs.clone(),
+                    state,
+                    incarnation,
+                };
+                match rados.mds_beacon(&beacon).await {
+                    Ok(a) => {
+                        if assign_tx.send(a).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => warn!("beacon to the monitors failed: {e}"),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let _stop_beacons = AbortOnDrop(beacon_task);
+    loop {
+        tokio::select! {
+            a = assign_rx.recv() => match a {
+                None | Some(MdsAssignment::Stop) => {
+                    return Ok("the monitors gave this MDS's role to another".into());
+                }
+                Some(MdsAssignment::Active { fs, incarnation }) => {
+                    if state_tx.borrow().0 != MdsState::Standby {
+                        continue;
+                    }
+                    info!(fs, incarnation, "given rank 0: replaying the journal");
+                    state_tx.send_replace((MdsState::Replay, incarnation));
+                    let map = rados.fs_map().await?;
+                    let info = map.filesystems.get(&fs).ok_or_else(|| {
+                        FsError::Config(format!("file system {fs} is not in the map"))
+                    })?;
+                    let osd_map = rados.osd_map();
+                    let pool_name = |id: u32| {
+                        osd_map
+                            .pools
+                            .get(&id)
+                            .map(|p| p.name.clone())
+                            .ok_or_else(|| FsError::Config(format!("pool {id} of {fs} is gone")))
+                    };
+                    let mut cfg = base.clone();
+                    cfg.meta_pool = pool_name(info.metadata_pool)?;
+                    cfg.data_pool = pool_name(*info.data_pools.first().ok_or_else(|| {
+                        FsError::Config(format!("file system {fs} has no data pool"))
+                    })?)?;
+                    mds.activate(cfg, rados.clone()).await?;
+                    state_tx.send_replace((MdsState::Active, incarnation));
+                    info!(fs, incarnation, "active");
+                }
+                Some(MdsAssignment::Standby) => {}
+            },
+            reason = mds.fenced() => return Ok(format!("fenced: {reason}")),
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Dispatcher {
+    slot: Arc<OnceLock<Arc<Inner>>>,
+}
+
+/// Decodes a request envelope; every malformed input is an error, never a panic.
+pub fn decode_request(meta: &[u8]) -> std::result::Result<Envelope, RemoteError> {
+    let env: Envelope = serde_json::from_slice(meta)
+        .map_err(|e| RemoteError::new(errno::EPROTO as u32, format!("malformed request: {e}")))?;
+    if env.v != PROTOCOL_VERSION {
+        return Err(RemoteError::new(
+            errno::EPROTO as u32,
+            format!(
+                "protocol version {} (this MDS speaks {PROTOCOL_VERSION})",
+                env.v
+            ),
+        ));
+    }
+    Ok(env)
+}
+
+#[async_trait]
+impl kelp_msgr::Dispatcher for Dispatcher {
+    async fn handle_request(&self, req: Request) -> std::result::Result<Response, RemoteError> {
+        if req.msg_type != MSG_MDS_REQUEST {
+            return Err(RemoteError::new(
+                errno::EPROTO as u32,
+                format!("unknown message type {:#x}", req.msg_type),
+            ));
+        }
+        let env = decode_request(&req.meta)?;
+        let reply = match self.slot.get() {
+            Some(inner) => inner.handle(env.client, env.caller, &env.op).await,
+            None => Reply::Err(errno::ESHUTDOWN),
+        };
+        let meta = serde_json::to_vec(&reply).expect("replies serialize");
+        Ok(Response::new(MSG_MDS_REQUEST, meta, Bytes::new()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_requests_are_errors_not_panics() {
+        let good = serde_json::to_vec(&Envelope {
+            v: PROTOCOL_VERSION,
+            client: 1,
+            caller: Caller::default(),
+            op: Op::GetAttr { ino: 1 },
+        })
+        .unwrap();
+        assert!(decode_request(&good).is_ok());
+        // every truncation, and every single-byte corruption of a valid request
+        for n in 0..good.len() {
+            let _ = decode_request(&good[..n]);
+            for b in [0u8, b'"', b'}', 0xff, b'9'] {
+                let mut bad = good.clone();
+                bad[n] = b;
+                let _ = decode_request(&bad);
+            }
+        }
+        let mut x: u64 = 0x1234_5678;
+        for _ in 0..2000 {
+            let len = (x % 300) as usize;
+            let mut buf = Vec::with_capacity(len);
+            for _ in 0..len {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                buf.push(x as u8);
+            }
+            assert!(decode_request(&buf).is_err());
+        }
+        let old = good.clone().into_iter().collect::<Vec<u8>>();
+        let text = String::from_utf8(old)
+            .unwrap()
+            .replace("\"v\":1", "\"v\":99");
+        assert!(decode_request(text.as_bytes()).is_err());
+    }
+}

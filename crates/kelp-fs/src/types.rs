@@ -1,0 +1,410 @@
+//! The file system's data model and the client <-> MDS protocol.
+//!
+//! Everything here is serialized (to the metadata pool, to the journal, to the wire) and
+//! therefore versioned: stored records carry a `v` field and the wire messages go inside a
+//! [`Envelope`] whose version the MDS checks before it looks further.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// An inode number. The root directory is [`ROOT_INO`], as FUSE wants it.
+pub type Ino = u64;
+
+/// The root directory's inode number.
+pub const ROOT_INO: Ino = 1;
+/// The first inode number handed out to files (below it: reserved).
+pub const FIRST_INO: Ino = 0x100;
+/// The protocol version this build speaks (client and MDS).
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The version of stored records (inodes, dentries, journal entries).
+pub const RECORD_VERSION: u8 = 1;
+/// Longest name of a directory entry, in bytes (as most local file systems).
+pub const NAME_MAX: usize = 255;
+/// Largest extended attribute value.
+pub const XATTR_SIZE_MAX: usize = 65536;
+/// Default size of the data objects a file is striped over (CephFS's default).
+pub const DEFAULT_OBJECT_SIZE: u64 = 4 << 20;
+/// msgr message type of a client request to the MDS (and its reply).
+pub const MSG_MDS_REQUEST: u16 = 0x4d01;
+/// msgr message type of an MDS push to a client (invalidations).
+pub const MSG_MDS_PUSH: u16 = 0x4d02;
+
+/// The file-type bits of a mode (`S_IFMT`).
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFDIR: u32 = 0o040000;
+pub const S_IFREG: u32 = 0o100000;
+pub const S_IFLNK: u32 = 0o120000;
+pub const S_ISGID: u32 = 0o2000;
+
+/// A point in time: seconds and nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+pub struct Time {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Time {
+    /// The current wall-clock time.
+    pub fn now() -> Time {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Time {
+            secs: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: d.subsec_nanos(),
+        }
+    }
+
+    pub fn to_system(self) -> std::time::SystemTime {
+        let base = std::time::UNIX_EPOCH;
+        if self.secs >= 0 {
+            base + std::time::Duration::new(self.secs.unsigned_abs(), self.nanos)
+        } else {
+            base - std::time::Duration::from_secs(self.secs.unsigned_abs())
+                + std::time::Duration::from_nanos(u64::from(self.nanos))
+        }
+    }
+
+    pub fn from_system(t: std::time::SystemTime) -> Time {
+        match t.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => Time {
+                secs: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                nanos: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let mut secs = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+                let mut nanos = d.subsec_nanos();
+                if nanos > 0 {
+                    secs -= 1;
+                    nanos = 1_000_000_000 - nanos;
+                }
+                Time { secs, nanos }
+            }
+        }
+    }
+}
+
+/// An inode: what `stat` shows, plus a symlink's target and the extended attributes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub ino: Ino,
+    /// Type and permission bits (`st_mode`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub rdev: u32,
+    /// A directory's parent (a directory has exactly one link to it); 0 for other inodes.
+    pub parent: Ino,
+    /// A symlink's target.
+    #[serde(default)]
+    pub target: String,
+    #[serde(default)]
+    pub xattrs: BTreeMap<String, Vec<u8>>,
+    /// Size of the data objects the file is striped over.
+    pub object_size: u64,
+    /// Bumped on every change; clients use it to tell whether their cached copy is current.
+    #[serde(default)]
+    pub version: u64,
+}
+
+impl Inode {
+    pub fn is_dir(&self) -> bool {
+        self.mode & S_IFMT == S_IFDIR
+    }
+    pub fn kind(&self) -> u32 {
+        self.mode & S_IFMT
+    }
+}
+
+/// A directory entry: the name's inode and its type (so `readdir` needs no inode reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dentry {
+    pub ino: Ino,
+    /// `S_IFMT` bits of the inode.
+    pub kind: u32,
+}
+
+/// Who asks: the caller's credentials, as FUSE passes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A time to set: a given one or the MDS's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    Now,
+    At(Time),
+}
+
+/// The attributes a `setattr` changes (`None`: unchanged).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+/// `rename` flags (Linux's values).
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+/// `setxattr` flags (Linux's values).
+pub const XATTR_CREATE: u32 = 1;
+pub const XATTR_REPLACE: u32 = 2;
+
+/// A namespace operation, as the client sends it and the core applies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    Lookup {
+        parent: Ino,
+        name: String,
+    },
+    GetAttr {
+        ino: Ino,
+    },
+    SetAttr {
+        ino: Ino,
+        set: SetAttr,
+    },
+    /// Creates a regular file, device, fifo or socket (`mode` holds the type).
+    Mknod {
+        parent: Ino,
+        name: String,
+        mode: u32,
+        rdev: u32,
+        /// With `O_EXCL` semantics: fail with EEXIST if the name exists; otherwise an existing
+        /// regular file is returned (open of `O_CREAT` without `O_EXCL`).
+        exclusive: bool,
+    },
+    Mkdir {
+        parent: Ino,
+        name: String,
+        mode: u32,
+    },
+    Symlink {
+        parent: Ino,
+        name: String,
+        target: String,
+    },
+    Link {
+        ino: Ino,
+        parent: Ino,
+        name: String,
+    },
+    Unlink {
+        parent: Ino,
+        name: String,
+    },
+    Rmdir {
+        parent: Ino,
+        name: String,
+    },
+    Rename {
+        parent: Ino,
+        name: String,
+        new_parent: Ino,
+        new_name: String,
+        flags: u32,
+    },
+    /// Up to `max` entries after `after` (name order).
+    ReadDir {
+        ino: Ino,
+        after: Option<String>,
+        max: u32,
+    },
+    SetXattr {
+        ino: Ino,
+        name: String,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    GetXattr {
+        ino: Ino,
+        name: String,
+    },
+    ListXattr {
+        ino: Ino,
+    },
+    RemoveXattr {
+        ino: Ino,
+        name: String,
+    },
+    /// The client wrote up to `end` (exclusive) at `mtime`: the size grows to at least `end`.
+    Written {
+        ino: Ino,
+        end: u64,
+        mtime: Time,
+    },
+    /// A client opened the file (it stays readable after its last unlink until closed).
+    Open {
+        ino: Ino,
+    },
+    /// A client closed its last handle on the file.
+    Close {
+        ino: Ino,
+    },
+    /// A client (re)connected: these are the files it holds open (replaces what the MDS
+    /// knew of it).
+    Reconnect {
+        opens: Vec<(Ino, u32)>,
+    },
+    /// `F_GETLK`: the lock that would block this one, if any.
+    GetLk {
+        ino: Ino,
+        lock: crate::locks::Lock,
+    },
+    /// `F_SETLK` (and `flock`): take or release a lock; EAGAIN when another owner blocks it.
+    SetLk {
+        ino: Ino,
+        lock: crate::locks::Lock,
+    },
+    /// The lock owner closed the file: release its locks on it.
+    ReleaseLocks {
+        ino: Ino,
+        owner: u64,
+    },
+}
+
+impl Op {
+    /// Whether the operation changes the namespace (and so is journaled).
+    pub fn is_mutation(&self) -> bool {
+        !matches!(
+            self,
+            Op::Lookup { .. }
+                | Op::GetAttr { .. }
+                | Op::ReadDir { .. }
+                | Op::GetXattr { .. }
+                | Op::ListXattr { .. }
+                | Op::Open { .. }
+                | Op::Close { .. }
+                | Op::Reconnect { .. }
+                | Op::GetLk { .. }
+                | Op::SetLk { .. }
+                | Op::ReleaseLocks { .. }
+        )
+    }
+}
+
+/// The answer to an [`Op`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// The inode looked up, created or changed.
+    Attr(Inode),
+    Entries {
+        entries: Vec<(String, Dentry)>,
+        more: bool,
+    },
+    Xattr(Vec<u8>),
+    XattrNames(Vec<String>),
+    /// The blocking lock (`None`: the request would succeed).
+    Lock(Option<crate::locks::Lock>),
+    Ok,
+    /// The operation failed with this errno.
+    Err(i32),
+}
+
+/// A request on the wire: version, who the client is, who asks, what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub v: u16,
+    /// The client's id (random per mount), under which the MDS keeps its open files.
+    pub client: u64,
+    pub caller: Caller,
+    pub op: Op,
+}
+
+/// An MDS push to a client: drop what is cached of these inodes / directories.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Invalidate {
+    pub v: u16,
+    pub inodes: Vec<Ino>,
+    /// (directory, name) entries that changed.
+    pub entries: Vec<(Ino, String)>,
+}
+
+/// One change to the stored namespace; journal entries are lists of these. Each is
+/// idempotent, so replaying a journal twice gives the same result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Update {
+    PutInode(Inode),
+    DelInode(Ino),
+    PutDentry {
+        dir: Ino,
+        name: String,
+        dentry: Dentry,
+    },
+    DelDentry {
+        dir: Ino,
+        name: String,
+    },
+    /// A directory was removed: its (empty) entry object goes too.
+    DelDir(Ino),
+    NextIno(Ino),
+    /// An inode whose last link went while it was open: purged once closed.
+    AddStray(Ino),
+    DelStray(Ino),
+}
+
+/// Errno values used by the core (Linux's numbers; the protocol carries them as they are).
+pub mod errno {
+    pub const EPERM: i32 = 1;
+    pub const ENOENT: i32 = 2;
+    pub const EIO: i32 = 5;
+    pub const EAGAIN: i32 = 11;
+    pub const E2BIG: i32 = 7;
+    pub const EEXIST: i32 = 17;
+    pub const EXDEV: i32 = 18;
+    pub const ENOTDIR: i32 = 20;
+    pub const EISDIR: i32 = 21;
+    pub const EINVAL: i32 = 22;
+    pub const ENOSPC: i32 = 28;
+    pub const EMLINK: i32 = 31;
+    pub const ERANGE: i32 = 34;
+    pub const ENAMETOOLONG: i32 = 36;
+    pub const ENOTEMPTY: i32 = 39;
+    pub const ENODATA: i32 = 61;
+    pub const EPROTO: i32 = 71;
+    pub const EOPNOTSUPP: i32 = 95;
+    pub const ESHUTDOWN: i32 = 108;
+    pub const EDQUOT: i32 = 122;
+}
+
+/// The name of a file's data object `index` (CephFS's `<ino hex>.<index 8 hex>`).
+pub fn data_object(ino: Ino, index: u64) -> String {
+    format!("{ino:x}.{index:08x}")
+}
+
+/// The metadata-pool object holding an inode.
+pub fn inode_object(ino: Ino) -> String {
+    format!("{ino:x}.inode")
+}
+
+/// The metadata-pool object whose omap holds a directory's entries.
+pub fn dir_object(ino: Ino) -> String {
+    format!("{ino:x}.dir")
+}
+
+/// A stored inode record.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoredInode {
+    pub v: u8,
+    pub inode: Inode,
+}
+
+/// A stored directory entry (omap value).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoredDentry {
+    pub v: u8,
+    pub dentry: Dentry,
+}
