@@ -126,8 +126,13 @@ impl Rados {
         };
         let promoted =
             beacon.state == MdsState::Standby && matches!(assignment, MdsAssignment::Active { .. });
-        if promoted && let MonReply::Status(s) = self.mon_command(MonCommand::Status).await? {
-            self.wait_for_epoch(s.epoch).await?;
+        if promoted {
+            match self.mon_command(MonCommand::Status).await? {
+                MonReply::Status(s) => {
+                    self.wait_for_epoch(s.epoch).await?;
+                }
+                other => return Err(unexpected(other)),
+            }
         }
         Ok(assignment)
     }

@@ -21,6 +21,9 @@ use crate::error::{FsError, Result};
 use crate::mds::{ADDR_OBJECT, MdsAddr};
 use crate::types::*;
 
+/// How often a client with open files checks in with the MDS (see [`FsClient::connect`]).
+pub const KEEPALIVE: Duration = Duration::from_secs(5);
+
 /// How a client finds and talks to its file system.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -111,6 +114,24 @@ impl FsClient {
             opens: std::sync::Mutex::new(HashMap::new()),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
+        // While files are open, a call every KEEPALIVE notices a failed-over MDS even when the
+        // mount is idle, and re-registers the open files with the new one before it may purge
+        // unlinked files (it waits `STRAY_PURGE_GRACE` after taking over).
+        let weak = Arc::downgrade(&c);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(KEEPALIVE);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(c) = weak.upgrade() else { return };
+                if c.opens.lock().expect("opens lock").is_empty() {
+                    continue;
+                }
+                if let Err(e) = c.getattr(Caller::default(), ROOT_INO).await {
+                    warn!("MDS keepalive: {e}");
+                }
+            }
+        });
         Ok(c)
     }
 

@@ -90,7 +90,14 @@ struct Inner {
     data: IoCtx,
     state: Mutex<State>,
     fenced: Arc<watch::Sender<Option<String>>>,
+    /// When this MDS took over (strays wait `STRAY_PURGE_GRACE` from then).
+    activated: std::time::Instant,
 }
+
+/// How long after taking over an MDS leaves strays alone, so that every client with open
+/// files re-registers them first (clients check in every `client::KEEPALIVE` while they hold
+/// files open, and retry a lost MDS for up to their reconnect timeout).
+pub const STRAY_PURGE_GRACE: Duration = Duration::from_secs(30);
 
 /// A metadata server: its messenger listens from [`Mds::bind`] on, and it serves a file
 /// system once [`Mds::activate`] has replayed that file system's journal (before, requests
@@ -161,6 +168,7 @@ impl Mds {
             data,
             state: Mutex::new(st),
             fenced: self.fenced.clone(),
+            activated: std::time::Instant::now(),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -501,6 +509,18 @@ impl Inner {
         e.into()
     }
 
+    /// The cache already holds an update whose journal entry failed: later ops would build
+    /// on a change that replay cannot know of. So the MDS stops serving (as if fenced): it
+    /// exits, and a standby or a restart replays the journal, which holds only what was
+    /// acknowledged.
+    fn stop_on_journal_failure(&self, e: &FsError) {
+        error!("journal write failed: {e}; stopping so that a replay rebuilds the namespace");
+        if !self.is_fenced() {
+            self.fenced
+                .send_replace(Some(format!("journal write failed: {e}")));
+        }
+    }
+
     fn is_fenced(&self) -> bool {
         self.fenced.borrow().is_some()
     }
@@ -511,6 +531,10 @@ impl Inner {
             return Reply::Err(errno::ESHUTDOWN);
         }
         let mut st = self.state.lock().await;
+        if self.is_fenced() {
+            // stopped while this op waited for the lock
+            return Reply::Err(errno::ESHUTDOWN);
+        }
         for _ in 0..64 {
             let step = st.ns.apply(client, caller, op, Time::now());
             match step {
@@ -544,7 +568,7 @@ impl Inner {
                     return match self.journal(&mut st, updates).await {
                         Ok(()) => reply,
                         Err(e) => {
-                            error!("journal write failed: {e}");
+                            self.stop_on_journal_failure(&e);
                             Reply::Err(errno::EIO)
                         }
                     };
@@ -628,8 +652,14 @@ impl Inner {
         }
     }
 
-    /// Removes the data of unlinked, closed files, then their inodes.
+    /// Removes the data of unlinked, closed files, then their inodes. Not in the first
+    /// `STRAY_PURGE_GRACE` after taking over: the open-file table starts empty, and clients
+    /// re-register their open files when they reconnect (an idle client within its
+    /// `client::KEEPALIVE`), so an unlinked file still open somewhere is not purged.
     async fn purge(&self) -> Result<()> {
+        if self.activated.elapsed() < STRAY_PURGE_GRACE {
+            return Ok(());
+        }
         let ready = self.state.lock().await.ns.purgeable();
         for ino in ready {
             let inode = match self
@@ -653,7 +683,10 @@ impl Inner {
                 continue; // opened again meanwhile
             }
             let updates = st.ns.purged(ino);
-            self.journal(&mut st, updates).await?;
+            if let Err(e) = self.journal(&mut st, updates).await {
+                self.stop_on_journal_failure(&e);
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -678,7 +711,20 @@ pub async fn run_in_fsmap(
         let addr = mds.addr();
         let want_fs = want_fs.clone();
         tokio::spawn(async move {
+            // `mds_beacon_interval` from the central config, read again every 30 beacons so
+            // that `kelp config set` reaches a running MDS.
+            let mut interval = Duration::from_secs(1);
+            let mut sent = 0u64;
             loop {
+                if sent % 30 == 0 {
+                    match rados.mds_beacon_interval(&name).await {
+                        Ok(d) => {
+                            interval = d.clamp(Duration::from_millis(100), Duration::from_secs(60))
+                        }
+                        Err(e) => warn!("reading mds_beacon_interval: {e}"),
+                    }
+                }
+                sent += 1;
                 let (state, incarnation) = *state_rx.borrow();
                 let beacon = MdsBeacon {
                     name: name.clone(),
@@ -696,7 +742,7 @@ pub async fn run_in_fsmap(
                     }
                     Err(e) => warn!("beacon to the monitors failed: {e}"),
                 }
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(interval).await;
             }
         })
     };

@@ -115,8 +115,15 @@ fn page_params(query: &[(String, String)]) -> (usize, usize) {
 
 /// Only local paths are followed after a login.
 fn safe_next(next: Option<String>) -> String {
-    next.filter(|n| n.starts_with('/') && !n.starts_with("//"))
-        .unwrap_or_else(|| "/".to_string())
+    // A path on this site only: not `//host` nor `/\host` (browsers read both as another
+    // site), and no control characters.
+    next.filter(|n| {
+        n.starts_with('/')
+            && !n.starts_with("//")
+            && !n.contains('\\')
+            && !n.chars().any(char::is_control)
+    })
+    .unwrap_or_else(|| "/".to_string())
 }
 
 async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
@@ -384,5 +391,25 @@ async fn action(shared: &Shared, path: &str) -> Resp {
             }
         }
         _ => error(StatusCode::NOT_FOUND, "no such action"),
+    }
+}
+
+#[cfg(test)]
+mod redirect_tests {
+    use super::safe_next;
+
+    #[test]
+    fn login_redirects_stay_on_this_site() {
+        assert_eq!(safe_next(Some("/osds?page=2".into())), "/osds?page=2");
+        for bad in [
+            "//evil.example/",
+            "/\\evil.example/",
+            "https://evil.example/",
+            "osds",
+            "/a\r\nSet-Cookie: x",
+        ] {
+            assert_eq!(safe_next(Some(bad.into())), "/", "{bad:?}");
+        }
+        assert_eq!(safe_next(None), "/");
     }
 }

@@ -360,9 +360,13 @@ impl MonState {
                 instance,
                 now_ms,
             } => {
-                let actions = self.fsmap.mds_timed_out(name, instance, *now_ms);
-                self.fs_actions(&actions, *now_ms).map(|()| MonReply::Done {
-                    epoch: self.epoch(),
+                let mut fsmap = self.fsmap.clone();
+                let actions = fsmap.mds_timed_out(name, instance, *now_ms);
+                self.fs_actions(&actions, *now_ms).map(|()| {
+                    self.fsmap = fsmap;
+                    MonReply::Done {
+                        epoch: self.epoch(),
+                    }
                 })
             }
             MonEntry::ClusterLog(entries) => {
@@ -741,8 +745,10 @@ impl MonState {
                 )));
             }
         };
-        self.fsmap = fsmap;
+        // Fence first: a promotion must never be recorded without the old holder's blocklist
+        // entry (if that commit fails, the map stays as it was).
         self.fs_actions(&actions, now_ms)?;
+        self.fsmap = fsmap;
         Ok(reply.unwrap_or(MonReply::Done {
             epoch: self.epoch(),
         }))
