@@ -716,7 +716,7 @@ pub async fn run_in_fsmap(
             let mut interval = Duration::from_secs(1);
             let mut sent = 0u64;
             loop {
-                if sent % 30 == 0 {
+                if sent.is_multiple_of(30) {
                     match rados.mds_beacon_interval(&name).await {
                         Ok(d) => {
                             interval = d.clamp(Duration::from_millis(100), Duration::from_secs(60))
