@@ -390,6 +390,23 @@ impl FsMap {
         }
     }
 
+    /// File system `name` and pool `pool`, both of which must exist.
+    fn fs_and_pool<'a>(
+        &self,
+        osdmap: &'a OsdMap,
+        name: &str,
+        pool: &str,
+    ) -> Result<(&FsInfo, &'a crate::Pool), MapError> {
+        let fs = self
+            .filesystems
+            .get(name)
+            .ok_or_else(|| MapError::NoSuchFs(name.to_string()))?;
+        let p = osdmap
+            .pool_by_name(pool)
+            .ok_or_else(|| MapError::NoSuchPool(pool.to_string()))?;
+        Ok((fs, p))
+    }
+
     /// `fs add_data_pool NAME POOL`: files can then be placed in `pool` by layout. Adding a
     /// pool the file system already has is a no-op.
     pub fn fs_add_data_pool(
@@ -398,13 +415,7 @@ impl FsMap {
         name: &str,
         pool: &str,
     ) -> Result<(), MapError> {
-        let fs = self
-            .filesystems
-            .get(name)
-            .ok_or_else(|| MapError::NoSuchFs(name.to_string()))?;
-        let p = osdmap
-            .pool_by_name(pool)
-            .ok_or_else(|| MapError::NoSuchPool(pool.to_string()))?;
+        let (fs, p) = self.fs_and_pool(osdmap, name, pool)?;
         if fs.data_pools.contains(&p.id) {
             return Ok(());
         }
@@ -428,13 +439,7 @@ impl FsMap {
         name: &str,
         pool: &str,
     ) -> Result<(), MapError> {
-        let fs = self
-            .filesystems
-            .get(name)
-            .ok_or_else(|| MapError::NoSuchFs(name.to_string()))?;
-        let p = osdmap
-            .pool_by_name(pool)
-            .ok_or_else(|| MapError::NoSuchPool(pool.to_string()))?;
+        let (fs, p) = self.fs_and_pool(osdmap, name, pool)?;
         match fs.data_pools.iter().position(|&d| d == p.id) {
             None => Err(MapError::NotAFsDataPool {
                 pool: pool.to_string(),

@@ -19,35 +19,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use heal_support::{Cluster, all_active_clean, content, kelp, wait_until};
+use heal_support::{Cluster, all_active_clean, content, find_all, kelp, wait_until};
 
 const POOL: &str = "ecpool";
-
-/// Every offset of `needle` in `file`.
-fn find_all(file: &Path, needle: &[u8]) -> Vec<u64> {
-    let mut f = std::fs::File::open(file).unwrap();
-    let mut found = Vec::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut base = 0u64;
-    let mut carry: Vec<u8> = Vec::new();
-    loop {
-        let n = f.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        let mut window = std::mem::take(&mut carry);
-        let window_base = base - window.len() as u64;
-        window.extend_from_slice(&buf[..n]);
-        for (i, w) in window.windows(needle.len()).enumerate() {
-            if w == needle {
-                found.push(window_base + i as u64);
-            }
-        }
-        carry = window[window.len().saturating_sub(needle.len() - 1)..].to_vec();
-        base += n as u64;
-    }
-    found
-}
 
 /// Inverts 16 bytes of `file` at `at`.
 fn flip_at(file: &Path, at: u64) {

@@ -9,8 +9,10 @@
 //! a 64-byte run of the object's (pseudo-random, unique) content and flips 16 bytes there.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod heal_support;
+
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -116,31 +118,12 @@ fn body(seed: u64, len: usize) -> Bytes {
 
 /// Flips 16 bytes of the single place in `file` holding `needle`; returns the file offset.
 fn flip(file: &Path, needle: &[u8]) -> u64 {
+    let found = heal_support::find_all(file, needle);
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(file)
         .unwrap();
-    let mut found = Vec::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut base = 0u64;
-    let mut carry: Vec<u8> = Vec::new();
-    loop {
-        let n = f.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        let mut window = std::mem::take(&mut carry);
-        let window_base = base - window.len() as u64;
-        window.extend_from_slice(&buf[..n]);
-        for (i, w) in window.windows(needle.len()).enumerate() {
-            if w == needle {
-                found.push(window_base + i as u64);
-            }
-        }
-        carry = window[window.len().saturating_sub(needle.len() - 1)..].to_vec();
-        base += n as u64;
-    }
     assert_eq!(
         found.len(),
         1,

@@ -263,3 +263,30 @@ pub fn all_active_clean(c: &Cluster) -> bool {
         .unwrap_or(0);
     num > 0 && clean == num
 }
+
+/// Every offset of `needle` in `file`.
+pub fn find_all(file: &std::path::Path, needle: &[u8]) -> Vec<u64> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(file).unwrap();
+    let mut found = Vec::new();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut base = 0u64;
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        let mut window = std::mem::take(&mut carry);
+        let window_base = base - window.len() as u64;
+        window.extend_from_slice(&buf[..n]);
+        for (i, w) in window.windows(needle.len()).enumerate() {
+            if w == needle {
+                found.push(window_base + i as u64);
+            }
+        }
+        carry = window[window.len().saturating_sub(needle.len() - 1)..].to_vec();
+        base += n as u64;
+    }
+    found
+}
