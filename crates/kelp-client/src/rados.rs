@@ -297,6 +297,16 @@ impl Rados {
         Ok(IoCtx::new(self.clone(), p.id, pool))
     }
 
+    /// An I/O context on a pool (by id).
+    pub fn ioctx_by_id(&self, pool: u32) -> Result<IoCtx, ClientError> {
+        let map = self.osd_map();
+        let p = map
+            .pools
+            .get(&pool)
+            .ok_or_else(|| ClientError::NoSuchPool(format!("pool id {pool}")))?;
+        Ok(IoCtx::new(self.clone(), pool, &p.name))
+    }
+
     /// The messenger used for OSD traffic (this instance's own: OSDs push watch events on
     /// its connections).
     pub(crate) fn msgr(&self) -> &Messenger {

@@ -586,6 +586,7 @@ impl FsClient {
         }
         let len = len.min(inode.size - off);
         let os = inode.object_size.max(1);
+        let data = &self.data_for(inode)?;
         let mut jobs = Vec::new();
         let mut pos = off;
         while pos < off + len {
@@ -594,7 +595,7 @@ impl FsClient {
             let n = (os - in_obj).min(off + len - pos);
             let name = data_object(inode.ino, idx);
             jobs.push(async move {
-                match self.data.read(&name, in_obj, n).await {
+                match data.read(&name, in_obj, n).await {
                     Ok(b) => Ok((n, b)),
                     Err(ClientError::NotFound { .. }) => Ok((n, Bytes::new())),
                     Err(e) => Err(FsError::from(e)),
@@ -619,6 +620,7 @@ impl FsClient {
         let end = off
             .checked_add(data.len() as u64)
             .ok_or(FsError::Errno(libc::EFBIG))?;
+        let data_io = &self.data_for(inode)?;
         let mut jobs = Vec::new();
         let mut pos = off;
         while pos < end {
@@ -628,7 +630,7 @@ impl FsClient {
             let start = (pos - off) as usize;
             let piece = Bytes::copy_from_slice(&data[start..start + n as usize]);
             let name = data_object(inode.ino, idx);
-            jobs.push(async move { self.data.write(&name, in_obj, piece).await });
+            jobs.push(async move { data_io.write(&name, in_obj, piece).await });
             pos += n;
         }
         for r in futures::future::join_all(jobs).await {
@@ -673,15 +675,15 @@ impl FsClient {
         let os = inode.object_size.max(1);
         let last = inode.size.div_ceil(os);
         let keep = size.div_ceil(os);
+        let data = self.data_for(inode)?;
         for idx in keep..last.max(keep) {
-            match self.data.remove(&data_object(inode.ino, idx)).await {
+            match data.remove(&data_object(inode.ino, idx)).await {
                 Ok(()) | Err(ClientError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         if !size.is_multiple_of(os) {
-            match self
-                .data
+            match data
                 .truncate(&data_object(inode.ino, size / os), size % os)
                 .await
             {
@@ -696,6 +698,7 @@ impl FsClient {
     pub async fn zero(&self, inode: &Inode, off: u64, len: u64) -> Result<()> {
         let os = inode.object_size.max(1);
         let end = (off + len).min(inode.size);
+        let data = self.data_for(inode)?;
         let mut pos = off;
         while pos < end {
             let idx = pos / os;
@@ -703,10 +706,9 @@ impl FsClient {
             let n = (os - in_obj).min(end - pos);
             let name = data_object(inode.ino, idx);
             let r = if in_obj == 0 && n == os {
-                self.data.remove(&name).await
+                data.remove(&name).await
             } else {
-                self.data
-                    .operate(kelp_client::WriteOp::new().zero(in_obj, n), &name)
+                data.operate(kelp_client::WriteOp::new().zero(in_obj, n), &name)
                     .await
                     .map(drop)
             };
@@ -717,6 +719,14 @@ impl FsClient {
             pos += n;
         }
         Ok(())
+    }
+
+    /// Where `inode`'s data objects live: its layout's pool, or the default data pool.
+    fn data_for(&self, inode: &Inode) -> Result<IoCtx> {
+        match inode.layout.pool {
+            Some(p) if p != self.data.pool_id() => Ok(self.rados.ioctx_by_id(p)?),
+            _ => Ok(self.data.clone()),
+        }
     }
 
     /// The path's inode (from the root, no symlinks followed).

@@ -64,6 +64,10 @@ pub struct Namespace {
     locks: LockTable,
     next_ino: Ino,
     default_object_size: u64,
+    /// The file system's data pools, name -> id (layouts may name only these).
+    data_pools: BTreeMap<String, u32>,
+    /// The pool of files whose layout names none.
+    default_pool: Option<u32>,
 }
 
 impl Namespace {
@@ -94,6 +98,7 @@ impl Namespace {
             object_size: self.default_object_size,
             version: 1,
             dirstat: DirStat::default(),
+            layout: Layout::default(),
         };
         self.inodes.insert(ROOT_INO, root.clone());
         self.dirs.insert(ROOT_INO, BTreeMap::new());
@@ -112,6 +117,13 @@ impl Namespace {
         if !self.dirty_dirs.contains(&ino) {
             self.dirs.insert(ino, entries);
         }
+    }
+
+    /// The file system's data pools (name -> id), which layouts may name, and the default
+    /// one.
+    pub fn set_data_pools(&mut self, pools: BTreeMap<String, u32>, default: u32) {
+        self.data_pools = pools;
+        self.default_pool = Some(default);
     }
 
     pub fn set_strays(&mut self, strays: impl IntoIterator<Item = Ino>) {
@@ -353,6 +365,7 @@ impl Namespace {
             object_size: self.default_object_size,
             version: 0,
             dirstat: DirStat::default(),
+            layout: Layout::default(),
         }
     }
 
@@ -729,12 +742,14 @@ impl Namespace {
         }
     }
 
-    /// The accounting of one new entry in `dir`, refused (EDQUOT) over a quota above it.
-    fn admit_entry(&self, dir: Ino) -> R<Acct> {
+    /// The accounting of one new entry in `dir` (refused, EDQUOT, over a quota above it) and
+    /// the layout a new file there takes.
+    fn admit_entry(&self, dir: Ino) -> R<(Acct, Layout)> {
+        let chain = self.ancestors(dir)?;
         let mut acct = Acct::default();
-        acct.add(&self.ancestors(dir)?, (0, 1));
+        acct.add(&chain, (0, 1));
         self.check_quota(&acct)?;
-        Ok(acct)
+        Ok((acct, self.inherited_layout(&chain)))
     }
 
     /// Links the new inode `i` as `name` in `p` and journals both (and `acct`, from
@@ -744,12 +759,16 @@ impl Namespace {
         &mut self,
         p: Inode,
         name: &str,
-        i: Inode,
-        acct: Acct,
+        mut i: Inode,
+        (acct, layout): (Acct, Layout),
         now: Time,
         upd: &mut Vec<Update>,
         inval: &mut Invalidate,
     ) -> R<Reply> {
+        if i.kind() == S_IFREG {
+            i.layout.pool = layout.pool;
+            i.object_size = layout.object_size.unwrap_or(i.object_size);
+        }
         let d = Dentry {
             ino: i.ino,
             kind: i.kind(),
@@ -889,6 +908,7 @@ impl Namespace {
     }
 }
 
+mod layout;
 mod quota;
 #[cfg(test)]
 mod tests;

@@ -45,6 +45,7 @@ struct Handle {
     ino: Ino,
     append: bool,
     object_size: u64,
+    pool: Option<u32>,
 }
 
 /// The FUSE file system.
@@ -388,6 +389,7 @@ impl Filesystem for KelpFuse {
                             ino,
                             append: flags & libc::O_APPEND != 0,
                             object_size: i.object_size,
+                            pool: i.layout.pool,
                         },
                     );
                     reply.opened(fh, 0)
@@ -427,6 +429,7 @@ impl Filesystem for KelpFuse {
                             ino: i.ino,
                             append: flags & libc::O_APPEND != 0,
                             object_size: i.object_size,
+                            pool: i.layout.pool,
                         },
                     );
                     reply.created(&ttl, &Self::attr(root, &i), 0, fh, 0)
@@ -476,9 +479,10 @@ impl Filesystem for KelpFuse {
     ) {
         let (c, _, _) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
-        let (append, object_size) = match self.handles.lock().expect("handles lock").get(&fh) {
-            Some(h) => (h.append, h.object_size),
-            None => (false, DEFAULT_OBJECT_SIZE),
+        let (append, object_size, pool) = match self.handles.lock().expect("handles lock").get(&fh)
+        {
+            Some(h) => (h.append, h.object_size, h.pool),
+            None => (false, DEFAULT_OBJECT_SIZE, None),
         };
         let data = data.to_vec();
         self.spawn(async move {
@@ -504,6 +508,10 @@ impl Filesystem for KelpFuse {
                         object_size,
                         version: 0,
                         dirstat: Default::default(),
+                        layout: Layout {
+                            pool,
+                            object_size: None,
+                        },
                     }
                 };
                 i.object_size = object_size;

@@ -41,6 +41,9 @@ pub struct MdsConfig {
     pub name: String,
     pub meta_pool: String,
     pub data_pool: String,
+    /// The file system in the monitors' map this MDS serves (`None`: standalone), whose data
+    /// pools file layouts may name.
+    pub fs_name: Option<String>,
     /// Address to serve clients on (port 0: any).
     pub bind: SocketAddr,
     /// Most inodes kept in the cache (clean ones beyond it are dropped at each checkpoint).
@@ -55,6 +58,7 @@ impl MdsConfig {
             name: name.into(),
             meta_pool: meta_pool.into(),
             data_pool: data_pool.into(),
+            fs_name: None,
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             cache_inodes: 100_000,
             checkpoint_interval: Duration::from_secs(2),
@@ -86,6 +90,7 @@ struct State {
 
 struct Inner {
     cfg: MdsConfig,
+    rados: Rados,
     meta: IoCtx,
     data: IoCtx,
     state: Mutex<State>,
@@ -145,6 +150,7 @@ impl Mds {
         let mut ns = Namespace::new(next_ino);
         let strays = load_strays(&meta).await?;
         ns.set_strays(strays);
+        ns.set_data_pools(data_pools(&rados, &cfg).await?, data.pool_id());
         let mut st = State {
             ns,
             seq: 0,
@@ -164,6 +170,7 @@ impl Mds {
         }
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
+            rados: rados.clone(),
             meta,
             data,
             state: Mutex::new(st),
@@ -530,6 +537,18 @@ impl Inner {
         if self.is_fenced() {
             return Reply::Err(errno::ESHUTDOWN);
         }
+        if let Op::SetXattr { name, .. } = op
+            && name.ends_with(".layout.pool")
+        {
+            // a pool added to the file system since this MDS started may be named
+            match data_pools(&self.rados, &self.cfg).await {
+                Ok(pools) => {
+                    let default = self.data.pool_id();
+                    self.state.lock().await.ns.set_data_pools(pools, default);
+                }
+                Err(e) => warn!("reading the file system's data pools: {e}"),
+            }
+        }
         let mut st = self.state.lock().await;
         if self.is_fenced() {
             // stopped while this op waited for the lock
@@ -671,8 +690,16 @@ impl Inner {
             };
             if let Some(i) = &inode {
                 let objects = i.size.div_ceil(i.object_size.max(1));
+                let data = match i.layout.pool {
+                    Some(p) if p != self.data.pool_id() => match self.rados.ioctx_by_id(p) {
+                        Ok(io) => io,
+                        Err(ClientError::NoSuchPool(_)) => continue, // removed with its data
+                        Err(e) => return Err(e.into()),
+                    },
+                    _ => self.data.clone(),
+                };
                 for idx in 0..objects.max(1) {
-                    match self.data.remove(&data_object(ino, idx)).await {
+                    match data.remove(&data_object(ino, idx)).await {
                         Ok(()) | Err(ClientError::NotFound { .. }) => {}
                         Err(e) => return Err(self.check_fenced(e)),
                     }
@@ -772,6 +799,7 @@ pub async fn run_in_fsmap(
                             .ok_or_else(|| FsError::Config(format!("pool {id} of {fs} is gone")))
                     };
                     let mut cfg = base.clone();
+                    cfg.fs_name = Some(fs.clone());
                     cfg.meta_pool = pool_name(info.metadata_pool)?;
                     cfg.data_pool = pool_name(*info.data_pools.first().ok_or_else(|| {
                         FsError::Config(format!("file system {fs} has no data pool"))
@@ -785,6 +813,28 @@ pub async fn run_in_fsmap(
             reason = mds.fenced() => return Ok(format!("fenced: {reason}")),
         }
     }
+}
+
+/// The file system's data pools (name -> id), which file layouts may name: from the
+/// monitors' map, or the one data pool of a standalone MDS.
+async fn data_pools(rados: &Rados, cfg: &MdsConfig) -> Result<BTreeMap<String, u32>> {
+    let osd_map = rados.osd_map();
+    let mut out = BTreeMap::new();
+    if let Some(fs) = &cfg.fs_name
+        && let Some(info) = rados.fs_map().await?.filesystems.get(fs)
+    {
+        for id in &info.data_pools {
+            if let Some(p) = osd_map.pools.get(id) {
+                out.insert(p.name.clone(), *id);
+            }
+        }
+    }
+    if out.is_empty()
+        && let Some(p) = osd_map.pool_by_name(&cfg.data_pool)
+    {
+        out.insert(p.name.clone(), p.id);
+    }
+    Ok(out)
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

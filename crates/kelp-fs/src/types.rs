@@ -117,7 +117,33 @@ pub struct Inode {
     /// A directory's recursive statistics and quota (zero for other inodes).
     #[serde(default)]
     pub dirstat: DirStat,
+    /// A regular file: the pool of its data objects. A directory: the layout new files below
+    /// it take. `None` fields: as the directories above (at the top, the file system's default
+    /// data pool and [`DEFAULT_OBJECT_SIZE`]).
+    #[serde(default)]
+    pub layout: Layout,
 }
+
+/// A file layout (as CephFS's): which data pool a file's objects go to and how big they are.
+/// A file's object size is kept in [`Inode::object_size`]; `object_size` here is set on
+/// directories only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Layout {
+    /// A data pool of the file system (by id).
+    pub pool: Option<u32>,
+    pub object_size: Option<u64>,
+}
+
+/// Virtual extended attributes of layouts: a directory's (set by root or its owner; removing
+/// clears) and a file's (set only while the file is empty). Values: a data pool's name, an
+/// object size in bytes.
+pub const XATTR_DIR_LAYOUT_POOL: &str = "kelp.dir.layout.pool";
+pub const XATTR_DIR_LAYOUT_OBJECT_SIZE: &str = "kelp.dir.layout.object_size";
+pub const XATTR_FILE_LAYOUT_POOL: &str = "kelp.file.layout.pool";
+pub const XATTR_FILE_LAYOUT_OBJECT_SIZE: &str = "kelp.file.layout.object_size";
+/// Smallest and largest object size a layout may name.
+pub const MIN_OBJECT_SIZE: u64 = 64 << 10;
+pub const MAX_OBJECT_SIZE: u64 = 1 << 30;
 
 /// What lies below a directory, and the quota on it. Regular files count under their
 /// primary link only: the directory they were created in or last renamed to (the inode's

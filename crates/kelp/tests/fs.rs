@@ -608,3 +608,96 @@ fn directory_quotas_give_edquot_and_statistics_read_as_attributes() {
     assert_eq!(&back[1 << 20..], &[0u8; 4]);
     assert_eq!(get("kelp.dir.rbytes"), ((1u64 << 20) + 4).to_string());
 }
+
+/// File layouts: a directory's files go to another data pool of the file system (here an
+/// erasure-coded one added with `fs add_data_pool`), named through `kelp.dir.layout.pool`.
+#[test]
+fn directory_layouts_put_files_in_an_erasure_coded_data_pool() {
+    let c = fs_cluster();
+    c.cli(&[
+        "osd",
+        "erasure-code-profile",
+        "set",
+        "p21",
+        "k=2",
+        "m=1",
+        "crush-failure-domain=osd",
+    ]);
+    c.cli(&["pool", "create", "fs.ec", "8", "--erasure", "p21"]);
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let _mds = start_mds_with(&c, "a", &[]);
+    wait_active(&c, None);
+    let m = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
+    std::fs::create_dir(m.p("cold")).unwrap();
+    let setx = |path: &Path, name: &str, v: &str| {
+        Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys; os.setxattr(sys.argv[1], sys.argv[2], sys.argv[3].encode())",
+            ])
+            .arg(path)
+            .args([name, v])
+            .output()
+            .unwrap()
+    };
+    // only data pools of the file system may be named
+    let out = setx(&m.p("cold"), "kelp.dir.layout.pool", "fs.ec");
+    assert!(!out.status.success(), "fs.ec is not a data pool yet");
+    c.cli(&["fs", "add_data_pool", "kelpfs", "fs.ec"]);
+    let out = setx(&m.p("cold"), "kelp.dir.layout.pool", "fs.ec");
+    assert!(out.status.success(), "{out:?}");
+
+    let data = heal_support::content(7, 3 << 20 | 12345);
+    std::fs::write(m.p("cold/big"), &data).unwrap();
+    std::fs::write(m.p("hot"), b"replicated").unwrap();
+    // a partial overwrite and a truncate on the erasure-coded pool
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("cold/big"))
+        .unwrap();
+    f.write_all_at(b"patched", 1_000_000).unwrap();
+    f.set_len(3 << 20).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut want = data.to_vec();
+    want[1_000_000..1_000_007].copy_from_slice(b"patched");
+    want.truncate(3 << 20);
+    assert_eq!(std::fs::read(m.p("cold/big")).unwrap(), want);
+
+    let ino = std::fs::metadata(m.p("cold/big")).unwrap().ino();
+    let first = format!("{ino:x}.00000000");
+    let ec = c.cli(&["rados", "ls", "-p", "fs.ec"]);
+    assert!(ec.lines().any(|l| l == first), "{first} not in fs.ec: {ec}");
+    let rep = c.cli(&["rados", "ls", "-p", "fs.data"]);
+    assert!(!rep.lines().any(|l| l == first), "{first} in fs.data too");
+    let hot = std::fs::metadata(m.p("hot")).unwrap().ino();
+    assert!(
+        rep.lines().any(|l| l == format!("{hot:x}.00000000")),
+        "{rep}"
+    );
+    // the file's layout reads back
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; print(os.getxattr(sys.argv[1], 'kelp.file.layout.pool').decode())",
+        ])
+        .arg(m.p("cold/big"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "fs.ec");
+    // removing the file purges its objects from the erasure-coded pool (after the MDS's
+    // purge grace of a fresh takeover)
+    std::fs::remove_file(m.p("cold/big")).unwrap();
+    let start = Instant::now();
+    while c
+        .cli(&["rados", "ls", "-p", "fs.ec"])
+        .lines()
+        .any(|l| l == first)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the file's objects stayed in fs.ec"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

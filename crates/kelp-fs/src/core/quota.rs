@@ -1,4 +1,5 @@
-//! Recursive directory statistics and quotas.
+//! Recursive directory statistics and quotas (and the dispatch of every virtual `kelp.`
+//! attribute: layouts are in `layout.rs`).
 //!
 //! Every directory keeps, in its inode's [`DirStat`], the bytes of the regular files and the
 //! number of entries below it. A change below a directory adds its delta to each directory on
@@ -110,7 +111,8 @@ impl Namespace {
         }
     }
 
-    /// `setxattr` of a virtual `kelp.` attribute (`None`: not one of them).
+    /// `setxattr` (`value` None: `removexattr`) of a virtual `kelp.` attribute (`None`: not one
+    /// of them).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn set_virtual_xattr(
         &mut self,
@@ -127,6 +129,12 @@ impl Namespace {
         }
         Some((|| {
             let mut i = self.inode(ino)?.clone();
+            if name.contains(".layout.") {
+                let mut i = self.set_layout_xattr(caller, i, name, value)?;
+                i.ctime = now;
+                self.put(i, upd, inval);
+                return Ok(Reply::Ok);
+            }
             if name != XATTR_QUOTA_MAX_BYTES && name != XATTR_QUOTA_MAX_FILES {
                 // the statistics are read-only; other names are reserved
                 return Err(Stop::Err(if name.starts_with("kelp.dir.") {
@@ -163,6 +171,9 @@ impl Namespace {
         }
         Some((|| {
             let i = self.inode(ino)?;
+            if name.contains(".layout.") {
+                return self.get_layout_xattr(i, name).map(Reply::Xattr);
+            }
             if !i.is_dir() {
                 return Err(Stop::Err(errno::ENODATA));
             }

@@ -658,3 +658,97 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
         }
     });
 }
+
+#[test]
+fn layouts_pass_down_to_new_files_and_only_empty_files_change_theirs() {
+    both(|fs| {
+        let pools = BTreeMap::from([("data".to_string(), 3), ("ec".to_string(), 9)]);
+        fs.ns.set_data_pools(pools, 3);
+        let set = |fs: &mut Fs, ino: Ino, name: &str, v: &str| {
+            fs.run(Op::SetXattr {
+                ino,
+                name: name.into(),
+                value: v.as_bytes().to_vec(),
+                flags: 0,
+            })
+        };
+        let get = |fs: &mut Fs, ino: Ino, name: &str| {
+            fs.run(Op::GetXattr {
+                ino,
+                name: name.into(),
+            })
+        };
+        let a = fs.mkdir(ROOT_INO, "a");
+        let sub = fs.mkdir(a, "sub"); // made before the layout: still below it
+        assert_eq!(set(fs, a, XATTR_DIR_LAYOUT_POOL, "ec"), Reply::Ok);
+        assert_eq!(
+            set(fs, a, XATTR_DIR_LAYOUT_OBJECT_SIZE, "1048576"),
+            Reply::Ok
+        );
+        assert_eq!(
+            set(fs, a, XATTR_DIR_LAYOUT_POOL, "nope"),
+            Reply::Err(errno::EINVAL)
+        );
+        assert_eq!(
+            set(fs, a, XATTR_DIR_LAYOUT_OBJECT_SIZE, "1000"),
+            Reply::Err(errno::EINVAL)
+        );
+        let f = fs.create(sub, "f");
+        let i = fs.attr(f);
+        assert_eq!((i.layout.pool, i.object_size), (Some(9), 1 << 20));
+        assert_eq!(
+            get(fs, f, XATTR_FILE_LAYOUT_POOL),
+            Reply::Xattr(b"ec".to_vec())
+        );
+        assert_eq!(
+            get(fs, a, XATTR_DIR_LAYOUT_POOL),
+            Reply::Xattr(b"ec".to_vec())
+        );
+        assert_eq!(
+            get(fs, sub, XATTR_DIR_LAYOUT_POOL),
+            Reply::Err(errno::ENODATA)
+        );
+        let g = fs.create(ROOT_INO, "g");
+        assert_eq!(fs.attr(g).layout.pool, None);
+        assert_eq!(
+            get(fs, g, XATTR_FILE_LAYOUT_POOL),
+            Reply::Xattr(b"data".to_vec())
+        );
+        // an empty file's own layout may change (by id too); a written one's not
+        assert_eq!(set(fs, g, XATTR_FILE_LAYOUT_POOL, "9"), Reply::Ok);
+        assert_eq!(fs.attr(g).layout.pool, Some(9));
+        fs.written(g, 10);
+        assert_eq!(
+            set(fs, g, XATTR_FILE_LAYOUT_POOL, "data"),
+            Reply::Err(errno::ENOTEMPTY)
+        );
+        // moving a file keeps its layout; clearing the directory's affects new files only
+        assert_eq!(fs.rename(sub, "f", ROOT_INO, "f"), Reply::Ok);
+        assert_eq!(fs.attr(f).layout.pool, Some(9));
+        let r = fs.run(Op::RemoveXattr {
+            ino: a,
+            name: XATTR_DIR_LAYOUT_POOL.into(),
+        });
+        assert_eq!(r, Reply::Ok);
+        let h = fs.create(sub, "h");
+        assert_eq!(
+            (fs.attr(h).layout.pool, fs.attr(h).object_size),
+            (None, 1 << 20)
+        );
+        // only root or the owner sets layouts
+        let user = Caller {
+            uid: 1000,
+            gid: 1000,
+        };
+        let r = fs.run_as(
+            user,
+            Op::SetXattr {
+                ino: a,
+                name: XATTR_DIR_LAYOUT_POOL.into(),
+                value: b"ec".to_vec(),
+                flags: 0,
+            },
+        );
+        assert_eq!(r, Reply::Err(errno::EPERM));
+    });
+}
