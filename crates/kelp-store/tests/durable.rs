@@ -52,7 +52,7 @@ fn flipped_bytes_are_checksum_errors_and_fsck_deep_names_the_object() {
     s.submit(
         Transaction::new()
             .write(C, &oid("big"), 0, big.clone())
-            .write(C, &oid("small"), 0, b"tiny deferred write".to_vec())
+            .write(C, &oid("small"), 0, vec![b't'; 3000]) // above the inline threshold
             .clone(),
     )
     .unwrap()
@@ -207,7 +207,7 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
     // Small (deferred) writes are refused too once no unit is left.
     while s.free_bytes() > 0 {
         let o = oid(&format!("small{}", s.free_bytes()));
-        s.submit(Transaction::new().write(C, &o, 0, vec![1; 10]).clone())
+        s.submit(Transaction::new().write(C, &o, 0, vec![1; 3000]).clone())
             .unwrap()
             .wait()
             .unwrap();
@@ -216,7 +216,7 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
     assert!(matches!(
         s.submit(
             Transaction::new()
-                .write(C, &oid("one-more"), 0, vec![1; 10])
+                .write(C, &oid("one-more"), 0, vec![1; 3000])
                 .clone()
         ),
         Err(StoreError::NoSpace { .. })
@@ -468,7 +468,8 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     use kelp_store::nowait::attempt;
     let dir = tempfile::tempdir().unwrap();
     let s = new_store(dir.path(), 64 << 20);
-    let small = b"small deferred object".to_vec();
+    // Above the inline threshold: a deferred write into a unit of the data file.
+    let small = b"small deferred object".repeat(150);
     let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
     s.submit(
         Transaction::new()
@@ -482,9 +483,9 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     // Durable and written back, with `O_DIRECT`: not in the page cache until a blocking read
     // (small: buffered) brings it in.
     s.flush().unwrap();
-    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
-    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
-    let got = attempt(|| s.read(C, &oid("small"), 0, 100));
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 4096)).is_none());
+    assert_eq!(s.read(C, &oid("small"), 0, 4096).unwrap(), small);
+    let got = attempt(|| s.read(C, &oid("small"), 0, 4096));
     assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
     let got = attempt(|| s.xattrs(C, &oid("small")));
     assert!(got.is_some_and(|r| r.unwrap().is_empty()));
@@ -503,15 +504,15 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
     s.drop_data_cache().unwrap();
     // Not in the page cache: refused; the blocking read (small: buffered) brings it in.
-    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
-    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
-    let got = attempt(|| s.read(C, &oid("small"), 0, 100));
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 4096)).is_none());
+    assert_eq!(s.read(C, &oid("small"), 0, 4096).unwrap(), small);
+    let got = attempt(|| s.read(C, &oid("small"), 0, 4096));
     assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
     // A damaged block (here also in the page cache): refused, then the direct read reports it.
     flip_byte(dir.path(), small_ext[0].0 + 3);
-    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 4096)).is_none());
     assert!(matches!(
-        s.read(C, &oid("small"), 0, 100),
+        s.read(C, &oid("small"), 0, 4096),
         Err(StoreError::ChecksumMismatch { .. })
     ));
 }

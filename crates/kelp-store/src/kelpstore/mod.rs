@@ -890,6 +890,20 @@ impl KelpStore {
                 txc.apply(op)
             })
         };
+        // Inline data takes no allocation unit, but it is data: a full store refuses it too
+        // (metadata-only transactions still pass).
+        let applied = applied.and_then(|()| {
+            let grow = u64::try_from(txc.inline_delta).unwrap_or(0);
+            let free = lock(&inner.alloc).free_units() * inner.geo.unit;
+            match free.checked_sub(st.inline_bytes) {
+                Some(room) if room >= grow => Ok(()),
+                _ if grow == 0 => Ok(()),
+                room => Err(StoreError::NoSpace {
+                    needed: grow,
+                    free: room.unwrap_or(0),
+                }),
+            }
+        });
         if let Err(e) = applied {
             let mut a = lock(&inner.alloc);
             for &(off, len) in &txc.allocated {
