@@ -347,8 +347,13 @@ impl Txc<'_> {
         let mut on = self.onode_or_new(coll, oid)?;
         let new_size = on.size.max(end);
         if !data.is_empty() && on.extents.is_empty() && new_size <= self.inner.inline_max() {
-            // Small enough to keep (or start keeping) in the record.
-            let mut content = self.small_content(oid, &on)?;
+            // Small enough to keep (or start keeping) in the record. A write of the whole
+            // content does not read (nor verify) the old one, so it heals damaged data.
+            let mut content = if off == 0 && end >= on.size {
+                Vec::with_capacity(end as usize)
+            } else {
+                self.small_content(oid, &on)?
+            };
             content.resize(new_size as usize, 0);
             content[off as usize..end as usize].copy_from_slice(&data);
             self.set_inline(&mut on, content);
@@ -561,7 +566,9 @@ impl Txc<'_> {
                 {
                     // Small enough for the record: an inline object stays inline, and one in
                     // extents moves its remaining bytes (all in unit 0) into the record.
-                    let mut content = if on.inline.is_some() {
+                    let mut content = if *size == 0 {
+                        Vec::new()
+                    } else if on.inline.is_some() {
                         self.small_content(oid, &on)?
                     } else {
                         let unit0 = self.unit_content(oid, &on, 0)?;
