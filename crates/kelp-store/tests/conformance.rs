@@ -610,7 +610,11 @@ fn check_small_objects(s: &dyn ObjectStore) {
             check(o, d, "tiny after removals");
         }
     }
-    run(s, Transaction::new().write(C, &want[0].0, 10, b"again".to_vec())).unwrap();
+    run(
+        s,
+        Transaction::new().write(C, &want[0].0, 10, b"again".to_vec()),
+    )
+    .unwrap();
     let mut again = vec![0u8; 10];
     again.extend_from_slice(b"again");
     check(&want[0].0, &again, "re-created");

@@ -791,7 +791,10 @@ fn small_objects_are_inline_and_counted_in_space() {
     let rep = s.fsck(true).unwrap();
     assert!(rep.is_clean(), "{:?}", rep.problems);
     assert_eq!(rep.inline_bytes, inline);
-    assert_eq!(rep.used_bytes, base.used, "no data-file unit holds small objects");
+    assert_eq!(
+        rep.used_bytes, base.used,
+        "no data-file unit holds small objects"
+    );
     assert_eq!(s.read(C, &name(0), 0, 8192).unwrap(), want[..1500]);
     assert_eq!(s.read(C, &oid("copy"), 0, 8192).unwrap(), vec![1u8; 1024]);
     // Removing them gives it all back.
@@ -842,7 +845,11 @@ fn flipped_inline_byte_is_a_checksum_error_and_a_whole_write_heals_it() {
     }
     assert_eq!(s.read(C, &oid("other"), 0, 4096).unwrap(), data);
     assert!(matches!(
-        s.submit(Transaction::new().write(C, &oid("tiny"), 5, vec![1]).clone()),
+        s.submit(
+            Transaction::new()
+                .write(C, &oid("tiny"), 5, vec![1])
+                .clone()
+        ),
         Err(StoreError::ChecksumMismatch { .. })
     ));
     assert!(s.fsck(false).unwrap().is_clean());

@@ -19,8 +19,7 @@ const SIZE: usize = 4096;
 
 /// (raw used bytes, objects in POOL, bytes stored in POOL) from `kelp df`.
 fn df(c: &Cluster) -> (u64, u64, u64) {
-    let v: serde_json::Value =
-        serde_json::from_str(&c.cli(&["df", "--format", "json"])).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&c.cli(&["df", "--format", "json"])).unwrap();
     let pool = v["pools"]
         .as_array()
         .unwrap()

@@ -55,7 +55,9 @@ fn main() {
     }
     let mut args = std::env::args().skip(1);
     let (Some(dir), Some(seed)) = (args.next(), args.next()) else {
-        eprintln!("usage: kelp-store-crash-child DIR SEED [PREFER_DEFERRED [GROW_STEP [INLINE_MAX]]]");
+        eprintln!(
+            "usage: kelp-store-crash-child DIR SEED [PREFER_DEFERRED [GROW_STEP [INLINE_MAX]]]"
+        );
         std::process::exit(2);
     };
     let seed: u64 = seed.parse().unwrap_or_else(|_| {

@@ -325,13 +325,12 @@ impl Inner {
         let Some(i) = &on.inline else {
             return Ok(&[]);
         };
-        i.verified()
-            .map_err(|actual| StoreError::ChecksumMismatch {
-                object: oid.to_string(),
-                offset: 0,
-                expected: i.csum(),
-                actual,
-            })
+        i.verified().map_err(|actual| StoreError::ChecksumMismatch {
+            object: oid.to_string(),
+            offset: 0,
+            expected: i.csum(),
+            actual,
+        })
     }
 
     /// Waits on `durable_cv` (at most `timeout`), counted in `durable_waiters` so that a

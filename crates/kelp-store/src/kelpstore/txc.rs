@@ -321,7 +321,12 @@ impl Txc<'_> {
     /// Move an inline object's data into unit 0 of the data file (it grows past the inline
     /// threshold); `overwritten`: the caller's write replaces all of unit 0, so the data is
     /// only dropped. No-op for an object in extents.
-    pub(super) fn spill(&mut self, oid: &ObjectId, on: &mut Onode, overwritten: bool) -> Result<()> {
+    pub(super) fn spill(
+        &mut self,
+        oid: &ObjectId,
+        on: &mut Onode,
+        overwritten: bool,
+    ) -> Result<()> {
         if on.inline.is_none() {
             return Ok(());
         }
