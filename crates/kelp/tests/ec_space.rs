@@ -2,9 +2,9 @@
 //! monitor, six OSD processes): 2 000 objects of 4 KiB in a 4+2 pool are 12 000 shards of
 //! 1 KiB, which the OSDs' stores keep inline in their object records instead of in a 4 KiB
 //! allocation unit each, so the raw space `kelp df` reports grows by about (k+m)/k = 1.5 times
-//! what was stored (6 times before inline data). Space accounting, not timing: the bound is
-//! deterministic up to the few records the cluster writes on its own meanwhile (maps), hence
-//! its margin.
+//! what was stored (6 times before inline data). Space accounting, not timing: deterministic
+//! up to the few records the cluster writes on its own meanwhile (maps); the bound is the
+//! issue's goal, 1.6× (1.50× exactly when measured).
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod heal_support;
@@ -105,7 +105,7 @@ async fn small_objects_in_an_ec_pool_cost_about_k_plus_m_over_k() {
         (raw1 - raw0) as f64 / 1024.0 / OBJECTS as f64
     );
     assert!(
-        ratio <= 2.0,
+        ratio <= 1.6,
         "a 4 KiB object costs {ratio:.2}x its size raw (1.5x expected, 6x without inline data)"
     );
     // The objects read back.
