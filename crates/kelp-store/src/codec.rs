@@ -9,7 +9,12 @@ use std::collections::BTreeMap;
 
 use crate::error::{Result, StoreError};
 
-pub const ONODE_VERSION: u8 = 1;
+/// Version 2 adds inline data ([`Inline`]) after the xattrs. A record without inline data is
+/// still written as version 1, byte for byte as before, so stores written before inline data
+/// existed read the same and records of objects in extents keep their size.
+pub const ONODE_VERSION: u8 = 2;
+/// The version written for a record without inline data.
+pub const ONODE_VERSION_PLAIN: u8 = 1;
 pub const DEFERRED_VERSION: u8 = 1;
 pub const BITMAP_VERSION: u8 = 1;
 pub const COLL_VERSION: u8 = 1;
@@ -177,11 +182,51 @@ pub(crate) fn heap_alloc(n: usize) -> usize {
     if n == 0 { 0 } else { n.div_ceil(16) * 16 }
 }
 
+/// The whole content of a small object, kept in its record instead of in data-file extents
+/// (see docs/STORE.md, "Small objects"), with its crc32c: the record is committed atomically
+/// with the data, and a flipped byte is caught like one in a data block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inline {
+    data: Vec<u8>,
+    csum: u32,
+}
+
+impl Inline {
+    /// `data` with its checksum computed now.
+    pub fn new(data: Vec<u8>) -> Self {
+        let csum = kelp_types::crc32c(&data);
+        Inline { data, csum }
+    }
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+    /// The stored checksum.
+    pub fn csum(&self) -> u32 {
+        self.csum
+    }
+    /// The data if it matches its checksum, else `Err(actual crc32c)`.
+    pub fn verified(&self) -> std::result::Result<&[u8], u32> {
+        let actual = kelp_types::crc32c(&self.data);
+        if actual == self.csum {
+            Ok(&self.data)
+        } else {
+            Err(actual)
+        }
+    }
+    /// Flip one bit of the data without updating the checksum (fault injection for tests).
+    pub fn flip_bit(&mut self, at: usize) {
+        if let Some(b) = self.data.get_mut(at) {
+            *b ^= 1;
+        }
+    }
+}
+
 /// The record of one object ("onode", Ceph's word).
 ///
 /// Invariants: `extents` sorted by `lunit`, non-overlapping, and lying below
 /// `ceil(size / unit)`; bytes of a mapped unit beyond `size` are zero; unmapped units read as
-/// zeros (holes).
+/// zeros (holes). With `inline` set, `extents` is empty and the inline data is the whole
+/// content (`len() == size`, never empty).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Onode {
     pub nid: u64,
@@ -191,9 +236,16 @@ pub struct Onode {
     pub has_omap: bool,
     pub extents: Vec<Extent>,
     pub xattrs: Xattrs,
+    /// The content of a small object kept in the record (then `extents` is empty).
+    pub inline: Option<Inline>,
 }
 
 impl Onode {
+    /// Bytes of inline data held (0 for an object in extents).
+    pub fn inline_len(&self) -> u64 {
+        self.inline.as_ref().map_or(0, |i| i.len() as u64)
+    }
+
     /// Heap bytes a decoded record holds, behind an `Arc` (for the onode cache's budget).
     pub fn heap_bytes(&self) -> usize {
         heap_alloc(16 + std::mem::size_of::<Onode>())
@@ -204,11 +256,21 @@ impl Onode {
                 .map(|e| heap_alloc(e.csums.capacity() * 4))
                 .sum::<usize>()
             + self.xattrs.heap_bytes()
+            + self
+                .inline
+                .as_ref()
+                .map_or(0, |i| heap_alloc(i.data.capacity()))
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer(Vec::with_capacity(24 + self.extents.len() * 16));
-        w.u8(ONODE_VERSION);
+        let mut w = Writer(Vec::with_capacity(
+            24 + self.extents.len() * 16 + self.inline_len() as usize,
+        ));
+        w.u8(if self.inline.is_some() {
+            ONODE_VERSION
+        } else {
+            ONODE_VERSION_PLAIN
+        });
         w.var(self.nid);
         w.var(self.size);
         w.u8(u8::from(self.has_omap));
@@ -228,6 +290,10 @@ impl Onode {
             w.bytes(k.as_bytes());
             w.bytes(v);
         }
+        if let Some(i) = &self.inline {
+            w.bytes(&i.data);
+            w.0.extend_from_slice(&i.csum.to_le_bytes());
+        }
         w.0
     }
 
@@ -235,6 +301,7 @@ impl Onode {
     pub fn decode(b: &[u8], blocks_per_unit: u64) -> Result<Onode> {
         let mut r = Reader::new(b, "object record");
         r.version(ONODE_VERSION, "object record")?;
+        let version = b[0];
         let nid = r.var()?;
         let size = r.var()?;
         let has_omap = r.u8()? != 0;
@@ -273,6 +340,20 @@ impl Onode {
             let v = r.bytes()?.to_vec();
             xattrs.insert(k, v);
         }
+        let inline = if version >= 2 {
+            let data = r.bytes()?.to_vec();
+            let csum = r.u32le()?;
+            if data.is_empty() || data.len() as u64 != size || !extents.is_empty() {
+                return Err(StoreError::corrupt(format!(
+                    "inline data of {} bytes in an object of {size} bytes with {} extents",
+                    data.len(),
+                    extents.len()
+                )));
+            }
+            Some(Inline { data, csum })
+        } else {
+            None
+        };
         r.finish()?;
         Ok(Onode {
             nid,
@@ -280,6 +361,7 @@ impl Onode {
             has_omap,
             extents,
             xattrs,
+            inline,
         })
     }
 
@@ -421,6 +503,7 @@ mod tests {
             has_omap: true,
             extents: vec![ext(0, 10, 2), ext(5, 100, 1)],
             xattrs: [("a", b"1".to_vec())].into_iter().collect(),
+            inline: None,
         };
         let b = o.encode();
         assert_eq!(Onode::decode(&b, 1).unwrap(), o);
@@ -465,6 +548,41 @@ mod tests {
     }
 
     #[test]
+    fn inline_data_round_trips_as_v2_and_checks_its_crc() {
+        let mut o = Onode {
+            nid: 3,
+            size: 5,
+            xattrs: [("a", b"1".to_vec())].into_iter().collect(),
+            inline: Some(Inline::new(b"hello".to_vec())),
+            ..Onode::default()
+        };
+        let b = o.encode();
+        assert_eq!(b[0], 2, "inline data needs version 2");
+        assert_eq!(b.len(), 1 + 1 + 1 + 1 + 1 + 1 + 2 + 2 + 6 + 4);
+        let d = Onode::decode(&b, 1).unwrap();
+        assert_eq!(d, o);
+        assert_eq!(d.inline.as_ref().unwrap().verified().unwrap(), b"hello");
+        for cut in 0..b.len() {
+            assert!(Onode::decode(&b[..cut], 1).is_err());
+        }
+        // A flipped data byte decodes (it is data) but fails verification.
+        let mut bad = b.clone();
+        bad[b.len() - 6] ^= 0x10;
+        let d = Onode::decode(&bad, 1).unwrap();
+        assert!(d.inline.as_ref().unwrap().verified().is_err());
+        // Inline data must be the whole content and exclusive with extents.
+        o.size = 6;
+        assert!(Onode::decode(&o.encode(), 1).is_err());
+        o.size = 5;
+        o.extents = vec![ext(0, 1, 1)];
+        assert!(Onode::decode(&o.encode(), 1).is_err());
+        // Without inline data the record is written as version 1, as before.
+        o.extents.clear();
+        o.inline = None;
+        assert_eq!(o.encode()[0], 1);
+    }
+
+    #[test]
     fn small_onode_is_small() {
         let o = Onode {
             nid: 1_000_000,
@@ -472,6 +590,7 @@ mod tests {
             has_omap: false,
             extents: vec![ext(0, 1_000_000, 1)],
             xattrs: Xattrs::default(),
+            inline: None,
         };
         assert!(o.encode().len() <= 20, "{}", o.encode().len());
     }

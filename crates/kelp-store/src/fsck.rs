@@ -5,8 +5,9 @@
 //! referenced unit marked free is *used-but-free* (it could be handed out again and overwrite
 //! live data), an allocated unit nobody references is a *leak*. It also decodes every record
 //! (keys and values), checks extents against the object size and device, and finds omap data
-//! whose object is gone. `deep` additionally reads every mapped block and verifies its crc32c,
-//! naming the object and offset of each mismatch.
+//! whose object is gone, and sums the inline data of small objects against the store's counter
+//! of it. `deep` additionally reads every mapped block and verifies its crc32c (and every
+//! object's inline data against its own), naming the object and offset of each mismatch.
 //!
 //! Run it on an idle store: it flushes, then reads the committed metadata.
 
@@ -28,7 +29,7 @@ use crate::store::ObjectStore;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FsckProblem {
     /// Stable name: `corrupt-record`, `orphan-object`, `bad-extent`, `double-allocation`,
-    /// `used-but-free`, `leaked`, `checksum`, `orphan-omap`, `nid`.
+    /// `used-but-free`, `leaked`, `checksum`, `orphan-omap`, `nid`, `inline-bytes`.
     pub kind: &'static str,
     pub detail: String,
 }
@@ -46,6 +47,8 @@ pub struct FsckReport {
     pub omap_entries: u64,
     pub used_bytes: u64,
     pub free_bytes: u64,
+    /// Bytes of data kept inline in object records (small objects).
+    pub inline_bytes: u64,
     /// Checksum blocks read and verified (deep only).
     pub blocks_verified: u64,
     pub problems: Vec<FsckProblem>,
@@ -126,6 +129,23 @@ impl KelpStore {
                 rep.problem("nid", format!("object {oid} reuses nid {}", on.nid));
             }
             max_nid = max_nid.max(on.nid);
+            if let Some(i) = &on.inline {
+                rep.inline_bytes += i.len() as u64;
+                if deep {
+                    match i.verified() {
+                        Ok(_) => rep.blocks_verified += 1,
+                        Err(actual) => rep.problem(
+                            "checksum",
+                            format!(
+                                "object {oid}: inline data ({} bytes) has crc32c {actual:#010x}, \
+                                 expected {:#010x}",
+                                i.len(),
+                                i.csum()
+                            ),
+                        ),
+                    }
+                }
+            }
             let size_units = on.size.div_ceil(geo.unit);
             for e in &on.extents {
                 if e.units == 0
@@ -246,6 +266,19 @@ impl KelpStore {
             rep.problem(
                 "orphan-omap",
                 format!("{n} omap entries belong to nid {nid}, which no object has"),
+            );
+        }
+        let counted = match inner.meta.get(keys::INLINE_BYTES).map_err(kv_err)? {
+            None => Some(0),
+            Some(v) => <[u8; 8]>::try_from(&v[..]).ok().map(u64::from_be_bytes),
+        };
+        if counted != Some(rep.inline_bytes) {
+            rep.problem(
+                "inline-bytes",
+                format!(
+                    "objects hold {} bytes of inline data, the store counts {counted:?}",
+                    rep.inline_bytes
+                ),
             );
         }
         if let Some(v) = inner.meta.get(keys::NEXT_NID).map_err(kv_err)? {

@@ -24,6 +24,8 @@ use crate::types::{CollectionId, ObjectId};
 
 pub const SUPER: &[u8] = b"S";
 pub const NEXT_NID: &[u8] = b"N";
+/// Bytes of inline object data in the store (u64 big-endian; absent = 0), for `space`.
+pub const INLINE_BYTES: &[u8] = b"I";
 pub const COLL: u8 = b'C';
 pub const OBJ: u8 = b'O';
 pub const OMAP: u8 = b'M';

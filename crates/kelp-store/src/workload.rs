@@ -100,14 +100,34 @@ pub fn crash_applied_id(store: &dyn crate::ObjectStore) -> crate::Result<u64> {
 /// Transaction number `id` (>= 1) of the crash workload: 1-4 random operations mixing partial
 /// and whole-unit writes, zeroing, truncation, removal, xattrs, omap and clones, always valid
 /// whatever the current state, plus the marker update that makes partial application visible.
+/// A third of the objects (`obj8`..`obj11`) stay mostly small: writes, zeroing and truncation
+/// within the first 3 KiB, with an occasional write that grows them to several units, so the
+/// store's inline data (objects up to 2 KiB), its growth into extents and its return by a
+/// truncation are all exercised, also against clones of and onto large objects.
 pub fn crash_txn(seed: u64, id: u64) -> Transaction {
     let mut r = Rng::new(splitmix(seed ^ id.wrapping_mul(0x2545_F491_4F6C_DD1D)));
     let mut t = Transaction::new();
     let nops = 1 + r.below(4);
     for _ in 0..nops {
         let coll = CRASH_COLLS[r.below(2) as usize];
-        let o = crash_obj(r.below(12));
+        let i = r.below(12);
+        let small = i >= 8;
+        let o = crash_obj(i);
         match r.below(12) {
+            0..=3 if small => {
+                let off = r.below(2500);
+                let len = match r.below(8) {
+                    0 => 4096 + r.below(8000),
+                    _ => 1 + r.below(1500),
+                } as usize;
+                t.write(coll, &o, off, r.bytes(len));
+            }
+            4 if small => {
+                t.zero(coll, &o, r.below(3000), r.below(1500));
+            }
+            5 if small => {
+                t.truncate(coll, &o, r.below(3000));
+            }
             0..=3 => {
                 let off = match r.below(3) {
                     0 => 0,

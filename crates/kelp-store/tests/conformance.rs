@@ -480,6 +480,146 @@ fn check_clone(s: &dyn ObjectStore) {
     assert_eq!(s.read(C, &a, 0, 5000).unwrap(), vec![7; 5000]);
 }
 
+/// Objects around the inline-data threshold of `KelpStore` (2 KiB by default): every step is
+/// applied to a plain byte vector too and the object is read back whole and in pieces.
+/// Covers writes at offsets, overwrites, zeroing, growing past the threshold (into extents)
+/// and truncating back under it, clones both ways between small and large objects, and
+/// removal and re-creation.
+fn check_small_objects(s: &dyn ObjectStore) {
+    with_coll(s, C);
+    let (a, b) = (oid("small-a"), oid("small-b"));
+    let mut r = Rng::new(27);
+    let mut ma: Vec<u8> = Vec::new();
+    let check = |o: &ObjectId, m: &[u8], step: &str| {
+        assert_eq!(s.stat(C, o).unwrap().size, m.len() as u64, "{step}: size");
+        assert_eq!(s.read(C, o, 0, u64::MAX).unwrap(), m, "{step}: data");
+        for (off, len) in [(0, 1), (1, 700), (1000, 2000), (2047, 2), (4000, 200)] {
+            let want = m
+                .get(off.min(m.len())..(off + len).min(m.len()))
+                .unwrap_or(&[]);
+            assert_eq!(
+                s.read(C, o, off as u64, len as u64).unwrap(),
+                want,
+                "{step}: {off}+{len}"
+            );
+            assert_eq!(
+                &s.read_bytes(C, o, off as u64, len as u64).unwrap()[..],
+                want,
+                "{step}: read_bytes {off}+{len}"
+            );
+        }
+    };
+    let write = |m: &mut Vec<u8>, off: usize, d: &[u8]| {
+        if m.len() < off + d.len() {
+            m.resize(off + d.len(), 0);
+        }
+        m[off..off + d.len()].copy_from_slice(d);
+    };
+    // Steps: (what, offset, length) for writes, zeroing and truncation.
+    enum Step {
+        Write(usize, usize),
+        Zero(usize, usize),
+        Truncate(usize),
+    }
+    use Step::*;
+    let steps = [
+        Write(0, 1000),
+        Write(300, 100),
+        Write(1500, 500), // a hole between 1000 and 1500
+        Zero(200, 50),
+        Zero(1900, 300), // zeroing extends the object
+        Truncate(2048),
+        Write(2047, 1), // exactly at the threshold
+        Truncate(3000), // past it: into extents
+        Truncate(1200), // back under it
+        Write(100, 20),
+        Write(1000, 3000), // grows past the threshold by a write
+        Write(4096, 4096),
+        Truncate(10), // back again, from two units
+        Truncate(0),
+        Write(5000, 100), // a new small-offset write beyond the threshold: a hole then data
+        Truncate(64),
+        Write(0, 2048),
+        Truncate(2049),
+        Zero(0, 5000),
+        Truncate(30),
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        let mut t = Transaction::new();
+        match *step {
+            Write(off, len) => {
+                let d = r.bytes(len);
+                write(&mut ma, off, &d);
+                t.write(C, &a, off as u64, d);
+            }
+            Zero(off, len) => {
+                let end = off + len;
+                let zero_end = end.min(ma.len());
+                if off < zero_end {
+                    ma[off..zero_end].fill(0);
+                }
+                ma.resize(ma.len().max(end), 0);
+                t.zero(C, &a, off as u64, len as u64);
+            }
+            Truncate(n) => {
+                ma.resize(n, 0);
+                t.truncate(C, &a, n as u64);
+            }
+        }
+        run(s, &mut t).unwrap();
+        check(&a, &ma, &format!("step {i}"));
+    }
+    // Clones: small onto large, then large onto small; independent afterwards.
+    run(s, Transaction::new().write(C, &b, 0, vec![5; 20_000])).unwrap();
+    run(s, Transaction::new().clone_object(C, &a, &b)).unwrap();
+    let mut mb = ma.clone();
+    check(&b, &mb, "clone small onto large");
+    run(s, Transaction::new().write(C, &b, 3, b"xyz".to_vec())).unwrap();
+    write(&mut mb, 3, b"xyz");
+    check(&b, &mb, "clone written");
+    check(&a, &ma, "source untouched");
+    let big = r.bytes(9000);
+    run(s, Transaction::new().write(C, &b, 0, big.clone())).unwrap();
+    run(s, Transaction::new().clone_object(C, &b, &a)).unwrap();
+    check(&a, &big, "clone large onto small");
+    run(s, Transaction::new().truncate(C, &a, 700)).unwrap();
+    check(&a, &big[..700], "clone truncated under the threshold");
+    check(&b, &big, "clone source untouched");
+    // Many small objects in one transaction, with xattrs; removal and re-creation.
+    let mut t = Transaction::new();
+    let mut want = Vec::new();
+    for i in 0..40u64 {
+        let o = oid(&format!("tiny{i}"));
+        let d = r.bytes(1 + (i as usize * 53) % 2100);
+        t.write(C, &o, 0, d.clone())
+            .set_xattr(C, &o, "v", i.to_le_bytes().to_vec());
+        want.push((o, d));
+    }
+    run(s, &mut t).unwrap();
+    for (o, d) in &want {
+        check(o, d, "tiny");
+    }
+    let mut t = Transaction::new();
+    for (o, _) in want.iter().step_by(2) {
+        t.remove(C, o);
+    }
+    run(s, &mut t).unwrap();
+    for (i, (o, d)) in want.iter().enumerate() {
+        assert_eq!(s.exists(C, o).unwrap(), i % 2 == 1);
+        if i % 2 == 1 {
+            check(o, d, "tiny after removals");
+        }
+    }
+    run(
+        s,
+        Transaction::new().write(C, &want[0].0, 10, b"again".to_vec()),
+    )
+    .unwrap();
+    let mut again = vec![0u8; 10];
+    again.extend_from_slice(b"again");
+    check(&want[0].0, &again, "re-created");
+}
+
 fn check_split(s: &dyn ObjectStore) {
     with_coll(s, C);
     with_coll(s, D);
@@ -747,6 +887,7 @@ conformance!(
     check_submission_order,
     check_xattrs_and_omap,
     check_clone,
+    check_small_objects,
     check_split,
     check_against_model,
     check_async_commit,

@@ -33,7 +33,25 @@ fn survives_sigkill_at_random_moments() {
         ..MkfsOptions::default()
     };
     kelp_store::mkfs(dir.path(), &opts).unwrap();
-    kill_rounds(dir.path(), 30, None);
+    kill_rounds(dir.path(), 30, None, false);
+}
+
+/// Small objects kept inline in their records (a third of the workload's objects stay within
+/// the first 3 KiB: written, overwritten, zeroed, grown into extents and truncated back in
+/// place) while the child is killed, with the inline threshold switched off in every third
+/// round: inline objects written before must stay readable and move into extents when they
+/// change, and the store's count of inline bytes must match its records (fsck) after every
+/// kill.
+#[test]
+fn survives_sigkill_with_small_objects_inline_on_and_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = MkfsOptions {
+        size: kelp_types::ByteSize(256 << 20),
+        prewrite: true,
+        ..MkfsOptions::default()
+    };
+    kelp_store::mkfs(dir.path(), &opts).unwrap();
+    kill_rounds(dir.path(), 20, None, true);
 }
 
 /// The same on a data file that grows, in 64 KiB steps from a frontier set back to 1 MiB, so
@@ -54,7 +72,7 @@ fn survives_sigkill_while_the_data_file_grows() {
     let mut sb = kelp_store::Superblock::read(dir.path()).unwrap();
     sb.data_written = Some(1 << 20);
     sb.write(dir.path()).unwrap();
-    kill_rounds(dir.path(), 20, Some(64 << 10));
+    kill_rounds(dir.path(), 20, Some(64 << 10), false);
     let grown = kelp_store::Superblock::read(dir.path())
         .unwrap()
         .data_written
@@ -65,7 +83,13 @@ fn survives_sigkill_while_the_data_file_grows() {
 
 /// Kills a child running the crash workload on the store in `dir` `kills` times (the
 /// environment's `KELP_CRASH_KILLS` overrides), checking everything after each kill.
-fn kill_rounds(dir: &std::path::Path, kills: u32, grow_step: Option<u64>) {
+/// `inline_off_sometimes`: every third child runs with inline data switched off.
+fn kill_rounds(
+    dir: &std::path::Path,
+    kills: u32,
+    grow_step: Option<u64>,
+    inline_off_sometimes: bool,
+) {
     let kills: u32 = std::env::var("KELP_CRASH_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -100,6 +124,11 @@ fn kill_rounds(dir: &std::path::Path, kills: u32, grow_step: Option<u64>) {
             // Alternate the small-write path: copy-on-write extents vs deferred writes.
             .arg(if round % 2 == 0 { "0" } else { "65536" })
             .arg(grow_step.unwrap_or(0).to_string())
+            .arg(if inline_off_sometimes && round % 3 == 2 {
+                "0"
+            } else {
+                "2048"
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

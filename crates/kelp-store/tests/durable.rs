@@ -52,7 +52,7 @@ fn flipped_bytes_are_checksum_errors_and_fsck_deep_names_the_object() {
     s.submit(
         Transaction::new()
             .write(C, &oid("big"), 0, big.clone())
-            .write(C, &oid("small"), 0, b"tiny deferred write".to_vec())
+            .write(C, &oid("small"), 0, vec![b't'; 3000]) // above the inline threshold
             .clone(),
     )
     .unwrap()
@@ -207,7 +207,7 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
     // Small (deferred) writes are refused too once no unit is left.
     while s.free_bytes() > 0 {
         let o = oid(&format!("small{}", s.free_bytes()));
-        s.submit(Transaction::new().write(C, &o, 0, vec![1; 10]).clone())
+        s.submit(Transaction::new().write(C, &o, 0, vec![1; 3000]).clone())
             .unwrap()
             .wait()
             .unwrap();
@@ -216,7 +216,7 @@ fn full_store_refuses_cleanly_and_recovers_after_deletes() {
     assert!(matches!(
         s.submit(
             Transaction::new()
-                .write(C, &oid("one-more"), 0, vec![1; 10])
+                .write(C, &oid("one-more"), 0, vec![1; 3000])
                 .clone()
         ),
         Err(StoreError::NoSpace { .. })
@@ -468,7 +468,8 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     use kelp_store::nowait::attempt;
     let dir = tempfile::tempdir().unwrap();
     let s = new_store(dir.path(), 64 << 20);
-    let small = b"small deferred object".to_vec();
+    // Above the inline threshold: a deferred write into a unit of the data file.
+    let small = b"small deferred object".repeat(150);
     let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
     s.submit(
         Transaction::new()
@@ -482,9 +483,9 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     // Durable and written back, with `O_DIRECT`: not in the page cache until a blocking read
     // (small: buffered) brings it in.
     s.flush().unwrap();
-    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
-    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
-    let got = attempt(|| s.read(C, &oid("small"), 0, 100));
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 4096)).is_none());
+    assert_eq!(s.read(C, &oid("small"), 0, 4096).unwrap(), small);
+    let got = attempt(|| s.read(C, &oid("small"), 0, 4096));
     assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
     let got = attempt(|| s.xattrs(C, &oid("small")));
     assert!(got.is_some_and(|r| r.unwrap().is_empty()));
@@ -503,15 +504,15 @@ fn nonblocking_reads_answer_from_memory_or_refuse() {
     let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
     s.drop_data_cache().unwrap();
     // Not in the page cache: refused; the blocking read (small: buffered) brings it in.
-    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
-    assert_eq!(s.read(C, &oid("small"), 0, 100).unwrap(), small);
-    let got = attempt(|| s.read(C, &oid("small"), 0, 100));
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 4096)).is_none());
+    assert_eq!(s.read(C, &oid("small"), 0, 4096).unwrap(), small);
+    let got = attempt(|| s.read(C, &oid("small"), 0, 4096));
     assert_eq!(got.map(|r| r.unwrap()), Some(small.clone()));
     // A damaged block (here also in the page cache): refused, then the direct read reports it.
     flip_byte(dir.path(), small_ext[0].0 + 3);
-    assert!(attempt(|| s.read(C, &oid("small"), 0, 100)).is_none());
+    assert!(attempt(|| s.read(C, &oid("small"), 0, 4096)).is_none());
     assert!(matches!(
-        s.read(C, &oid("small"), 0, 100),
+        s.read(C, &oid("small"), 0, 4096),
         Err(StoreError::ChecksumMismatch { .. })
     ));
 }
@@ -719,4 +720,217 @@ fn hot_large_reads_use_the_page_cache_and_stay_correct() {
         assert_eq!(s.read(C, &oid("big"), 0, 1 << 20).unwrap(), one);
     }
     assert!(!page_cached(dir.path(), ext[0].0, ext[0].1 as usize));
+}
+
+/// Small objects keep their data in their records: no allocation unit, `space` counts their
+/// bytes, fsck sums them against the store's own count, across remounts. An object that grows
+/// past the threshold moves into a unit, and a truncation under it brings it back.
+#[test]
+fn small_objects_are_inline_and_counted_in_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 64 << 20);
+    let base = s.space().unwrap();
+    let name = |i: u32| oid(&format!("s{i}"));
+    let mut t = Transaction::new();
+    for i in 0..100 {
+        t.write(C, &name(i), 0, vec![i as u8; 1024])
+            .set_xattr(C, &name(i), "v", b"1".to_vec());
+    }
+    s.submit(t).unwrap().wait().unwrap();
+    for i in 0..100 {
+        assert!(s.is_inline(C, &name(i)).unwrap());
+        assert!(s.object_extents(C, &name(i)).unwrap().is_empty());
+        assert_eq!(s.read(C, &name(i), 0, 4096).unwrap(), vec![i as u8; 1024]);
+    }
+    let sp = s.space().unwrap();
+    assert_eq!(sp.used, base.used + 100 * 1024, "{sp:?} {base:?}");
+    assert_eq!(sp.available, base.available - 100 * 1024);
+    let rep = s.fsck(true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+    assert_eq!(rep.inline_bytes, 100 * 1024);
+
+    // Growing past the threshold: into one unit of the data file, content kept.
+    s.submit(
+        Transaction::new()
+            .write(C, &name(0), 1024, vec![0xee; 3000])
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert!(!s.is_inline(C, &name(0)).unwrap());
+    assert_eq!(s.object_extents(C, &name(0)).unwrap().len(), 1);
+    let mut want = vec![0u8; 1024];
+    want.extend_from_slice(&[0xee; 3000]);
+    assert_eq!(s.read(C, &name(0), 0, 8192).unwrap(), want);
+    assert_eq!(s.space().unwrap().used, base.used + 99 * 1024 + 4096);
+    let rep = s.fsck(true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+    // Truncated under it: back in the record, its unit freed.
+    s.submit(Transaction::new().truncate(C, &name(0), 1500).clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(s.is_inline(C, &name(0)).unwrap());
+    assert_eq!(s.read(C, &name(0), 0, 8192).unwrap(), want[..1500]);
+    // A clone of an inline object is inline too.
+    s.submit(
+        Transaction::new()
+            .clone_object(C, &name(1), &oid("copy"))
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert!(s.is_inline(C, &oid("copy")).unwrap());
+    s.close().unwrap();
+
+    let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    let inline = 99 * 1024 + 1500 + 1024; // s1..s99, s0, copy
+    assert_eq!(s.space().unwrap().used, base.used + inline);
+    let rep = s.fsck(true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+    assert_eq!(rep.inline_bytes, inline);
+    assert_eq!(
+        rep.used_bytes, base.used,
+        "no data-file unit holds small objects"
+    );
+    assert_eq!(s.read(C, &name(0), 0, 8192).unwrap(), want[..1500]);
+    assert_eq!(s.read(C, &oid("copy"), 0, 8192).unwrap(), vec![1u8; 1024]);
+    // Removing them gives it all back.
+    let mut t = Transaction::new();
+    for i in 0..100 {
+        t.remove(C, &name(i));
+    }
+    t.remove(C, &oid("copy"));
+    s.submit(t).unwrap().wait().unwrap();
+    assert_eq!(s.space().unwrap().used, base.used);
+    let rep = s.fsck(true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+    assert_eq!(rep.inline_bytes, 0);
+}
+
+/// A flipped byte of inline data is caught by its crc32c like one in a data block: reads and
+/// read-modify-writes fail with a checksum error naming the object, deep fsck reports it
+/// (shallow fsck reads no data), and a write of the whole content heals it.
+#[test]
+fn flipped_inline_byte_is_a_checksum_error_and_a_whole_write_heals_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 64 << 20);
+    let data: Vec<u8> = (0..700u32).map(|i| (i % 251) as u8).collect();
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("tiny"), 0, data.clone())
+            .write(C, &oid("other"), 0, data.clone())
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert!(s.is_inline(C, &oid("tiny")).unwrap());
+    s.close().unwrap();
+    assert!(KelpStore::damage_inline_data(dir.path(), C, &oid("tiny"), 100).unwrap());
+
+    let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    for r in [
+        s.read(C, &oid("tiny"), 0, 10),
+        s.read_from_device(C, &oid("tiny"), 600, 10),
+    ] {
+        match r {
+            Err(StoreError::ChecksumMismatch { object, .. }) => {
+                assert!(object.contains("tiny"), "{object}")
+            }
+            other => panic!("expected a checksum error, got {other:?}"),
+        }
+    }
+    assert_eq!(s.read(C, &oid("other"), 0, 4096).unwrap(), data);
+    assert!(matches!(
+        s.submit(
+            Transaction::new()
+                .write(C, &oid("tiny"), 5, vec![1])
+                .clone()
+        ),
+        Err(StoreError::ChecksumMismatch { .. })
+    ));
+    assert!(s.fsck(false).unwrap().is_clean());
+    let rep = s.fsck(true).unwrap();
+    let kinds: Vec<_> = rep.problems.iter().map(|p| p.kind).collect();
+    assert_eq!(kinds, vec!["checksum"], "{:?}", rep.problems);
+    let text = rep.problems[0].to_string();
+    assert!(text.contains("tiny") && text.contains("inline"), "{text}");
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("tiny"), 0, data.clone())
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert_eq!(s.read(C, &oid("tiny"), 0, 4096).unwrap(), data);
+    let rep = s.fsck(true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+}
+
+/// A store written without inline data (as before it existed, or with `inline_max = 0`) mounts
+/// and reads as it was; its small objects stay in their units when changed, while new ones are
+/// kept inline; and switching inline data off again leaves inline objects readable, moving
+/// them into units when they are written.
+#[test]
+fn stores_without_inline_data_keep_working_and_it_can_be_switched_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = || StoreConfig {
+        inline_max: kelp_types::ByteSize(0),
+        ..StoreConfig::default()
+    };
+    {
+        let opts = MkfsOptions {
+            size: kelp_types::ByteSize(64 << 20),
+            ..MkfsOptions::default()
+        };
+        kelp_store::mkfs(dir.path(), &opts).unwrap();
+        let s = KelpStore::mount(dir.path(), off()).unwrap();
+        s.submit(
+            Transaction::new()
+                .create_collection(C)
+                .write(C, &oid("old"), 0, vec![3; 500])
+                .clone(),
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+        assert!(!s.is_inline(C, &oid("old")).unwrap());
+        s.close().unwrap();
+    }
+    let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+    assert_eq!(s.read(C, &oid("old"), 0, 4096).unwrap(), vec![3; 500]);
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("old"), 10, vec![4; 10])
+            .write(C, &oid("new"), 0, vec![5; 500])
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert!(!s.is_inline(C, &oid("old")).unwrap());
+    assert!(s.is_inline(C, &oid("new")).unwrap());
+    s.close().unwrap();
+
+    let s = KelpStore::mount(dir.path(), off()).unwrap();
+    assert_eq!(s.read(C, &oid("new"), 0, 4096).unwrap(), vec![5; 500]);
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("new"), 500, vec![6; 10])
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert!(!s.is_inline(C, &oid("new")).unwrap());
+    let mut want = vec![5; 500];
+    want.extend_from_slice(&[6; 10]);
+    assert_eq!(s.read(C, &oid("new"), 0, 4096).unwrap(), want);
+    let rep = s.fsck(true).unwrap();
+    assert!(rep.is_clean(), "{:?}", rep.problems);
+    assert_eq!(rep.inline_bytes, 0);
 }

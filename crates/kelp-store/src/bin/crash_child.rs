@@ -1,6 +1,6 @@
 //! Test-only child process for `tests/crash.rs`: mounts the store in `DIR` (optionally with
-//! `prefer_deferred_size` = `PREFER_DEFERRED` bytes and a growing data file's step =
-//! `GROW_STEP` bytes), then submits the
+//! `prefer_deferred_size` = `PREFER_DEFERRED` bytes, a growing data file's step =
+//! `GROW_STEP` bytes and `inline_max` = `INLINE_MAX` bytes), then submits the
 //! deterministic crash workload (`kelp_store::workload::crash_txn(SEED, id)`) from the id after
 //! the last one applied, up to 8 transactions in flight, printing `ACK <id>` to stdout once each
 //! is durable. It runs until it is killed (the test sends SIGKILL at a random moment).
@@ -55,7 +55,9 @@ fn main() {
     }
     let mut args = std::env::args().skip(1);
     let (Some(dir), Some(seed)) = (args.next(), args.next()) else {
-        eprintln!("usage: kelp-store-crash-child DIR SEED [PREFER_DEFERRED [GROW_STEP]]");
+        eprintln!(
+            "usage: kelp-store-crash-child DIR SEED [PREFER_DEFERRED [GROW_STEP [INLINE_MAX]]]"
+        );
         std::process::exit(2);
     };
     let seed: u64 = seed.parse().unwrap_or_else(|_| {
@@ -72,6 +74,10 @@ fn main() {
     // kills land while the file grows).
     if let Some(step) = args.next().and_then(|v| v.parse::<u64>().ok()) {
         cfg.grow_step = kelp_types::ByteSize(step);
+    }
+    // Optional fifth argument: inline_max in bytes (0 switches inline data off).
+    if let Some(max) = args.next().and_then(|v| v.parse::<u64>().ok()) {
+        cfg.inline_max = kelp_types::ByteSize(max);
     }
     let store = match KelpStore::mount(&PathBuf::from(dir), cfg) {
         Ok(s) => s,

@@ -47,7 +47,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -212,6 +212,9 @@ pub(crate) type NewRun = (u64, u64, Vec<u32>);
 struct ApplyState {
     next_seq: u64,
     next_nid: u64,
+    /// Bytes of inline object data once every prepared transaction commits (persisted as
+    /// `keys::INLINE_BYTES` in each transaction that changes it).
+    inline_bytes: u64,
 }
 
 struct Prepared {
@@ -270,6 +273,8 @@ pub(crate) struct Inner {
     /// batch's write-back); a transaction refused for lack of space waits for them.
     release_pending: AtomicUsize,
     inflight_len: AtomicUsize,
+    /// Bytes of inline object data as published (readers' view), counted in `space`.
+    inline_bytes: AtomicU64,
     onode_cache: OnodeCache,
     /// Keys of collections a transaction found to exist, so the next ones skip the lookup.
     /// Filled and emptied only under `apply` (transactions and publishing; removals also under
@@ -310,6 +315,24 @@ pub struct KelpStore {
 }
 
 impl Inner {
+    /// Largest object kept inline: `inline_max`, capped at half an allocation unit.
+    fn inline_max(&self) -> u64 {
+        self.cfg.inline_max.0.min(self.geo.unit / 2)
+    }
+
+    /// The verified inline data of `on` (which must have some).
+    fn inline_data<'a>(&self, oid: &ObjectId, on: &'a Onode) -> Result<&'a [u8]> {
+        let Some(i) = &on.inline else {
+            return Ok(&[]);
+        };
+        i.verified().map_err(|actual| StoreError::ChecksumMismatch {
+            object: oid.to_string(),
+            offset: 0,
+            expected: i.csum(),
+            actual,
+        })
+    }
+
     /// Waits on `durable_cv` (at most `timeout`), counted in `durable_waiters` so that a
     /// finished batch notifies only when someone waits.
     fn wait_durable<'a>(
@@ -742,6 +765,14 @@ impl Inner {
         staged: Option<Staged<'_>>,
         via: Via,
     ) -> Result<Vec<u8>> {
+        if on.inline.is_some() {
+            // The whole (small) content is in the record: verified as a whole.
+            let data = self.inline_data(oid, on)?;
+            let s = (off as usize).min(data.len());
+            let mut out = data[s..(s + len as usize).min(data.len())].to_vec();
+            out.resize(len as usize, 0);
+            return Ok(out);
+        }
         // Filled in order, zeros only where no extent is (holes, or past the last extent).
         let mut out = Vec::with_capacity(len as usize);
         if len == 0 {
@@ -847,6 +878,7 @@ impl KelpStore {
             pre: None,
             next_nid: st.next_nid,
             nid_used: false,
+            inline_delta: 0,
             bytes: 0,
         };
         let applied = {
@@ -857,6 +889,20 @@ impl KelpStore {
                 txc.apply(op)
             })
         };
+        // Inline data takes no allocation unit, but it is data: a full store refuses it too
+        // (metadata-only transactions still pass).
+        let applied = applied.and_then(|()| {
+            let grow = u64::try_from(txc.inline_delta).unwrap_or(0);
+            let free = lock(&inner.alloc).free_units() * inner.geo.unit;
+            match free.checked_sub(st.inline_bytes) {
+                Some(room) if room >= grow => Ok(()),
+                _ if grow == 0 => Ok(()),
+                room => Err(StoreError::NoSpace {
+                    needed: grow,
+                    free: room.unwrap_or(0),
+                }),
+            }
+        });
         if let Err(e) = applied {
             let mut a = lock(&inner.alloc);
             for &(off, len) in &txc.allocated {
@@ -869,6 +915,13 @@ impl KelpStore {
             txc.put(
                 keys::NEXT_NID.to_vec(),
                 Some(txc.next_nid.to_be_bytes().to_vec()),
+            );
+        }
+        if txc.inline_delta != 0 {
+            st.inline_bytes = st.inline_bytes.saturating_add_signed(txc.inline_delta);
+            txc.put(
+                keys::INLINE_BYTES.to_vec(),
+                Some(st.inline_bytes.to_be_bytes().to_vec()),
             );
         }
         let seq = st.next_seq;
@@ -929,6 +982,7 @@ impl ObjectStore for KelpStore {
         }
         inner.check_failed()?;
         let nid_before = st.next_nid;
+        let inline_before = st.inline_bytes;
         // Units freed by acknowledged batches may still wait for their batch's write-back (see
         // `release_and_ack`): a transaction refused for lack of space then waits until every
         // earlier batch is finished and tries once more, so space that a delete acknowledged
@@ -983,6 +1037,7 @@ impl ObjectStore for KelpStore {
                         }
                         st.next_seq = p.seq;
                         st.next_nid = nid_before;
+                        st.inline_bytes = inline_before;
                         return Err(nowait::blocked());
                     }
                 }
@@ -1008,6 +1063,7 @@ impl ObjectStore for KelpStore {
                 }
                 ov.insert(k.clone(), (p.seq, v.clone()));
             }
+            inner.inline_bytes.store(st.inline_bytes, Ordering::Release);
         }
         let wake = {
             let mut q = lock(&inner.queue);
@@ -1047,7 +1103,10 @@ impl ObjectStore for KelpStore {
         let geo = self.inner.geo;
         let free = lock(&self.inner.alloc).free_units();
         let total = geo.units * geo.unit;
-        let available = (free * geo.unit).min(total);
+        // Inline object data lives in the metadata database, but it is object data: counted
+        // as used, so that usage and `kelp df` reflect what small objects hold.
+        let inline = self.inner.inline_bytes.load(Ordering::Acquire);
+        let available = (free * geo.unit).saturating_sub(inline).min(total);
         Ok(StoreSpace {
             total,
             used: total - available,

@@ -438,6 +438,16 @@ impl KelpStore {
             }
             _ => return Err(StoreError::corrupt("missing or malformed nid counter")),
         };
+        // Absent in stores that never held inline data.
+        let inline_bytes = match meta
+            .get(keys::INLINE_BYTES)
+            .map_err(|e| StoreError::kv("reading the inline-data counter", e))?
+        {
+            None => 0,
+            Some(v) => <[u8; 8]>::try_from(&v[..])
+                .map(u64::from_be_bytes)
+                .map_err(|_| StoreError::corrupt("malformed inline-data counter"))?,
+        };
         let mut bitmap = Bitmap::new(geo.units);
         let mut seen = 0u32;
         for r in meta.prefix([keys::BITMAP]) {
@@ -500,6 +510,7 @@ impl KelpStore {
             pending_len: AtomicUsize::new(0),
             release_pending: AtomicUsize::new(0),
             inflight_len: AtomicUsize::new(0),
+            inline_bytes: AtomicU64::new(inline_bytes),
             onode_cache,
             known_colls: Mutex::new(HashSet::new()),
             read_bufs: Arc::new(BufPool::default()),
@@ -510,6 +521,7 @@ impl KelpStore {
             apply: Mutex::new(ApplyState {
                 next_seq: 1,
                 next_nid,
+                inline_bytes,
             }),
             reuse: RwLock::new(()),
             queue: Mutex::new(Queue::default()),
@@ -614,6 +626,42 @@ impl KelpStore {
             .map_err(|e| StoreError::io("syncing the data file", e))?;
         rustix::fs::fadvise(&self.inner.data, 0, None, rustix::fs::Advice::DontNeed)
             .map_err(|e| StoreError::io("dropping the page cache", e.into()))
+    }
+
+    /// Flip one bit of the inline data of a small object of the (unmounted) store in `dir`,
+    /// keeping the record's checksum: fault injection for tests of reads, scrub and fsck.
+    /// Mounts the store (which replays and empties the metadata log, so nothing replays the
+    /// intact record over the damaged one later), rewrites the record, unmounts. False if the
+    /// object has no inline data.
+    #[doc(hidden)]
+    pub fn damage_inline_data(
+        dir: &Path,
+        coll: CollectionId,
+        oid: &ObjectId,
+        at: usize,
+    ) -> Result<bool> {
+        let store = KelpStore::mount(dir, StoreConfig::default())?;
+        let inner = &*store.inner;
+        let key = keys::obj_key(coll, oid);
+        let mut on = inner.onode_for_read(coll, oid)?;
+        let damaged = match &mut on.inline {
+            Some(i) => {
+                i.flip_bit(at);
+                let mut b = inner.kv.batch().durability(Some(PersistMode::SyncAll));
+                b.insert(&inner.meta, key, on.encode());
+                b.commit()
+                    .map_err(|e| StoreError::kv("writing a damaged record", e))?;
+                true
+            }
+            None => false,
+        };
+        store.close()?;
+        Ok(damaged)
+    }
+
+    /// Whether `oid` keeps its data inline in its record (tests, debugging).
+    pub fn is_inline(&self, coll: CollectionId, oid: &ObjectId) -> Result<bool> {
+        Ok(self.inner.onode_for_read(coll, oid)?.inline.is_some())
     }
 
     /// Where the data of `oid` lives: `(data-file offset, length)` runs (tests, debugging).

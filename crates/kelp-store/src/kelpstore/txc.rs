@@ -19,6 +19,8 @@ pub(super) struct Txc<'a> {
     pub(super) pre: Option<PreCopied>,
     pub(super) next_nid: u64,
     pub(super) nid_used: bool,
+    /// Change of the store's inline data bytes made by this transaction.
+    pub(super) inline_delta: i64,
     pub(super) bytes: u64,
 }
 
@@ -299,6 +301,46 @@ impl Txc<'_> {
         Ok(())
     }
 
+    /// Make `data` the object's whole content and size, kept inline (nothing for empty data);
+    /// the caller has checked that it is small enough and that no extent is mapped.
+    pub(super) fn set_inline(&mut self, on: &mut Onode, data: Vec<u8>) {
+        self.inline_delta -= on.inline_len() as i64;
+        on.size = data.len() as u64;
+        on.inline = (!data.is_empty()).then(|| codec::Inline::new(data));
+        self.inline_delta += on.inline_len() as i64;
+    }
+
+    /// The content of an object without extents (inline data, or zeros for holes), verified.
+    pub(super) fn small_content(&self, oid: &ObjectId, on: &Onode) -> Result<Vec<u8>> {
+        if on.inline.is_some() {
+            return self.inner.inline_data(oid, on).map(<[u8]>::to_vec);
+        }
+        Ok(vec![0; on.size as usize])
+    }
+
+    /// Move an inline object's data into unit 0 of the data file (it grows past the inline
+    /// threshold); `overwritten`: the caller's write replaces all of unit 0, so the data is
+    /// only dropped. No-op for an object in extents.
+    pub(super) fn spill(
+        &mut self,
+        oid: &ObjectId,
+        on: &mut Onode,
+        overwritten: bool,
+    ) -> Result<()> {
+        if on.inline.is_none() {
+            return Ok(());
+        }
+        let data = self.inner.inline_data(oid, on)?.to_vec();
+        self.inline_delta -= on.inline_len() as i64;
+        on.inline = None;
+        if !overwritten {
+            let mut content = AlignedBuf::zeroed(self.inner.geo.unit as usize);
+            content[..data.len()].copy_from_slice(&data);
+            self.defer_unit(on, 0, content)?;
+        }
+        Ok(())
+    }
+
     pub(super) fn write(
         &mut self,
         coll: CollectionId,
@@ -308,8 +350,21 @@ impl Txc<'_> {
     ) -> Result<()> {
         let end = Self::check_range(off, data.len() as u64)?;
         let mut on = self.onode_or_new(coll, oid)?;
-        if !data.is_empty() {
+        let new_size = on.size.max(end);
+        if !data.is_empty() && on.extents.is_empty() && new_size <= self.inner.inline_max() {
+            // Small enough to keep (or start keeping) in the record. A write of the whole
+            // content does not read (nor verify) the old one, so it heals damaged data.
+            let mut content = if off == 0 && end >= on.size {
+                Vec::with_capacity(end as usize)
+            } else {
+                self.small_content(oid, &on)?
+            };
+            content.resize(new_size as usize, 0);
+            content[off as usize..end as usize].copy_from_slice(&data);
+            self.set_inline(&mut on, content);
+        } else if !data.is_empty() {
             let u = self.inner.geo.unit;
+            self.spill(oid, &mut on, off == 0 && end >= u)?;
             let first = off / u;
             let last = end.div_ceil(u);
             let full_s = off.div_ceil(u);
@@ -388,6 +443,7 @@ impl Txc<'_> {
         oid: &ObjectId,
         on: &Onode,
     ) -> Result<()> {
+        self.inline_delta -= on.inline_len() as i64;
         self.freed.extend(
             on.extents
                 .iter()
@@ -492,7 +548,15 @@ impl Txc<'_> {
             } => {
                 let end = Self::check_range(*offset, *len)?;
                 let mut on = self.onode_or_new(*coll, oid)?;
-                if *len > 0 {
+                let new_size = on.size.max(end);
+                if *len > 0 && on.inline.is_some() && new_size <= self.inner.inline_max() {
+                    let mut content = self.small_content(oid, &on)?;
+                    let zero_end = end.min(on.size) as usize;
+                    content[(*offset as usize).min(zero_end)..zero_end].fill(0);
+                    content.resize(new_size as usize, 0);
+                    self.set_inline(&mut on, content);
+                } else if *len > 0 {
+                    self.spill(oid, &mut on, false)?;
                     let zero_end = end.min(on.size);
                     self.zero_range(oid, &mut on, *offset, zero_end)?;
                     on.size = on.size.max(end);
@@ -502,6 +566,27 @@ impl Txc<'_> {
             Op::Truncate { coll, oid, size } => {
                 Self::check_range(*size, 0)?;
                 let mut on = self.onode_or_new(*coll, oid)?;
+                if *size <= self.inner.inline_max()
+                    && (on.inline.is_some() || !on.extents.is_empty())
+                {
+                    // Small enough for the record: an inline object stays inline, and one in
+                    // extents moves its remaining bytes (all in unit 0) into the record.
+                    let mut content = if *size == 0 {
+                        Vec::new()
+                    } else if on.inline.is_some() {
+                        self.small_content(oid, &on)?
+                    } else {
+                        let unit0 = self.unit_content(oid, &on, 0)?;
+                        unit0[..(*size).min(on.size) as usize].to_vec()
+                    };
+                    content.resize(*size as usize, 0);
+                    let freed = on.punch(0, u64::MAX / 2, geo.bpu);
+                    self.freed.extend(freed);
+                    self.set_inline(&mut on, content);
+                    self.save(*coll, oid, &on);
+                    return Ok(());
+                }
+                self.spill(oid, &mut on, false)?;
                 if *size < on.size {
                     let u = geo.unit;
                     // Zero the tail of the last kept unit, drop whole units after it.
@@ -578,6 +663,10 @@ impl Txc<'_> {
                 d.size = s.size;
                 d.xattrs = s.xattrs.clone();
                 d.has_omap = s.has_omap;
+                if s.inline.is_some() {
+                    let data = self.inner.inline_data(src, &s)?.to_vec();
+                    self.set_inline(&mut d, data);
+                }
                 for e in &s.extents {
                     let data = self.inner.read_units(
                         src,

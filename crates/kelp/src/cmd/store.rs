@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// flushed to new extents before it (0: never).
     #[arg(long, default_value = "8KiB")]
     pub prefer_deferred_size: ByteSize,
+    /// Objects of at most this size keep their data inline in their metadata record instead
+    /// of in an allocation unit (0: never; capped at half of min_alloc_size).
+    #[arg(long, default_value = "2KiB")]
+    pub inline_max: ByteSize,
     /// Only reserve the benchmark stores' data files (fallocate) instead of writing them with
     /// zeros at mkfs: every commit that wrote new extents then flushes the data file and the
     /// log separately (the layout `kelp store mkfs` makes without --prewrite).
@@ -134,13 +138,14 @@ pub fn run(cmd: StoreCommand, g: &crate::cmd::common::Global) -> anyhow::Result<
                         println!("ERROR {p}");
                     }
                     println!(
-                        "{}: {} collections, {} objects, {} omap entries, {} used, {} free{}; {} problem(s)",
+                        "{}: {} collections, {} objects, {} omap entries, {} used, {} free, {} inline{}; {} problem(s)",
                         a.dir.display(),
                         rep.collections,
                         rep.objects,
                         rep.omap_entries,
                         ByteSize(rep.used_bytes),
                         ByteSize(rep.free_bytes),
+                        ByteSize(rep.inline_bytes),
                         if a.deep {
                             format!(", {} blocks verified", rep.blocks_verified)
                         } else {
@@ -193,6 +198,7 @@ pub fn run(cmd: StoreCommand, g: &crate::cmd::common::Global) -> anyhow::Result<
                 config: StoreConfig {
                     cache_budget: a.cache_budget,
                     prefer_deferred_size: a.prefer_deferred_size,
+                    inline_max: a.inline_max,
                     ..StoreConfig::default()
                 },
             };
