@@ -147,11 +147,7 @@ impl CapTable {
                 .holders(ino, now)
                 .iter()
                 .any(|(c, caps)| *c != client && caps & CAP_EXCL != 0);
-            if others_excl {
-                0
-            } else {
-                want & !CAP_EXCL
-            }
+            if others_excl { 0 } else { want & !CAP_EXCL }
         } else {
             want
         };

@@ -356,6 +356,9 @@ pub struct CapGrants {
     pub v: u16,
     pub lease_ms: u64,
     pub caps: Vec<(Ino, u8)>,
+    /// Inodes this request changed: the requester drops its own cached copies of them.
+    #[serde(default)]
+    pub changed: Vec<Ino>,
 }
 
 /// A request on the wire: version, who the client is, who asks, what.
