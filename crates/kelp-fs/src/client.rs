@@ -936,15 +936,38 @@ impl FsClient {
         for r in futures::future::join_all(jobs).await {
             r?;
         }
-        self.attr_call(
-            Caller::default(),
-            Op::Written {
-                ino: inode.ino,
-                end,
-                mtime: Time::now(),
-            },
-        )
-        .await
+        let written = self
+            .attr_call(
+                Caller::default(),
+                Op::Written {
+                    ino: inode.ino,
+                    end,
+                    mtime: Time::now(),
+                },
+            )
+            .await;
+        if matches!(written, Err(FsError::Errno(errno::EDQUOT))) {
+            self.take_back(inode.ino, off, end).await;
+        }
+        written
+    }
+
+    /// A write past the end was refused (over a quota) after its data reached the objects:
+    /// zero what lies past the recorded end, so that a later growth of the file never shows
+    /// bytes whose write failed.
+    async fn take_back(&self, ino: Ino, off: u64, end: u64) {
+        let cleared = async {
+            let mut cur = self.getattr(Caller::default(), ino).await?;
+            let from = off.max(cur.size);
+            if from < end {
+                cur.size = end;
+                self.zero(&cur, from, end - from).await?;
+            }
+            Ok::<(), FsError>(())
+        };
+        if let Err(e) = cleared.await {
+            warn!(ino, off, end, error = %e, "could not zero the data of a refused write");
+        }
     }
 
     /// Cuts the data objects of `inode` down to `size` bytes.

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::locks::LockTable;
 use crate::types::*;
+use quota::{Acct, home, weight};
 
 /// What [`Namespace::apply`] needs loaded before it can decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,6 +36,10 @@ pub enum Step {
         invalidate: Invalidate,
     },
     Need(Need),
+}
+
+fn neg(w: (i64, i64)) -> (i64, i64) {
+    (-w.0, -w.1)
 }
 
 /// Internal short-circuit: a missing object or an errno.
@@ -88,6 +93,7 @@ impl Namespace {
             xattrs: BTreeMap::new(),
             object_size: self.default_object_size,
             version: 1,
+            dirstat: DirStat::default(),
         };
         self.inodes.insert(ROOT_INO, root.clone());
         self.dirs.insert(ROOT_INO, BTreeMap::new());
@@ -341,11 +347,12 @@ impl Namespace {
             mtime: now,
             ctime: now,
             rdev: 0,
-            parent: 0,
+            parent: parent.ino,
             target: String::new(),
             xattrs: BTreeMap::new(),
             object_size: self.default_object_size,
             version: 0,
+            dirstat: DirStat::default(),
         }
     }
 
@@ -393,9 +400,16 @@ impl Namespace {
                 if let Some(g) = set.gid {
                     i.gid = g;
                 }
+                let mut acct = Acct::default();
                 if let Some(s) = set.size {
                     if i.is_dir() {
                         return Err(Stop::Err(errno::EISDIR));
+                    }
+                    if let Some(h) = home(&i).filter(|_| i.kind() == S_IFREG) {
+                        let delta = i128::from(s) - i128::from(i.size);
+                        let delta = i64::try_from(delta).unwrap_or(i64::MAX);
+                        acct.add(&self.ancestors(h)?, (delta, 0));
+                        self.check_quota(&acct)?;
                     }
                     i.size = s;
                     i.mtime = now;
@@ -412,6 +426,7 @@ impl Namespace {
                 }
                 i.ctime = now;
                 self.put(i.clone(), upd, inval);
+                self.commit_acct(acct, upd);
                 Ok(Reply::Attr(self.inode(*ino)?.clone()))
             }
             Op::Mknod {
@@ -431,9 +446,10 @@ impl Namespace {
                     return Ok(Reply::Attr(existing.clone()));
                 }
                 let p = p.clone();
+                let acct = self.admit_entry(p.ino)?;
                 let mut i = self.new_inode(&p, caller, *mode, now);
                 i.rdev = *rdev;
-                self.create_common(p, name, i, now, upd, inval)
+                self.create_common(p, name, i, acct, now, upd, inval)
             }
             Op::Mkdir { parent, name, mode } => {
                 Self::check_name(name)?;
@@ -442,12 +458,12 @@ impl Namespace {
                     return Err(Stop::Err(errno::EEXIST));
                 }
                 let p = p.clone();
+                let acct = self.admit_entry(p.ino)?;
                 let mut i = self.new_inode(&p, caller, S_IFDIR | (mode & 0o7777), now);
                 i.nlink = 2;
-                i.parent = p.ino;
                 self.dirs.insert(i.ino, BTreeMap::new());
                 self.dirty_dirs.insert(i.ino);
-                self.create_common(p, name, i, now, upd, inval)
+                self.create_common(p, name, i, acct, now, upd, inval)
             }
             Op::Symlink {
                 parent,
@@ -463,10 +479,11 @@ impl Namespace {
                     return Err(Stop::Err(errno::EEXIST));
                 }
                 let p = p.clone();
+                let acct = self.admit_entry(p.ino)?;
                 let mut i = self.new_inode(&p, caller, S_IFLNK | 0o777, now);
                 i.size = target.len() as u64;
                 i.target = target.clone();
-                self.create_common(p, name, i, now, upd, inval)
+                self.create_common(p, name, i, acct, now, upd, inval)
             }
             Op::Link { ino, parent, name } => {
                 Self::check_name(name)?;
@@ -485,6 +502,13 @@ impl Namespace {
                 if i.nlink >= 65000 {
                     return Err(Stop::Err(errno::EMLINK));
                 }
+                // a file no directory counts any more (its primary link went) is adopted
+                let mut acct = Acct::default();
+                if home(&i).is_none() {
+                    acct.add(&self.ancestors(p.ino)?, weight(&i));
+                    self.check_quota(&acct)?;
+                    i.parent = p.ino;
+                }
                 i.nlink += 1;
                 i.ctime = now;
                 let d = Dentry {
@@ -494,6 +518,7 @@ impl Namespace {
                 self.put(i, upd, inval);
                 self.put_dentry(p.ino, name, d, upd, inval);
                 self.touch_dir(p, 0, now, upd, inval);
+                self.commit_acct(acct, upd);
                 Ok(Reply::Attr(self.inode(*ino)?.clone()))
             }
             Op::Unlink { parent, name } | Op::Rmdir { parent, name } => {
@@ -507,7 +532,7 @@ impl Namespace {
                 let (p, entries) = self.live_dir(*parent)?;
                 let d = *entries.get(name).ok_or(Stop::Err(errno::ENOENT))?;
                 let p = p.clone();
-                let i = self.inode(d.ino)?.clone();
+                let mut i = self.inode(d.ino)?.clone();
                 if rmdir {
                     if !i.is_dir() {
                         return Err(Stop::Err(errno::ENOTDIR));
@@ -518,10 +543,18 @@ impl Namespace {
                 } else if i.is_dir() {
                     return Err(Stop::Err(errno::EISDIR));
                 }
+                let mut acct = Acct::default();
+                if home(&i) == Some(p.ino) {
+                    acct.add(&self.ancestors(p.ino)?, neg(weight(&i)));
+                    if !i.is_dir() {
+                        i.parent = 0; // its primary link goes: no directory counts it now
+                    }
+                }
                 self.del_dentry(p.ino, name, upd, inval);
                 let sub = if rmdir { -1 } else { 0 };
                 self.touch_dir(p, sub, now, upd, inval);
                 self.drop_link(i, now, upd, inval);
+                self.commit_acct(acct, upd);
                 Ok(Reply::Ok)
             }
             Op::Rename {
@@ -573,6 +606,11 @@ impl Namespace {
                 if value.len() > XATTR_SIZE_MAX {
                     return Err(Stop::Err(errno::E2BIG));
                 }
+                if let Some(r) =
+                    self.set_virtual_xattr(caller, *ino, name, Some(value), now, upd, inval)
+                {
+                    return r;
+                }
                 let mut i = self.inode(*ino)?.clone();
                 let exists = i.xattrs.contains_key(name);
                 if flags & XATTR_CREATE != 0 && exists {
@@ -590,6 +628,9 @@ impl Namespace {
                 Ok(Reply::Ok)
             }
             Op::GetXattr { ino, name } => {
+                if let Some(r) = self.get_virtual_xattr(*ino, name) {
+                    return r;
+                }
                 let i = self.inode(*ino)?;
                 i.xattrs
                     .get(name)
@@ -600,6 +641,9 @@ impl Namespace {
                 self.inode(*ino)?.xattrs.keys().cloned().collect(),
             )),
             Op::RemoveXattr { ino, name } => {
+                if let Some(r) = self.set_virtual_xattr(caller, *ino, name, None, now, upd, inval) {
+                    return r;
+                }
                 let mut i = self.inode(*ino)?.clone();
                 if i.xattrs.remove(name).is_none() {
                     return Err(Stop::Err(errno::ENODATA));
@@ -613,10 +657,18 @@ impl Namespace {
                 if i.kind() != S_IFREG {
                     return Err(Stop::Err(errno::EINVAL));
                 }
+                let mut acct = Acct::default();
+                let grow = end.saturating_sub(i.size);
+                if let Some(h) = home(&i).filter(|_| grow > 0) {
+                    let grow = i64::try_from(grow).unwrap_or(i64::MAX);
+                    acct.add(&self.ancestors(h)?, (grow, 0));
+                    self.check_quota(&acct)?;
+                }
                 i.size = i.size.max(*end);
                 i.mtime = *mtime;
                 i.ctime = *mtime;
                 self.put(i, upd, inval);
+                self.commit_acct(acct, upd);
                 Ok(Reply::Attr(self.inode(*ino)?.clone()))
             }
             Op::Open { ino } => {
@@ -679,12 +731,23 @@ impl Namespace {
         }
     }
 
-    /// Links the new inode `i` as `name` in `p` and journals both.
+    /// The accounting of one new entry in `dir`, refused (EDQUOT) over a quota above it.
+    fn admit_entry(&self, dir: Ino) -> R<Acct> {
+        let mut acct = Acct::default();
+        acct.add(&self.ancestors(dir)?, (0, 1));
+        self.check_quota(&acct)?;
+        Ok(acct)
+    }
+
+    /// Links the new inode `i` as `name` in `p` and journals both (and `acct`, from
+    /// [`Namespace::admit_entry`]).
+    #[allow(clippy::too_many_arguments)]
     fn create_common(
         &mut self,
         p: Inode,
         name: &str,
         i: Inode,
+        acct: Acct,
         now: Time,
         upd: &mut Vec<Update>,
         inval: &mut Invalidate,
@@ -699,6 +762,7 @@ impl Namespace {
         self.put(i, upd, inval);
         self.put_dentry(p.ino, name, d, upd, inval);
         self.touch_dir(p, sub, now, upd, inval);
+        self.commit_acct(acct, upd);
         Ok(Reply::Attr(self.inode(ino)?.clone()))
     }
 
@@ -768,11 +832,30 @@ impl Namespace {
                 (false, false) => {}
             }
         }
+        // statistics: the moved entry leaves the directories above `parent` for those
+        // above `new_parent` (a move across a quota it would exceed is EXDEV, as CephFS
+        // clients answer, so that `mv` falls back to copying)
+        let mut acct = Acct::default();
+        let src_home = home(&src) == Some(parent);
+        if src_home && parent != new_parent {
+            acct.add(&self.ancestors(parent)?, neg(weight(&src)));
+            acct.add(&self.ancestors(new_parent)?, weight(&src));
+        }
+        let dst_home = dst.as_ref().is_some_and(|d| home(d) == Some(new_parent));
+        if let Some(d) = dst.as_ref().filter(|_| dst_home) {
+            acct.add(&self.ancestors(new_parent)?, neg(weight(d)));
+        }
+        if self.check_quota(&acct).is_err() {
+            return Err(Stop::Err(errno::EXDEV));
+        }
         // decide, then change
         let moving_dir = src.is_dir();
         let mut replaced_dir = false;
-        if let Some(dst) = dst {
+        if let Some(mut dst) = dst {
             replaced_dir = dst.is_dir();
+            if dst_home && !replaced_dir {
+                dst.parent = 0;
+            }
             self.drop_link(dst, now, upd, inval);
         }
         self.del_dentry(parent, name, upd, inval);
@@ -788,7 +871,7 @@ impl Namespace {
         );
         let mut moved = src;
         moved.ctime = now;
-        if moving_dir {
+        if moving_dir || src_home {
             moved.parent = new_parent;
         }
         self.put(moved, upd, inval);
@@ -803,9 +886,11 @@ impl Namespace {
             let new_p = self.inode(new_parent)?.clone();
             self.touch_dir(new_p, d_new, now, upd, inval);
         }
+        self.commit_acct(acct, upd);
         Ok(Reply::Ok)
     }
 }
 
+mod quota;
 #[cfg(test)]
 mod tests;

@@ -549,6 +549,7 @@ impl Filesystem for KelpFuse {
                         xattrs: Default::default(),
                         object_size,
                         version: 0,
+                        dirstat: Default::default(),
                     }
                 };
                 i.object_size = object_size;

@@ -100,7 +100,9 @@ pub struct Inode {
     pub mtime: Time,
     pub ctime: Time,
     pub rdev: u32,
-    /// A directory's parent (a directory has exactly one link to it); 0 for other inodes.
+    /// A directory's parent (a directory has exactly one link to it); for other inodes the
+    /// directory of their primary link, under whose statistics and quota they count (0: none,
+    /// e.g. once that link is gone while other hard links remain).
     pub parent: Ino,
     /// A symlink's target.
     #[serde(default)]
@@ -112,7 +114,32 @@ pub struct Inode {
     /// Bumped on every change; clients use it to tell whether their cached copy is current.
     #[serde(default)]
     pub version: u64,
+    /// A directory's recursive statistics and quota (zero for other inodes).
+    #[serde(default)]
+    pub dirstat: DirStat,
 }
+
+/// What lies below a directory, and the quota on it. Regular files count under their
+/// primary link only: the directory they were created in or last renamed to (the inode's
+/// `parent`); a hard link elsewhere adds nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DirStat {
+    /// Bytes of the regular files below the directory (their sizes).
+    pub rbytes: u64,
+    /// Entries below it (files, directories, symlinks, ...), not the directory itself.
+    pub rentries: u64,
+    /// Quota on `rbytes` (0: none).
+    pub max_bytes: u64,
+    /// Quota on `rentries` (0: none).
+    pub max_files: u64,
+}
+
+/// Virtual extended attributes of directories: the quota (set by root; `0` or removing the
+/// attribute clears it) and the recursive statistics (read only).
+pub const XATTR_QUOTA_MAX_BYTES: &str = "kelp.quota.max_bytes";
+pub const XATTR_QUOTA_MAX_FILES: &str = "kelp.quota.max_files";
+pub const XATTR_DIR_RBYTES: &str = "kelp.dir.rbytes";
+pub const XATTR_DIR_RENTRIES: &str = "kelp.dir.rentries";
 
 impl Inode {
     pub fn is_dir(&self) -> bool {

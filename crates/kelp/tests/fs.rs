@@ -526,6 +526,89 @@ fn standby_mds_takes_over_from_a_killed_active_one() {
     assert_eq!(std::fs::read(m.p("after")).unwrap(), b"after failover");
 }
 
+/// Directory quotas through the `kelp.quota.*` attributes and the recursive statistics
+/// (`kelp.dir.*`) seen through a mount with ordinary system calls.
+#[test]
+fn directory_quotas_give_edquot_and_statistics_read_as_attributes() {
+    let c = fs_cluster();
+    let _mds = start_mds(&c, "a");
+    let m = Mount::new(&c, "mnt");
+    let q = m.p("q");
+    std::fs::create_dir(&q).unwrap();
+    let set = |name: &str, v: &str| {
+        Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys; os.setxattr(sys.argv[1], sys.argv[2], sys.argv[3].encode())",
+            ])
+            .arg(&q)
+            .args([name, v])
+            .status()
+            .unwrap()
+    };
+    let get = |name: &str| {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode())",
+            ])
+            .arg(&q)
+            .arg(name)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert!(set("kelp.quota.max_bytes", "1048576").success());
+    assert!(set("kelp.quota.max_files", "3").success());
+    assert_eq!(get("kelp.quota.max_bytes"), "1048576");
+
+    // bytes: a file may grow to the quota, not past it; the refused write leaves no trace
+    let data = heal_support::content(1, 1 << 20);
+    std::fs::write(q.join("f"), &data).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(q.join("f"))
+        .unwrap();
+    assert_eq!(errno_of(f.write_all_at(b"more", 1 << 20)), libc::EDQUOT);
+    drop(f);
+    assert_eq!(std::fs::metadata(q.join("f")).unwrap().len(), 1 << 20);
+    assert_eq!(get("kelp.dir.rbytes"), "1048576");
+    // files: three entries below q, the fourth is refused
+    std::fs::create_dir(q.join("d")).unwrap();
+    std::fs::write(q.join("d/g"), b"").unwrap();
+    assert_eq!(errno_of(std::fs::write(q.join("d/h"), b"")), libc::EDQUOT);
+    assert_eq!(get("kelp.dir.rentries"), "3");
+    // a non-root user cannot raise it
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+        ])
+        .arg("import os,sys; os.setxattr(sys.argv[1], 'kelp.quota.max_bytes', b'0')")
+        .arg(&q)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("PermissionError"),
+        "a user cleared the quota: {out:?}"
+    );
+    // removing the quota lets the file grow again, and the refused bytes read as zeros
+    assert!(set("kelp.quota.max_bytes", "0").success());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(q.join("f"))
+        .unwrap();
+    f.set_len((1 << 20) + 4).unwrap();
+    drop(f);
+    let back = std::fs::read(q.join("f")).unwrap();
+    assert_eq!(&back[..1 << 20], &data[..]);
+    assert_eq!(&back[1 << 20..], &[0u8; 4]);
+    assert_eq!(get("kelp.dir.rbytes"), ((1u64 << 20) + 4).to_string());
+}
+
 // capabilities (caps)
 
 /// The MDS's counters, read through its virtual extended attribute on a mount.

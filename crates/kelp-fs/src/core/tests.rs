@@ -58,27 +58,7 @@ impl Fs {
     }
 
     fn run(&mut self, op: Op) -> Reply {
-        for _ in 0..100 {
-            match self.ns.apply(7, ROOT, &op, Time { secs: 5, nanos: 0 }) {
-                Step::Done { reply, updates, .. } => {
-                    self.store.apply(&updates);
-                    if self.evict {
-                        self.ns.mark_clean();
-                        self.ns.evict_to(0);
-                    }
-                    return reply;
-                }
-                Step::Need(Need::Inode(i)) => {
-                    let inode = self.store.inodes.get(&i).cloned().expect("dangling");
-                    self.ns.insert_inode(inode);
-                }
-                Step::Need(Need::Dir(d)) => {
-                    let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
-                    self.ns.insert_dir(d, entries);
-                }
-            }
-        }
-        panic!("op never completed: {op:?}");
+        self.run_as(ROOT, op)
     }
 
     fn ino(&mut self, parent: Ino, name: &str) -> Ino {
@@ -438,5 +418,243 @@ fn failed_renames_leave_no_trace() {
         assert_eq!(fs.rename(q, "full", q, "empty"), Reply::Ok);
         assert_eq!(fs.names(q), ["empty", "file", "x2"]);
         assert_eq!(fs.attr(q).nlink, 3);
+    });
+}
+
+// ---- recursive statistics and quotas ----
+
+impl Fs {
+    fn run_as(&mut self, caller: Caller, op: Op) -> Reply {
+        for _ in 0..100 {
+            match self.ns.apply(7, caller, &op, Time { secs: 5, nanos: 0 }) {
+                Step::Done { reply, updates, .. } => {
+                    self.store.apply(&updates);
+                    if self.evict {
+                        self.ns.mark_clean();
+                        self.ns.evict_to(0);
+                    }
+                    return reply;
+                }
+                Step::Need(Need::Inode(i)) => {
+                    let inode = self.store.inodes.get(&i).cloned().expect("dangling");
+                    self.ns.insert_inode(inode);
+                }
+                Step::Need(Need::Dir(d)) => {
+                    let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
+                    self.ns.insert_dir(d, entries);
+                }
+            }
+        }
+        panic!("op never completed: {op:?}");
+    }
+
+    fn stat(&mut self, dir: Ino) -> (u64, u64) {
+        let s = self.attr(dir).dirstat;
+        (s.rbytes, s.rentries)
+    }
+
+    fn written(&mut self, ino: Ino, end: u64) -> Reply {
+        self.run(Op::Written {
+            ino,
+            end,
+            mtime: Time { secs: 6, nanos: 0 },
+        })
+    }
+
+    fn set_quota(&mut self, dir: Ino, name: &str, v: &str) -> Reply {
+        self.run(Op::SetXattr {
+            ino: dir,
+            name: name.into(),
+            value: v.as_bytes().to_vec(),
+            flags: 0,
+        })
+    }
+}
+
+#[test]
+fn recursive_statistics_follow_creates_writes_truncates_renames_and_unlinks() {
+    both(|fs| {
+        let a = fs.mkdir(ROOT_INO, "a");
+        let b = fs.mkdir(a, "b");
+        let f = fs.create(b, "f");
+        assert!(matches!(fs.written(f, 1000), Reply::Attr(_)));
+        assert_eq!(fs.stat(b), (1000, 1));
+        assert_eq!(fs.stat(a), (1000, 2));
+        assert_eq!(fs.stat(ROOT_INO), (1000, 3));
+        // overwrites inside the file change nothing
+        fs.written(f, 500);
+        assert_eq!(fs.stat(ROOT_INO), (1000, 3));
+        let r = fs.run(Op::SetAttr {
+            ino: f,
+            set: SetAttr {
+                size: Some(10),
+                ..SetAttr::default()
+            },
+        });
+        assert!(matches!(r, Reply::Attr(_)), "{r:?}");
+        assert_eq!(fs.stat(a), (10, 2));
+        // a move out of `a` takes the bytes and the entry with it
+        assert_eq!(fs.rename(b, "f", ROOT_INO, "g"), Reply::Ok);
+        assert_eq!(fs.stat(b), (0, 0));
+        assert_eq!(fs.stat(a), (0, 1));
+        assert_eq!(fs.stat(ROOT_INO), (10, 3));
+        // so does a whole directory
+        assert_eq!(fs.rename(ROOT_INO, "g", b, "g"), Reply::Ok);
+        let c = fs.mkdir(ROOT_INO, "c");
+        assert_eq!(fs.rename(a, "b", c, "b"), Reply::Ok);
+        assert_eq!(fs.stat(a), (0, 0));
+        assert_eq!(fs.stat(c), (10, 2));
+        assert_eq!(fs.stat(ROOT_INO), (10, 4));
+        assert_eq!(
+            fs.run(Op::Unlink {
+                parent: b,
+                name: "g".into()
+            }),
+            Reply::Ok
+        );
+        assert_eq!(fs.stat(c), (0, 1));
+        assert_eq!(fs.stat(ROOT_INO), (0, 3));
+        // the statistics read as virtual attributes
+        let r = fs.run(Op::GetXattr {
+            ino: ROOT_INO,
+            name: XATTR_DIR_RENTRIES.into(),
+        });
+        assert_eq!(r, Reply::Xattr(b"3".to_vec()));
+    });
+}
+
+#[test]
+fn hard_links_count_once_under_their_primary_link() {
+    both(|fs| {
+        let a = fs.mkdir(ROOT_INO, "a");
+        let b = fs.mkdir(ROOT_INO, "b");
+        let f = fs.create(a, "f");
+        fs.written(f, 100);
+        let r = fs.run(Op::Link {
+            ino: f,
+            parent: b,
+            name: "f2".into(),
+        });
+        assert!(matches!(r, Reply::Attr(_)), "{r:?}");
+        assert_eq!(fs.stat(a), (100, 1));
+        assert_eq!(fs.stat(b), (0, 0));
+        // the primary link goes: nothing counts the file any more ...
+        fs.run(Op::Unlink {
+            parent: a,
+            name: "f".into(),
+        });
+        assert_eq!(fs.stat(a), (0, 0));
+        assert_eq!(fs.stat(ROOT_INO), (0, 2));
+        fs.written(f, 200);
+        assert_eq!(fs.stat(ROOT_INO), (0, 2));
+        // ... until a new link adopts it
+        fs.run(Op::Link {
+            ino: f,
+            parent: a,
+            name: "f3".into(),
+        });
+        assert_eq!(fs.stat(a), (200, 1));
+        assert_eq!(fs.stat(ROOT_INO), (200, 3));
+    });
+}
+
+#[test]
+fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
+    both(|fs| {
+        let q = fs.mkdir(ROOT_INO, "q");
+        let sub = fs.mkdir(q, "sub");
+        assert_eq!(fs.set_quota(q, XATTR_QUOTA_MAX_FILES, "3"), Reply::Ok);
+        assert_eq!(fs.set_quota(q, XATTR_QUOTA_MAX_BYTES, "100\n"), Reply::Ok);
+        let f = fs.create(sub, "f");
+        fs.create(q, "g");
+        // the fourth entry below q is refused, in a subdirectory too, and leaves no trace
+        let r = fs.run(Op::Mknod {
+            parent: sub,
+            name: "h".into(),
+            mode: S_IFREG | 0o644,
+            rdev: 0,
+            exclusive: true,
+        });
+        assert_eq!(r, Reply::Err(errno::EDQUOT));
+        let r = fs.run(Op::Mkdir {
+            parent: q,
+            name: "d".into(),
+            mode: 0o755,
+        });
+        assert_eq!(r, Reply::Err(errno::EDQUOT));
+        assert_eq!(fs.names(sub), vec!["f".to_string()]);
+        assert_eq!(fs.stat(q), (0, 3));
+        // bytes
+        assert!(matches!(fs.written(f, 100), Reply::Attr(_)));
+        assert_eq!(fs.written(f, 101), Reply::Err(errno::EDQUOT));
+        assert_eq!(fs.attr(f).size, 100);
+        let r = fs.run(Op::SetAttr {
+            ino: f,
+            set: SetAttr {
+                size: Some(4096),
+                ..SetAttr::default()
+            },
+        });
+        assert_eq!(r, Reply::Err(errno::EDQUOT));
+        // a move into the quota it would exceed is EXDEV (mv copies, and the copy fails)
+        let big = fs.create(ROOT_INO, "big");
+        fs.written(big, 50);
+        assert_eq!(
+            fs.rename(ROOT_INO, "big", q, "big"),
+            Reply::Err(errno::EXDEV)
+        );
+        // moves inside the quota are free
+        assert_eq!(fs.rename(sub, "f", q, "f"), Reply::Ok);
+        assert_eq!(fs.stat(q), (100, 3));
+        // read back; only root sets; files have no quota; removing clears
+        let r = fs.run(Op::GetXattr {
+            ino: q,
+            name: XATTR_QUOTA_MAX_BYTES.into(),
+        });
+        assert_eq!(r, Reply::Xattr(b"100".to_vec()));
+        let user = Caller {
+            uid: 1000,
+            gid: 1000,
+        };
+        let r = fs.run_as(
+            user,
+            Op::SetXattr {
+                ino: q,
+                name: XATTR_QUOTA_MAX_BYTES.into(),
+                value: b"1000000".to_vec(),
+                flags: 0,
+            },
+        );
+        assert_eq!(r, Reply::Err(errno::EPERM));
+        assert_eq!(
+            fs.set_quota(f, XATTR_QUOTA_MAX_BYTES, "5"),
+            Reply::Err(errno::EINVAL)
+        );
+        assert_eq!(
+            fs.set_quota(q, XATTR_QUOTA_MAX_BYTES, "lots"),
+            Reply::Err(errno::EINVAL)
+        );
+        assert_eq!(
+            fs.set_quota(q, XATTR_DIR_RBYTES, "5"),
+            Reply::Err(errno::EPERM)
+        );
+        let r = fs.run(Op::RemoveXattr {
+            ino: q,
+            name: XATTR_QUOTA_MAX_BYTES.into(),
+        });
+        assert_eq!(r, Reply::Ok);
+        assert!(matches!(fs.written(f, 5000), Reply::Attr(_)));
+        assert_eq!(
+            fs.rename(ROOT_INO, "big", q, "big"),
+            Reply::Err(errno::EXDEV)
+        ); // files: 4 > 3
+        assert_eq!(fs.set_quota(q, XATTR_QUOTA_MAX_FILES, "0"), Reply::Ok);
+        assert_eq!(fs.rename(ROOT_INO, "big", q, "big"), Reply::Ok);
+        assert_eq!(fs.stat(q), (5050, 4));
+        // the quota attributes are not listed
+        match fs.run(Op::ListXattr { ino: q }) {
+            Reply::XattrNames(n) => assert!(n.is_empty(), "{n:?}"),
+            r => panic!("{r:?}"),
+        }
     });
 }
