@@ -6,16 +6,24 @@
 //! The MDS session survives MDS restarts and moves: a call that finds the connection broken
 //! looks up where the MDS is now, reconnects, re-registers this client's open files, and
 //! retries, until `reconnect_timeout`.
+//!
+//! Capabilities: replies may grant leases (see `caps.rs`); while one is held the client
+//! answers `getattr` from its own copy and the FUSE layer lets the kernel cache for the
+//! lease's remainder. A task keeps a revoke poll outstanding at the MDS; a revoke first
+//! drops the lease here, then waits for kernel replies that may have read it, then has the
+//! kernel's caches invalidated (the mount's invalidator), and only then is acknowledged.
+//! A broken poll or a new MDS connection drops every lease (the MDS may have dropped them).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kelp_client::{ClientConfig, ClientError, IoCtx, Rados};
 use kelp_msgr::{Connection, Messenger, MsgrError};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::{FsError, Result};
 use crate::mds::{ADDR_OBJECT, MdsAddr};
@@ -67,6 +75,50 @@ pub struct FsClient {
     in_map: bool,
     /// Open handles per inode (re-registered with a new MDS on reconnect).
     opens: std::sync::Mutex<HashMap<Ino, u32>>,
+    // capabilities (caps)
+    caps: std::sync::Mutex<CapCache>,
+    /// Kernel replies between reading a lease and reaching the kernel (see `begin_reply`).
+    replying: AtomicU64,
+    invalidator: std::sync::OnceLock<Invalidator>,
+    /// MDS requests sent (revoke polls not counted).
+    calls: AtomicU64,
+}
+
+/// Drops the kernel's cached copies named by revokes (blocking; the mount provides it).
+pub type Invalidator = Arc<dyn Fn(&[CapRevoke]) + Send + Sync>;
+
+/// What this client may cache, per the leases the MDS granted.
+#[derive(Default)]
+struct CapCache {
+    /// Bumped by every revoke: a reply that was in flight meanwhile grants nothing.
+    epoch: u64,
+    /// Capabilities held per inode, and until when this client trusts them.
+    leases: HashMap<Ino, (u8, Instant)>,
+    /// Attributes held under a shared lease.
+    inodes: HashMap<Ino, Inode>,
+    /// Names the kernel may cache per directory (dropped when the directory's lease goes).
+    names: HashMap<Ino, HashSet<String>>,
+}
+
+impl CapCache {
+    fn valid(&self, ino: Ino, cap: u8) -> Option<Instant> {
+        self.leases
+            .get(&ino)
+            .filter(|(c, until)| c & cap != 0 && *until > Instant::now())
+            .map(|(_, until)| *until)
+    }
+}
+
+/// Margin by which a client trusts a lease less long than the MDS grants it.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// Held while a kernel reply carries what a lease allows (see [`FsClient::begin_reply`]).
+pub struct ReplyGuard<'a>(&'a AtomicU64);
+
+impl Drop for ReplyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl FsClient {
@@ -112,6 +164,10 @@ impl FsClient {
             opts,
             in_map,
             opens: std::sync::Mutex::new(HashMap::new()),
+            caps: std::sync::Mutex::new(CapCache::default()),
+            replying: AtomicU64::new(0),
+            invalidator: std::sync::OnceLock::new(),
+            calls: AtomicU64::new(0),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
         // While files are open, a call every KEEPALIVE notices a failed-over MDS even when the
@@ -132,7 +188,239 @@ impl FsClient {
                 }
             }
         });
+        // The revoke poll: always one outstanding, acknowledging the previous batch once
+        // the kernel has dropped what it named.
+        let weak = Arc::downgrade(&c);
+        tokio::spawn(async move {
+            let mut ack: Vec<u64> = Vec::new();
+            loop {
+                let Some(c) = weak.upgrade() else { return };
+                match c.poll_revokes(&ack).await {
+                    Ok(revokes) => {
+                        ack = revokes.iter().map(|r| r.id).collect();
+                        if !revokes.is_empty() {
+                            c.apply_revokes(revokes).await;
+                        }
+                    }
+                    Err(e) => {
+                        debug!("revoke poll: {e}");
+                        // the MDS drops this session's capabilities when it stops hearing
+                        // from it: drop them here too
+                        c.drop_all_leases();
+                        drop(c);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
         Ok(c)
+    }
+
+    /// Sets what drops the kernel's caches on a revoke (the FUSE mount's notifier).
+    pub fn set_invalidator(&self, f: Invalidator) {
+        let _ = self.invalidator.set(f);
+    }
+
+    /// MDS requests this client sent (revoke polls not counted).
+    pub fn mds_calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// One revoke poll on the current connection (no retries: a failure means the session
+    /// may be gone).
+    async fn poll_revokes(&self, ack: &[u64]) -> Result<Vec<CapRevoke>> {
+        let (conn, fresh) = self.connection().await?;
+        if fresh {
+            self.reregister(&conn).await;
+            self.drop_all_leases();
+        }
+        let env = Envelope {
+            v: PROTOCOL_VERSION,
+            client: self.id,
+            caller: Caller::default(),
+            op: Op::CapPoll { ack: ack.to_vec() },
+        };
+        let meta = serde_json::to_vec(&env).expect("requests serialize");
+        let resp = match conn
+            .call(
+                MSG_MDS_REQUEST,
+                meta,
+                Bytes::new(),
+                CAP_POLL_WINDOW + Duration::from_secs(3),
+            )
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                if !matches!(e, MsgrError::Remote { .. }) {
+                    *self.conn.lock().await = None;
+                }
+                return Err(e.into());
+            }
+        };
+        match serde_json::from_slice::<Reply>(&resp.meta) {
+            Ok(Reply::Revokes(r)) => Ok(r),
+            Ok(Reply::Err(e)) => {
+                if e == errno::ESHUTDOWN {
+                    *self.conn.lock().await = None;
+                }
+                Err(FsError::Errno(e))
+            }
+            Ok(r) => Err(unexpected(r)),
+            Err(e) => Err(FsError::Malformed {
+                what: "MDS reply".into(),
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    /// Drops what the revokes take away: here first (so no kernel reply starts with it),
+    /// then, once the kernel replies that read a lease before are through, in the kernel.
+    async fn apply_revokes(&self, mut revokes: Vec<CapRevoke>) {
+        {
+            let mut caps = self.caps.lock().expect("caps lock");
+            caps.epoch += 1;
+            for r in &mut revokes {
+                if r.caps & CAP_SHARED != 0 {
+                    caps.inodes.remove(&r.ino);
+                    if let Some(names) = caps.names.remove(&r.ino) {
+                        r.names.extend(names);
+                    }
+                }
+                if let Some((held, _)) = caps.leases.get_mut(&r.ino) {
+                    *held &= !r.caps;
+                    if *held == 0 {
+                        caps.leases.remove(&r.ino);
+                    }
+                }
+            }
+        }
+        self.wait_replies().await;
+        if let Some(inv) = self.invalidator.get().cloned() {
+            let r = tokio::task::spawn_blocking(move || inv(&revokes)).await;
+            if let Err(e) = r {
+                warn!("invalidating the kernel's caches: {e}");
+            }
+        }
+    }
+
+    /// Waits until no kernel reply that may have read a lease before now is on its way.
+    async fn wait_replies(&self) {
+        let start = Instant::now();
+        while self.replying.load(Ordering::SeqCst) > 0 && start.elapsed() < Duration::from_secs(2) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Forgets every lease (the session may be gone) and has the kernel drop what it
+    /// cached under them, without waiting (this may run inside a kernel request).
+    fn drop_all_leases(&self) {
+        let revokes: Vec<CapRevoke> = {
+            let mut caps = self.caps.lock().expect("caps lock");
+            caps.epoch += 1;
+            let mut names = std::mem::take(&mut caps.names);
+            caps.inodes.clear();
+            let leases = std::mem::take(&mut caps.leases);
+            let mut inos: HashSet<Ino> = leases.into_keys().collect();
+            inos.extend(names.keys().copied());
+            inos.into_iter()
+                .map(|ino| CapRevoke {
+                    id: 0,
+                    ino,
+                    caps: crate::caps::CAP_ALL,
+                    names: names
+                        .remove(&ino)
+                        .map(|n| n.into_iter().collect())
+                        .unwrap_or_default(),
+                })
+                .collect()
+        };
+        if revokes.is_empty() {
+            return;
+        }
+        if let Some(inv) = self.invalidator.get().cloned() {
+            tokio::task::spawn_blocking(move || inv(&revokes));
+        }
+    }
+
+    /// Marks a kernel reply that carries what a lease allows: revokes wait until it is
+    /// sent, so the kernel never receives a lease's cache time after the lease was revoked.
+    /// Read the lease ([`FsClient::attr_ttl`] and others) after this.
+    pub fn begin_reply(&self) -> ReplyGuard<'_> {
+        self.replying.fetch_add(1, Ordering::SeqCst);
+        ReplyGuard(&self.replying)
+    }
+
+    /// How long the kernel may cache `ino`'s attributes (what remains of its shared lease).
+    pub fn attr_ttl(&self, ino: Ino) -> Duration {
+        let caps = self.caps.lock().expect("caps lock");
+        caps.valid(ino, CAP_SHARED).map_or(Duration::ZERO, |u| {
+            u.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// How long the kernel may cache the entry `name` of `parent` naming `ino` (both leases).
+    pub fn entry_ttl(&self, parent: Ino, ino: Ino) -> Duration {
+        let caps = self.caps.lock().expect("caps lock");
+        match (caps.valid(parent, CAP_SHARED), caps.valid(ino, CAP_SHARED)) {
+            (Some(a), Some(b)) => a.min(b).saturating_duration_since(Instant::now()),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether this client holds the read cache of `ino` (its pages stay valid across
+    /// opens: nobody changed the file since they were read).
+    pub fn has_read_cache(&self, ino: Ino) -> bool {
+        self.caps
+            .lock()
+            .expect("caps lock")
+            .valid(ino, CAP_READ)
+            .is_some()
+    }
+
+    /// Records what a reply granted (unless a revoke arrived while it was in flight).
+    fn take_grants(&self, op: &Op, reply: &Reply, data: &[u8], epoch: u64, sent: Instant) {
+        if data.is_empty() {
+            return;
+        }
+        let Ok(g) = serde_json::from_slice::<CapGrants>(data) else {
+            return;
+        };
+        let mut caps = self.caps.lock().expect("caps lock");
+        for ino in &g.changed {
+            caps.inodes.remove(ino);
+        }
+        if caps.epoch != epoch {
+            return;
+        }
+        let until = sent + Duration::from_millis(g.lease_ms).saturating_sub(LEASE_MARGIN);
+        for (ino, c) in &g.caps {
+            let e = caps.leases.entry(*ino).or_insert((0, until));
+            if e.1 <= Instant::now() {
+                e.0 = 0;
+            }
+            e.0 |= c;
+            e.1 = until;
+        }
+        let shared = |ino: Ino| g.caps.iter().any(|(i, c)| *i == ino && c & CAP_SHARED != 0);
+        if let Reply::Attr(i) = reply
+            && shared(i.ino)
+        {
+            caps.inodes.insert(i.ino, i.clone());
+        }
+        let entry = match op {
+            Op::Lookup { parent, name }
+            | Op::Mknod { parent, name, .. }
+            | Op::Mkdir { parent, name, .. }
+            | Op::Symlink { parent, name, .. }
+            | Op::Link { parent, name, .. } => Some((*parent, name)),
+            _ => None,
+        };
+        if let Some((parent, name)) = entry
+            && shared(parent)
+        {
+            caps.names.entry(parent).or_default().insert(name.clone());
+        }
     }
 
     pub fn rados(&self) -> &Rados {
@@ -172,6 +460,7 @@ impl FsClient {
             op,
         };
         let meta = Bytes::from(serde_json::to_vec(&env).expect("requests serialize"));
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
         let mut delay = Duration::from_millis(50);
         loop {
@@ -180,7 +469,10 @@ impl FsClient {
                 Ok((conn, fresh)) => {
                     if fresh {
                         self.reregister(&conn).await;
+                        self.drop_all_leases();
                     }
+                    let epoch = self.caps.lock().expect("caps lock").epoch;
+                    let sent = Instant::now();
                     match conn
                         .call(
                             MSG_MDS_REQUEST,
@@ -197,6 +489,7 @@ impl FsClient {
                                     detail: e.to_string(),
                                 }
                             })?;
+                            self.take_grants(&env.op, &reply, &resp.data, epoch, sent);
                             match reply {
                                 Reply::Err(e) if e == errno::ESHUTDOWN => {
                                     // a fenced MDS: find the one that replaced it
@@ -294,7 +587,16 @@ impl FsClient {
         .await
     }
 
+    /// The inode's attributes: this client's copy while it holds a shared lease on it.
     pub async fn getattr(&self, caller: Caller, ino: Ino) -> Result<Inode> {
+        {
+            let caps = self.caps.lock().expect("caps lock");
+            if caps.valid(ino, CAP_SHARED).is_some()
+                && let Some(i) = caps.inodes.get(&ino)
+            {
+                return Ok(i.clone());
+            }
+        }
         self.attr_call(caller, Op::GetAttr { ino }).await
     }
 

@@ -735,6 +735,8 @@ impl Namespace {
                     Err(Stop::Err(errno::EAGAIN))
                 }
             }
+            // capabilities are the daemon's (caps.rs), never the namespace's
+            Op::CapPoll { .. } => Err(Stop::Err(errno::EINVAL)),
             Op::ReleaseLocks { ino, owner } => {
                 self.locks.release_owner(*ino, client, *owner);
                 Ok(Reply::Ok)

@@ -5,9 +5,11 @@
 //! here and only here (`FsError::errno`: ENOSPC for a full cluster, EIO for anything without
 //! a more precise meaning, never a silent success).
 //!
-//! Kernel caching: attributes and entries are cached for `attr_ttl` (default 0: every
-//! `stat` asks the MDS, so two mounts see each other's changes at once), and a file's pages
-//! are dropped at each open (close-to-open consistency).
+//! Kernel caching follows the capabilities the MDS grants (see `caps.rs`): attributes and
+//! entries are cached for what remains of the shared lease on the inode (and on the
+//! directory, for an entry), and a file's pages are kept at open (`FOPEN_KEEP_CACHE`) while
+//! its read lease is held; a revoke has the kernel drop them (the notifier's `inval_inode`
+//! and `inval_entry`) before it is acknowledged. `attr_ttl` overrides the lease times.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -30,8 +32,9 @@ use crate::types::*;
 /// How a mount behaves.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
-    /// How long the kernel may cache attributes and directory entries.
-    pub attr_ttl: Duration,
+    /// How long the kernel may cache attributes and directory entries; `None`: as long as
+    /// the capabilities the MDS granted allow.
+    pub attr_ttl: Option<Duration>,
     /// The directory shown as the mount's root (`--subdir`), by inode.
     pub root: Ino,
     /// Name shown in /proc/mounts (`kelp:NAME`).
@@ -92,6 +95,19 @@ fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
+/// The kernel cache time of a reply: the `--attr-timeout` override, or the lease's remainder.
+#[derive(Clone, Copy)]
+struct Ttl(Option<Duration>);
+
+impl Ttl {
+    fn attr(self, c: &FsClient, ino: Ino) -> Duration {
+        self.0.unwrap_or_else(|| c.attr_ttl(ino))
+    }
+    fn entry(self, c: &FsClient, parent: Ino, ino: Ino) -> Duration {
+        self.0.unwrap_or_else(|| c.entry_ttl(parent, ino))
+    }
+}
+
 impl KelpFuse {
     pub fn new(client: Arc<FsClient>, rt: tokio::runtime::Handle, cfg: MountConfig) -> KelpFuse {
         KelpFuse {
@@ -146,8 +162,8 @@ impl KelpFuse {
         self.rt.spawn(f);
     }
 
-    fn ctx(&self) -> (Arc<FsClient>, Ino, Duration) {
-        (self.client.clone(), self.cfg.root, self.cfg.attr_ttl)
+    fn ctx(&self) -> (Arc<FsClient>, Ino, Ttl) {
+        (self.client.clone(), self.cfg.root, Ttl(self.cfg.attr_ttl))
     }
 
     fn new_fh(&self) -> u64 {
@@ -175,7 +191,10 @@ impl Filesystem for KelpFuse {
         self.spawn(async move {
             let r = async { c.lookup(who, parent, &name?).await }.await;
             match r {
-                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Ok(i) => {
+                    let _g = c.begin_reply();
+                    reply.entry(&ttl.entry(&c, parent, i.ino), &Self::attr(root, &i), 0)
+                }
                 Err(e) => reply.error(e.errno()),
             }
         });
@@ -186,7 +205,10 @@ impl Filesystem for KelpFuse {
         let (who, ino) = (caller(req), self.ino_in(ino));
         self.spawn(async move {
             match c.getattr(who, ino).await {
-                Ok(i) => reply.attr(&ttl, &Self::attr(root, &i)),
+                Ok(i) => {
+                    let _g = c.begin_reply();
+                    reply.attr(&ttl.attr(&c, i.ino), &Self::attr(root, &i))
+                }
                 Err(e) => reply.error(e.errno()),
             }
         });
@@ -222,7 +244,10 @@ impl Filesystem for KelpFuse {
         };
         self.spawn(async move {
             match c.setattr(who, ino, set).await {
-                Ok(i) => reply.attr(&ttl, &Self::attr(root, &i)),
+                Ok(i) => {
+                    let _g = c.begin_reply();
+                    reply.attr(&ttl.attr(&c, i.ino), &Self::attr(root, &i))
+                }
                 Err(e) => reply.error(e.errno()),
             }
         });
@@ -256,7 +281,10 @@ impl Filesystem for KelpFuse {
         self.spawn(async move {
             let r = async { c.mknod(who, parent, &name?, mode, rdev, true).await }.await;
             match r {
-                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Ok(i) => {
+                    let _g = c.begin_reply();
+                    reply.entry(&ttl.entry(&c, parent, i.ino), &Self::attr(root, &i), 0)
+                }
                 Err(e) => reply.error(e.errno()),
             }
         });
@@ -277,7 +305,10 @@ impl Filesystem for KelpFuse {
         self.spawn(async move {
             let r = async { c.mkdir(who, parent, &name?, mode).await }.await;
             match r {
-                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Ok(i) => {
+                    let _g = c.begin_reply();
+                    reply.entry(&ttl.entry(&c, parent, i.ino), &Self::attr(root, &i), 0)
+                }
                 Err(e) => reply.error(e.errno()),
             }
         });
@@ -322,7 +353,10 @@ impl Filesystem for KelpFuse {
         self.spawn(async move {
             let r = async { c.symlink(who, parent, &name?, &target?).await }.await;
             match r {
-                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Ok(i) => {
+                    let _g = c.begin_reply();
+                    reply.entry(&ttl.entry(&c, parent, i.ino), &Self::attr(root, &i), 0)
+                }
                 Err(e) => reply.error(e.errno()),
             }
         });
@@ -369,7 +403,10 @@ impl Filesystem for KelpFuse {
         let name = name_of(newname);
         self.spawn(async move {
             match async { c.link(who, ino, newparent, &name?).await }.await {
-                Ok(i) => reply.entry(&ttl, &Self::attr(root, &i), 0),
+                Ok(i) => {
+                    let _g = c.begin_reply();
+                    reply.entry(&ttl.entry(&c, newparent, i.ino), &Self::attr(root, &i), 0)
+                }
                 Err(e) => reply.error(e.errno()),
             }
         });
@@ -381,6 +418,8 @@ impl Filesystem for KelpFuse {
         let fh = self.new_fh();
         let handles = self.handles.clone();
         self.spawn(async move {
+            // pages read under a read lease that is still held are current: keep them
+            let keep = c.has_read_cache(ino);
             match c.open(who, ino).await {
                 Ok(i) => {
                     handles.lock().expect("handles lock").insert(
@@ -392,7 +431,12 @@ impl Filesystem for KelpFuse {
                             pool: i.layout.pool,
                         },
                     );
-                    reply.opened(fh, 0)
+                    let flags = if keep {
+                        fuser::consts::FOPEN_KEEP_CACHE
+                    } else {
+                        0
+                    };
+                    reply.opened(fh, flags)
                 }
                 Err(e) => reply.error(e.errno()),
             }
@@ -432,7 +476,9 @@ impl Filesystem for KelpFuse {
                             pool: i.layout.pool,
                         },
                     );
-                    reply.created(&ttl, &Self::attr(root, &i), 0, fh, 0)
+                    let _g = c.begin_reply();
+                    let t = ttl.entry(&c, parent, i.ino);
+                    reply.created(&t, &Self::attr(root, &i), 0, fh, 0)
                 }
                 Err(e) => reply.error(e.errno()),
             }
@@ -874,7 +920,27 @@ pub fn mount(fs: KelpFuse, mountpoint: &Path) -> Result<()> {
         options.push(MountOption::Suid);
         options.push(MountOption::Dev);
     }
-    fuser::mount2(fs, mountpoint, &options)?;
+    let client = fs.client.clone();
+    let root = fs.cfg.root;
+    let mut session = fuser::Session::new(fs, mountpoint, &options)?;
+    let notifier = session.notifier();
+    // A revoke drops the kernel's copies: attributes (an inode), pages (with the read
+    // lease), and directory entries. Errors mean the kernel holds nothing of it (ENOENT).
+    client.set_invalidator(Arc::new(move |revokes: &[CapRevoke]| {
+        for r in revokes {
+            let k = if r.ino == root {
+                fuser::FUSE_ROOT_ID
+            } else {
+                r.ino
+            };
+            let pages = r.caps & CAP_READ != 0;
+            let _ = notifier.inval_inode(k, if pages { 0 } else { -1 }, 0);
+            for name in &r.names {
+                let _ = notifier.inval_entry(k, OsStr::new(name));
+            }
+        }
+    }));
+    session.run()?;
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 //! - [`core`]: the namespace as a pure state machine (operations in, replies and journal
 //!   updates out; it asks for objects it has not loaded);
 //! - [`journal`]: the metadata journal's encoding and object names;
+//! - [`caps`]: capabilities (which client may cache what) as a pure state machine;
 //! - [`locks`]: advisory locks (fcntl, flock) held by the MDS across clients;
 //! - [`mds`]: the daemon around the core: RADOS I/O, the journal, checkpoints, the messenger;
 //! - [`client`]: the MDS session and the file data path (striping over data objects);
@@ -12,6 +13,7 @@
 //!
 //! See `docs/FILESYSTEM.md` for the metadata layout, the journal and what is POSIX.
 
+pub mod caps;
 pub mod client;
 pub mod core;
 mod error;

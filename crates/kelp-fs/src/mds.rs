@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, error, info, warn};
 
+use crate::caps::{CAP_ALL, CapTable};
 use crate::core::{Namespace, Need, Step};
 use crate::error::{FsError, Result};
 use crate::journal::{self, Entry, Head};
@@ -97,6 +98,43 @@ struct Inner {
     fenced: Arc<watch::Sender<Option<String>>>,
     /// When this MDS took over (strays wait `STRAY_PURGE_GRACE` from then).
     activated: std::time::Instant,
+    /// Capabilities: who may cache what (see `caps.rs`), and the revoke long-polls.
+    caps: std::sync::Mutex<CapState>,
+    /// Bumped whenever a revoke is queued or acknowledged (wakes polls and waiters).
+    caps_changed: watch::Sender<u64>,
+    /// Client requests served (not counting revoke polls): what `kelp.mds.stats` shows.
+    requests: std::sync::atomic::AtomicU64,
+}
+
+/// The capability table plus what the daemon knows of each client's revoke poll.
+struct CapState {
+    table: CapTable,
+    /// When each client last started a revoke poll (a client that stops polling for
+    /// [`CAP_SESSION_GRACE`] has lost its session, and with it every capability).
+    polls: HashMap<u64, std::time::Instant>,
+    /// Clients with a change of their own waiting for revokes: never waited for in turn
+    /// (their kernel may hold the directory lock that their own invalidation needs).
+    waiting: HashMap<u64, u32>,
+}
+
+/// How long a client may go without starting a revoke poll before the MDS drops its
+/// session's capabilities (a client polls again at once after each answer).
+pub const CAP_SESSION_GRACE: Duration = Duration::from_secs(10);
+
+/// The virtual extended attribute (read on any inode) that shows the MDS's counters as JSON.
+pub const STATS_XATTR: &str = "kelp.mds.stats";
+
+/// What `kelp.mds.stats` shows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MdsStats {
+    /// Client requests served (revoke polls not counted).
+    pub requests: u64,
+    /// Inodes in the cache.
+    pub cached_inodes: usize,
+    /// The cache budget (`--cache-inodes`).
+    pub cache_budget: usize,
+    /// Inodes on which some client holds a capability.
+    pub cap_inodes: usize,
 }
 
 /// How long after taking over an MDS leaves strays alone, so that every client with open
@@ -176,6 +214,13 @@ impl Mds {
             state: Mutex::new(st),
             fenced: self.fenced.clone(),
             activated: std::time::Instant::now(),
+            caps: std::sync::Mutex::new(CapState {
+                table: CapTable::new(CAP_LEASE.as_millis() as u64),
+                polls: HashMap::new(),
+                waiting: HashMap::new(),
+            }),
+            caps_changed: watch::channel(0).0,
+            requests: std::sync::atomic::AtomicU64::new(0),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -532,10 +577,10 @@ impl Inner {
         self.fenced.borrow().is_some()
     }
 
-    /// Runs one client operation to its reply.
-    async fn handle(&self, client: u64, caller: Caller, op: &Op) -> Reply {
+    /// Runs one client operation to its reply, with the capabilities the reply grants.
+    async fn handle(&self, client: u64, caller: Caller, op: &Op) -> (Reply, Option<CapGrants>) {
         if self.is_fenced() {
-            return Reply::Err(errno::ESHUTDOWN);
+            return (Reply::Err(errno::ESHUTDOWN), None);
         }
         if let Op::SetXattr { name, .. } = op
             && name.ends_with(".layout.pool")
@@ -549,11 +594,42 @@ impl Inner {
                 Err(e) => warn!("reading the file system's data pools: {e}"),
             }
         }
+        if let Op::CapPoll { ack } = op {
+            return (self.cap_poll(client, ack).await, None);
+        }
+        if let Op::GetXattr { name, .. } = op
+            && name == STATS_XATTR
+        {
+            let stats = self.stats().await;
+            return (
+                Reply::Xattr(serde_json::to_vec(&stats).expect("serializable")),
+                None,
+            );
+        }
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut st = self.state.lock().await;
         if self.is_fenced() {
             // stopped while this op waited for the lock
-            return Reply::Err(errno::ESHUTDOWN);
+            return (Reply::Err(errno::ESHUTDOWN), None);
         }
+        let (reply, grants, revokes) = self.apply_locked(&mut st, client, caller, op).await;
+        drop(st);
+        if !revokes.is_empty() {
+            self.wait_revokes(client, &revokes).await;
+        }
+        (reply, grants)
+    }
+
+    /// The state-locked part of [`Inner::handle`]: applies `op`, journals it, revokes what
+    /// it changed from the other clients and grants what the reply lets this one cache.
+    async fn apply_locked(
+        &self,
+        st: &mut State,
+        client: u64,
+        caller: Caller,
+        op: &Op,
+    ) -> (Reply, Option<CapGrants>, Vec<u64>) {
         for _ in 0..64 {
             let step = st.ns.apply(client, caller, op, Time::now());
             match step {
@@ -564,7 +640,7 @@ impl Inner {
                                 st.ns.insert_inode(i);
                                 Ok(())
                             }
-                            Ok(None) => return Reply::Err(errno::ENOENT),
+                            Ok(None) => return (Reply::Err(errno::ENOENT), None, Vec::new()),
                             Err(e) => Err(e),
                         },
                         Need::Dir(ino) => match load_dir(&self.meta, ino).await {
@@ -577,24 +653,260 @@ impl Inner {
                     };
                     if let Err(e) = loaded {
                         warn!("loading {need:?}: {e}");
-                        return Reply::Err(e.errno());
+                        return (Reply::Err(e.errno()), None, Vec::new());
                     }
                 }
-                Step::Done { reply, updates, .. } => {
-                    if updates.is_empty() {
-                        return reply;
-                    }
-                    return match self.journal(&mut st, updates).await {
-                        Ok(()) => reply,
-                        Err(e) => {
+                Step::Done {
+                    reply,
+                    updates,
+                    invalidate,
+                } => {
+                    let mut revokes = Vec::new();
+                    let mut changed = Vec::new();
+                    if !updates.is_empty() {
+                        let deleted: Vec<Ino> = updates
+                            .iter()
+                            .filter_map(|u| match u {
+                                Update::DelInode(i) => Some(*i),
+                                _ => None,
+                            })
+                            .collect();
+                        if let Err(e) = self.journal(st, updates).await {
                             self.stop_on_journal_failure(&e);
-                            Reply::Err(errno::EIO)
+                            return (Reply::Err(errno::EIO), None, Vec::new());
                         }
-                    };
+                        (revokes, changed) = self.revoke_changed(client, op, &invalidate, &deleted);
+                    }
+                    let grants = self.grant_for_reply(client, op, &reply, changed);
+                    return (reply, grants, revokes);
                 }
             }
         }
-        Reply::Err(errno::EIO)
+        (Reply::Err(errno::EIO), None, Vec::new())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.activated.elapsed().as_millis() as u64
+    }
+
+    /// A change by `client` was journaled: revokes what other clients may cache of the
+    /// changed inodes and directories. Returns the revokes to wait for and the inodes that
+    /// changed (the changer drops its own cached copies of them).
+    fn revoke_changed(
+        &self,
+        client: u64,
+        op: &Op,
+        inval: &Invalidate,
+        deleted: &[Ino],
+    ) -> (Vec<u64>, Vec<Ino>) {
+        // a change of the data (size, contents) takes the read cache too; an attribute
+        // change leaves the pages valid
+        let data_change = matches!(
+            op,
+            Op::Written { .. }
+                | Op::SetAttr {
+                    set: SetAttr { size: Some(_), .. },
+                    ..
+                }
+        );
+        let mut what: BTreeMap<Ino, (u8, Vec<String>)> = BTreeMap::new();
+        for ino in &inval.inodes {
+            let mask = if data_change || deleted.contains(ino) {
+                CAP_ALL
+            } else {
+                CAP_SHARED | CAP_EXCL
+            };
+            what.entry(*ino).or_default().0 |= mask;
+        }
+        for (dir, name) in &inval.entries {
+            let e = what.entry(*dir).or_default();
+            e.0 |= CAP_SHARED | CAP_EXCL;
+            e.1.push(name.clone());
+        }
+        let now = self.now_ms();
+        let mut caps = self.caps.lock().expect("caps lock");
+        let mut ids = Vec::new();
+        for (ino, (mask, names)) in &what {
+            ids.extend(
+                caps.table
+                    .revoke_for_change(client, *ino, *mask, names, now),
+            );
+        }
+        drop(caps);
+        if !ids.is_empty() {
+            self.caps_changed.send_modify(|n| *n += 1);
+        }
+        (ids, what.into_keys().collect())
+    }
+
+    /// What the reply to `op` lets `client` cache: the attributes it carries, the entry's
+    /// directory for an entry reply, and the read cache for an open. Nothing for a client
+    /// that keeps no revoke poll (it could not be told to drop it).
+    fn grant_for_reply(
+        &self,
+        client: u64,
+        op: &Op,
+        reply: &Reply,
+        changed: Vec<Ino>,
+    ) -> Option<CapGrants> {
+        let mut want: Vec<(Ino, u8)> = Vec::new();
+        match (op, reply) {
+            (Op::Open { .. }, Reply::Attr(i)) => {
+                let read = if i.kind() == S_IFREG { CAP_READ } else { 0 };
+                want.push((i.ino, CAP_SHARED | read));
+            }
+            (
+                Op::Lookup { parent, .. }
+                | Op::Mknod { parent, .. }
+                | Op::Mkdir { parent, .. }
+                | Op::Symlink { parent, .. }
+                | Op::Link { parent, .. },
+                Reply::Attr(i),
+            ) => {
+                want.push((*parent, CAP_SHARED));
+                want.push((i.ino, CAP_SHARED));
+            }
+            (_, Reply::Attr(i)) => want.push((i.ino, CAP_SHARED)),
+            (Op::ReadDir { ino, .. }, Reply::Entries { .. }) => want.push((*ino, CAP_SHARED)),
+            _ => {}
+        }
+        let now = self.now_ms();
+        let mut caps = self.caps.lock().expect("caps lock");
+        let live = caps
+            .polls
+            .get(&client)
+            .is_some_and(|t| t.elapsed() < CAP_SESSION_GRACE);
+        let mut granted = Vec::new();
+        if live {
+            for (ino, w) in want {
+                let g = caps.table.grant(client, ino, w, now);
+                if g.granted != 0 {
+                    granted.push((ino, g.granted));
+                }
+            }
+        }
+        drop(caps);
+        if granted.is_empty() && changed.is_empty() {
+            return None;
+        }
+        Some(CapGrants {
+            v: PROTOCOL_VERSION,
+            lease_ms: CAP_LEASE.as_millis() as u64,
+            caps: granted,
+            changed,
+        })
+    }
+
+    /// Waits until every revoke in `ids` is acknowledged, expired, or owed by a client that
+    /// lost its session (stopped polling) or is itself waiting for revokes.
+    async fn wait_revokes(&self, client: u64, ids: &[u64]) {
+        let mut rx = self.caps_changed.subscribe();
+        *self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .waiting
+            .entry(client)
+            .or_default() += 1;
+        loop {
+            let now = self.now_ms();
+            let pending = {
+                let mut caps = self.caps.lock().expect("caps lock");
+                let owing = caps.table.unsettled_clients(ids, now);
+                let mut still = false;
+                for c in owing {
+                    let alive = caps
+                        .polls
+                        .get(&c)
+                        .is_some_and(|t| t.elapsed() < CAP_SESSION_GRACE);
+                    if !alive {
+                        info!(
+                            client = c,
+                            "client stopped polling for revokes: dropping its capabilities"
+                        );
+                        caps.table.drop_client(c);
+                        caps.polls.remove(&c);
+                    } else if !caps.waiting.contains_key(&c) {
+                        still = true;
+                    }
+                }
+                still
+            };
+            if !pending {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(250), rx.changed()).await;
+        }
+        let mut caps = self.caps.lock().expect("caps lock");
+        if let Some(n) = caps.waiting.get_mut(&client) {
+            *n -= 1;
+            if *n == 0 {
+                caps.waiting.remove(&client);
+            }
+        }
+    }
+
+    /// A client's revoke poll: takes its acknowledgements, then answers with its revokes
+    /// as soon as there are some (or with none after `CAP_POLL_WINDOW`).
+    async fn cap_poll(&self, client: u64, ack: &[u64]) -> Reply {
+        let mut rx = self.caps_changed.subscribe();
+        {
+            let mut caps = self.caps.lock().expect("caps lock");
+            caps.polls.insert(client, std::time::Instant::now());
+            if !ack.is_empty() {
+                caps.table.ack(client, ack);
+            }
+        }
+        if !ack.is_empty() {
+            self.caps_changed.send_modify(|n| *n += 1);
+        }
+        let deadline = tokio::time::Instant::now() + CAP_POLL_WINDOW;
+        loop {
+            {
+                let mut caps = self.caps.lock().expect("caps lock");
+                if caps.table.has_outbox(client) {
+                    return Reply::Revokes(caps.table.take_outbox(client));
+                }
+            }
+            if self.is_fenced() {
+                return Reply::Err(errno::ESHUTDOWN);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Reply::Revokes(Vec::new()),
+            }
+        }
+    }
+
+    async fn stats(&self) -> MdsStats {
+        let cached_inodes = self.state.lock().await.ns.cached_inodes();
+        let cap_inodes = self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .table
+            .inodes_with_grants();
+        MdsStats {
+            requests: self.requests.load(std::sync::atomic::Ordering::Relaxed),
+            cached_inodes,
+            cache_budget: self.cfg.cache_inodes,
+            cap_inodes,
+        }
+    }
+
+    /// The memory budget: revokes the capabilities of the least recently used inodes beyond
+    /// `cache_inodes` (so that no client pins them), and forgets expired leases.
+    fn enforce_cap_budget(&self) {
+        let now = self.now_ms();
+        let mut caps = self.caps.lock().expect("caps lock");
+        let ids = caps.table.enforce_budget(self.cfg.cache_inodes, now);
+        caps.polls
+            .retain(|_, t| t.elapsed() < CAP_SESSION_GRACE * 6);
+        drop(caps);
+        if !ids.is_empty() {
+            debug!(revokes = ids.len(), "capability budget");
+            self.caps_changed.send_modify(|n| *n += 1);
+        }
     }
 
     /// Appends one entry to the journal (durable when this returns).
@@ -662,9 +974,12 @@ impl Inner {
             if self.is_fenced() {
                 return;
             }
+            self.enforce_cap_budget();
             if let Err(e) = self.checkpoint().await {
                 warn!("checkpoint failed: {e}");
             }
+            // also when nothing changed: reads alone fill the cache too
+            self.state.lock().await.ns.evict_to(self.cfg.cache_inodes);
             if let Err(e) = self.purge().await {
                 warn!("purging strays failed: {e}");
             }
@@ -684,6 +999,7 @@ impl Inner {
             let inode = match self
                 .handle(0, Caller::default(), &Op::GetAttr { ino })
                 .await
+                .0
             {
                 Reply::Attr(i) => Some(i),
                 _ => None,
@@ -875,12 +1191,17 @@ impl kelp_msgr::Dispatcher for Dispatcher {
             ));
         }
         let env = decode_request(&req.meta)?;
-        let reply = match self.slot.get() {
+        let (reply, grants) = match self.slot.get() {
             Some(inner) => inner.handle(env.client, env.caller, &env.op).await,
-            None => Reply::Err(errno::ESHUTDOWN),
+            None => (Reply::Err(errno::ESHUTDOWN), None),
         };
         let meta = serde_json::to_vec(&reply).expect("replies serialize");
-        Ok(Response::new(MSG_MDS_REQUEST, meta, Bytes::new()))
+        // what the reply grants travels in the data part (empty: nothing granted)
+        let data = match grants {
+            Some(g) => Bytes::from(serde_json::to_vec(&g).expect("grants serialize")),
+            None => Bytes::new(),
+        };
+        Ok(Response::new(MSG_MDS_REQUEST, meta, data))
     }
 }
 

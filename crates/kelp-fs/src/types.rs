@@ -327,6 +327,13 @@ pub enum Op {
         ino: Ino,
         owner: u64,
     },
+    // capabilities (caps): the revoke long-poll
+    /// Acknowledges revokes (their kernel caches are dropped) and waits, up to
+    /// [`CAP_POLL_WINDOW`], for the next ones ([`Reply::Revokes`]). A client keeps one
+    /// outstanding; the MDS grants capabilities only to clients that do.
+    CapPoll {
+        ack: Vec<u64>,
+    },
 }
 
 impl Op {
@@ -345,6 +352,7 @@ impl Op {
                 | Op::GetLk { .. }
                 | Op::SetLk { .. }
                 | Op::ReleaseLocks { .. }
+                | Op::CapPoll { .. }
         )
     }
 }
@@ -365,6 +373,45 @@ pub enum Reply {
     Ok,
     /// The operation failed with this errno.
     Err(i32),
+    // capabilities (caps)
+    /// Capabilities taken away from this client ([`Op::CapPoll`]).
+    Revokes(Vec<CapRevoke>),
+}
+
+// capabilities (caps)
+/// Capability: cache the inode's attributes and (for a directory) its entries. Shared.
+pub const CAP_SHARED: u8 = 1;
+/// Capability: keep the file's pages cached across opens. Shared.
+pub const CAP_READ: u8 = 2;
+/// Capability: buffer writes / exclusive use; conflicts with every other client's caps.
+pub const CAP_EXCL: u8 = 4;
+/// How long a granted capability lasts (counted by the client from when it sent the
+/// request that was answered with it).
+pub const CAP_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the MDS holds an [`Op::CapPoll`] with nothing to say before answering.
+pub const CAP_POLL_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A capability taken away: drop what is cached of `ino` (`caps`), and of the directory
+/// entries `names` when `ino` is a directory whose entries changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapRevoke {
+    pub id: u64,
+    pub ino: Ino,
+    pub caps: u8,
+    #[serde(default)]
+    pub names: Vec<String>,
+}
+
+/// What an MDS reply grants (carried in the response's data part, empty when nothing is
+/// granted): `caps` per inode, for `lease_ms` from the request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapGrants {
+    pub v: u16,
+    pub lease_ms: u64,
+    pub caps: Vec<(Ino, u8)>,
+    /// Inodes this request changed: the requester drops its own cached copies of them.
+    #[serde(default)]
+    pub changed: Vec<Ino>,
 }
 
 /// A request on the wire: version, who the client is, who asks, what.

@@ -701,3 +701,188 @@ fn directory_layouts_put_files_in_an_erasure_coded_data_pool() {
         std::thread::sleep(Duration::from_secs(1));
     }
 }
+
+// capabilities (caps)
+
+/// The MDS's counters, read through its virtual extended attribute on a mount.
+fn mds_stats(m: &Mount) -> serde_json::Value {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; sys.stdout.write(os.getxattr('.', 'kelp.mds.stats').decode())",
+        ])
+        .current_dir(&m.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "reading kelp.mds.stats: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn mds_requests(m: &Mount) -> u64 {
+    mds_stats(m)["requests"].as_u64().unwrap()
+}
+
+/// Stats `path` `n` times in one process.
+fn stat_many(m: &Mount, path: &str, n: u32) {
+    m.sh(&format!(
+        "python3 -c \"import os\nfor _ in range({n}): os.stat('{path}')\""
+    ));
+}
+
+/// Two mounts with capabilities (no --attr-timeout): each one caches what it read, and sees
+/// the other's changes at once because they revoke its capabilities first; repeated stats of
+/// an unchanged file do not reach the MDS; a killed mount holding capabilities holds up the
+/// other's change for no longer than its session's bound.
+#[test]
+fn caps_keep_two_mounts_coherent_and_cache_what_is_unchanged() {
+    let c = fs_cluster();
+    let _mds = start_mds(&c, "a");
+    let a = Mount::new(&c, "mnt-a");
+    let b = Mount::new(&c, "mnt-b");
+    // both polls must be registered with the MDS before grants are made
+    std::thread::sleep(Duration::from_secs(1));
+
+    // caching: stats of an unchanged file are answered by the kernel
+    std::fs::write(a.p("f"), b"first").unwrap();
+    assert_eq!(std::fs::read(b.p("f")).unwrap(), b"first");
+    stat_many(&b, "f", 5);
+    let before = mds_requests(&a);
+    stat_many(&b, "f", 300);
+    stat_many(&a, "f", 300);
+    let after = mds_requests(&a);
+    assert!(
+        after - before <= 6,
+        "600 stats of an unchanged file cost {} MDS requests",
+        after - before
+    );
+
+    // every change on one mount is seen on the other at once, both directions; each
+    // check first makes the reader cache the old state
+    for (w, r) in [(&a, &b), (&b, &a)] {
+        let tag = if std::ptr::eq(w, &a) { "ab" } else { "ba" };
+        let f = format!("file-{tag}");
+        // written and closed on w, read on r (same size, so only the pages tell)
+        std::fs::write(w.p(&f), b"version-1").unwrap();
+        assert_eq!(std::fs::read(r.p(&f)).unwrap(), b"version-1");
+        stat_many(r, &f, 3);
+        std::fs::write(w.p(&f), b"version-2").unwrap();
+        assert_eq!(std::fs::read(r.p(&f)).unwrap(), b"version-2", "{tag}: data");
+        // chmod
+        std::fs::set_permissions(w.p(&f), std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert_eq!(
+            std::fs::metadata(r.p(&f)).unwrap().mode() & 0o777,
+            0o640,
+            "{tag}: chmod"
+        );
+        // utimens
+        w.sh(&format!("touch -d '2001-02-03 04:05:06 UTC' {f}"));
+        assert_eq!(
+            std::fs::metadata(r.p(&f)).unwrap().mtime(),
+            981_173_106,
+            "{tag}: utimens"
+        );
+        // rename
+        let g = format!("renamed-{tag}");
+        std::fs::rename(w.p(&f), w.p(&g)).unwrap();
+        assert!(!r.p(&f).exists(), "{tag}: old name still seen");
+        assert_eq!(
+            std::fs::read(r.p(&g)).unwrap(),
+            b"version-2",
+            "{tag}: rename"
+        );
+        // create, seen by ls
+        let listing = |m: &Mount| m.sh("ls -1");
+        assert!(!listing(r).contains(&format!("new-{tag}")));
+        std::fs::write(w.p(&format!("new-{tag}")), b"n").unwrap();
+        assert!(listing(r).contains(&format!("new-{tag}")), "{tag}: create");
+        assert_eq!(
+            std::fs::metadata(r.p(&format!("new-{tag}"))).unwrap().len(),
+            1
+        );
+        // unlink
+        std::fs::remove_file(w.p(&g)).unwrap();
+        assert!(!r.p(&g).exists(), "{tag}: unlink");
+        assert!(!listing(r).contains(&g), "{tag}: unlink (ls)");
+        // a file growing on w: r's size follows
+        stat_many(r, &format!("new-{tag}"), 2);
+        w.sh(&format!("printf more >> new-{tag}"));
+        assert_eq!(
+            std::fs::metadata(r.p(&format!("new-{tag}"))).unwrap().len(),
+            5,
+            "{tag}: append"
+        );
+    }
+
+    // a mount killed while it holds capabilities: the other's change waits at most for
+    // the killed one's session to lapse (well within the lease)
+    let mut b = b;
+    stat_many(&b, "f", 3);
+    assert_eq!(std::fs::read(b.p("f")).unwrap(), b"first");
+    let mut child = b.child.take().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let start = Instant::now();
+    std::fs::set_permissions(a.p("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(a.p("f"), b"after the kill").unwrap();
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(35),
+        "a change held up {took:?} by a dead mount's capabilities"
+    );
+    assert_eq!(std::fs::read(a.p("f")).unwrap(), b"after the kill");
+    drop(b);
+    // a new mount sees it all
+    let b2 = Mount::new(&c, "mnt-b2");
+    assert_eq!(std::fs::read(b2.p("f")).unwrap(), b"after the kill");
+    assert_eq!(std::fs::metadata(b2.p("f")).unwrap().mode() & 0o777, 0o600);
+}
+
+/// `--cache-inodes` is a bound, not advice: with a tiny budget, a tree far larger than it
+/// leaves the MDS caching (and clients holding capabilities on) no more than the budget,
+/// and everything stays correct.
+#[test]
+fn mds_cache_budget_is_enforced() {
+    let c = fs_cluster();
+    let _mds = start_mds_with(
+        &c,
+        "a",
+        &[
+            "--meta-pool",
+            "fs.meta",
+            "--data-pool",
+            "fs.data",
+            "--cache-inodes",
+            "40",
+        ],
+    );
+    let a = Mount::new(&c, "mnt");
+    std::thread::sleep(Duration::from_secs(1));
+    a.sh("mkdir d && for i in $(seq 1 300); do echo $i > d/f$i; done && ls -l d > /dev/null");
+    let start = Instant::now();
+    let stats = loop {
+        let s = mds_stats(&a);
+        let cached = s["cached_inodes"].as_u64().unwrap();
+        let capped = s["cap_inodes"].as_u64().unwrap();
+        if cached <= 40 && capped <= 40 {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the cache stays over its budget of 40: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(stats["cache_budget"].as_u64(), Some(40));
+    // and nothing was lost: every file reads back (reloading what was evicted)
+    for i in (1..=300).step_by(7) {
+        assert_eq!(
+            std::fs::read_to_string(a.p(&format!("d/f{i}"))).unwrap(),
+            format!("{i}\n")
+        );
+    }
+    assert_eq!(a.sh("ls d | wc -l").trim(), "300");
+}

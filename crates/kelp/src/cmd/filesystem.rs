@@ -44,10 +44,12 @@ pub struct MountArgs {
     /// The data pool, when the file system is not in the file-system map.
     #[arg(long, default_value = DEFAULT_DATA_POOL)]
     pub data_pool: String,
-    /// Seconds the kernel may cache attributes and directory entries (0: ask the metadata
-    /// server every time, so changes made on other mounts are seen at once).
-    #[arg(long, default_value_t = 0.0)]
-    pub attr_timeout: f64,
+    /// Seconds the kernel may cache attributes and directory entries, overriding the
+    /// capabilities the metadata server grants (by default the kernel caches for as long as
+    /// a capability is held, and drops its copy when another mount changes the file; 0: ask
+    /// the metadata server every time).
+    #[arg(long)]
+    pub attr_timeout: Option<f64>,
     /// Talk to the metadata server at this address instead of the one the file system names.
     #[arg(long, hide = true)]
     pub mds_addr: Option<SocketAddr>,
@@ -72,7 +74,8 @@ pub struct MdsRunArgs {
     /// Address to serve clients on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: SocketAddr,
-    /// Most inodes kept in memory.
+    /// Most inodes kept in memory: beyond it the least recently used inodes' capabilities
+    /// are revoked from the clients and clean inodes are dropped.
     #[arg(long, default_value_t = 100_000)]
     pub cache_inodes: usize,
     /// Seconds between checkpoints (dirty metadata written back, journal trimmed).
@@ -119,7 +122,7 @@ pub fn mount(a: MountArgs, g: &common::Global) -> Result<ExitCode> {
         client,
         rt.handle().clone(),
         MountConfig {
-            attr_ttl: Duration::from_secs_f64(a.attr_timeout.max(0.0)),
+            attr_ttl: a.attr_timeout.map(|t| Duration::from_secs_f64(t.max(0.0))),
             root,
             fs_name: format!("kelp:{}", a.fs),
         },
