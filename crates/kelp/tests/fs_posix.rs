@@ -211,7 +211,8 @@ fn posix_semantics_on_a_mount() {
         0o777,
         "a write by another user left setuid set"
     );
-    ok_as(&d, 4321, "touch pub/sg2 && chmod 2755 pub/sg2");
+    m.sh("touch pub/sg2 && chown 4321:5000 pub/sg2");
+    ok_as(&d, 4321, "chmod 2755 pub/sg2");
     assert_eq!(
         mode(&m.p("pub/sg2")) & 0o7777,
         0o755,

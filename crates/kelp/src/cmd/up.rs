@@ -976,8 +976,14 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     if !a.no_mgr {
         create_mgrs(&dir, a.dashboard_port)?;
     }
-    // The file system is made once, with its MDS directories.
+    // The file system is made once, with its MDS directories (removed again if that fails).
     let make_fs = !a.no_fs && !dir.join(MDS_NAMES[0]).exists();
+    if make_fs {
+        for name in MDS_NAMES {
+            std::fs::create_dir_all(dir.join(name))
+                .with_context(|| format!("creating {}/{name}", dir.display()))?;
+        }
+    }
     let list: Vec<Daemon> = daemons(&dir)?
         .into_iter()
         .filter(|d| !((a.no_rgw && d.name == RGW_DIR) || (a.no_nbd && d.name == NBD_DIR)))
@@ -1073,6 +1079,11 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     if let Err(e) = started {
         eprintln!("kelp up: {e:#}; stopping the cluster");
         stop_all(&dir)?;
+        if make_fs {
+            for name in MDS_NAMES {
+                let _ = std::fs::remove_dir_all(dir.join(name));
+            }
+        }
         return Err(e);
     }
     let dashboard = (!a.no_mgr).then(|| dashboard_url(&dir, &rt)).flatten();
@@ -1232,7 +1243,7 @@ async fn answers_http(addr: SocketAddr) -> bool {
 }
 
 /// `kelp up`'s file system: the pools `fs.meta` and `fs.data` (unless they exist), the file
-/// system `kelpfs` on them (unless the map has it) and the MDS directories.
+/// system `kelpfs` on them (unless the map has it).
 async fn setup_fs(dir: &Path, osds: usize) -> Result<()> {
     use crate::cmd::filesystem::{DEFAULT_DATA_POOL, DEFAULT_FS, DEFAULT_META_POOL};
     let rados = admin_conf(dir).connect().await?;
@@ -1270,10 +1281,6 @@ async fn setup_fs(dir: &Path, osds: usize) -> Result<()> {
             kelp_proto::MonReply::Done { .. } => {}
             other => bail!("creating the file system '{DEFAULT_FS}': {other:?}"),
         }
-    }
-    for name in MDS_NAMES {
-        std::fs::create_dir_all(dir.join(name))
-            .with_context(|| format!("creating {}/{name}", dir.display()))?;
     }
     Ok(())
 }
@@ -1449,7 +1456,7 @@ fn print_banner(
     let mds = list.iter().any(|d| d.name.starts_with(MDS_PREFIX));
     if fs && mds {
         println!(
-            "  file system: '{}' (pools '{}', '{}'; MDS mds.a and mds.b, one active, one standby)",
+            "  FS:        '{}' (pools '{}', '{}'; MDS mds.a active, mds.b standby)",
             crate::cmd::filesystem::DEFAULT_FS,
             crate::cmd::filesystem::DEFAULT_META_POOL,
             crate::cmd::filesystem::DEFAULT_DATA_POOL
@@ -1476,8 +1483,7 @@ fn print_banner(
     }
     if fs && mds {
         println!(
-            "  mkdir -p /mnt/kelp && KELP_CONF={}/kelp.conf kelp fs mount /mnt/kelp &   (kelp fs umount /mnt/kelp)",
-            dir.display()
+            "  mkdir -p /mnt/kelp && kelp fs mount /mnt/kelp &   (then ls /mnt/kelp; kelp fs umount /mnt/kelp)"
         );
     }
     if detached {
