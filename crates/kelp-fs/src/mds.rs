@@ -525,10 +525,26 @@ impl Inner {
         self.fenced.borrow().is_some()
     }
 
+    /// Whether the OSD map's `full` flag is set (writes other than removals are refused).
+    fn cluster_full(&self) -> bool {
+        self.meta
+            .rados()
+            .osd_map()
+            .flags
+            .iter()
+            .any(|f| f.name() == "full")
+    }
+
     /// Runs one client operation to its reply.
     async fn handle(&self, client: u64, caller: Caller, op: &Op) -> Reply {
         if self.is_fenced() {
             return Reply::Err(errno::ESHUTDOWN);
+        }
+        // A full cluster refuses the journal's appends, and a failed append stops this MDS
+        // (its cache already holds the change): refuse changes up front, before they touch
+        // the cache. Reads, lookups, opens and closes go on.
+        if op.is_mutation() && self.cluster_full() {
+            return Reply::Err(errno::ENOSPC);
         }
         let mut st = self.state.lock().await;
         if self.is_fenced() {

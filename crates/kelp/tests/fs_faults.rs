@@ -247,7 +247,14 @@ fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
     let c = Cluster::up_sized(3, 8, "128MiB");
     c.cli(&["pool", "create", "fs.meta", "--pg-num", "8"]);
     c.cli(&["pool", "create", "fs.data", "--pg-num", "8"]);
-    let _mds = start_mds(&c, "a");
+    // ballast in another pool, deleted later to free space
+    let ballast = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ballast.path(), heal_support::content(99, 4 << 20)).unwrap();
+    let b = ballast.path().display().to_string();
+    for i in 0..8 {
+        c.cli(&["rados", "-p", "data", "put", &format!("ballast{i}"), &b]);
+    }
+    let mut mds = start_mds(&c, "a");
     let m = Mount::new(&c, "mnt");
     let chunk = 4 << 20;
     let mut written = Vec::new();
@@ -271,18 +278,24 @@ fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
         "a full cluster gave errno {errno}, not ENOSPC"
     );
     eprintln!("ENOSPC after {} files of 4 MiB", written.len());
-    // the mount keeps answering: stat, list, read what was acknowledged
+    // the MDS goes on serving: stat, list, read what was acknowledged; changes are refused
+    // with ENOSPC (never EIO) while the cluster is full
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        mds.child.try_wait().unwrap().is_none(),
+        "the MDS stopped on a full cluster"
+    );
     assert!(std::fs::read_dir(&m.dir).unwrap().count() >= written.len());
     let (name0, data0) = &written[0];
     assert_eq!(&std::fs::read(m.p(name0)).unwrap(), data0);
-    // free space; writes work again within a bounded time
-    for (name, _) in written
-        .iter()
-        .skip(1)
-        .step_by(2)
-        .chain(written.iter().skip(2).step_by(2).take(written.len() / 4))
-    {
-        let _ = std::fs::remove_file(m.p(name));
+    let e = errno_of(std::fs::create_dir(m.p("while-full")));
+    assert!(
+        e == 0 || e == libc::ENOSPC,
+        "mkdir on a full cluster: errno {e}"
+    );
+    // free space: writes work again within a bounded time
+    for i in 0..8 {
+        c.cli(&["rados", "-p", "data", "rm", &format!("ballast{i}")]);
     }
     let t = Instant::now();
     loop {
@@ -291,7 +304,7 @@ fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
             Err(e) => {
                 assert!(
                     t.elapsed() < Duration::from_secs(240),
-                    "writes still fail (errno {e}) 240 s after deleting files"
+                    "writes still fail (errno {e}) 240 s after space was freed"
                 );
                 std::thread::sleep(Duration::from_secs(2));
             }
@@ -299,6 +312,11 @@ fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
     }
     assert_eq!(std::fs::read(m.p("after-free")).unwrap(), b"space again");
     assert_eq!(&std::fs::read(m.p(name0)).unwrap(), data0);
+    // and deleting files on the mount frees space too
+    for (name, _) in &written {
+        std::fs::remove_file(m.p(name)).unwrap();
+    }
+    assert!(mds.child.try_wait().unwrap().is_none());
 }
 
 /// The active MDS's address in the file-system map.
