@@ -242,61 +242,80 @@ fn osd_killed_during_writes_loses_nothing_acknowledged() {
     }
 }
 
+/// Whether the OSD map's `full` flag is set (`kelp status`).
+fn map_full(c: &Cluster) -> bool {
+    let s: serde_json::Value =
+        serde_json::from_str(&c.cli(&["status", "--format", "json"])).unwrap();
+    s["osdmap"]["flags"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|f| f == "full"))
+}
+
 #[test]
 fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
-    let c = Cluster::up_sized(3, 8, "128MiB");
+    let c = Cluster::up_sized(3, 8, "256MiB");
     c.cli(&["pool", "create", "fs.meta", "--pg-num", "8"]);
     c.cli(&["pool", "create", "fs.data", "--pg-num", "8"]);
-    // ballast in another pool, deleted later to free space
+    let mut mds = start_mds(&c, "a");
+    let m = Mount::new(&c, "mnt");
+    let mut written = Vec::new();
+    for i in 0..4u64 {
+        let name = format!("before{i}");
+        let data = heal_support::content(i, 2 << 20);
+        write_synced(&m.p(&name), &data).unwrap();
+        written.push((name, data));
+    }
+    // ballast in another pool, then a full ratio below the usage: the cluster is full
     let ballast = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(ballast.path(), heal_support::content(99, 4 << 20)).unwrap();
     let b = ballast.path().display().to_string();
     for i in 0..8 {
         c.cli(&["rados", "-p", "data", "put", &format!("ballast{i}"), &b]);
     }
-    let mut mds = start_mds(&c, "a");
-    let m = Mount::new(&c, "mnt");
-    let chunk = 4 << 20;
-    let mut written = Vec::new();
+    c.cli(&["config", "set", "global", "mon_osd_full_ratio", "0.05"]);
     let t = Instant::now();
-    let errno = loop {
+    while !map_full(&c) {
         assert!(
-            t.elapsed() < Duration::from_secs(300),
-            "128 MiB OSDs never filled"
+            t.elapsed() < Duration::from_secs(90),
+            "the full flag never came"
         );
-        let name = format!("fill{}", written.len());
-        let data = heal_support::content(written.len() as u64, chunk);
-        match write_synced(&m.p(&name), &data) {
-            Ok(()) => written.push((name, data)),
-            Err(e) => break e,
-        }
-        assert!(written.len() < 200, "wrote 800 MiB into 384 MiB of OSDs");
-    };
-    assert_eq!(
-        errno,
-        libc::ENOSPC,
-        "a full cluster gave errno {errno}, not ENOSPC"
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // writes, new files and directories: ENOSPC, never EIO
+    let e = write_synced(&m.p("while-full"), &heal_support::content(7, 1 << 20)).unwrap_err();
+    assert_eq!(e, libc::ENOSPC, "a write on a full cluster gave errno {e}");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("before0"))
+        .unwrap();
+    let e = errno_of(
+        f.write_all_at(&[1u8; 65536], 8 << 20)
+            .and_then(|_| f.sync_all()),
     );
-    eprintln!("ENOSPC after {} files of 4 MiB", written.len());
-    // the MDS goes on serving: stat, list, read what was acknowledged; changes are refused
-    // with ENOSPC (never EIO) while the cluster is full
-    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        e,
+        libc::ENOSPC,
+        "overwriting on a full cluster gave errno {e}"
+    );
+    drop(f);
+    assert_eq!(
+        errno_of(std::fs::create_dir(m.p("dir-while-full"))),
+        libc::ENOSPC
+    );
+    // the MDS goes on serving: stat, list, read what was acknowledged
     assert!(
         mds.child.try_wait().unwrap().is_none(),
         "the MDS stopped on a full cluster"
     );
     assert!(std::fs::read_dir(&m.dir).unwrap().count() >= written.len());
-    let (name0, data0) = &written[0];
-    assert_eq!(&std::fs::read(m.p(name0)).unwrap(), data0);
-    let e = errno_of(std::fs::create_dir(m.p("while-full")));
-    assert!(
-        e == 0 || e == libc::ENOSPC,
-        "mkdir on a full cluster: errno {e}"
-    );
-    // free space: writes work again within a bounded time
+    for (name, data) in &written {
+        assert_eq!(&std::fs::read(m.p(name)).unwrap(), data, "{name}");
+    }
+    // free space (and the ratio back): writes work again within a bounded time
     for i in 0..8 {
         c.cli(&["rados", "-p", "data", "rm", &format!("ballast{i}")]);
     }
+    c.cli(&["config", "set", "global", "mon_osd_full_ratio", "0.95"]);
     let t = Instant::now();
     loop {
         match write_synced(&m.p("after-free"), b"space again") {
@@ -311,11 +330,11 @@ fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
         }
     }
     assert_eq!(std::fs::read(m.p("after-free")).unwrap(), b"space again");
-    assert_eq!(&std::fs::read(m.p(name0)).unwrap(), data0);
-    // and deleting files on the mount frees space too
-    for (name, _) in &written {
+    for (name, data) in &written {
+        assert_eq!(&std::fs::read(m.p(name)).unwrap(), data, "{name}");
         std::fs::remove_file(m.p(name)).unwrap();
     }
+    std::fs::create_dir(m.p("dir-after")).unwrap();
     assert!(mds.child.try_wait().unwrap().is_none());
 }
 
