@@ -577,6 +577,16 @@ impl Inner {
         self.fenced.borrow().is_some()
     }
 
+    /// Whether the OSD map's `full` flag is set (writes other than removals are refused).
+    fn cluster_full(&self) -> bool {
+        self.meta
+            .rados()
+            .osd_map()
+            .flags
+            .iter()
+            .any(|f| f.name() == "full")
+    }
+
     /// Runs one client operation to its reply, with the capabilities the reply grants.
     async fn handle(&self, client: u64, caller: Caller, op: &Op) -> (Reply, Option<CapGrants>) {
         if self.is_fenced() {
@@ -608,6 +618,12 @@ impl Inner {
         }
         self.requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A full cluster refuses the journal's appends, and a failed append stops this MDS
+        // (its cache already holds the change): refuse changes up front, before they touch
+        // the cache. Reads, lookups, opens and closes go on.
+        if op.is_mutation() && self.cluster_full() {
+            return (Reply::Err(errno::ENOSPC), None);
+        }
         let mut st = self.state.lock().await;
         if self.is_fenced() {
             // stopped while this op waited for the lock

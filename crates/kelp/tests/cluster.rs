@@ -59,6 +59,7 @@ impl Cluster {
             "--timeout-secs",
             "90",
             "--no-rgw",
+            "--no-fs",
             "--nbd-port",
             "0",
         ];

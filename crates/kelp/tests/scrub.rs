@@ -64,6 +64,7 @@ impl Cluster {
             "--timeout-secs",
             "90",
             "--no-rgw",
+            "--no-fs",
         ]);
         Cluster { _tmp: tmp, dir }
     }

@@ -88,6 +88,13 @@ pub struct UpArgs {
     /// Do not run managers (no dashboard, no progress items).
     #[arg(long)]
     pub no_mgr: bool,
+    // File system.
+    /// Do not set up a file system. By default `kelp up` makes the pools `fs.meta`
+    /// (metadata, replicated) and `fs.data`, the file system `kelpfs` on them, and runs two
+    /// metadata servers, mds.a and mds.b (one active, one standby that takes over if it
+    /// dies); mount it with `kelp fs mount /mnt/kelp`.
+    #[arg(long)]
+    pub no_fs: bool,
 }
 
 /// `kelp up --ec K+M`: an erasure code of `k` data and `m` parity shards.
@@ -159,6 +166,10 @@ const RGW_DIR: &str = "rgw.gw";
 const NBD_DIR: &str = "nbd.0";
 /// The managers' directories: `mgr.x` (and `mgr.y` with several monitors).
 const MGR_PREFIX: &str = "mgr.";
+/// The metadata servers' directories: `mds.a` (first active) and `mds.b` (standby).
+const MDS_PREFIX: &str = "mds.";
+/// The metadata servers `kelp up` runs.
+const MDS_NAMES: [&str; 2] = ["mds.a", "mds.b"];
 /// The dashboard user `kelp up` creates (role admin); its key is in `DIR/dashboard.key`.
 const DASHBOARD_ADMIN: &str = "admin";
 /// The S3 user `kelp up` creates.
@@ -612,6 +623,20 @@ fn daemons(dir: &Path) -> Result<Vec<Daemon>> {
                     dir.join(&name).display().to_string(),
                 ],
             });
+        } else if let Some(id) = name.strip_prefix(MDS_PREFIX) {
+            rgws.push(Daemon {
+                name: name.clone(),
+                args: vec![
+                    "mds".into(),
+                    "run".into(),
+                    "--id".into(),
+                    id.to_string(),
+                    "-c".into(),
+                    conf.clone(),
+                    "--data".into(),
+                    dir.join(&name).display().to_string(),
+                ],
+            });
         } else if name == NBD_DIR {
             let port = std::fs::read_to_string(dir.join(&name).join("port"))
                 .with_context(|| format!("reading {}/{name}/port", dir.display()))?;
@@ -951,10 +976,19 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     if !a.no_mgr {
         create_mgrs(&dir, a.dashboard_port)?;
     }
+    // The file system is made once, with its MDS directories (removed again if that fails).
+    let make_fs = !a.no_fs && !dir.join(MDS_NAMES[0]).exists();
+    if make_fs {
+        for name in MDS_NAMES {
+            std::fs::create_dir_all(dir.join(name))
+                .with_context(|| format!("creating {}/{name}", dir.display()))?;
+        }
+    }
     let list: Vec<Daemon> = daemons(&dir)?
         .into_iter()
         .filter(|d| !((a.no_rgw && d.name == RGW_DIR) || (a.no_nbd && d.name == NBD_DIR)))
         .filter(|d| !(a.no_mgr && d.name.starts_with(MGR_PREFIX)))
+        .filter(|d| !(a.no_fs && d.name.starts_with(MDS_PREFIX)))
         .collect();
     let osd_count = list.iter().filter(|d| d.name.starts_with("osd.")).count();
     let rt = common::runtime()?;
@@ -1004,6 +1038,23 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
             }
             rt.block_on(wait_nbd(&dir, Duration::from_secs(a.timeout_secs)))?;
         }
+        // The file system: its pools and map entry (once), then its MDS daemons; the first
+        // to beacon becomes active, the other stands by.
+        if make_fs {
+            rt.block_on(setup_fs(&dir, osd_count))?;
+        }
+        let mut any_mds = false;
+        for d in list.iter().filter(|d| d.name.starts_with(MDS_PREFIX)) {
+            any_mds = true;
+            if running_pid(&dir, &d.name).is_some() {
+                eprintln!("{} is already running", d.name);
+            } else {
+                children.push((d.name.clone(), start(&dir, d)?));
+            }
+        }
+        if any_mds {
+            rt.block_on(wait_mds(&dir, Duration::from_secs(a.timeout_secs)))?;
+        }
         // Managers: the first to beacon becomes active and serves the dashboard; mgr.x is
         // started first and the others once it is active, so that it is the active one.
         let mut mgrs: Vec<&Daemon> = list
@@ -1028,10 +1079,15 @@ pub fn run_up(mut a: UpArgs, g: &common::Global) -> Result<ExitCode> {
     if let Err(e) = started {
         eprintln!("kelp up: {e:#}; stopping the cluster");
         stop_all(&dir)?;
+        if make_fs {
+            for name in MDS_NAMES {
+                let _ = std::fs::remove_dir_all(dir.join(name));
+            }
+        }
         return Err(e);
     }
     let dashboard = (!a.no_mgr).then(|| dashboard_url(&dir, &rt)).flatten();
-    print_banner(&dir, a.detach, a.ec, !a.no_rgw, dashboard)?;
+    print_banner(&dir, a.detach, a.ec, !a.no_rgw, dashboard, !a.no_fs)?;
     if a.detach {
         return Ok(ExitCode::SUCCESS);
     }
@@ -1186,6 +1242,82 @@ async fn answers_http(addr: SocketAddr) -> bool {
     )
 }
 
+/// `kelp up`'s file system: the pools `fs.meta` and `fs.data` (unless they exist), the file
+/// system `kelpfs` on them (unless the map has it).
+async fn setup_fs(dir: &Path, osds: usize) -> Result<()> {
+    use crate::cmd::filesystem::{DEFAULT_DATA_POOL, DEFAULT_FS, DEFAULT_META_POOL};
+    let rados = admin_conf(dir).connect().await?;
+    let size = (osds as u32).min(3);
+    for (pool, pg_num) in [(DEFAULT_META_POOL, 16), (DEFAULT_DATA_POOL, 32)] {
+        if rados.osd_map().pool_by_name(pool).is_some() {
+            continue;
+        }
+        rados
+            .create_pool(PoolSpec {
+                name: pool.into(),
+                pg_num: Some(pg_num),
+                size: Some(size),
+                min_size: None,
+                crush_rule: None,
+                erasure: None,
+            })
+            .await
+            .with_context(|| format!("creating pool '{pool}'"))?;
+    }
+    let exists = match rados.mon_command(kelp_proto::MonCommand::FsMapGet).await? {
+        kelp_proto::MonReply::FsMap(m) => m.filesystems.contains_key(DEFAULT_FS),
+        other => bail!("reading the file-system map: {other:?}"),
+    };
+    if !exists {
+        match rados
+            .mon_command(kelp_proto::MonCommand::FsNew {
+                name: DEFAULT_FS.into(),
+                metadata_pool: DEFAULT_META_POOL.into(),
+                data_pool: DEFAULT_DATA_POOL.into(),
+                force: false,
+            })
+            .await?
+        {
+            kelp_proto::MonReply::Done { .. } => {}
+            other => bail!("creating the file system '{DEFAULT_FS}': {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every file system in the map has an active MDS, and the standbys they want
+/// have beaconed (so that health is not warning about them).
+async fn wait_mds(dir: &Path, timeout: Duration) -> Result<()> {
+    let rados = admin_conf(dir).connect().await?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Ok(kelp_proto::MonReply::FsMap(m)) =
+            rados.mon_command(kelp_proto::MonCommand::FsMapGet).await
+            && m.filesystems.values().all(|f| {
+                f.active
+                    .as_ref()
+                    .is_some_and(|a| a.state == kelp_proto::MdsState::Active)
+            })
+            && m.standbys.len() as u32
+                >= m.filesystems
+                    .values()
+                    .map(|f| f.standby_count_wanted)
+                    .max()
+                    .unwrap_or(0)
+        {
+            return Ok(());
+        }
+        check_started(dir)?;
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "no MDS became active within {timeout:?} (see {}/logs/mds.a.log)",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Sets up the managers' directories (`mgr.x`, and `mgr.y` when the cluster has several
 /// monitors) with their dashboard ports, unless they exist.
 fn create_mgrs(dir: &Path, port: u16) -> Result<()> {
@@ -1264,6 +1396,7 @@ fn print_banner(
     ec: Option<EcSpec>,
     rgw: bool,
     dashboard: Option<String>,
+    fs: bool,
 ) -> Result<()> {
     let conf = kelp_config::ClusterConf::load(&dir.join("kelp.conf"))?;
     let list = daemons(dir)?;
@@ -1320,6 +1453,15 @@ fn print_banner(
             dir.display()
         );
     }
+    let mds = list.iter().any(|d| d.name.starts_with(MDS_PREFIX));
+    if fs && mds {
+        println!(
+            "  FS:        '{}' (pools '{}', '{}'; MDS mds.a active, mds.b standby)",
+            crate::cmd::filesystem::DEFAULT_FS,
+            crate::cmd::filesystem::DEFAULT_META_POOL,
+            crate::cmd::filesystem::DEFAULT_DATA_POOL
+        );
+    }
     if let Some(url) = dashboard {
         println!(
             "  dashboard: {url}   (log in as '{DASHBOARD_ADMIN}' with the key in {}/dashboard.key)",
@@ -1337,6 +1479,11 @@ fn print_banner(
         println!(
             "  set -a; . {}/s3.env; set +a; aws s3 mb s3://photos && aws s3 ls",
             dir.display()
+        );
+    }
+    if fs && mds {
+        println!(
+            "  mkdir -p /mnt/kelp && kelp fs mount /mnt/kelp &   (then ls /mnt/kelp; kelp fs umount /mnt/kelp)"
         );
     }
     if detached {

@@ -29,6 +29,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn up(osds: u32, pg_num: u32) -> Cluster {
+        Cluster::up_sized(osds, pg_num, "1GiB")
+    }
+
+    /// [`Cluster::up`] with OSD stores of `osd_size` (`kelp up --osd-size`).
+    pub fn up_sized(osds: u32, pg_num: u32, osd_size: &str) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("kelp-data");
         let c = Cluster {
@@ -46,12 +51,14 @@ impl Cluster {
             "--osds",
             &osds,
             "--osd-size",
-            "1GiB",
+            osd_size,
             "--pg-num",
             &pg_num,
             "--timeout-secs",
             "90",
             "--no-rgw",
+            // the file-system tests make their own pools and MDS daemons
+            "--no-fs",
             // any free port: tests run clusters side by side
             "--nbd-port",
             "0",
