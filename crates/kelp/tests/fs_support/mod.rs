@@ -51,7 +51,7 @@ pub fn start_mds_with(c: &Cluster, id: &str, extra: &[&str]) -> Daemon {
 /// A FUSE mount, unmounted (and its client killed) on drop.
 pub struct Mount {
     pub dir: PathBuf,
-    child: Option<Child>,
+    pub child: Option<Child>,
 }
 
 pub fn mounted(dir: &Path) -> bool {
