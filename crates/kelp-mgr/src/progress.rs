@@ -306,8 +306,8 @@ impl ProgressTracker {
 fn countdown_item(c: &Countdown, kind: ProgressKind) -> ProgressItem {
     let (verb, what) = match kind {
         ProgressKind::Recovery => ("Recovering", "degraded object copies"),
-        ProgressKind::SnapTrim => ("Trimming removed snapshots", "clones"),
-        ProgressKind::PoolDeletion => ("Removing deleted pools", "objects"),
+        ProgressKind::SnapTrim => ("Trimming", "clones of removed snapshots"),
+        ProgressKind::PoolDeletion => ("Removing", "objects of deleted pools"),
         _ => ("Moving", "misplaced object copies"),
     };
     ProgressItem {
