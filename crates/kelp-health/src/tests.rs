@@ -75,6 +75,7 @@ fn digest(map: &OsdMap, pgs: Vec<PgSummary>) -> PgMapDigest {
         backfillfull_ratio_ppm: 900_000,
         full_ratio_ppm: 950_000,
         recovery: Default::default(),
+        work: Default::default(),
     }
 }
 

@@ -180,8 +180,9 @@ impl Shared {
                 .collect()
         };
         for entity in missing {
+            // `AuthGet`, never `AuthGetOrCreate`: a user removed since the list stays removed
             if let Some(MonReply::Key { secret, .. }) = self
-                .mon(MonCommand::AuthGetOrCreate {
+                .mon(MonCommand::AuthGet {
                     entity: entity.clone(),
                 })
                 .await
@@ -413,6 +414,11 @@ fn observation(v: &View) -> Observation {
             .iter()
             .filter_map(|b| b.reshard.map(|(s, t)| (b.name.clone(), s, t)))
             .collect(),
+        snaptrim_left: v.digest.as_ref().map_or(0, |d| d.work.snaptrim_clones_left),
+        deleting_left: v
+            .digest
+            .as_ref()
+            .map_or(0, |d| d.work.deleting_objects_left),
     }
 }
 

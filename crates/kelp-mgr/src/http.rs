@@ -3,8 +3,11 @@
 //!
 //! Rules: nothing but `/login` and the static assets answers without credentials (`/api/`
 //! answers 401, pages redirect to the login page); admin actions answer 403 to a read-only
-//! user; every list is paginated (`?page=&per_page=`). A standby manager answers every request
-//! with a redirect (307) to the active manager's dashboard, or 503 while none is known.
+//! user; every list is paginated (`?page=&per_page=`). A standby manager answers a plain GET
+//! with a redirect (307) to the active manager's dashboard, anything else (a POSTed login, an
+//! action, a URL with a key) with 503 and a link to it, and everything with 503 while no
+//! active manager is known. `/login` takes credentials by POST only (a GET with a key is
+//! refused: keys do not belong in URLs).
 //! Requests only read the last poll's [`View`], so a page never waits for the cluster.
 
 use std::convert::Infallible;
@@ -130,7 +133,12 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_string();
     let query = auth::form_pairs(req.uri().query().unwrap_or(""));
     if !shared.is_active() {
+        // Only plain GETs (no key in the URL) are sent on; anything else (a POSTed login
+        // with its key, an admin action) gets a 503 with a link to the active manager: a
+        // request's body or credentials are never forwarded to an address from the map.
+        let forwardable = req.method() == Method::GET && query_param(&query, "key").is_none();
         return match shared.active_url() {
+            Some(url) if !forwardable => standby_refusal(&url, &path),
             Some(url) => {
                 let target = format!(
                     "{}{}{}",
@@ -156,10 +164,19 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
         (&Method::GET, "/static/style.css") => {
             return respond(StatusCode::OK, "text/css; charset=utf-8", STYLE_CSS);
         }
-        (&Method::GET, "/login") if query_param(&query, "user").is_none() => {
+        (&Method::GET, "/login") if query_param(&query, "key").is_some() => {
+            // a key in a URL ends up in histories, logs and Referer headers
+            let mut r = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "log in with POST /login (the form), never with the key in the URL",
+            );
+            r.headers_mut()
+                .insert(hyper::header::ALLOW, HeaderValue::from_static("POST"));
+            return r;
+        }
+        (&Method::GET, "/login") => {
             return respond(StatusCode::OK, "text/html; charset=utf-8", LOGIN_HTML);
         }
-        (&Method::GET, "/login") => return login(shared, &query).await,
         (&Method::POST, "/login") => {
             let body = match Limited::new(req.into_body(), 16 << 10).collect().await {
                 Ok(b) => b.to_bytes(),
@@ -173,7 +190,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
             r.headers_mut().insert(
                 SET_COOKIE,
                 HeaderValue::from_static(
-                    "kelp_dashboard=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict",
+                    "kelp_dashboard=; Path=/; Max-Age=0; HttpOnly; SameSite=Lax",
                 ),
             );
             return r;
@@ -308,6 +325,34 @@ fn api(shared: &Shared, view: &View, path: &str, query: &[(String, String)]) -> 
     }
 }
 
+/// A standby's answer to what it does not forward: 503, with the active manager's dashboard
+/// named (`active` in JSON for the API, a link on a page).
+fn standby_refusal(active: &str, path: &str) -> Resp {
+    let message = "this manager is a standby: use the active manager's dashboard";
+    if path.starts_with("/api/") {
+        return json_resp(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"error": message, "active": active}),
+        );
+    }
+    let link = html_escape(active);
+    respond(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "text/html; charset=utf-8",
+        format!(
+            "<!doctype html><title>Standby manager</title><p>{message}: \
+             <a id=\"active\" href=\"{link}\">{link}</a></p>\n"
+        ),
+    )
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
 async fn login(shared: &Shared, form: &[(String, String)]) -> Resp {
     let user = query_param(form, "user").unwrap_or_default();
     let key = query_param(form, "key").unwrap_or_default();
@@ -320,7 +365,7 @@ async fn login(shared: &Shared, form: &[(String, String)]) -> Resp {
     }
     let mut r = redirect(StatusCode::SEE_OTHER, &next);
     let cookie = format!(
-        "{}={}; Path=/; HttpOnly; SameSite=Strict",
+        "{}={}; Path=/; HttpOnly; SameSite=Lax",
         auth::COOKIE,
         auth::encode_component(&format!("{user}:{key}"))
     );
@@ -396,6 +441,17 @@ async fn action(shared: &Shared, path: &str) -> Resp {
 
 #[cfg(test)]
 mod redirect_tests {
+    #[test]
+    fn a_standby_names_the_active_manager_without_forwarding() {
+        let r = super::standby_refusal("http://127.0.0.1:1/", "/login");
+        assert_eq!(r.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers().get(hyper::header::LOCATION).is_none());
+        let r = super::standby_refusal("http://a/\"<x>", "/api/osd/1/out");
+        assert_eq!(r.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers().get(hyper::header::LOCATION).is_none());
+        assert_eq!(super::html_escape("\"<&>"), "&quot;&lt;&amp;&gt;");
+    }
+
     use super::safe_next;
 
     #[test]

@@ -14,8 +14,10 @@
 //! - **reshard**: buckets whose record names a reshard target (no fraction is visible from
 //!   outside the gateway: it shows 0 until it disappears, then 1).
 //!
-//! Snapshot trim and pool deletion run inside the OSDs and leave no trace in what they report
-//! today: they get no item (docs/MANAGER.md says so).
+//! - **snapshot trim**: clones the OSDs' snapshot trimmers still have to examine (each OSD
+//!   reports its own in its statistics), counted down like recovery.
+//! - **pool deletion**: objects the OSDs still have to remove from the PGs of deleted pools,
+//!   alike.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -35,6 +37,10 @@ pub struct Observation {
     pub stamps: BTreeMap<PgId, (u64, u64)>,
     /// Buckets being resharded: (bucket, target shards, started unix ms).
     pub resharding: Vec<(String, u32, u64)>,
+    /// Clones left to examine by the snapshot trimmers.
+    pub snaptrim_left: u64,
+    /// Objects left to remove from deleted pools' PGs.
+    pub deleting_left: u64,
 }
 
 /// Follows work left that counts down (degraded or misplaced copies).
@@ -112,6 +118,8 @@ pub struct ProgressTracker {
     deep: Option<Wave>,
     reshards: BTreeMap<String, (u32, u64)>,
     finished: VecDeque<ProgressItem>,
+    snaptrim: Option<Countdown>,
+    deletion: Option<Countdown>,
 }
 
 const MAX_FINISHED: usize = 50;
@@ -127,6 +135,8 @@ impl ProgressTracker {
             deep: None,
             reshards: BTreeMap::new(),
             finished: VecDeque::new(),
+            snaptrim: None,
+            deletion: None,
         }
     }
 
@@ -145,6 +155,20 @@ impl ProgressTracker {
             now,
             o.misplaced,
             ProgressKind::Backfill,
+        );
+        Self::countdown(
+            &mut self.snaptrim,
+            &mut self.finished,
+            now,
+            o.snaptrim_left,
+            ProgressKind::SnapTrim,
+        );
+        Self::countdown(
+            &mut self.deletion,
+            &mut self.finished,
+            now,
+            o.deleting_left,
+            ProgressKind::PoolDeletion,
         );
         for deep in [false, true] {
             let slot = if deep {
@@ -249,8 +273,8 @@ impl ProgressTracker {
         }
     }
 
-    /// Running items first (recovery, backfill, scrub, deep scrub, reshards), then finished
-    /// ones, newest first.
+    /// Running items first (recovery, backfill, scrub, deep scrub, reshards, snapshot trim,
+    /// pool deletion), then finished ones, newest first.
     pub fn items(&self) -> Vec<ProgressItem> {
         let mut out = Vec::new();
         if let Some(c) = &self.recovery {
@@ -268,27 +292,31 @@ impl ProgressTracker {
         for (b, (s, t)) in &self.reshards {
             out.push(reshard_item(b, *s, *t));
         }
+        if let Some(c) = &self.snaptrim {
+            out.push(countdown_item(c, ProgressKind::SnapTrim));
+        }
+        if let Some(c) = &self.deletion {
+            out.push(countdown_item(c, ProgressKind::PoolDeletion));
+        }
         out.extend(self.finished.iter().rev().cloned());
         out
     }
 }
 
 fn countdown_item(c: &Countdown, kind: ProgressKind) -> ProgressItem {
-    let what = match kind {
-        ProgressKind::Recovery => "degraded",
-        _ => "misplaced",
-    };
-    let verb = match kind {
-        ProgressKind::Recovery => "Recovering",
-        _ => "Moving",
+    let (verb, what) = match kind {
+        ProgressKind::Recovery => ("Recovering", "degraded object copies"),
+        ProgressKind::SnapTrim => ("Trimming", "clones of removed snapshots"),
+        ProgressKind::PoolDeletion => ("Removing", "objects of deleted pools"),
+        _ => ("Moving", "misplaced object copies"),
     };
     ProgressItem {
         id: format!("{}-{}", kind.name(), c.started_ms),
         kind,
         message: if c.left == 0 {
-            format!("{verb} {what} object copies: done ({} in all)", c.most)
+            format!("{verb} {what}: done ({} in all)", c.most)
         } else {
-            format!("{verb} {what} object copies: {} of {} left", c.left, c.most)
+            format!("{verb} {what}: {} of {} left", c.left, c.most)
         },
         fraction_ppm: c.fraction_ppm(),
         eta_secs: c.eta_secs(),
@@ -392,6 +420,41 @@ mod tests {
         assert_eq!(t.items().len(), 1);
         t.observe(&obs(70_000, 0));
         assert!(t.items().is_empty());
+    }
+
+    #[test]
+    fn snapshot_trim_and_pool_deletion_count_down() {
+        let mut t = ProgressTracker::new(60_000);
+        let look = |now_ms, snaptrim_left, deleting_left| Observation {
+            now_ms,
+            snaptrim_left,
+            deleting_left,
+            ..Observation::default()
+        };
+        t.observe(&look(1_000, 40, 0));
+        t.observe(&look(3_000, 20, 100));
+        let items = t.items();
+        let trim = items
+            .iter()
+            .find(|i| i.kind == ProgressKind::SnapTrim)
+            .unwrap();
+        assert_eq!(trim.fraction_ppm, 500_000);
+        // 20 clones in 2 s: 20 left take 2 s more
+        assert_eq!(trim.eta_secs, Some(2));
+        assert!(trim.message.contains("20 of 40"), "{}", trim.message);
+        let del = items
+            .iter()
+            .find(|i| i.kind == ProgressKind::PoolDeletion)
+            .unwrap();
+        assert_eq!(del.fraction_ppm, 0);
+        t.observe(&look(5_000, 0, 0));
+        let items = t.items();
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert!(
+            items
+                .iter()
+                .all(|i| i.finished_ms == Some(5_000) && i.fraction_ppm == 1_000_000)
+        );
     }
 
     #[test]

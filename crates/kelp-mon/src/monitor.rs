@@ -639,6 +639,16 @@ impl Inner {
 
     async fn command(&self, cmd: MonCommand, from: &Peer) -> MonReply {
         let forwarded = from.entity().starts_with("mon.");
+        if let Some(daemon) = beacon_daemon(&cmd)
+            && !may_speak_for(from.entity(), &daemon)
+        {
+            return MonReply::Error {
+                message: format!(
+                    "{} may not send beacons or reports for {daemon}",
+                    from.entity()
+                ),
+            };
+        }
         self.commands
             .with(&[&crate::metrics::command_name(&cmd)])
             .inc();
@@ -653,6 +663,7 @@ impl Inner {
             MonCommand::Status
             | MonCommand::ConfigDump
             | MonCommand::AuthList
+            | MonCommand::AuthGet { .. }
             | MonCommand::PgRecordGet { .. }
             | MonCommand::EcProfileGet { .. }
             | MonCommand::EcProfileLs
@@ -668,6 +679,13 @@ impl Inner {
             MonCommand::PgStats => {
                 if self.is_leader() {
                     self.pg_stats()
+                } else {
+                    self.forward(cmd, forwarded).await
+                }
+            }
+            MonCommand::OsdPerf => {
+                if self.is_leader() {
+                    self.osd_perf()
                 } else {
                     self.forward(cmd, forwarded).await
                 }
@@ -1005,6 +1023,16 @@ impl Inner {
         let mut pm = self.pgmap.lock().unwrap_or_else(|p| p.into_inner());
         pm.prune(map);
         MonReply::PgStats(Box::new(pm.digest(map, &ratios, self.now(), stale_after)))
+    }
+
+    /// The up OSDs' recent write latencies, from their latest reports (`kelp osd perf`).
+    fn osd_perf(&self) -> MonReply {
+        let a = self.shared.read();
+        let mut pm = self.pgmap.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(map) = a.state.osdmap() {
+            pm.prune(map);
+        }
+        MonReply::OsdPerf(pm.perf())
     }
 
     /// Takes an OSD's statistics (leader only) and answers with its settings.
@@ -1468,5 +1496,57 @@ fn liveness_params(state: &crate::state::MonState) -> LivenessParams {
             .and_then(|v| v.parse().ok())
             .unwrap_or(keys::MON_OSD_MIN_DOWN_REPORTERS.default.as_u64() as usize),
         down_out_interval: (down_out > 0.0).then(|| Duration::from_secs_f64(down_out)),
+    }
+}
+
+/// The daemon a beacon or manager report speaks for (`osd.3`, `rgw.gw1`, `mgr.x`), if `cmd`
+/// is one.
+fn beacon_daemon(cmd: &MonCommand) -> Option<String> {
+    match cmd {
+        MonCommand::ServiceBeacon { name, .. } => Some(name.clone()),
+        MonCommand::MgrBeacon { name, .. } => Some(format!("mgr.{name}")),
+        MonCommand::ProgressReport { mgr, .. } => Some(format!("mgr.{mgr}")),
+        _ => None,
+    }
+}
+
+/// Whether the authenticated `entity` may send beacons for `daemon`: the daemon's own entity
+/// (`osd.3` for `osd.3`), `client.<daemon>`, the admin (`client.admin`, which `kelp up`'s
+/// gateways and managers run as), or a monitor (its own beacons, and requests it forwards
+/// after checking them).
+pub(crate) fn may_speak_for(entity: &str, daemon: &str) -> bool {
+    entity == daemon
+        || entity.starts_with("mon.")
+        || entity == "client.admin"
+        || entity.strip_prefix("client.") == Some(daemon)
+}
+
+#[cfg(test)]
+mod beacon_tests {
+    use super::*;
+
+    #[test]
+    fn beacons_are_bound_to_the_sender() {
+        assert!(may_speak_for("osd.3", "osd.3"));
+        assert!(!may_speak_for("osd.3", "osd.4"));
+        assert!(!may_speak_for("osd.3", "mgr.x"));
+        assert!(may_speak_for("client.rgw.gw1", "rgw.gw1"));
+        assert!(!may_speak_for("client.rgw.gw1", "rgw.gw2"));
+        assert!(may_speak_for("client.admin", "mgr.y"));
+        assert!(may_speak_for("mon.b", "mgr.y"));
+        // any other entity speaks for no daemon
+        assert!(!may_speak_for("dashboard.read-only.viewer", "mgr.x"));
+        let beacon = MonCommand::MgrBeacon {
+            name: "x".into(),
+            dashboard_url: String::new(),
+            instance: "i".into(),
+        };
+        assert_eq!(beacon_daemon(&beacon).as_deref(), Some("mgr.x"));
+        let report = MonCommand::ProgressReport {
+            mgr: "y".into(),
+            items: vec![],
+        };
+        assert_eq!(beacon_daemon(&report).as_deref(), Some("mgr.y"));
+        assert_eq!(beacon_daemon(&MonCommand::Status), None);
     }
 }

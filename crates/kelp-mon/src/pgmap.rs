@@ -20,8 +20,9 @@ use std::collections::BTreeMap;
 
 use kelp_maps::OsdMap;
 use kelp_proto::{
-    Fullness, IoCounters, IoRates, OsdStatsReport, OsdSummary, PgMapDigest, PgMapTotals, PgStat,
-    PgState, PgStateFlag, PgSummary, RecoveryCounters, RecoveryRates,
+    BackgroundWork, Fullness, IoCounters, IoRates, OsdPerfStat, OsdStatsReport, OsdSummary,
+    PgMapDigest, PgMapTotals, PgStat, PgState, PgStateFlag, PgSummary, RecoveryCounters,
+    RecoveryRates,
 };
 use kelp_types::PgId;
 
@@ -115,6 +116,17 @@ pub struct PgMap {
 }
 
 impl PgMap {
+    /// Each reporting OSD's recent write latencies (`kelp osd perf`), by id.
+    pub fn perf(&self) -> Vec<OsdPerfStat> {
+        self.osds
+            .iter()
+            .map(|(&id, e)| OsdPerfStat {
+                id,
+                perf: e.report.perf,
+            })
+            .collect()
+    }
+
     /// Takes a report that arrived at `now` (seconds, monotonic).
     pub fn ingest(&mut self, report: OsdStatsReport, now: f64) {
         let (rates, recovery) = match self.osds.get(&report.osd) {
@@ -254,6 +266,7 @@ impl PgMap {
         }
         let mut osds = Vec::new();
         let mut recovery = RecoveryRates::default();
+        let mut work = BackgroundWork::default();
         for o in map.osds.values() {
             let entry = self.osds.get(&o.id).filter(|_| o.up);
             let space = entry.map(|e| e.report.space).unwrap_or_default();
@@ -270,6 +283,10 @@ impl PgMap {
             if let Some(e) = entry {
                 recovery.recovering_objects_per_sec += e.recovery.recovering_objects_per_sec;
                 recovery.recovering_bytes_per_sec += e.recovery.recovering_bytes_per_sec;
+                let w = &e.report.work;
+                work.snaptrim_clones_left += w.snaptrim_clones_left;
+                work.deleting_objects_left += w.deleting_objects_left;
+                work.deleting_pgs_left += w.deleting_pgs_left;
             }
             osds.push(OsdSummary {
                 id: o.id,
@@ -291,6 +308,7 @@ impl PgMap {
             backfillfull_ratio_ppm: r.backfillfull_ppm,
             full_ratio_ppm: r.full_ppm,
             recovery,
+            work,
         }
     }
 }
@@ -357,6 +375,8 @@ mod tests {
             io,
             pgs,
             recovery: RecoveryCounters::default(),
+            perf: Default::default(),
+            work: Default::default(),
         }
     }
 

@@ -428,9 +428,10 @@ impl MonState {
     fn command(&mut self, cmd: &MonCommand) -> Result<MonReply, MonError> {
         let map = self.map()?;
         match cmd {
-            MonCommand::Status | MonCommand::ConfigDump | MonCommand::AuthList => {
-                Ok(self.read_only(cmd))
-            }
+            MonCommand::Status
+            | MonCommand::ConfigDump
+            | MonCommand::AuthList
+            | MonCommand::AuthGet { .. } => Ok(self.read_only(cmd)),
             MonCommand::LogLast { .. } => Ok(self.read_only(cmd)),
             MonCommand::LogAppend { entries } => {
                 self.append_log(entries);
@@ -445,7 +446,7 @@ impl MonState {
                 "the manager map and progress are kept by the leader in memory, not in the log"
                     .into(),
             )),
-            MonCommand::PgStats => Err(MonError::InvalidSpec(
+            MonCommand::PgStats | MonCommand::OsdPerf => Err(MonError::InvalidSpec(
                 "PG statistics are answered by the leader from memory, not through the log".into(),
             )),
             MonCommand::ServiceBeacon { .. } | MonCommand::ServiceMap => {
@@ -892,6 +893,15 @@ impl MonState {
                     .collect(),
             ),
             MonCommand::AuthList => MonReply::Entities(self.auth.keys().cloned().collect()),
+            MonCommand::AuthGet { entity } => match self.auth.get(entity) {
+                Some(secret) => MonReply::Key {
+                    entity: entity.clone(),
+                    secret: secret.clone(),
+                },
+                None => MonReply::Error {
+                    message: format!("no entity {entity}"),
+                },
+            },
             MonCommand::PgRecordGet { pg } => MonReply::PgRecord(self.pg_history.get(pg).cloned()),
             MonCommand::EcProfileGet { name } => {
                 match self.osdmap.as_ref().and_then(|m| m.ec_profiles.get(name)) {

@@ -874,8 +874,9 @@ impl OsdService {
                     entry,
                     plan,
                     commit,
+                    started,
                 } = *w;
-                (done, entry, plan, commit)
+                (done, entry, plan, self.committed(commit, started))
             }
             Ok(Applied::NotAWrite(done)) => return ok_reply(done, epoch),
             Err(e) => return reply_err(e.code, e.message, epoch),
@@ -1064,6 +1065,7 @@ impl OsdService {
         mut entry: LogEntry,
         internal: &[(String, Vec<u8>)],
     ) -> Result<Applied, ExecError> {
+        let started = Instant::now();
         let store = self.store.clone();
         let limits = self.cfg.limits;
         // Right here if the store can take it without waiting (`kelp_store::nowait`: deferred
@@ -1076,22 +1078,43 @@ impl OsdService {
             )
             .map(|a| (a, entry))
         });
-        if let Some(result) = inline {
-            let (applied, entry) = result?;
-            return Ok(applied.into_applied(entry, plan));
+        let applied = match inline {
+            Some(result) => {
+                let (applied, entry) = result?;
+                applied.into_applied(entry, plan, started)
+            }
+            None => {
+                let (ops, data, internal) = (ops.to_vec(), data.clone(), internal.to_vec());
+                tokio::task::spawn_blocking(move || {
+                    let applied = apply_now(
+                        &*store, coll, &ops, &data, stamp, &limits, &plan, &mut entry, &internal,
+                    )?;
+                    Ok::<_, ExecError>(applied.into_applied(entry, plan, started))
+                })
+                .await
+                .map_err(|e| ExecError {
+                    code: ErrorCode::Io,
+                    message: format!("op task failed: {e}"),
+                })??
+            }
+        };
+        if matches!(applied, Applied::Write(_)) {
+            self.stats.note_apply(started.elapsed());
         }
-        let (ops, data, internal) = (ops.to_vec(), data.clone(), internal.to_vec());
-        tokio::task::spawn_blocking(move || {
-            let applied = apply_now(
-                &*store, coll, &ops, &data, stamp, &limits, &plan, &mut entry, &internal,
-            )?;
-            Ok(applied.into_applied(entry, plan))
-        })
-        .await
-        .map_err(|e| ExecError {
-            code: ErrorCode::Io,
-            message: format!("op task failed: {e}"),
-        })?
+        Ok(applied)
+    }
+
+    /// Waits for a write's commit and counts its commit latency (`kelp osd perf`).
+    async fn committed(
+        &self,
+        commit: kelp_store::Commit,
+        started: Instant,
+    ) -> Result<(), kelp_store::StoreError> {
+        let r = commit.await;
+        if r.is_ok() {
+            self.stats.note_commit(started.elapsed());
+        }
+        r
     }
 
     /// A head's snapshot state on this OSD (`crate::snaps::read_head`), from memory when the
@@ -1494,10 +1517,11 @@ impl OsdService {
                     entry,
                     plan,
                     commit,
+                    started,
                     ..
                 } = *w;
                 state.meta.commit_append(plan, entry);
-                commit
+                self.committed(commit, started)
             }
             Ok(Applied::NotAWrite(_)) => {
                 return fail(ErrorCode::Invalid, "a replica write without writes".into());
@@ -1840,13 +1864,14 @@ enum AppliedNow {
 }
 
 impl AppliedNow {
-    fn into_applied(self, entry: LogEntry, plan: LogAppend) -> Applied {
+    fn into_applied(self, entry: LogEntry, plan: LogAppend, started: Instant) -> Applied {
         match self {
             AppliedNow::Write(done, commit) => Applied::Write(Box::new(AppliedWrite {
                 done,
                 entry,
                 plan,
                 commit,
+                started,
             })),
             AppliedNow::NotAWrite(done) => Applied::NotAWrite(done),
         }
@@ -1859,6 +1884,8 @@ struct AppliedWrite {
     entry: LogEntry,
     plan: LogAppend,
     commit: kelp_store::Commit,
+    /// When `apply_locally` began (the start of its apply and commit latency).
+    started: Instant,
 }
 
 /// What `apply_locally` did.

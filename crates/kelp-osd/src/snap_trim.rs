@@ -15,6 +15,7 @@
 //! `RESCAN_INTERVAL`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -50,6 +51,9 @@ async fn run(service: Weak<OsdService>) {
             return;
         };
         let map = svc.map();
+        // The PGs to trim in this pass, with their clones: listed first, so that the work
+        // left (`BackgroundWork::snaptrim_clones_left`) counts down over the whole pass.
+        let mut todo = Vec::new();
         for (pgid, handle) in svc.pg_handles() {
             let Some(pool) = map.pools.get(&pgid.pool.0) else {
                 continue;
@@ -84,31 +88,62 @@ async fn run(service: Weak<OsdService>) {
             }) {
                 continue;
             }
-            match trim_pg(&svc, pgid, coll, map.epoch, &mut reqid).await {
-                Ok(complete) => {
-                    if complete {
-                        done.insert(pgid, (pool.removed_snaps.len(), std::time::Instant::now()));
-                    }
-                }
+            match list_clones(&svc, coll).await {
+                Ok(heads) => todo.push((pgid, coll, pool.removed_snaps.len(), heads)),
                 Err(why) => debug!(pg = %pgid, "snapshot trim paused: {why}"),
             }
         }
+        let left: u64 = todo
+            .iter()
+            .flat_map(|(_, _, _, heads)| heads.values())
+            .map(|c| c.len() as u64)
+            .sum();
+        svc.stats()
+            .snaptrim_clones_left
+            .store(left, Ordering::Relaxed);
+        for (pgid, coll, removed, heads) in todo {
+            let mut remaining: u64 = heads.values().map(|c| c.len() as u64).sum();
+            match trim_pg(
+                &svc,
+                pgid,
+                coll,
+                map.epoch,
+                &mut reqid,
+                heads,
+                &mut remaining,
+            )
+            .await
+            {
+                Ok(()) => {
+                    done.insert(pgid, (removed, std::time::Instant::now()));
+                }
+                Err(why) => {
+                    debug!(pg = %pgid, "snapshot trim paused: {why}");
+                    // what this PG had left is no longer being worked on in this pass
+                    let _ = svc.stats().snaptrim_clones_left.fetch_update(
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                        |l| Some(l.saturating_sub(remaining)),
+                    );
+                }
+            }
+        }
+        svc.stats().snaptrim_clones_left.store(0, Ordering::Relaxed);
         done.retain(|pg, _| map.pools.contains_key(&pg.pool.0));
     }
 }
 
-/// One pass over a PG: every object with clones. `Ok(true)` when it finished.
-async fn trim_pg(
+/// A PG's clone objects, grouped by head (namespace, name).
+type Heads = BTreeMap<(String, String), Vec<u64>>;
+
+/// Lists a PG's clone objects (on a blocking thread).
+async fn list_clones(
     svc: &Arc<OsdService>,
-    pg: PgId,
     coll: kelp_store::CollectionId,
-    epoch: u32,
-    reqid: &mut u64,
-) -> Result<bool, ExecError> {
+) -> Result<Heads, ExecError> {
     let store = svc.store_handle();
-    // Clone objects, grouped by head.
-    let heads = tokio::task::spawn_blocking(move || -> Result<_, ExecError> {
-        let mut heads: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+    tokio::task::spawn_blocking(move || -> Result<_, ExecError> {
+        let mut heads: Heads = BTreeMap::new();
         let mut from = None;
         loop {
             let page = store.list_objects(coll, from.as_ref(), 1024)?;
@@ -130,7 +165,29 @@ async fn trim_pg(
     .map_err(|e| ExecError {
         code: kelp_proto::ErrorCode::Io,
         message: format!("listing task failed: {e}"),
-    })??;
+    })?
+}
+
+/// One pass over a PG: every object with clones (`heads`, from [`list_clones`]); each clone
+/// examined counts down `snaptrim_clones_left` and `remaining` (the PG's clones not examined
+/// yet).
+async fn trim_pg(
+    svc: &Arc<OsdService>,
+    pg: PgId,
+    coll: kelp_store::CollectionId,
+    epoch: u32,
+    reqid: &mut u64,
+    heads: Heads,
+    remaining: &mut u64,
+) -> Result<(), ExecError> {
+    let left = &svc.stats().snaptrim_clones_left;
+    let mut count_down = |n: u64| {
+        let n = n.min(*remaining);
+        *remaining -= n;
+        let _ = left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+            Some(l.saturating_sub(n))
+        });
+    };
     for ((namespace, name), clones) in heads {
         let head = ObjectLocator {
             pool: pg.pool.0,
@@ -154,6 +211,8 @@ async fn trim_pg(
         }
         // Then every clone the head no longer lists (the primary checks that again).
         let listed = svc.head_clones(coll, &head).await?;
+        let kept = clones.iter().filter(|id| listed.contains(id)).count() as u64;
+        count_down(kept);
         for id in clones.into_iter().filter(|id| !listed.contains(id)) {
             let clone = snapset::clone_locator(&head, id);
             let (reply, _) = svc
@@ -170,6 +229,7 @@ async fn trim_pg(
                     return Err(ExecError { code, message });
                 }
             }
+            count_down(1);
             if !sleep.is_zero() {
                 tokio::time::sleep(sleep).await;
             }
@@ -178,7 +238,7 @@ async fn trim_pg(
             tokio::time::sleep(sleep).await;
         }
     }
-    Ok(true)
+    Ok(())
 }
 
 fn next(reqid: &mut u64) -> u64 {

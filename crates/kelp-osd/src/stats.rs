@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kelp_proto::{
-    IoCounters, OpKind, OsdSpace, OsdStatsReport, PgStat, PgStateFlag, RecoveryCounters,
+    BackgroundWork, IoCounters, OpKind, OsdPerf, OsdSpace, OsdStatsReport, PgStat, PgStateFlag,
+    RecoveryCounters,
 };
 use kelp_store::{ObjectStore, StoreSpace};
 use kelp_types::PgId;
@@ -77,6 +78,26 @@ pub fn refresh_after(objects: u64) -> Duration {
     Duration::from_secs(600) + Duration::from_millis(objects.saturating_mul(10))
 }
 
+/// What [`OsdStats::perf`] compares against: the latency sums at the previous report and the
+/// means it reported.
+#[derive(Debug, Default, Clone, Copy)]
+struct PerfWindow {
+    apply: (u64, u64),
+    commit: (u64, u64),
+    last: OsdPerf,
+}
+
+/// The mean of the writes between `prev` and `now` ((sum ns, count)), or `held` if there were
+/// none.
+fn window_mean(prev: (u64, u64), now: (u64, u64), held: u64) -> u64 {
+    let n = now.1.saturating_sub(prev.1);
+    if n == 0 {
+        return held;
+    }
+    // at least 1 ns: a write happened, and "0" reads as "no data"
+    (now.0.saturating_sub(prev.0) / n).max(1)
+}
+
 /// Counters and caches behind the reports (one per OSD service).
 #[derive(Debug)]
 pub struct OsdStats {
@@ -90,6 +111,18 @@ pub struct OsdStats {
     /// (when, used/total in millionths) of the last look at the store's usage.
     space_seen: Mutex<Option<(Instant, u32)>>,
     counts: Mutex<HashMap<PgId, PgCount>>,
+    /// Write latencies since start: (sum ns, count) of applies and of commits.
+    apply_ns: AtomicU64,
+    applies: AtomicU64,
+    commit_ns: AtomicU64,
+    commits: AtomicU64,
+    /// The sums at the previous report and the latencies reported then.
+    perf_window: Mutex<PerfWindow>,
+    /// Background work left (`BackgroundWork`), set by the snapshot trimmer and the remover
+    /// of deleted pools' PGs.
+    pub(crate) snaptrim_clones_left: AtomicU64,
+    pub(crate) deleting_objects_left: AtomicU64,
+    pub(crate) deleting_pgs_left: AtomicU64,
     /// Notified when a PG of this OSD changes state (activated, a member recovered): the
     /// daemon then reports soon instead of at the next interval, so the monitors' view of
     /// short states (peering) is as short as the states themselves.
@@ -108,6 +141,14 @@ impl Default for OsdStats {
             full_ratio_ppm: AtomicU32::new(DEFAULT_FULL_RATIO_PPM),
             space_seen: Mutex::new(None),
             counts: Mutex::new(HashMap::new()),
+            apply_ns: AtomicU64::new(0),
+            applies: AtomicU64::new(0),
+            commit_ns: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            perf_window: Mutex::new(PerfWindow::default()),
+            snaptrim_clones_left: AtomicU64::new(0),
+            deleting_objects_left: AtomicU64::new(0),
+            deleting_pgs_left: AtomicU64::new(0),
             state_changed: tokio::sync::Notify::new(),
         }
     }
@@ -152,6 +193,53 @@ impl OsdStats {
         RecoveryCounters {
             objects: self.recovered_objects.load(Ordering::Relaxed),
             bytes: self.recovered_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts one write's apply latency (execution and hand-over to the store).
+    pub(crate) fn note_apply(&self, took: Duration) {
+        self.apply_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        self.applies.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one write's commit latency (from reaching the store layer to durable).
+    pub(crate) fn note_commit(&self, took: Duration) {
+        self.commit_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The mean latencies of the writes since the previous call (one per report), or, if there
+    /// were none, the previous figures.
+    pub fn perf(&self) -> OsdPerf {
+        let apply = (
+            self.apply_ns.load(Ordering::Relaxed),
+            self.applies.load(Ordering::Relaxed),
+        );
+        let commit = (
+            self.commit_ns.load(Ordering::Relaxed),
+            self.commits.load(Ordering::Relaxed),
+        );
+        let mut w = self.perf_window.lock().unwrap_or_else(|p| p.into_inner());
+        let perf = OsdPerf {
+            commit_latency_ns: window_mean(w.commit, commit, w.last.commit_latency_ns),
+            apply_latency_ns: window_mean(w.apply, apply, w.last.apply_latency_ns),
+        };
+        *w = PerfWindow {
+            apply,
+            commit,
+            last: perf,
+        };
+        perf
+    }
+
+    /// Background work left on this OSD.
+    pub fn work(&self) -> BackgroundWork {
+        BackgroundWork {
+            snaptrim_clones_left: self.snaptrim_clones_left.load(Ordering::Relaxed),
+            deleting_objects_left: self.deleting_objects_left.load(Ordering::Relaxed),
+            deleting_pgs_left: self.deleting_pgs_left.load(Ordering::Relaxed),
         }
     }
 
@@ -456,6 +544,8 @@ impl OsdStats {
             io: stats.io(),
             pgs,
             recovery: stats.recovery(),
+            perf: stats.perf(),
+            work: stats.work(),
         }
     }
 }
@@ -528,6 +618,24 @@ mod tests {
             recovery_waiting: None,
             blocked: None,
         }
+    }
+
+    #[test]
+    fn perf_is_the_last_busy_interval_mean() {
+        let s = OsdStats::default();
+        assert_eq!(s.perf(), OsdPerf::default());
+        s.note_apply(Duration::from_micros(100));
+        s.note_apply(Duration::from_micros(300));
+        s.note_commit(Duration::from_millis(2));
+        let p = s.perf();
+        assert_eq!(p.apply_latency_ns, 200_000);
+        assert_eq!(p.commit_latency_ns, 2_000_000);
+        // an idle interval keeps the figures
+        assert_eq!(s.perf(), p);
+        s.note_commit(Duration::from_millis(4));
+        let q = s.perf();
+        assert_eq!(q.commit_latency_ns, 4_000_000);
+        assert_eq!(q.apply_latency_ns, 200_000);
     }
 
     #[test]

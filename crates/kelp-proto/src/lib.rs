@@ -35,9 +35,10 @@ pub use scrub::{
     ShardReport,
 };
 pub use stats::{
-    Fullness, IoCounters, IoRates, OsdSpace, OsdStatsReport, OsdStatsReportV1, OsdSummary,
-    PG_STATE_ORDER, PgMapDigest, PgMapTotals, PgScrubStat, PgStat, PgState, PgStateFlag, PgSummary,
-    RecoveryCounters, RecoveryRates, StatsAck, UnknownPgState, pg_state_name,
+    BackgroundWork, Fullness, IoCounters, IoRates, OsdPerf, OsdPerfStat, OsdSpace, OsdStatsReport,
+    OsdStatsReportV1, OsdStatsReportV2, OsdSummary, PG_STATE_ORDER, PgMapDigest, PgMapTotals,
+    PgScrubStat, PgStat, PgState, PgStateFlag, PgSummary, RecoveryCounters, RecoveryRates,
+    StatsAck, UnknownPgState, pg_state_name,
 };
 pub use watch::{
     WatchEvent, WatchEventKind, WatchOp, WatchReply, WatchRequest, WatchResult, WatcherId,

@@ -226,6 +226,15 @@ pub enum MonCommand {
     LogAppend {
         entries: Vec<LogEntry>,
     },
+    // --- osd perf and manager fixes (observability) ---
+    /// `kelp osd perf`: each OSD's recent commit and apply latency, from its latest stats
+    /// report (answered by the leader from memory): `OsdPerf`.
+    OsdPerf,
+    /// An entity's secret: `Key`, or `Error` if it has none (never creates one, unlike
+    /// `AuthGetOrCreate`: a reader cannot bring back an entity removed meanwhile).
+    AuthGet {
+        entity: String,
+    },
 }
 
 /// One daemon in the service map.
@@ -387,6 +396,9 @@ pub enum MonReply {
     Progress(Vec<ProgressItem>),
     /// `LogLast`, oldest first.
     ClusterLog(Vec<LogEntry>),
+    // --- osd perf (observability) ---
+    /// `OsdPerf`: every OSD with a stats report, by id.
+    OsdPerf(Vec<crate::stats::OsdPerfStat>),
 }
 
 /// Ask for OSD maps newer than `have_epoch` (0: send the full map), and for later ones to be

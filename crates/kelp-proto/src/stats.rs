@@ -318,6 +318,71 @@ pub struct OsdStatsReport {
     /// Added after the first layout ([`OsdStatsReportV1`]); zero in reports from older OSDs.
     #[serde(default)]
     pub recovery: RecoveryCounters,
+    /// Recent write latencies (`kelp osd perf`); appended after [`OsdStatsReportV2`], zero in
+    /// reports from older OSDs.
+    #[serde(default)]
+    pub perf: OsdPerf,
+    /// Background work left on this OSD (snapshot trim, removal of deleted pools' PGs);
+    /// appended with `perf`.
+    #[serde(default)]
+    pub work: BackgroundWork,
+}
+
+/// Background work an OSD (or, summed, the cluster) still has to do, for the manager's
+/// progress items.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackgroundWork {
+    /// Clones still to examine in the PGs being snapshot-trimmed (their snapshots removed).
+    pub snaptrim_clones_left: u64,
+    /// Objects still to remove from the PGs of deleted pools.
+    pub deleting_objects_left: u64,
+    /// PGs of deleted pools still to remove.
+    pub deleting_pgs_left: u64,
+}
+
+/// Recent latencies of an OSD's writes, in nanoseconds (`kelp osd perf`, Ceph's
+/// `commit_latency_ms`/`apply_latency_ms`): `apply` is the time from a write reaching the
+/// OSD's store layer to its transaction being executed and handed to the store (visible to
+/// reads), `commit` the time until that transaction is durable. Each is the mean over the
+/// writes of the last report interval that had any; zero until the OSD has written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdPerf {
+    pub commit_latency_ns: u64,
+    pub apply_latency_ns: u64,
+}
+
+/// One OSD's line of `kelp osd perf` (`MonCommand::OsdPerf`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdPerfStat {
+    pub id: i32,
+    pub perf: OsdPerf,
+}
+
+/// The second layout of [`OsdStatsReport`] (no write latencies), kept to read reports from
+/// OSDs that predate them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdStatsReportV2 {
+    pub osd: i32,
+    pub epoch: u32,
+    pub space: OsdSpace,
+    pub io: IoCounters,
+    pub pgs: Vec<PgStat>,
+    pub recovery: RecoveryCounters,
+}
+
+impl From<OsdStatsReportV2> for OsdStatsReport {
+    fn from(v: OsdStatsReportV2) -> Self {
+        OsdStatsReport {
+            osd: v.osd,
+            epoch: v.epoch,
+            space: v.space,
+            io: v.io,
+            pgs: v.pgs,
+            recovery: v.recovery,
+            perf: OsdPerf::default(),
+            work: BackgroundWork::default(),
+        }
+    }
 }
 
 /// The first layout of [`OsdStatsReport`] (no recovery counters), kept to read reports from
@@ -340,18 +405,24 @@ impl From<OsdStatsReportV1> for OsdStatsReport {
             io: v.io,
             pgs: v.pgs,
             recovery: RecoveryCounters::default(),
+            perf: OsdPerf::default(),
+            work: BackgroundWork::default(),
         }
     }
 }
 
 impl OsdStatsReport {
-    /// Decodes a report in the current layout or, failing that, in the first one.
+    /// Decodes a report in the current layout or, failing that, in the second or the first
+    /// one.
     pub fn decode(meta: &[u8]) -> Result<Self, crate::ProtoError> {
         match crate::decode::<OsdStatsReport>(meta, "OsdStatsReport") {
             Ok(r) => Ok(r),
             Err(e @ (crate::ProtoError::Empty | crate::ProtoError::Version { .. })) => Err(e),
-            Err(e) => crate::decode::<OsdStatsReportV1>(meta, "OsdStatsReport")
+            Err(e) => crate::decode::<OsdStatsReportV2>(meta, "OsdStatsReport")
                 .map(Into::into)
+                .or_else(|_| {
+                    crate::decode::<OsdStatsReportV1>(meta, "OsdStatsReport").map(Into::into)
+                })
                 .map_err(|_| e),
         }
     }
@@ -441,6 +512,10 @@ pub struct PgMapDigest {
     /// Recovery rates summed over the up OSDs (appended last; zero from an older leader).
     #[serde(default)]
     pub recovery: RecoveryRates,
+    /// Background work left, summed over the up OSDs (appended last; zero from an older
+    /// leader).
+    #[serde(default)]
+    pub work: BackgroundWork,
 }
 
 /// The leader's answer to a stats report: the settings from the central config the OSD needs
@@ -500,6 +575,35 @@ mod tests {
         assert_eq!(old, sample_v1());
         assert!(OsdStatsReport::decode(&[]).is_err());
         assert!(OsdStatsReport::decode(&[9, 1]).is_err());
+    }
+
+    #[test]
+    fn v2_reports_stay_readable_and_perf_round_trips() {
+        let v2 = OsdStatsReportV2 {
+            osd: 1,
+            epoch: 4,
+            space: OsdSpace::default(),
+            io: IoCounters::default(),
+            pgs: vec![],
+            recovery: RecoveryCounters {
+                objects: 7,
+                bytes: 70,
+            },
+        };
+        let bytes = crate::encode(&v2);
+        assert!(crate::decode::<OsdStatsReport>(&bytes, "r").is_err());
+        let r = OsdStatsReport::decode(&bytes).unwrap();
+        assert_eq!(r.recovery.objects, 7);
+        assert_eq!(r.perf, OsdPerf::default());
+        let mut new = r.clone();
+        new.perf = OsdPerf {
+            commit_latency_ns: 1_500_000,
+            apply_latency_ns: 300_000,
+        };
+        let bytes = crate::encode(&new);
+        assert_eq!(OsdStatsReport::decode(&bytes).unwrap(), new);
+        let old: OsdStatsReportV2 = crate::decode(&bytes, "r").unwrap();
+        assert_eq!(old, v2);
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! in one test so the cluster starts once:
 //!
 //! 1. `kelp up` prints the dashboard's URL; `kelp mgr services` names the active one; the
-//!    standby's address redirects to it;
+//!    standby's address redirects plain GETs to it and answers a posted login with 503 and a
+//!    link (never forwarding the key); a login with the key in the URL is refused;
 //! 2. the JSON API: 401 without a key or with a wrong one, 200 with an admin or a read-only
 //!    key, pagination fields on lists, 403 for an admin action with a read-only key;
-//! 3. headless Chromium logs in and opens every page (a screenshot of each is kept in the
+//! 3. headless Chromium logs in (a local page posts the login form) and opens every page (a screenshot of each is kept in the
 //!    test's temp dir); the DOM shows the health and the OSD count;
 //! 4. an OSD with data is killed and marked out: a recovery/backfill progress item appears
 //!    (`kelp progress`, `/api/progress`) and the dashboard shows it as a progress bar; the
@@ -272,6 +273,19 @@ fn dashboard_api_progress_log_and_failover() {
         "{}",
         r.headers
     );
+    // …but a posted login (or action) is not forwarded: 503 and a link to the active one
+    let r = http(
+        "POST",
+        &format!("http://{}/login", standby_addr.trim()),
+        None,
+    );
+    assert_eq!(r.status, 503, "{}", r.headers);
+    assert!(
+        !r.headers.to_lowercase().contains("location:"),
+        "{}",
+        r.headers
+    );
+    assert!(r.body.contains(&url), "{}", r.body);
 
     // what the browser fetches for the first page: the HTML, the script, the style, the data
     let load = Instant::now();
@@ -350,13 +364,34 @@ fn dashboard_api_progress_log_and_failover() {
     let shots = c.dir.parent().unwrap().join("screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let profile = c.dir.parent().unwrap().join("chromium-profile");
+    // Logging in is POST only: each visit starts from a local page whose form posts the name
+    // and key to /login, which answers with the cookie and sends the browser on to `next`.
     let login = |next: &str| {
-        format!(
-            "{url}login?user=admin&key={}&next={}",
-            encode(key.trim()),
-            encode(next)
+        let page = shots
+            .parent()
+            .unwrap()
+            .join(format!("login-{}.html", encode(next).replace('%', "_")));
+        std::fs::write(
+            &page,
+            format!(
+                "<!doctype html><form id=\"f\" method=\"post\" action=\"{url}login\">\
+                 <input name=\"user\" value=\"admin\"><input name=\"key\" value=\"{}\">\
+                 <input name=\"next\" value=\"{next}\"></form>\
+                 <script>document.getElementById('f').submit()</script>",
+                key.trim()
+            ),
         )
+        .unwrap();
+        format!("file://{}", page.display())
     };
+    // a key in a URL is refused
+    let r = http(
+        "GET",
+        &format!("{url}login?user=admin&key={}", encode(key.trim())),
+        None,
+    );
+    assert_eq!(r.status, 405, "{}", r.headers);
+    assert!(!r.headers.contains("kelp_dashboard="), "{}", r.headers);
     let first = Instant::now();
     let dom = chrome(&profile, &login("/"), &["--dump-dom"]);
     t(&format!(

@@ -371,6 +371,7 @@ mod tests {
             backfillfull_ratio_ppm: 900_000,
             full_ratio_ppm: 950_000,
             recovery: Default::default(),
+            work: Default::default(),
         }
     }
 

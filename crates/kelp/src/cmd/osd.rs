@@ -68,6 +68,14 @@ pub enum OsdCommand {
     /// `add` returns once the OSD map that has the entry is committed.
     #[command(subcommand)]
     Blocklist(BlocklistCommand),
+    // --- osd perf (observability) ---
+    /// Each up OSD's recent write latencies (like `ceph osd perf`): COMMIT_LAT(ms), the time
+    /// from a write reaching the OSD's store layer until it is durable, and APPLY_LAT(ms), the
+    /// time until it is executed and visible to reads. Each is the mean over the writes of
+    /// the OSD's last statistics interval that had any (`osd_stats_interval`); 0 until the OSD
+    /// has written. With --format json: `{"osd_perf_infos": [{"id", "perf_stats":
+    /// {"commit_latency_ms", "apply_latency_ms", "commit_latency_ns", "apply_latency_ns"}}]}`.
+    Perf(ShowArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -174,6 +182,7 @@ pub fn run(cmd: OsdCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> 
         OsdCommand::Df(a) => df(a, g),
         OsdCommand::ErasureCodeProfile(c) => crate::cmd::ec_profile::run(c, g),
         OsdCommand::Blocklist(c) => blocklist(c, g),
+        OsdCommand::Perf(a) => perf(a, g),
         OsdCommand::Lost(a) => {
             if !a.yes_i_really_mean_it {
                 bail!(
@@ -584,6 +593,50 @@ fn df(_a: ShowArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
                 human_bytes(t.bytes_avail),
                 util(t.bytes_used, t.bytes_total)
             );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kelp osd perf`.
+fn perf(_a: ShowArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
+    let rt = common::runtime()?;
+    let stats = rt.block_on(async {
+        let rados = g.conf.connect().await?;
+        match rados.mon_command(MonCommand::OsdPerf).await? {
+            MonReply::OsdPerf(v) => Ok(v),
+            other => bail!("unexpected reply from the monitors: {other:?}"),
+        }
+    })?;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    match g.format {
+        OutputFormat::Json => {
+            let infos: Vec<serde_json::Value> = stats
+                .iter()
+                .map(|s| {
+                    serde_json::json!({"id": s.id, "perf_stats": {
+                        "commit_latency_ms": ms(s.perf.commit_latency_ns),
+                        "apply_latency_ms": ms(s.perf.apply_latency_ns),
+                        "commit_latency_ns": s.perf.commit_latency_ns,
+                        "apply_latency_ns": s.perf.apply_latency_ns}})
+                })
+                .collect();
+            let v = serde_json::json!({ "osd_perf_infos": infos });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        OutputFormat::Plain => {
+            println!(
+                "{:>4}  {:>16}  {:>15}",
+                "osd", "commit_lat(ms)", "apply_lat(ms)"
+            );
+            for s in &stats {
+                println!(
+                    "{:>4}  {:>16.3}  {:>15.3}",
+                    s.id,
+                    ms(s.perf.commit_latency_ns),
+                    ms(s.perf.apply_latency_ns)
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
