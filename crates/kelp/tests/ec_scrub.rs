@@ -47,16 +47,7 @@ fn list_inconsistent(c: &Cluster, pgid: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deep_scrub_finds_a_damaged_shard_and_repair_rebuilds_it() {
     let c = Cluster::up(6, 8);
-    c.cli(&[
-        "osd",
-        "erasure-code-profile",
-        "set",
-        "p42",
-        "k=4",
-        "m=2",
-        "crush-failure-domain=osd",
-    ]);
-    c.cli(&["pool", "create", POOL, "8", "--erasure", "p42"]);
+    c.ec_pool(POOL, "p42", 4, 2);
     wait_until(
         "the EC pool's PGs are active+clean",
         Duration::from_secs(60),

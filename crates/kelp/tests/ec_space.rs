@@ -37,16 +37,7 @@ fn df(c: &Cluster) -> (u64, u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_objects_in_an_ec_pool_cost_about_k_plus_m_over_k() {
     let c = Cluster::up(6, 8);
-    c.cli(&[
-        "osd",
-        "erasure-code-profile",
-        "set",
-        "p42",
-        "k=4",
-        "m=2",
-        "crush-failure-domain=osd",
-    ]);
-    c.cli(&["pool", "create", POOL, "8", "--erasure", "p42"]);
+    c.ec_pool(POOL, "p42", 4, 2);
     wait_until(
         "the EC pool's PGs are active+clean",
         Duration::from_secs(60),

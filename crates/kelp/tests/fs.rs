@@ -359,29 +359,8 @@ fn directory_quotas_give_edquot_and_statistics_read_as_attributes() {
     let m = Mount::new(&c, "mnt");
     let q = m.p("q");
     std::fs::create_dir(&q).unwrap();
-    let set = |name: &str, v: &str| {
-        Command::new("python3")
-            .args([
-                "-c",
-                "import os,sys; os.setxattr(sys.argv[1], sys.argv[2], sys.argv[3].encode())",
-            ])
-            .arg(&q)
-            .args([name, v])
-            .status()
-            .unwrap()
-    };
-    let get = |name: &str| {
-        let out = Command::new("python3")
-            .args([
-                "-c",
-                "import os,sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode())",
-            ])
-            .arg(&q)
-            .arg(name)
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
+    let set = |name: &str, v: &str| setxattr(&q, name, v).status;
+    let get = |name: &str| getxattr(&q, name);
     assert!(set("kelp.quota.max_bytes", "1048576").success());
     assert!(set("kelp.quota.max_files", "3").success());
     assert_eq!(get("kelp.quota.max_bytes"), "1048576");
@@ -438,37 +417,17 @@ fn directory_quotas_give_edquot_and_statistics_read_as_attributes() {
 #[test]
 fn directory_layouts_put_files_in_an_erasure_coded_data_pool() {
     let c = fs_cluster();
-    c.cli(&[
-        "osd",
-        "erasure-code-profile",
-        "set",
-        "p21",
-        "k=2",
-        "m=1",
-        "crush-failure-domain=osd",
-    ]);
-    c.cli(&["pool", "create", "fs.ec", "8", "--erasure", "p21"]);
+    c.ec_pool("fs.ec", "p21", 2, 1);
     c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
     let _mds = start_mds_with(&c, "a", &[]);
     wait_active(&c, None);
     let m = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
     std::fs::create_dir(m.p("cold")).unwrap();
-    let setx = |path: &Path, name: &str, v: &str| {
-        Command::new("python3")
-            .args([
-                "-c",
-                "import os,sys; os.setxattr(sys.argv[1], sys.argv[2], sys.argv[3].encode())",
-            ])
-            .arg(path)
-            .args([name, v])
-            .output()
-            .unwrap()
-    };
     // only data pools of the file system may be named
-    let out = setx(&m.p("cold"), "kelp.dir.layout.pool", "fs.ec");
+    let out = setxattr(&m.p("cold"), "kelp.dir.layout.pool", "fs.ec");
     assert!(!out.status.success(), "fs.ec is not a data pool yet");
     c.cli(&["fs", "add_data_pool", "kelpfs", "fs.ec"]);
-    let out = setx(&m.p("cold"), "kelp.dir.layout.pool", "fs.ec");
+    let out = setxattr(&m.p("cold"), "kelp.dir.layout.pool", "fs.ec");
     assert!(out.status.success(), "{out:?}");
 
     let data = heal_support::content(7, 3 << 20 | 12345);
@@ -500,15 +459,7 @@ fn directory_layouts_put_files_in_an_erasure_coded_data_pool() {
         "{rep}"
     );
     // the file's layout reads back
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import os,sys; print(os.getxattr(sys.argv[1], 'kelp.file.layout.pool').decode())",
-        ])
-        .arg(m.p("cold/big"))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "fs.ec");
+    assert_eq!(getxattr(&m.p("cold/big"), "kelp.file.layout.pool"), "fs.ec");
     // removing the file purges its objects from the erasure-coded pool (after the MDS's
     // purge grace of a fresh takeover)
     std::fs::remove_file(m.p("cold/big")).unwrap();
@@ -526,24 +477,10 @@ fn directory_layouts_put_files_in_an_erasure_coded_data_pool() {
     }
 }
 
-// capabilities (caps)
-
 /// The MDS's counters, read through its virtual extended attribute on a mount.
 fn mds_stats(m: &Mount) -> serde_json::Value {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import os, sys; sys.stdout.write(os.getxattr('.', 'kelp.mds.stats').decode())",
-        ])
-        .current_dir(&m.dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "reading kelp.mds.stats: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let text = getxattr(&m.dir, "kelp.mds.stats");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("kelp.mds.stats {text:?}: {e}"))
 }
 
 fn mds_requests(m: &Mount) -> u64 {

@@ -326,6 +326,8 @@ fn every_daemon_is_scraped_by_prometheus() {
             "rgw" => "kelp_rgw_requests_in_flight",
             "nbd" => "kelp_nbd_connections_open",
             "mgr" => "kelp_mgr_active 1",
+            // metadata servers serve the common process and daemon series only, so far
+            "mds" => "kelp_daemon_info{",
             k => panic!("unexpected kind {k}"),
         };
         assert!(body.contains(expect), "{name} lacks {expect}:\n{body}");

@@ -461,12 +461,19 @@ impl Fs {
         })
     }
 
-    fn set_quota(&mut self, dir: Ino, name: &str, v: &str) -> Reply {
+    fn setx(&mut self, ino: Ino, name: &str, v: &str) -> Reply {
         self.run(Op::SetXattr {
-            ino: dir,
+            ino,
             name: name.into(),
             value: v.as_bytes().to_vec(),
             flags: 0,
+        })
+    }
+
+    fn getx(&mut self, ino: Ino, name: &str) -> Reply {
+        self.run(Op::GetXattr {
+            ino,
+            name: name.into(),
         })
     }
 }
@@ -563,8 +570,8 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
     both(|fs| {
         let q = fs.mkdir(ROOT_INO, "q");
         let sub = fs.mkdir(q, "sub");
-        assert_eq!(fs.set_quota(q, XATTR_QUOTA_MAX_FILES, "3"), Reply::Ok);
-        assert_eq!(fs.set_quota(q, XATTR_QUOTA_MAX_BYTES, "100\n"), Reply::Ok);
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_FILES, "3"), Reply::Ok);
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_BYTES, "100\n"), Reply::Ok);
         let f = fs.create(sub, "f");
         fs.create(q, "g");
         // the fourth entry below q is refused, in a subdirectory too, and leaves no trace
@@ -627,17 +634,14 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
         );
         assert_eq!(r, Reply::Err(errno::EPERM));
         assert_eq!(
-            fs.set_quota(f, XATTR_QUOTA_MAX_BYTES, "5"),
+            fs.setx(f, XATTR_QUOTA_MAX_BYTES, "5"),
             Reply::Err(errno::EINVAL)
         );
         assert_eq!(
-            fs.set_quota(q, XATTR_QUOTA_MAX_BYTES, "lots"),
+            fs.setx(q, XATTR_QUOTA_MAX_BYTES, "lots"),
             Reply::Err(errno::EINVAL)
         );
-        assert_eq!(
-            fs.set_quota(q, XATTR_DIR_RBYTES, "5"),
-            Reply::Err(errno::EPERM)
-        );
+        assert_eq!(fs.setx(q, XATTR_DIR_RBYTES, "5"), Reply::Err(errno::EPERM));
         let r = fs.run(Op::RemoveXattr {
             ino: q,
             name: XATTR_QUOTA_MAX_BYTES.into(),
@@ -648,7 +652,7 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
             fs.rename(ROOT_INO, "big", q, "big"),
             Reply::Err(errno::EXDEV)
         ); // files: 4 > 3
-        assert_eq!(fs.set_quota(q, XATTR_QUOTA_MAX_FILES, "0"), Reply::Ok);
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_FILES, "0"), Reply::Ok);
         assert_eq!(fs.rename(ROOT_INO, "big", q, "big"), Reply::Ok);
         assert_eq!(fs.stat(q), (5050, 4));
         // the quota attributes are not listed
@@ -664,62 +668,48 @@ fn layouts_pass_down_to_new_files_and_only_empty_files_change_theirs() {
     both(|fs| {
         let pools = BTreeMap::from([("data".to_string(), 3), ("ec".to_string(), 9)]);
         fs.ns.set_data_pools(pools, 3);
-        let set = |fs: &mut Fs, ino: Ino, name: &str, v: &str| {
-            fs.run(Op::SetXattr {
-                ino,
-                name: name.into(),
-                value: v.as_bytes().to_vec(),
-                flags: 0,
-            })
-        };
-        let get = |fs: &mut Fs, ino: Ino, name: &str| {
-            fs.run(Op::GetXattr {
-                ino,
-                name: name.into(),
-            })
-        };
         let a = fs.mkdir(ROOT_INO, "a");
         let sub = fs.mkdir(a, "sub"); // made before the layout: still below it
-        assert_eq!(set(fs, a, XATTR_DIR_LAYOUT_POOL, "ec"), Reply::Ok);
+        assert_eq!(fs.setx(a, XATTR_DIR_LAYOUT_POOL, "ec"), Reply::Ok);
         assert_eq!(
-            set(fs, a, XATTR_DIR_LAYOUT_OBJECT_SIZE, "1048576"),
+            fs.setx(a, XATTR_DIR_LAYOUT_OBJECT_SIZE, "1048576"),
             Reply::Ok
         );
         assert_eq!(
-            set(fs, a, XATTR_DIR_LAYOUT_POOL, "nope"),
+            fs.setx(a, XATTR_DIR_LAYOUT_POOL, "nope"),
             Reply::Err(errno::EINVAL)
         );
         assert_eq!(
-            set(fs, a, XATTR_DIR_LAYOUT_OBJECT_SIZE, "1000"),
+            fs.setx(a, XATTR_DIR_LAYOUT_OBJECT_SIZE, "1000"),
             Reply::Err(errno::EINVAL)
         );
         let f = fs.create(sub, "f");
         let i = fs.attr(f);
         assert_eq!((i.layout.pool, i.object_size), (Some(9), 1 << 20));
         assert_eq!(
-            get(fs, f, XATTR_FILE_LAYOUT_POOL),
+            fs.getx(f, XATTR_FILE_LAYOUT_POOL),
             Reply::Xattr(b"ec".to_vec())
         );
         assert_eq!(
-            get(fs, a, XATTR_DIR_LAYOUT_POOL),
+            fs.getx(a, XATTR_DIR_LAYOUT_POOL),
             Reply::Xattr(b"ec".to_vec())
         );
         assert_eq!(
-            get(fs, sub, XATTR_DIR_LAYOUT_POOL),
+            fs.getx(sub, XATTR_DIR_LAYOUT_POOL),
             Reply::Err(errno::ENODATA)
         );
         let g = fs.create(ROOT_INO, "g");
         assert_eq!(fs.attr(g).layout.pool, None);
         assert_eq!(
-            get(fs, g, XATTR_FILE_LAYOUT_POOL),
+            fs.getx(g, XATTR_FILE_LAYOUT_POOL),
             Reply::Xattr(b"data".to_vec())
         );
         // an empty file's own layout may change (by id too); a written one's not
-        assert_eq!(set(fs, g, XATTR_FILE_LAYOUT_POOL, "9"), Reply::Ok);
+        assert_eq!(fs.setx(g, XATTR_FILE_LAYOUT_POOL, "9"), Reply::Ok);
         assert_eq!(fs.attr(g).layout.pool, Some(9));
         fs.written(g, 10);
         assert_eq!(
-            set(fs, g, XATTR_FILE_LAYOUT_POOL, "data"),
+            fs.setx(g, XATTR_FILE_LAYOUT_POOL, "data"),
             Reply::Err(errno::ENOTEMPTY)
         );
         // moving a file keeps its layout; clearing the directory's affects new files only

@@ -896,24 +896,37 @@ async fn wait_osds(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The object pool, and the block images' pool (`kelp rbd`, `kelp nbd`).
-    for pool in [DEFAULT_POOL, crate::cmd::rbd::DEFAULT_POOL] {
-        if !new || rados.osd_map().pool_by_name(pool).is_some() {
-            continue;
+    if new {
+        for pool in [DEFAULT_POOL, crate::cmd::rbd::DEFAULT_POOL] {
+            ensure_replicated_pool(&rados, pool, pg_num, osds).await?;
         }
-        let size = (osds as u32).min(3);
-        rados
-            .create_pool(PoolSpec {
-                name: pool.into(),
-                pg_num: Some(pg_num),
-                size: Some(size),
-                min_size: None,
-                crush_rule: None,
-                erasure: None,
-            })
-            .await
-            .with_context(|| format!("creating pool '{pool}'"))?;
     }
     Ok(())
+}
+
+/// Makes the replicated pool `pool` (`pg_num` PGs, up to 3 copies on `osds` OSDs) unless it
+/// exists.
+async fn ensure_replicated_pool(
+    rados: &kelp_client::Rados,
+    pool: &str,
+    pg_num: u32,
+    osds: usize,
+) -> Result<()> {
+    if rados.osd_map().pool_by_name(pool).is_some() {
+        return Ok(());
+    }
+    rados
+        .create_pool(PoolSpec {
+            name: pool.into(),
+            pg_num: Some(pg_num),
+            size: Some((osds as u32).min(3)),
+            min_size: None,
+            crush_rule: None,
+            erasure: None,
+        })
+        .await
+        .map(drop)
+        .with_context(|| format!("creating pool '{pool}'"))
 }
 
 /// Waits until every OSD is up and every PG of every pool (the gateway's too) is active+clean.
@@ -1247,22 +1260,8 @@ async fn answers_http(addr: SocketAddr) -> bool {
 async fn setup_fs(dir: &Path, osds: usize) -> Result<()> {
     use crate::cmd::filesystem::{DEFAULT_DATA_POOL, DEFAULT_FS, DEFAULT_META_POOL};
     let rados = admin_conf(dir).connect().await?;
-    let size = (osds as u32).min(3);
     for (pool, pg_num) in [(DEFAULT_META_POOL, 16), (DEFAULT_DATA_POOL, 32)] {
-        if rados.osd_map().pool_by_name(pool).is_some() {
-            continue;
-        }
-        rados
-            .create_pool(PoolSpec {
-                name: pool.into(),
-                pg_num: Some(pg_num),
-                size: Some(size),
-                min_size: None,
-                crush_rule: None,
-                erasure: None,
-            })
-            .await
-            .with_context(|| format!("creating pool '{pool}'"))?;
+        ensure_replicated_pool(&rados, pool, pg_num, osds).await?;
     }
     let exists = match rados.mon_command(kelp_proto::MonCommand::FsMapGet).await? {
         kelp_proto::MonReply::FsMap(m) => m.filesystems.contains_key(DEFAULT_FS),

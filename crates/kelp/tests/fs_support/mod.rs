@@ -186,3 +186,30 @@ pub fn wait_active(c: &Cluster, not: Option<&str>) -> String {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// `setxattr(path, name, value)` through Python's os module (no attr package needed).
+pub fn setxattr(path: &Path, name: &str, value: &str) -> std::process::Output {
+    Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; os.setxattr(sys.argv[1], sys.argv[2], sys.argv[3].encode())",
+        ])
+        .arg(path)
+        .args([name, value])
+        .output()
+        .unwrap()
+}
+
+/// `getxattr(path, name)` as text (empty when the call fails).
+pub fn getxattr(path: &Path, name: &str) -> String {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; sys.stdout.write(os.getxattr(sys.argv[1], sys.argv[2]).decode())",
+        ])
+        .arg(path)
+        .arg(name)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -96,6 +96,15 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Makes the erasure-code profile `profile` (`k` + `m`, one shard per OSD) and the pool
+    /// `pool` of 8 PGs on it.
+    pub fn ec_pool(&self, pool: &str, profile: &str, k: u32, m: u32) {
+        let (k, m) = (format!("k={k}"), format!("m={m}"));
+        let set = ["osd", "erasure-code-profile", "set", profile, &k, &m];
+        self.cli(&[&set[..], &["crush-failure-domain=osd"]].concat());
+        self.cli(&["pool", "create", pool, "8", "--erasure", profile]);
+    }
+
     pub fn pid(&self, name: &str) -> i32 {
         std::fs::read_to_string(self.dir.join("run").join(format!("{name}.pid")))
             .unwrap()
