@@ -1,8 +1,9 @@
 //! The file system end to end: a real cluster, a real MDS (`kelp mds run`) and real FUSE
 //! mounts (`kelp fs mount`), exercised with ordinary tools (cp, mv, ln, chmod, chown, touch,
-//! truncate, tar, ls, du, xattrs through python), the rename rules, permissions as a non-root
-//! user, random reads/writes/truncates checked against a model, two mounts seeing each
-//! other's changes, and fsync'd data surviving kill -9 of the MDS.
+//! truncate, tar, ls, du, xattrs through python), two mounts seeing each other's changes
+//! (capabilities), locks, quotas, layouts, the MDS's cache budget, and fsync'd data surviving
+//! kill -9 of the MDS. POSIX rules, permissions as non-root users and random I/O against a
+//! model are in fs_posix.rs; faults in fs_faults.rs.
 //!
 //! Every mount is unmounted when its guard drops, also on panic (a leaked FUSE mount would
 //! block later runs), and every daemon this test starts is killed.
@@ -59,132 +60,7 @@ fn tools_rules_permissions_and_two_mounts() {
          ln -s f1 {s}/t/x/link && echo z > {s}/t/x/y/z && tar -C {s} -cf {s}/t.tar t && tar -xf {s}/t.tar && \
          diff -r {s}/t t && ls -lR t > /dev/null && du -s t > /dev/null"
     ));
-    // rename rules
-    a.sh("mkdir -p r/full r/empty && touch r/full/x r/file");
-    assert_eq!(
-        errno_of(std::fs::rename(a.p("r/empty"), a.p("r/full"))),
-        libc::ENOTEMPTY
-    );
-    assert_eq!(
-        errno_of(std::fs::rename(a.p("r"), a.p("r/empty/in"))),
-        libc::EINVAL
-    );
-    assert_eq!(
-        errno_of(std::fs::rename(a.p("r/file"), a.p("r/empty"))),
-        libc::EISDIR
-    );
-    assert_eq!(
-        errno_of(std::fs::rename(a.p("r/empty"), a.p("r/file"))),
-        libc::ENOTDIR
-    );
-    assert_eq!(
-        errno_of(std::fs::remove_dir(a.p("r/full"))),
-        libc::ENOTEMPTY
-    );
-    std::fs::rename(a.p("r/full/x"), a.p("d/e/x")).unwrap();
-    std::fs::rename(a.p("r/full"), a.p("r/empty")).unwrap(); // over an empty directory
-    assert!(a.p("d/e/x").exists() && !a.p("r/full").exists());
-
-    // permissions as a non-root user
-    a.sh("mkdir -p priv && chmod 700 priv && echo s > priv/secret && mkdir -p open && chmod 1777 open");
-    let as_user = |script: &str| {
-        Command::new("setpriv")
-            .args([
-                "--reuid=4321",
-                "--regid=4321",
-                "--clear-groups",
-                "bash",
-                "-c",
-                script,
-            ])
-            .current_dir(&a.dir)
-            .output()
-            .unwrap()
-    };
-    let denied = as_user("cat priv/secret");
-    assert!(
-        !denied.status.success(),
-        "a 0700 directory of root let uid 4321 in"
-    );
-    assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
-    let mine = as_user("echo mine > open/mine && stat -c '%u %g' open/mine");
-    assert!(
-        mine.status.success(),
-        "{}",
-        String::from_utf8_lossy(&mine.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&mine.stdout).trim(), "4321 4321");
-    let del = as_user("rm -f h");
-    assert!(
-        !del.status.success(),
-        "uid 4321 removed root's file from a 0755 directory"
-    );
-
-    // random reads, writes and truncates against a model (objects are 4 MiB: cross them)
-    let path = a.p("model");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    let mut model: Vec<u8> = Vec::new();
-    let mut x: u64 = 0x9e37_79b9;
-    let mut rnd = |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
-    for step in 0..120 {
-        match rnd(4) {
-            0 | 1 => {
-                let off = rnd(9 << 20);
-                let len = 1 + rnd(300_000) as usize;
-                let byte = (step % 251) as u8 + 1;
-                let data = vec![byte; len];
-                f.write_all_at(&data, off).unwrap();
-                let end = off as usize + len;
-                if model.len() < end {
-                    model.resize(end, 0);
-                }
-                model[off as usize..end].copy_from_slice(&data);
-            }
-            2 => {
-                let size = rnd(10 << 20);
-                f.set_len(size).unwrap();
-                model.resize(size as usize, 0);
-            }
-            _ => {
-                let off = rnd(model.len() as u64 + 1);
-                let len = rnd(1 << 20) as usize;
-                let mut buf = vec![0u8; len];
-                let mut got = 0;
-                while got < len {
-                    let n = f.read_at(&mut buf[got..], off + got as u64).unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    got += n;
-                }
-                let want_end = (off as usize + len).min(model.len());
-                let want = &model[(off as usize).min(want_end)..want_end];
-                assert_eq!(&buf[..got], want, "step {step}: read {len} at {off}");
-            }
-        }
-        assert_eq!(
-            f.metadata().unwrap().len(),
-            model.len() as u64,
-            "step {step}"
-        );
-    }
-    f.sync_all().unwrap();
-    drop(f);
-    assert!(
-        std::fs::read(&path).unwrap() == model,
-        "whole file differs from the model"
-    );
+    // (rename rules, permissions as non-root users and random I/O against a model: fs_posix.rs)
     // O_APPEND
     a.sh("printf one > app && printf two >> app");
     assert_eq!(std::fs::read_to_string(a.p("app")).unwrap(), "onetwo");
