@@ -213,4 +213,28 @@ impl MetricsArgs {
     pub fn addr(&self) -> Option<std::net::SocketAddr> {
         (!self.no_metrics).then_some(self.metrics_addr)
     }
+
+    /// Starts the daemon's metrics endpoint (unless metrics are off): the common process and
+    /// daemon series of `daemon` (of kind `kind`) plus what `register` adds. Logs its URL and
+    /// records it as `metrics` in `addrs`, the daemon's addresses in the service map.
+    pub async fn serve(
+        &self,
+        daemon: &str,
+        kind: &str,
+        register: impl FnOnce(&mut kelp_metrics::Registry),
+        addrs: &mut std::collections::BTreeMap<String, String>,
+    ) -> Result<Option<kelp_metrics::MetricsServer>> {
+        let Some(at) = self.addr() else {
+            return Ok(None);
+        };
+        let mut reg = kelp_metrics::Registry::new();
+        reg.register_common(daemon, kind);
+        register(&mut reg);
+        let server = kelp_metrics::serve(at, std::sync::Arc::new(reg))
+            .await
+            .context("starting the metrics endpoint")?;
+        tracing::info!(url = %server.url(), "metrics endpoint");
+        addrs.insert("metrics".to_string(), server.url());
+        Ok(Some(server))
+    }
 }

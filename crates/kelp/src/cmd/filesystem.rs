@@ -171,19 +171,7 @@ pub fn run_mds(a: MdsRunArgs, g: &common::Global) -> Result<ExitCode> {
         let daemon = format!("mds.{}", a.id);
         let mut addrs = std::collections::BTreeMap::new();
         addrs.insert("mds".to_string(), mds.addr().to_string());
-        let _metrics = match a.metrics.addr() {
-            Some(at) => {
-                let mut reg = kelp_metrics::Registry::new();
-                reg.register_common(&daemon, "mds");
-                let m = kelp_metrics::serve(at, Arc::new(reg))
-                    .await
-                    .context("starting the metrics endpoint")?;
-                tracing::info!(url = %m.url(), "metrics endpoint");
-                addrs.insert("metrics".to_string(), m.url());
-                Some(m)
-            }
-            None => None,
-        };
+        let _metrics = a.metrics.serve(&daemon, "mds", |_| {}, &mut addrs).await?;
         let _beacons = rados.spawn_service_beacons(daemon, "mds".into(), addrs);
         let standalone = a.meta_pool.is_some();
         let serve = async {

@@ -138,24 +138,17 @@ fn run_daemon(a: RunArgs) -> anyhow::Result<ExitCode> {
         let mon = Monitor::start(&a.data, MonConfig::default())
             .await
             .with_context(|| format!("starting mon.{}", a.id))?;
-        let _metrics = match a.metrics.addr() {
-            Some(at) => {
-                let mut reg = kelp_metrics::Registry::new();
-                reg.register_common(&format!("mon.{}", a.id), "mon");
-                mon.register_metrics(&mut reg);
-                let server = kelp_metrics::serve(at, std::sync::Arc::new(reg))
-                    .await
-                    .context("starting the metrics endpoint")?;
-                tracing::info!(url = %server.url(), "metrics endpoint");
-                Some(server)
-            }
-            None => None,
-        };
         let mut addrs = std::collections::BTreeMap::new();
         addrs.insert("mon".to_string(), mon.addr().to_string());
-        if let Some(m) = &_metrics {
-            addrs.insert("metrics".to_string(), m.url());
-        }
+        let _metrics = a
+            .metrics
+            .serve(
+                &format!("mon.{}", a.id),
+                "mon",
+                |reg| mon.register_metrics(reg),
+                &mut addrs,
+            )
+            .await?;
         mon.set_service_addrs(addrs);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;

@@ -101,20 +101,15 @@ pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
         let name = format!("nbd.{}", a.id.clone().unwrap_or_else(|| local.to_string()));
         let mut addrs = std::collections::BTreeMap::new();
         addrs.insert("nbd".to_string(), format!("nbd://{local}"));
-        let _metrics = match a.metrics.addr() {
-            Some(at) => {
-                let mut reg = kelp_metrics::Registry::new();
-                reg.register_common(&name, "nbd");
-                server.metrics().register(&mut reg);
-                let m = kelp_metrics::serve(at, Arc::new(reg))
-                    .await
-                    .context("starting the metrics endpoint")?;
-                tracing::info!(url = %m.url(), "metrics endpoint");
-                addrs.insert("metrics".to_string(), m.url());
-                Some(m)
-            }
-            None => None,
-        };
+        let _metrics = a
+            .metrics
+            .serve(
+                &name,
+                "nbd",
+                |reg| server.metrics().register(reg),
+                &mut addrs,
+            )
+            .await?;
         let beacons = rados.spawn_service_beacons(name, "nbd".into(), addrs);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -128,20 +128,10 @@ pub fn run_gateway(a: RgwArgs, g: &crate::cmd::common::Global) -> Result<ExitCod
         let name = format!("rgw.{}", a.id.clone().unwrap_or_else(|| local.to_string()));
         let mut addrs = std::collections::BTreeMap::new();
         addrs.insert("s3".to_string(), format!("http://{local}"));
-        let _metrics = match a.metrics.addr() {
-            Some(at) => {
-                let mut reg = kelp_metrics::Registry::new();
-                reg.register_common(&name, "rgw");
-                rgw.metrics().register(&mut reg);
-                let server = kelp_metrics::serve(at, std::sync::Arc::new(reg))
-                    .await
-                    .context("starting the metrics endpoint")?;
-                tracing::info!(url = %server.url(), "metrics endpoint");
-                addrs.insert("metrics".to_string(), server.url());
-                Some(server)
-            }
-            None => None,
-        };
+        let _metrics = a
+            .metrics
+            .serve(&name, "rgw", |reg| rgw.metrics().register(reg), &mut addrs)
+            .await?;
         let beacons = rgw.rados().spawn_service_beacons(name, "rgw".into(), addrs);
         kelp_rgw::server::serve(rgw, listener, common::shutdown_signal()).await;
         beacons.abort();
