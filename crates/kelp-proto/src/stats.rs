@@ -398,16 +398,15 @@ pub struct OsdStatsReportV1 {
 
 impl From<OsdStatsReportV1> for OsdStatsReport {
     fn from(v: OsdStatsReportV1) -> Self {
-        OsdStatsReport {
+        OsdStatsReportV2 {
             osd: v.osd,
             epoch: v.epoch,
             space: v.space,
             io: v.io,
             pgs: v.pgs,
             recovery: RecoveryCounters::default(),
-            perf: OsdPerf::default(),
-            work: BackgroundWork::default(),
         }
+        .into()
     }
 }
 

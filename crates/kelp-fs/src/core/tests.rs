@@ -48,6 +48,10 @@ struct Fs {
 }
 
 const ROOT: Caller = Caller { uid: 0, gid: 0 };
+const USER: Caller = Caller {
+    uid: 1000,
+    gid: 1000,
+};
 
 impl Fs {
     fn new(evict: bool) -> Fs {
@@ -619,12 +623,8 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
             name: XATTR_QUOTA_MAX_BYTES.into(),
         });
         assert_eq!(r, Reply::Xattr(b"100".to_vec()));
-        let user = Caller {
-            uid: 1000,
-            gid: 1000,
-        };
         let r = fs.run_as(
-            user,
+            USER,
             Op::SetXattr {
                 ino: q,
                 name: XATTR_QUOTA_MAX_BYTES.into(),
@@ -726,12 +726,8 @@ fn layouts_pass_down_to_new_files_and_only_empty_files_change_theirs() {
             (None, 1 << 20)
         );
         // only root or the owner sets layouts
-        let user = Caller {
-            uid: 1000,
-            gid: 1000,
-        };
         let r = fs.run_as(
-            user,
+            USER,
             Op::SetXattr {
                 ino: a,
                 name: XATTR_DIR_LAYOUT_POOL.into(),
