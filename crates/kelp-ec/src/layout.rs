@@ -174,19 +174,23 @@ impl Layout {
         spans: &[Option<(Range<u64>, &[u8])>],
     ) -> Vec<u8> {
         let range = range.start.min(size)..range.end.min(size);
-        let mut out = vec![0u8; (range.end - range.start) as usize];
+        let total = (range.end - range.start) as usize;
+        // Filled piece by piece in logical order (no zero-fill first: a 4 MiB read would pay
+        // for it twice); zeros only where a span is missing or short.
+        let mut out = Vec::with_capacity(total);
         for (shard, piece) in self.pieces(range.clone()) {
-            let Some(Some((span, bytes))) = spans.get(shard) else {
-                continue;
-            };
-            let from = (piece.shard.start - span.start) as usize;
-            let to = (piece.shard.end - span.start) as usize;
-            let dst = (piece.logical.start - range.start) as usize;
-            let avail = bytes.len().min(to);
-            if from < avail {
-                out[dst..dst + (avail - from)].copy_from_slice(&bytes[from..avail]);
+            let end = (piece.logical.end - range.start) as usize;
+            if let Some(Some((span, bytes))) = spans.get(shard) {
+                let from = (piece.shard.start - span.start) as usize;
+                let to = (piece.shard.end - span.start) as usize;
+                let avail = bytes.len().min(to);
+                if from < avail {
+                    out.extend_from_slice(&bytes[from..avail]);
+                }
             }
+            out.resize(end, 0);
         }
+        out.resize(total, 0);
         out
     }
 
@@ -448,6 +452,28 @@ mod tests {
         assert_eq!(big.shard_size(4 << 20), 1 << 20);
         assert_eq!(Layout::for_object(&p, 1).chunk, 64);
         assert_eq!(Layout::for_object(&p, 0).chunk, 64);
+    }
+
+    #[test]
+    fn assemble_reads_short_and_missing_spans_as_zeros() {
+        let l = Layout::new(2, 1, 64).unwrap();
+        // Logical 0..256 is shard 0 [0,64) shard 1 [0,64) shard 0 [64,128) shard 1 [64,128).
+        let s0: Vec<u8> = (0..100).map(|i| i as u8 + 1).collect(); // short: 28 bytes missing
+        let spans = [Some((0..128, &s0[..])), None];
+        let out = l.assemble(10..256, 1000, &spans);
+        assert_eq!(out.len(), 246);
+        assert_eq!(&out[..54], &s0[10..64]);
+        assert!(
+            out[54..118].iter().all(|&b| b == 0),
+            "a missing shard reads as zeros"
+        );
+        assert_eq!(&out[118..154], &s0[64..100]);
+        assert!(
+            out[154..].iter().all(|&b| b == 0),
+            "past a short span: zeros"
+        );
+        // Clipped to the object's size.
+        assert_eq!(l.assemble(10..256, 40, &spans), s0[10..40].to_vec());
     }
 
     #[test]

@@ -122,8 +122,9 @@ fn omap_refused<T>() -> Result<T, ExecError> {
 pub struct ShardBytes {
     /// The object's version on that shard (0: the shard does not have the object).
     pub version: u64,
-    /// One buffer per asked-for range, each padded with zeros to the range's length.
-    pub ranges: Vec<Vec<u8>>,
+    /// One buffer per asked-for range, each padded with zeros to the range's length (views
+    /// of the buffer the shard's bytes arrived in: no copy).
+    pub ranges: Vec<Bytes>,
 }
 
 /// How the EC backend reaches the shards of one object.
@@ -147,7 +148,7 @@ pub async fn read_extents(
     layout: &Layout,
     version: u64,
     extents: &[Extent],
-) -> Result<Vec<Vec<u8>>, ExecError> {
+) -> Result<Vec<Bytes>, ExecError> {
     let n = layout.shards();
     let mut usable = io.readable();
     usable.resize(n, false);
@@ -155,7 +156,7 @@ pub async fn read_extents(
     for (i, e) in extents.iter().enumerate() {
         by_shard.entry(e.shard).or_default().push(i);
     }
-    let mut out: Vec<Option<Vec<u8>>> = vec![None; extents.len()];
+    let mut out: Vec<Option<Bytes>> = vec![None; extents.len()];
     // Direct reads, all shards at once.
     let direct: Vec<_> = by_shard
         .iter()
@@ -219,7 +220,9 @@ pub async fn read_extents(
             .find(|(span, _)| span.start <= e.offset && e.offset + e.len <= span.end)
             .expect("every missing extent lies in a rebuilt span");
         let from = (e.offset - span.start) as usize;
-        out[i] = Some(shards[e.shard][from..from + e.len as usize].to_vec());
+        out[i] = Some(Bytes::copy_from_slice(
+            &shards[e.shard][from..from + e.len as usize],
+        ));
     }
     Ok(out.into_iter().map(Option::unwrap_or_default).collect())
 }
@@ -237,7 +240,7 @@ async fn rebuild(
     let k = layout.k as usize;
     let n = layout.shards();
     let ranges: Vec<(u64, u64)> = spans.iter().map(|r| (r.start, r.end - r.start)).collect();
-    let mut got: HashMap<usize, Vec<Vec<u8>>> = HashMap::new();
+    let mut got: HashMap<usize, Vec<Bytes>> = HashMap::new();
     loop {
         let have = got.len();
         let candidates: Vec<usize> = (0..n)
@@ -284,7 +287,7 @@ async fn rebuild(
     let mut out = Vec::with_capacity(spans.len());
     for (j, span) in spans.iter().enumerate() {
         let shards: Vec<Option<Vec<u8>>> =
-            (0..n).map(|s| got.get(&s).map(|r| r[j].clone())).collect();
+            (0..n).map(|s| got.get(&s).map(|r| r[j].to_vec())).collect();
         let all = codec.reconstruct(shards).map_err(ec_err)?;
         out.push((span.clone(), all));
     }
@@ -336,7 +339,7 @@ pub async fn check_parity(
     for r in futures::future::join_all(reads).await {
         match r {
             Ok(mut b) if b.version == version && b.ranges.len() == 1 => {
-                shards.push(b.ranges.pop().unwrap_or_default());
+                shards.push(b.ranges.pop().map(Vec::from).unwrap_or_default());
             }
             _ => return Ok(ParityCheck::Skipped),
         }
@@ -457,9 +460,13 @@ impl Planner<'_> {
             .overlay
             .iter()
             .rposition(|o| matches!(o, Overlay::Reset));
-        let mut bytes = match reset_at {
+        let mut bytes: Vec<Vec<u8>> = match reset_at {
             Some(_) => extents.iter().map(|e| vec![0u8; e.len as usize]).collect(),
-            None => read_extents(self.io, layout, self.before_version, extents).await?,
+            None => read_extents(self.io, layout, self.before_version, extents)
+                .await?
+                .into_iter()
+                .map(Vec::from)
+                .collect(),
         };
         let from = reset_at.map_or(0, |i| i + 1);
         for o in &self.overlay[from..] {
@@ -852,7 +859,11 @@ pub async fn read(
                 out.outs.push(OpResult::Data {
                     len: bytes.len() as u64,
                 });
-                out.data.extend_from_slice(&bytes);
+                if out.data.is_empty() {
+                    out.data = bytes; // the usual single read: no copy
+                } else {
+                    out.data.extend_from_slice(&bytes);
+                }
             }
             OpKind::CmpOmap { .. }
             | OpKind::OmapGetVals { .. }
@@ -899,7 +910,7 @@ pub async fn read_range_fast(
         .filter(|(_, r)| **r)
         .map(|(s, _)| async move { (s, io.read_shard(s, &ranges).await) })
         .collect();
-    let mut got: Vec<Option<Vec<u8>>> = vec![None; layout.shards()];
+    let mut got: Vec<Option<Bytes>> = vec![None; layout.shards()];
     let mut have = 0;
     while let Some((s, r)) = pending.next().await {
         match r {
@@ -926,9 +937,17 @@ pub async fn read_range_fast(
             format!("only {have} of the {k} shards needed to read the data answered"),
         );
     }
-    let codec = Codec::new(layout.k, layout.m).map_err(ec_err)?;
-    let all = codec.reconstruct(got).map_err(ec_err)?;
-    let logical = layout.join(&all[..k]);
+    // The data shards among the first answers are joined as they are; only a missing one
+    // costs a decode.
+    let logical = match got[..k].iter().cloned().collect::<Option<Vec<Bytes>>>() {
+        Some(data) => layout.join(&data),
+        None => {
+            let codec = Codec::new(layout.k, layout.m).map_err(ec_err)?;
+            let shards = got.into_iter().map(|b| b.map(Vec::from)).collect();
+            let all = codec.reconstruct(shards).map_err(ec_err)?;
+            layout.join(&all[..k])
+        }
+    };
     let base = stripes.start * layout.width();
     Ok(logical[(range.start - base) as usize..(range.end - base) as usize].to_vec())
 }
@@ -956,7 +975,7 @@ pub async fn read_range(
     let got = read_extents(io, layout, version, &extents).await?;
     let mut bufs: Vec<Option<(Range<u64>, &[u8])>> = vec![None; layout.k as usize];
     for (e, b) in extents.iter().zip(&got) {
-        bufs[e.shard] = Some((e.offset..e.offset + e.len, b.as_slice()));
+        bufs[e.shard] = Some((e.offset..e.offset + e.len, &b[..]));
     }
     Ok(layout.assemble(range, size, &bufs))
 }
@@ -985,7 +1004,7 @@ pub async fn rebuild_shard(
         }],
     )
     .await?;
-    Ok(got.pop().unwrap_or_default())
+    Ok(got.pop().map(Vec::from).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -1059,7 +1078,7 @@ mod tests {
                         let from = (o as usize).min(b.len());
                         let to = ((o + l) as usize).min(b.len());
                         v[..to - from].copy_from_slice(&b[from..to]);
-                        v
+                        Bytes::from(v)
                     })
                     .collect(),
             })

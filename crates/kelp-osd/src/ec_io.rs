@@ -100,7 +100,7 @@ pub fn read_local_shard(
     coll: CollectionId,
     oid: &ObjectId,
     ranges: &[(u64, u64)],
-) -> Result<(EcReadReply, Vec<u8>), ExecError> {
+) -> Result<(EcReadReply, Bytes), ExecError> {
     let attrs = match store.xattrs(coll, oid) {
         Ok(a) => a,
         Err(StoreError::ObjectNotFound { .. }) => {
@@ -112,18 +112,31 @@ pub fn read_local_shard(
                     version: 0,
                     meta: None,
                 },
-                vec![0; data],
+                Bytes::from(vec![0; data]),
             ));
         }
         Err(e) => return Err(e.into()),
     };
-    let mut data = Vec::with_capacity(ranges.iter().map(|r| r.1 as usize).sum());
-    for &(offset, len) in ranges {
-        let got = store.read(coll, oid, offset, len)?;
-        let n = got.len().min(len as usize);
-        data.extend_from_slice(&got[..n]);
-        data.resize(data.len() + (len as usize - n), 0);
-    }
+    let data = if let [(offset, len)] = ranges {
+        // One range (the usual read): the store's own read buffer is the reply, no copy.
+        let got = store.read_bytes(coll, oid, *offset, *len)?;
+        if got.len() as u64 == *len {
+            got
+        } else {
+            let mut padded = Vec::from(got);
+            padded.resize(*len as usize, 0);
+            Bytes::from(padded)
+        }
+    } else {
+        let mut data = Vec::with_capacity(ranges.iter().map(|r| r.1 as usize).sum());
+        for &(offset, len) in ranges {
+            let got = store.read(coll, oid, offset, len)?;
+            let n = got.len().min(len as usize);
+            data.extend_from_slice(&got[..n]);
+            data.resize(data.len() + (len as usize - n), 0);
+        }
+        Bytes::from(data)
+    };
     Ok((
         EcReadReply {
             error: None,
@@ -135,8 +148,8 @@ pub fn read_local_shard(
     ))
 }
 
-/// Splits a shard read's data segment into its ranges.
-fn split_ranges(data: &[u8], ranges: &[(u64, u64)]) -> Result<Vec<Vec<u8>>, ExecError> {
+/// Splits a shard read's data segment into its ranges (views of it, no copy).
+fn split_ranges(data: &Bytes, ranges: &[(u64, u64)]) -> Result<Vec<Bytes>, ExecError> {
     let total: u64 = ranges.iter().map(|r| r.1).sum();
     if data.len() as u64 != total {
         return Err(ExecError {
@@ -148,7 +161,7 @@ fn split_ranges(data: &[u8], ranges: &[(u64, u64)]) -> Result<Vec<Vec<u8>>, Exec
     Ok(ranges
         .iter()
         .map(|&(_, len)| {
-            let b = data[at..at + len as usize].to_vec();
+            let b = data.slice(at..at + len as usize);
             at += len as usize;
             b
         })
@@ -197,7 +210,7 @@ impl ShardIo for PgShardIo {
                 ranges.to_vec(),
             );
             let read = move || read_local_shard(&*store, coll, &oid, &ranges);
-            match kelp_store::nowait::attempt(read.clone()) {
+            let (reply, data) = match kelp_store::nowait::attempt(read.clone()) {
                 Some(r) => r?,
                 None => tokio::task::spawn_blocking(read)
                     .await
@@ -205,7 +218,8 @@ impl ShardIo for PgShardIo {
                         code: ErrorCode::Io,
                         message: format!("shard read task failed: {e}"),
                     })??,
-            }
+            };
+            (reply, data)
         } else {
             let Some(addr) = addr else {
                 return Err(ExecError {
@@ -228,7 +242,7 @@ impl ShardIo for PgShardIo {
                         code: ErrorCode::Io,
                         message: e.to_string(),
                     })?;
-            (reply, data.to_vec())
+            (reply, data)
         };
         if let Some((code, message)) = reply.error {
             return Err(ExecError { code, message });
@@ -251,9 +265,9 @@ impl ShardIo for PgShardIo {
 }
 
 /// A member's answer to an `EcRead` as bytes on the wire.
-pub fn reply_bytes(result: Result<(EcReadReply, Vec<u8>), ExecError>) -> (EcReadReply, Bytes) {
+pub fn reply_bytes(result: Result<(EcReadReply, Bytes), ExecError>) -> (EcReadReply, Bytes) {
     match result {
-        Ok((reply, data)) => (reply, Bytes::from(data)),
+        Ok((reply, data)) => (reply, data),
         Err(e) => (
             EcReadReply {
                 error: Some((e.code, e.message)),
