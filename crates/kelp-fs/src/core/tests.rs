@@ -834,8 +834,10 @@ fn a_retried_unlink_succeeds_and_a_late_duplicate_removes_nothing_new() {
         assert_eq!(fs.run_req(20, 20, &unlink), Reply::Ok);
         fs.failover();
         assert_eq!(fs.run_req(20, 20, &unlink), Reply::Ok, "not ENOENT");
-        // the file is made again; the first unlink arriving late must not remove it
-        let again = match fs.run_req(21, 21, &mknod(d, "f")) {
+        // another thread of the same mount makes the file again while the unlink's answer is
+        // still on its way (so the client's oldest unanswered tid is still 20): a late copy
+        // of the unlink must not remove the new file
+        let again = match fs.run_req(21, 20, &mknod(d, "f")) {
             Reply::Attr(i) => i.ino,
             r => panic!("{r:?}"),
         };
