@@ -82,6 +82,41 @@ pub struct FsClient {
     invalidator: std::sync::OnceLock<Invalidator>,
     /// MDS requests sent (revoke polls not counted).
     calls: AtomicU64,
+    // completed requests (idempotent retries)
+    tids: std::sync::Mutex<Tids>,
+}
+
+// completed requests (idempotent retries)
+/// The tids of one client's MDS requests: a new one per request (a retry keeps its
+/// request's), and which are still unanswered (the MDS forgets completions below the least).
+#[derive(Debug, Default)]
+struct Tids {
+    last: u64,
+    unanswered: std::collections::BTreeSet<u64>,
+}
+
+impl Tids {
+    /// A new request: its tid and the oldest tid unanswered (itself included).
+    fn begin(&mut self) -> (u64, u64) {
+        self.last += 1;
+        self.unanswered.insert(self.last);
+        let oldest = self.unanswered.first().copied().unwrap_or(self.last);
+        (self.last, oldest)
+    }
+
+    /// The request `tid` got its answer (or was given up): it is never sent again.
+    fn end(&mut self, tid: u64) {
+        self.unanswered.remove(&tid);
+    }
+}
+
+/// Ends a request's tid when its call returns (or is dropped).
+struct Unanswered<'a>(&'a FsClient, u64);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.0.tids.lock().expect("tids lock").end(self.1);
+    }
 }
 
 /// Drops the kernel's cached copies named by revokes (blocking; the mount provides it).
@@ -168,6 +203,7 @@ impl FsClient {
             replying: AtomicU64::new(0),
             invalidator: std::sync::OnceLock::new(),
             calls: AtomicU64::new(0),
+            tids: std::sync::Mutex::new(Tids::default()),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
         // While files are open, a call every KEEPALIVE notices a failed-over MDS even when the
@@ -239,6 +275,8 @@ impl FsClient {
             client: self.id,
             caller: Caller::default(),
             op: Op::CapPoll { ack: ack.to_vec() },
+            tid: 0,
+            oldest_tid: 0,
         };
         let meta = serde_json::to_vec(&env).expect("requests serialize");
         let resp = match conn
@@ -452,13 +490,12 @@ impl FsClient {
     }
 
     /// Sends `op` to the MDS and returns its reply (errno replies as `FsError::Errno`).
+    ///
+    /// Every retry (after a broken connection, a timeout, or to the MDS that took over) sends
+    /// the same request with the same tid, so that a mutation the MDS completed but whose
+    /// reply was lost is answered from its completed-request table, not applied twice.
     pub async fn call(&self, caller: Caller, op: Op) -> Result<Reply> {
-        let env = Envelope {
-            v: PROTOCOL_VERSION,
-            client: self.id,
-            caller,
-            op,
-        };
+        let (env, _unanswered) = self.envelope(caller, op);
         let meta = Bytes::from(serde_json::to_vec(&env).expect("requests serialize"));
         self.calls.fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
@@ -524,6 +561,21 @@ impl FsClient {
         }
     }
 
+    /// The envelope of a new request: the next tid, and the oldest tid still unanswered
+    /// (this one included) until the guard drops.
+    fn envelope(&self, caller: Caller, op: Op) -> (Envelope, Unanswered<'_>) {
+        let (tid, oldest_tid) = self.tids.lock().expect("tids lock").begin();
+        let env = Envelope {
+            v: PROTOCOL_VERSION,
+            client: self.id,
+            caller,
+            op,
+            tid,
+            oldest_tid,
+        };
+        (env, Unanswered(self, tid))
+    }
+
     /// The MDS connection; `true` when it was (re)made now.
     async fn connection(&self) -> Result<(Connection, bool)> {
         let mut c = self.conn.lock().await;
@@ -552,6 +604,8 @@ impl FsClient {
             client: self.id,
             caller: Caller::default(),
             op: Op::Reconnect { opens },
+            tid: 0,
+            oldest_tid: 0,
         };
         let meta = serde_json::to_vec(&env).expect("requests serialize");
         if let Err(e) = conn
@@ -1060,5 +1114,26 @@ fn unexpected(r: Reply) -> FsError {
     FsError::Malformed {
         what: "MDS reply".into(),
         detail: format!("unexpected {r:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tids_grow_and_the_oldest_unanswered_one_is_named() {
+        let mut t = Tids::default();
+        assert_eq!(t.begin(), (1, 1));
+        assert_eq!(t.begin(), (2, 1));
+        assert_eq!(t.begin(), (3, 1));
+        // 1 answered: 2 is now the oldest still open
+        t.end(1);
+        assert_eq!(t.begin(), (4, 2));
+        t.end(2);
+        t.end(3);
+        t.end(4);
+        // nothing open: a new request is its own oldest
+        assert_eq!(t.begin(), (5, 5));
     }
 }

@@ -68,6 +68,8 @@ pub struct Namespace {
     data_pools: BTreeMap<String, u32>,
     /// The pool of files whose layout names none.
     default_pool: Option<u32>,
+    /// Completed client requests, answered again when retried (`requests.rs`).
+    requests: requests::RequestTable,
 }
 
 impl Namespace {
@@ -912,5 +914,6 @@ impl Namespace {
 
 mod layout;
 mod quota;
+pub mod requests;
 #[cfg(test)]
 mod tests;

@@ -6,11 +6,15 @@
 //! RADOS appends are atomic, so a segment never holds a torn entry; a malformed one is still
 //! reported (never a panic). Entries are lists of idempotent [`Update`]s, so replaying a
 //! segment that was already partly checkpointed gives the same state.
+//!
+//! Entry versions: 1, the namespace updates; 2 (this build), also [`Update::Request`], the
+//! record of the client request the entry completes (the completed-request table). Both are
+//! replayed.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{FsError, Result};
-use crate::types::{RECORD_VERSION, Update};
+use crate::types::Update;
 
 /// The journal head object.
 pub const HEAD_OBJECT: &str = "mds.journal.head";
@@ -18,6 +22,12 @@ pub const HEAD_OBJECT: &str = "mds.journal.head";
 pub const INOTABLE_OBJECT: &str = "mds.inotable";
 /// The stray directory object (omap keys: inode numbers, hex).
 pub const STRAY_OBJECT: &str = "mds.stray";
+/// The completed-request table as of the last checkpoint (`core::requests`).
+pub const REQUESTS_OBJECT: &str = "mds.requests";
+/// The version of the journal entries this build writes.
+pub const JOURNAL_VERSION: u8 = 2;
+/// The oldest entry version this build still replays.
+pub const OLDEST_JOURNAL_VERSION: u8 = 1;
 /// A segment is closed once it holds this many bytes (a checkpoint closes it sooner).
 pub const SEGMENT_BYTES: u64 = 4 << 20;
 
@@ -64,7 +74,7 @@ pub fn decode_segment(mut data: &[u8]) -> Result<Vec<Entry>> {
             return Err(bad(format!("{len} bytes announced, {} left", rest.len())));
         }
         let entry: Entry = serde_json::from_slice(&rest[..len]).map_err(|e| bad(e.to_string()))?;
-        if entry.v != RECORD_VERSION {
+        if !(OLDEST_JOURNAL_VERSION..=JOURNAL_VERSION).contains(&entry.v) {
             return Err(bad(format!("version {}", entry.v)));
         }
         out.push(entry);
@@ -81,7 +91,7 @@ mod tests {
     #[test]
     fn entries_round_trip_and_garbage_is_an_error() {
         let e = Entry {
-            v: RECORD_VERSION,
+            v: 1,
             seq: 3,
             updates: vec![Update::NextIno(9), Update::DelInode(4)],
         };
@@ -96,5 +106,52 @@ mod tests {
         assert!(decode_segment(&seg[..seg.len() - 1]).is_err());
         assert!(decode_segment(&[1, 0, 0, 0, b'x']).is_err());
         assert!(decode_segment(&[0xff, 0xff]).is_err());
+        let future = encode(&Entry {
+            v: JOURNAL_VERSION + 1,
+            ..e.clone()
+        });
+        assert!(decode_segment(&future).is_err());
+    }
+
+    /// A segment written by the first format (version 1 entries, no request records) still
+    /// replays.
+    #[test]
+    fn version_1_entries_still_decode() {
+        let body = br#"{"v":1,"seq":7,"updates":[{"PutDentry":{"dir":256,"name":"f1","dentry":{"ino":300,"kind":32768}}},{"NextIno":301}]}"#;
+        let mut seg = (body.len() as u32).to_le_bytes().to_vec();
+        seg.extend_from_slice(body);
+        let back = decode_segment(&seg).unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].v, 1);
+        assert_eq!(
+            back[0].updates,
+            vec![
+                Update::PutDentry {
+                    dir: 256,
+                    name: "f1".into(),
+                    dentry: crate::types::Dentry {
+                        ino: 300,
+                        kind: crate::types::S_IFREG,
+                    },
+                },
+                Update::NextIno(301),
+            ]
+        );
+    }
+
+    #[test]
+    fn version_2_entries_carry_request_records() {
+        let e = Entry {
+            v: JOURNAL_VERSION,
+            seq: 1,
+            updates: vec![Update::Request {
+                client: 5,
+                tid: 9,
+                oldest: 8,
+                done: crate::types::Done::Attr(300),
+                at: crate::types::Time { secs: 1, nanos: 2 },
+            }],
+        };
+        assert_eq!(decode_segment(&encode(&e)).unwrap(), vec![e]);
     }
 }

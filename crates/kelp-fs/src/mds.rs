@@ -26,6 +26,7 @@ use tokio::sync::{Mutex, watch};
 use tracing::{debug, error, info, warn};
 
 use crate::caps::{CAP_ALL, CapTable};
+use crate::core::requests::{RequestTable, StoredRequests};
 use crate::core::{Namespace, Need, Step};
 use crate::error::{FsError, Result};
 use crate::journal::{self, Entry, Head};
@@ -104,6 +105,10 @@ struct Inner {
     caps_changed: watch::Sender<u64>,
     /// Client requests served (not counting revoke polls): what `kelp.mds.stats` shows.
     requests: std::sync::atomic::AtomicU64,
+    // completed requests (idempotent retries)
+    /// Revokes that completed requests still wait for, by (client, tid): a retry of one of
+    /// them, answered from the completed-request table, waits for them too.
+    revoking: std::sync::Mutex<HashMap<(u64, u64), Vec<u64>>>,
 }
 
 /// The capability table plus what the daemon knows of each client's revoke poll.
@@ -184,8 +189,9 @@ impl Mds {
     pub async fn activate(&self, cfg: MdsConfig, rados: Rados) -> Result<()> {
         let meta = rados.ioctx(&cfg.meta_pool).await?;
         let data = rados.ioctx(&cfg.data_pool).await?;
-        let (segment, next_ino) = replay(&meta).await?;
+        let (segment, next_ino, requests) = replay(&meta).await?;
         let mut ns = Namespace::new(next_ino);
+        ns.set_requests(requests);
         let strays = load_strays(&meta).await?;
         ns.set_strays(strays);
         ns.set_data_pools(data_pools(&rados, &cfg).await?, data.pool_id());
@@ -221,6 +227,7 @@ impl Mds {
             }),
             caps_changed: watch::channel(0).0,
             requests: std::sync::atomic::AtomicU64::new(0),
+            revoking: std::sync::Mutex::new(HashMap::new()),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -275,8 +282,9 @@ impl Mds {
 }
 
 /// Reads the head and every segment after it and writes their updates to the objects;
-/// returns the segment to append to next and the next free inode number.
-async fn replay(meta: &IoCtx) -> Result<(u64, Ino)> {
+/// returns the segment to append to next, the next free inode number and the completed
+/// requests (the checkpointed table plus the journal's records).
+async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable)> {
     let head = match meta.read(journal::HEAD_OBJECT, 0, 0).await {
         Ok(b) => serde_json::from_slice::<Head>(&b).map_err(|e| FsError::Malformed {
             what: "journal head".into(),
@@ -302,8 +310,11 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino)> {
             Err(e) => return Err(e.into()),
         }
     }
+    let mut requests = load_requests(meta).await?;
     if !updates.is_empty() {
+        updates.iter().for_each(|u| requests.apply(u));
         apply_updates(meta, &updates).await?;
+        save_requests(meta, &requests).await?;
     }
     if seg != head.first_segment {
         trim(meta, head.first_segment, seg).await?;
@@ -320,7 +331,34 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino)> {
         Err(ClientError::NotFound { .. }) => FIRST_INO,
         Err(e) => return Err(e.into()),
     };
-    Ok((seg, next_ino))
+    Ok((seg, next_ino, requests))
+}
+
+/// The completed-request table as the last checkpoint (or replay) stored it.
+async fn load_requests(meta: &IoCtx) -> Result<RequestTable> {
+    match meta.read(journal::REQUESTS_OBJECT, 0, 0).await {
+        Ok(b) => Ok(serde_json::from_slice::<StoredRequests>(&b)
+            .map_err(|e| FsError::Malformed {
+                what: "completed-request table".into(),
+                detail: e.to_string(),
+            })?
+            .table),
+        Err(ClientError::NotFound { .. }) => Ok(RequestTable::default()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn save_requests(meta: &IoCtx, table: &RequestTable) -> Result<()> {
+    let rec = StoredRequests {
+        v: RECORD_VERSION,
+        table: table.clone(),
+    };
+    meta.write_full(
+        journal::REQUESTS_OBJECT,
+        serde_json::to_vec(&rec).expect("serializable"),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Moves the head to `to` and removes segments `from..to`.
@@ -443,6 +481,8 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             Update::DelStray(i) => {
                 strays.insert(*i, false);
             }
+            // the completed-request table is written whole (`save_requests`)
+            Update::Request { .. } => {}
         }
     }
     let mut jobs: Vec<futures::future::BoxFuture<'_, Result<()>>> = Vec::new();
@@ -588,7 +628,8 @@ impl Inner {
     }
 
     /// Runs one client operation to its reply, with the capabilities the reply grants.
-    async fn handle(&self, client: u64, caller: Caller, op: &Op) -> (Reply, Option<CapGrants>) {
+    async fn handle(&self, req: RequestId, caller: Caller, op: &Op) -> (Reply, Option<CapGrants>) {
+        let client = req.client;
         if self.is_fenced() {
             return (Reply::Err(errno::ESHUTDOWN), None);
         }
@@ -629,10 +670,24 @@ impl Inner {
             // stopped while this op waited for the lock
             return (Reply::Err(errno::ESHUTDOWN), None);
         }
-        let (reply, grants, revokes) = self.apply_locked(&mut st, client, caller, op).await;
+        let (reply, grants, mut revokes) = self.apply_locked(&mut st, req, caller, op).await;
+        let key = (client, req.tid);
+        let tracked = req.tid != 0 && op.is_mutation();
+        if tracked {
+            let mut waiting = self.revoking.lock().expect("revoking lock");
+            if revokes.is_empty() {
+                // a retry answered from the table: its original may still wait for revokes
+                revokes = waiting.get(&key).cloned().unwrap_or_default();
+            } else {
+                waiting.insert(key, revokes.clone());
+            }
+        }
         drop(st);
         if !revokes.is_empty() {
             self.wait_revokes(client, &revokes).await;
+        }
+        if tracked {
+            self.revoking.lock().expect("revoking lock").remove(&key);
         }
         (reply, grants)
     }
@@ -642,12 +697,13 @@ impl Inner {
     async fn apply_locked(
         &self,
         st: &mut State,
-        client: u64,
+        req: RequestId,
         caller: Caller,
         op: &Op,
     ) -> (Reply, Option<CapGrants>, Vec<u64>) {
+        let client = req.client;
         for _ in 0..64 {
-            let step = st.ns.apply(client, caller, op, Time::now());
+            let step = st.ns.apply_request(req, caller, op, Time::now());
             match step {
                 Step::Need(need) => {
                     let loaded = match need {
@@ -929,7 +985,7 @@ impl Inner {
     async fn journal(&self, st: &mut State, updates: Vec<Update>) -> Result<()> {
         st.seq += 1;
         let entry = Entry {
-            v: RECORD_VERSION,
+            v: journal::JOURNAL_VERSION,
             seq: st.seq,
             updates,
         };
@@ -960,7 +1016,12 @@ impl Inner {
             st.segment_bytes = 0;
         }
         let pending = std::mem::take(&mut st.pending);
-        if let Err(e) = apply_updates(&self.meta, &pending).await {
+        let requests = st.ns.requests_snapshot(Time::now());
+        let written = match apply_updates(&self.meta, &pending).await {
+            Ok(()) => save_requests(&self.meta, &requests).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             st.pending = pending;
             return Err(match e {
                 FsError::Rados(c) => self.check_fenced(c),
@@ -1013,7 +1074,11 @@ impl Inner {
         let ready = self.state.lock().await.ns.purgeable();
         for ino in ready {
             let inode = match self
-                .handle(0, Caller::default(), &Op::GetAttr { ino })
+                .handle(
+                    RequestId::default(),
+                    Caller::default(),
+                    &Op::GetAttr { ino },
+                )
                 .await
                 .0
             {
@@ -1208,7 +1273,14 @@ impl kelp_msgr::Dispatcher for Dispatcher {
         }
         let env = decode_request(&req.meta)?;
         let (reply, grants) = match self.slot.get() {
-            Some(inner) => inner.handle(env.client, env.caller, &env.op).await,
+            Some(inner) => {
+                let req = RequestId {
+                    client: env.client,
+                    tid: env.tid,
+                    oldest: env.oldest_tid,
+                };
+                inner.handle(req, env.caller, &env.op).await
+            }
             None => (Reply::Err(errno::ESHUTDOWN), None),
         };
         let meta = serde_json::to_vec(&reply).expect("replies serialize");
@@ -1232,6 +1304,8 @@ mod tests {
             client: 1,
             caller: Caller::default(),
             op: Op::GetAttr { ino: 1 },
+            tid: 1,
+            oldest_tid: 1,
         })
         .unwrap();
         assert!(decode_request(&good).is_ok());

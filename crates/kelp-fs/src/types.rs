@@ -422,6 +422,45 @@ pub struct Envelope {
     pub client: u64,
     pub caller: Caller,
     pub op: Op,
+    // completed requests (idempotent retries)
+    /// This request's transaction id, kept when the client retries it (0: none; the request
+    /// is then never answered from the completed-request table).
+    #[serde(default)]
+    pub tid: u64,
+    /// The client's oldest request still unanswered: it never retries one below, so the MDS
+    /// forgets their completions.
+    #[serde(default)]
+    pub oldest_tid: u64,
+}
+
+// completed requests (idempotent retries)
+/// Which client request this is, for the completed-request table (`core/requests.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestId {
+    pub client: u64,
+    /// 0: not tracked.
+    pub tid: u64,
+    /// The client's oldest unanswered tid.
+    pub oldest: u64,
+}
+
+/// What a completed mutation answered, as the completed-request table keeps it: enough to
+/// answer a retry again (an `Attr` reply is given with the inode's current attributes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Done {
+    Ok,
+    Attr(Ino),
+}
+
+impl Done {
+    /// The record of a successful reply (`None`: a reply that is not recorded).
+    pub fn of(reply: &Reply) -> Option<Done> {
+        match reply {
+            Reply::Ok => Some(Done::Ok),
+            Reply::Attr(i) => Some(Done::Attr(i.ino)),
+            _ => None,
+        }
+    }
 }
 
 /// An MDS push to a client: drop what is cached of these inodes / directories.
@@ -454,6 +493,16 @@ pub enum Update {
     /// An inode whose last link went while it was open: purged once closed.
     AddStray(Ino),
     DelStray(Ino),
+    // completed requests (idempotent retries); journal entries of version 2 on
+    /// The client's request `tid` completed with `done` at `at`; the client's completions
+    /// below `oldest` are forgotten. Journaled with the request's other updates.
+    Request {
+        client: u64,
+        tid: u64,
+        oldest: u64,
+        done: Done,
+        at: Time,
+    },
 }
 
 /// Errno values used by the core (Linux's numbers; the protocol carries them as they are).

@@ -140,6 +140,22 @@ fn reply_err(code: ErrorCode, message: impl Into<String>, epoch: u32) -> (OsdOpR
     )
 }
 
+/// Whose counter a write's request id belongs to, for telling a resend from a new write: the
+/// client instance (`ENTITY.NONCE`, one per RADOS connection), bound to the authenticated
+/// entity. Several processes may authenticate as one entity (every daemon and tool that uses
+/// `client.admin`) and each numbers its ops from its own counter, so keyed on the entity alone
+/// a new write of one process could be taken for a resend of another's and acknowledged
+/// without being applied.
+pub fn reqid_owner(entity: &str, instance: &str) -> String {
+    if instance.is_empty() {
+        return entity.to_string();
+    }
+    match instance.strip_prefix(entity) {
+        Some(rest) if rest.starts_with('.') => instance.to_string(),
+        _ => format!("{entity}/{instance}"),
+    }
+}
+
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -670,7 +686,7 @@ impl OsdService {
         }
 
         // ---- write: ordered per PG, applied on every acting member before the ack
-        let reqid = (client.to_string(), op.reqid);
+        let reqid = (reqid_owner(client, &op.instance), op.reqid);
         let oid = crate::exec::object_id(&op.object);
         let mut state = loop {
             let mut state = pg.write().await;

@@ -301,6 +301,45 @@ async fn writes_reach_every_replica_before_the_ack() {
     }
 }
 
+/// Two processes authenticated as one entity (as every daemon and tool using `client.admin`)
+/// number their ops independently: the same request id from another client instance is a new
+/// write and must be applied; a resend from the same instance is still answered without being
+/// applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_reqid_from_another_instance_of_one_entity_is_a_new_write() {
+    let mut c = Cluster::new().await;
+    let mut first = c.op("shared", vec![OpKind::Append { len: 3 }]);
+    first.reqid = 777;
+    first.instance = "client.test.aaaa".into();
+    assert_eq!(c.send(first.clone(), b"one").await.0.error, None);
+    let mut second = first.clone();
+    second.instance = "client.test.bbbb".into();
+    assert_eq!(c.send(second.clone(), b"two").await.0.error, None);
+    for osd in 0..3 {
+        assert_eq!(
+            c.stored(osd, "shared").as_deref(),
+            Some(&b"onetwo"[..]),
+            "osd.{osd}: the second instance's write was taken for a resend"
+        );
+    }
+    // resends (same instance, same reqid) are answered, not applied again
+    assert_eq!(c.send(first, b"one").await.0.error, None);
+    assert_eq!(c.send(second, b"two").await.0.error, None);
+    for osd in 0..3 {
+        assert_eq!(c.stored(osd, "shared").as_deref(), Some(&b"onetwo"[..]));
+    }
+    assert_eq!(
+        kelp_osd::service::reqid_owner("client.test", "client.test.aaaa"),
+        "client.test.aaaa"
+    );
+    assert_eq!(kelp_osd::service::reqid_owner("osd.1", ""), "osd.1");
+    // an instance claiming another entity's name stays apart from that entity's own
+    assert_eq!(
+        kelp_osd::service::reqid_owner("client.evil", "client.admin.aaaa"),
+        "client.evil/client.admin.aaaa"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_osd_unknown_pool_and_bad_pg_are_refused() {
     let mut c = Cluster::new().await;

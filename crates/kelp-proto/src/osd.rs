@@ -219,7 +219,7 @@ impl OpKind {
 /// A client's compound op on one object, sent to the PG's primary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OsdOp {
-    /// Unique per client (with the client's entity name): lets a resent write be recognised.
+    /// Unique per client instance (with `instance`): lets a resent write be recognised.
     pub reqid: u64,
     /// The client's OSD map epoch: an OSD with a newer map tells a stale client to refresh.
     pub epoch: u32,

@@ -8,6 +8,9 @@ use super::*;
 struct Store {
     inodes: HashMap<Ino, Inode>,
     dirs: HashMap<Ino, BTreeMap<String, Dentry>>,
+    /// What a replay of the journal rebuilds: the next inode number, the completed requests.
+    next_ino: Ino,
+    requests: requests::RequestTable,
 }
 
 impl Store {
@@ -35,6 +38,8 @@ impl Store {
                 Update::DelDir(d) => {
                     self.dirs.remove(d);
                 }
+                Update::NextIno(n) => self.next_ino = self.next_ino.max(*n),
+                Update::Request { .. } => self.requests.apply(u),
                 _ => {}
             }
         }
@@ -737,4 +742,201 @@ fn layouts_pass_down_to_new_files_and_only_empty_files_change_theirs() {
         );
         assert_eq!(r, Reply::Err(errno::EPERM));
     });
+}
+
+// ---- completed requests: idempotent retries ----
+
+impl Fs {
+    /// Runs `op` as request `tid` of client 7 (its oldest unanswered tid: `oldest`).
+    fn run_req(&mut self, tid: u64, oldest: u64, op: &Op) -> Reply {
+        let req = RequestId {
+            client: 7,
+            tid,
+            oldest,
+        };
+        for _ in 0..100 {
+            match self
+                .ns
+                .apply_request(req, ROOT, op, Time { secs: 5, nanos: 0 })
+            {
+                Step::Done { reply, updates, .. } => {
+                    self.store.apply(&updates);
+                    if self.evict {
+                        self.ns.mark_clean();
+                        self.ns.evict_to(0);
+                    }
+                    return reply;
+                }
+                Step::Need(Need::Inode(i)) => {
+                    let inode = self.store.inodes.get(&i).cloned().expect("dangling");
+                    self.ns.insert_inode(inode);
+                }
+                Step::Need(Need::Dir(d)) => {
+                    let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
+                    self.ns.insert_dir(d, entries);
+                }
+            }
+        }
+        panic!("op never completed: {op:?}");
+    }
+
+    /// The MDS died; a standby replayed the journal: an empty cache over the stored objects,
+    /// with the next inode number and the completed requests the journal holds.
+    fn failover(&mut self) {
+        self.ns = Namespace::new(self.store.next_ino);
+        self.ns.set_requests(self.store.requests.clone());
+    }
+}
+
+fn mknod(parent: Ino, name: &str) -> Op {
+    Op::Mknod {
+        parent,
+        name: name.into(),
+        mode: S_IFREG | 0o600,
+        rdev: 0,
+        exclusive: true,
+    }
+}
+
+#[test]
+fn a_create_whose_reply_was_lost_is_answered_again_not_applied_twice() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        let op = mknod(d, "f");
+        let first = match fs.run_req(10, 10, &op) {
+            Reply::Attr(i) => i,
+            r => panic!("{r:?}"),
+        };
+        // the reply is lost with the MDS; the client retries the same request on the new one
+        fs.failover();
+        match fs.run_req(10, 10, &op) {
+            Reply::Attr(i) => assert_eq!(i.ino, first.ino, "the same file, not a new one"),
+            r => panic!("a retried create must succeed, not {r:?}"),
+        }
+        assert_eq!(fs.names(d), vec!["f".to_string()]);
+        // the same request on the same MDS (a retry after a timeout): the same answer
+        assert!(matches!(fs.run_req(10, 10, &op), Reply::Attr(i) if i.ino == first.ino));
+        // a new request for the same name is applied: O_EXCL says EEXIST
+        assert_eq!(fs.run_req(11, 11, &op), Reply::Err(errno::EEXIST));
+        assert_eq!(fs.names(d), vec!["f".to_string()]);
+    });
+}
+
+#[test]
+fn a_retried_unlink_succeeds_and_a_late_duplicate_removes_nothing_new() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        fs.create(d, "f");
+        let unlink = Op::Unlink {
+            parent: d,
+            name: "f".into(),
+        };
+        assert_eq!(fs.run_req(20, 20, &unlink), Reply::Ok);
+        fs.failover();
+        assert_eq!(fs.run_req(20, 20, &unlink), Reply::Ok, "not ENOENT");
+        // another thread of the same mount makes the file again while the unlink's answer is
+        // still on its way (so the client's oldest unanswered tid is still 20): a late copy
+        // of the unlink must not remove the new file
+        let again = match fs.run_req(21, 20, &mknod(d, "f")) {
+            Reply::Attr(i) => i.ino,
+            r => panic!("{r:?}"),
+        };
+        assert_eq!(fs.run_req(20, 20, &unlink), Reply::Ok);
+        assert_eq!(fs.ino(d, "f"), again);
+        // without the table (a client that sends no tid), it would have been removed
+        assert_eq!(fs.run_req(0, 0, &unlink), Reply::Ok);
+        assert_eq!(fs.names(d), Vec::<String>::new());
+    });
+}
+
+#[test]
+fn a_retried_rename_succeeds_once() {
+    both(|fs| {
+        let a = fs.mkdir(ROOT_INO, "a");
+        let b = fs.mkdir(ROOT_INO, "b");
+        let f = fs.create(a, "f");
+        let rename = Op::Rename {
+            parent: a,
+            name: "f".into(),
+            new_parent: b,
+            new_name: "g".into(),
+            flags: 0,
+        };
+        assert_eq!(fs.run_req(30, 30, &rename), Reply::Ok);
+        fs.failover();
+        assert_eq!(fs.run_req(30, 30, &rename), Reply::Ok, "not ENOENT");
+        assert_eq!(fs.names(a), Vec::<String>::new());
+        assert_eq!(fs.names(b), vec!["g".to_string()]);
+        assert_eq!(fs.ino(b, "g"), f);
+        // another request is applied (and fails: the source is gone)
+        assert_eq!(fs.run_req(31, 31, &rename), Reply::Err(errno::ENOENT));
+    });
+}
+
+#[test]
+fn failed_mutations_and_reads_are_not_recorded() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        let unlink = Op::Unlink {
+            parent: d,
+            name: "f".into(),
+        };
+        assert_eq!(fs.run_req(40, 40, &unlink), Reply::Err(errno::ENOENT));
+        fs.create(d, "f");
+        // the failure changed nothing: applying it again gives today's answer
+        assert_eq!(fs.run_req(40, 40, &unlink), Reply::Ok);
+        let look = Op::Lookup {
+            parent: d,
+            name: "g".into(),
+        };
+        assert_eq!(fs.run_req(41, 41, &look), Reply::Err(errno::ENOENT));
+        assert_eq!(fs.store.requests.len(), 1);
+    });
+}
+
+#[test]
+fn the_table_forgets_below_the_oldest_unanswered_tid_and_old_records() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        for t in 1..=5u64 {
+            fs.run_req(t, 1, &mknod(d, &format!("f{t}")));
+        }
+        assert_eq!(fs.store.requests.len(), 5);
+        // the client has had every answer up to 4: only 5 and the new one stay
+        fs.run_req(6, 5, &mknod(d, "f6"));
+        assert_eq!(fs.store.requests.len(), 2);
+        assert_eq!(fs.store.requests.get(7, 4), None);
+        assert!(fs.store.requests.get(7, 5).is_some());
+        // the namespace's own table agrees with the one the journal rebuilds
+        assert_eq!(
+            fs.ns.requests_snapshot(Time { secs: 5, nanos: 0 }),
+            fs.store.requests
+        );
+        // records expire
+        assert!(
+            fs.ns
+                .requests_snapshot(Time {
+                    secs: 5 + requests::MAX_AGE_SECS + 1,
+                    nanos: 0,
+                })
+                .is_empty()
+        );
+    });
+}
+
+#[test]
+fn the_table_keeps_at_most_its_bound_per_client() {
+    let mut t = requests::RequestTable::default();
+    let at = Time::default();
+    for tid in 1..=(requests::MAX_PER_CLIENT as u64 + 10) {
+        t.record(9, tid, 0, Done::Ok, at);
+    }
+    assert_eq!(t.len(), requests::MAX_PER_CLIENT);
+    assert_eq!(t.get(9, 1), None);
+    assert_eq!(
+        t.get(9, requests::MAX_PER_CLIENT as u64 + 10),
+        Some(Done::Ok)
+    );
+    t.forget_below(9, u64::MAX);
+    assert!(t.is_empty());
 }
