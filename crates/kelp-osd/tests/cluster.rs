@@ -883,7 +883,10 @@ async fn a_deleted_pools_pgs_stop_serving_and_are_removed() {
     let mut waited = 0;
     while c.stores.values().any(|s| colls_of(s, pool) > 0) {
         waited += 1;
-        assert!(waited < 1000, "the deleted pool's collections are still there");
+        assert!(
+            waited < 1000,
+            "the deleted pool's collections are still there"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for (osd, store) in &c.stores {

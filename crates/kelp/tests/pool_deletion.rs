@@ -30,7 +30,12 @@ fn used(c: &Cluster) -> BTreeMap<i64, u64> {
         .unwrap()
         .iter()
         .filter(|n| n["reported"] == true && n["status"].as_str().unwrap_or("").starts_with("up"))
-        .map(|n| (n["id"].as_i64().unwrap(), n["kb_used"].as_u64().unwrap() * 1024))
+        .map(|n| {
+            (
+                n["id"].as_i64().unwrap(),
+                n["kb_used"].as_u64().unwrap() * 1024,
+            )
+        })
         .collect()
 }
 
@@ -101,10 +106,14 @@ async fn deleted_pools_are_removed_from_the_osds() {
         t.await.unwrap();
     }
     // 1500 * 8 KiB replicas + 600 * 8 KiB shards on every OSD: ~16 MiB each
-    let grown = wait("the OSDs report the new data", Duration::from_secs(30), || {
-        let u = used(&c);
-        (u.len() == 3 && u.iter().all(|(id, b)| *b >= baseline[id] + (12 << 20))).then_some(u)
-    });
+    let grown = wait(
+        "the OSDs report the new data",
+        Duration::from_secs(30),
+        || {
+            let u = used(&c);
+            (u.len() == 3 && u.iter().all(|(id, b)| *b >= baseline[id] + (12 << 20))).then_some(u)
+        },
+    );
     eprintln!("used before {baseline:?}, with the pools {grown:?}");
 
     // ---- 2. delete both, watch, kill an OSD in the middle
@@ -113,11 +122,15 @@ async fn deleted_pools_are_removed_from_the_osds() {
     c.cli(&["pool", "rm", "doomed", "--yes-i-really-mean-it"]);
     c.cli(&["pool", "rm", "doomed-ec", "--yes-i-really-mean-it"]);
     let deleted_at = Instant::now();
-    let item = wait("a pool-deletion progress item", Duration::from_secs(30), || {
-        progress(&c)
-            .into_iter()
-            .find(|i| i["kind"] == "pool-deletion" && i["finished_ms"].is_null())
-    });
+    let item = wait(
+        "a pool-deletion progress item",
+        Duration::from_secs(30),
+        || {
+            progress(&c)
+                .into_iter()
+                .find(|i| i["kind"] == "pool-deletion" && i["finished_ms"].is_null())
+        },
+    );
     eprintln!("running after {:?}: {item}", deleted_at.elapsed());
 
     // osd.1 dies while it still holds most of the deleted data, and comes back
@@ -149,9 +162,8 @@ async fn deleted_pools_are_removed_from_the_osds() {
         || {
             let u = used(&c);
             (u.len() == 3
-                && u.iter().all(|(id, b)| {
-                    *b <= baseline[id] + (grown[id] - baseline[id]) / 10
-                }))
+                && u.iter()
+                    .all(|(id, b)| *b <= baseline[id] + (grown[id] - baseline[id]) / 10))
             .then_some(u)
         },
     );
@@ -182,13 +194,18 @@ async fn deleted_pools_are_removed_from_the_osds() {
 
     // ---- 4. the same name again: a new pool, empty
     c.cli(&["pool", "create", "doomed", "8"]);
-    let new_id = wait("the new pool in the client's map", Duration::from_secs(10), || {
-        rados.osd_map().pool_by_name("doomed").map(|p| p.id)
-    });
+    let new_id = wait(
+        "the new pool in the client's map",
+        Duration::from_secs(10),
+        || rados.osd_map().pool_by_name("doomed").map(|p| p.id),
+    );
     assert!(new_id > old_id, "pool id {new_id} reused (old {old_id})");
     let again = rados.ioctx("doomed").await.unwrap();
     assert_eq!(again.list_objects().await.unwrap(), Vec::<String>::new());
-    assert!(again.read("r-3", 0, 0).await.is_err(), "an old object is back");
+    assert!(
+        again.read("r-3", 0, 0).await.is_err(),
+        "an old object is back"
+    );
 
     // ---- 5. offline: each store holds exactly the collections of the PGs it serves
     let map = rados.osd_map();
