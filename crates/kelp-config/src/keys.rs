@@ -563,7 +563,32 @@ pub const KEYS: &[&KeyDef] = &[
     &METRICS_TOP_K,
     &MGR_BEACON_GRACE,
     &MON_CLUSTER_LOG_MAX,
+    // Removal of deleted pools' PGs.
+    &OSD_DELETE_SLEEP,
+    &OSD_TARGET_TRANSACTION_SIZE,
 ];
+
+// Removal of deleted pools' PGs.
+
+/// `osd_delete_sleep`
+pub const OSD_DELETE_SLEEP: KeyDef = KeyDef {
+    name: "osd_delete_sleep",
+    default: Value::Secs(0.01),
+    min: None,
+    max: None,
+    readers: "OSD, at runtime",
+    doc: "Pause of the OSD's remover of deleted pools' PGs after every transaction of removed objects (osd_target_transaction_size objects each), so that a pool deletion never crowds out client I/O.",
+};
+
+/// `osd_target_transaction_size`
+pub const OSD_TARGET_TRANSACTION_SIZE: KeyDef = KeyDef {
+    name: "osd_target_transaction_size",
+    default: Value::U64(30),
+    min: Some(1.0),
+    max: Some(100000.0),
+    readers: "OSD, at runtime",
+    doc: "Objects the remover of deleted pools' PGs deletes per store transaction (then it pauses osd_delete_sleep).",
+};
 
 // File-system map and MDS failover.
 

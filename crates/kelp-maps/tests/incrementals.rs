@@ -6,7 +6,7 @@
 //! booted, marked down, reweighted, removed; replicated and erasure-coded pools created,
 //! resized and deleted; erasure-code profiles set and removed; flags; `pg_temp`), the
 //! follower must end with exactly the monitors' map: the same encoding and the same PG
-//! mappings.
+//! mappings. Along the way, pool ids are never reused after a pool is deleted.
 
 use std::net::SocketAddr;
 
@@ -231,10 +231,23 @@ proptest! {
         // (the full map before each incremental, encoded) and the incrementals, as sent.
         let mut fulls = vec![leader.encode()];
         let mut incs: Vec<Vec<u8>> = Vec::new();
+        // Every pool id ever used: a new pool never gets the id of a deleted one (OSDs may
+        // still be removing its PGs' objects, which must never show in the new pool).
+        let mut pool_ids = std::collections::BTreeSet::new();
         for o in &ops {
             let Some(inc) = propose(&leader, o) else { continue };
             prop_assert_eq!(inc.epoch, leader.epoch + 1);
+            let before: std::collections::BTreeSet<u32> = leader.pools.keys().copied().collect();
             leader.apply(&inc).unwrap();
+            for id in leader.pools.keys().filter(|id| !before.contains(id)) {
+                prop_assert!(
+                    pool_ids.last().is_none_or(|max| id > max),
+                    "new pool id {} after {:?}",
+                    id,
+                    pool_ids
+                );
+                pool_ids.insert(*id);
+            }
             incs.push(inc.encode());
             fulls.push(leader.encode());
         }

@@ -295,6 +295,7 @@ pub async fn run(
     let scrubber = service.start_scrubber();
     let watch_ticker = crate::watch::start(Arc::downgrade(service.watches()));
     let snap_trimmer = crate::snap_trim::start(&service);
+    let pg_remover = crate::pg_remover::start(&service);
     let config_follower = tokio::spawn(follow_scrub_config(
         mon.clone(),
         Arc::downgrade(&service),
@@ -350,6 +351,7 @@ pub async fn run(
     scrubber.abort();
     watch_ticker.abort();
     snap_trimmer.abort();
+    pg_remover.abort();
     config_follower.abort();
     mon_forwarder.abort();
     activation_batcher.abort();

@@ -19,7 +19,10 @@
 //! * `watch` keeps the watchers of the primary's objects and the notifies in progress (a pure
 //!   table plus the glue that pushes events), and says which clients are fenced;
 //! * `snapset` holds the self-managed snapshot decisions (pure), `snaps` the primary's
-//!   snapshot I/O around them, and `snap_trim` the worker that trims removed snapshots.
+//!   snapshot I/O around them, and `snap_trim` the worker that trims removed snapshots;
+//! * `pg_removal` holds the queue of deleted pools' PGs and the steps that delete their
+//!   collections, and `pg_remover` the throttled background worker that runs them, so that
+//!   `pool rm` frees the space.
 
 pub mod admission;
 pub mod daemon;
@@ -35,6 +38,8 @@ pub mod object_state;
 pub mod peering;
 pub mod peering_machine;
 pub(crate) mod pg;
+pub mod pg_removal;
+pub mod pg_remover;
 pub mod pglog;
 pub mod recovery;
 pub mod recovery_throttle;

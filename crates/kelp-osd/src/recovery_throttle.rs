@@ -27,6 +27,11 @@ pub struct RecoveryConfig {
     pub op_priority: u32,
     /// `osd_snap_trim_sleep`: pause after every object the snapshot trimmer trims.
     pub snap_trim_sleep: Duration,
+    /// `osd_delete_sleep`: pause after every transaction of the remover of deleted pools' PGs
+    /// (`crate::pg_removal`).
+    pub delete_sleep: Duration,
+    /// `osd_target_transaction_size`: objects that remover deletes per transaction.
+    pub delete_batch: usize,
 }
 
 impl Default for RecoveryConfig {
@@ -38,6 +43,8 @@ impl Default for RecoveryConfig {
             sleep: keys::OSD_RECOVERY_SLEEP.default.as_duration(),
             op_priority: keys::OSD_RECOVERY_OP_PRIORITY.default.as_u64() as _,
             snap_trim_sleep: keys::OSD_SNAP_TRIM_SLEEP.default.as_duration(),
+            delete_sleep: keys::OSD_DELETE_SLEEP.default.as_duration(),
+            delete_batch: keys::OSD_TARGET_TRANSACTION_SIZE.default.as_u64() as usize,
         }
     }
 }
@@ -66,6 +73,16 @@ impl RecoveryConfig {
             },
             "osd_recovery_op_priority" => match value.parse::<u32>() {
                 Ok(p) if p > 0 => self.op_priority = p,
+                _ => return false,
+            },
+            "osd_delete_sleep" => match value.parse::<f64>() {
+                Ok(s) if s >= 0.0 && s.is_finite() => {
+                    self.delete_sleep = Duration::from_secs_f64(s)
+                }
+                _ => return false,
+            },
+            "osd_target_transaction_size" => match value.parse::<usize>() {
+                Ok(n) if n > 0 => self.delete_batch = n,
                 _ => return false,
             },
             _ => return false,

@@ -119,6 +119,8 @@ pub struct OsdService {
     watches: Arc<crate::watch::Watches>,
     /// Prometheus metrics: per-op counters and latency, the last report (`crate::metrics`).
     metrics: crate::metrics::OsdMetrics,
+    /// PGs of deleted pools queued for removal (`crate::pg_removal`): never opened again.
+    removals: Arc<crate::pg_removal::Removals>,
 }
 
 /// Clients count as busy on an OSD for this long after their last op.
@@ -187,6 +189,7 @@ impl OsdService {
             started: Instant::now(),
             mappings: kelp_maps::MappingCache::new(),
             watches: Arc::default(),
+            removals: Arc::default(),
         })
     }
 
@@ -299,6 +302,18 @@ impl OsdService {
                 message: format!("PG setup task failed: {e}"),
             })??;
         self.map_tx.send_replace(map.clone());
+        // PGs of pools the map no longer has stop serving now; their collections go to the
+        // remover (`crate::pg_removal`).
+        let dropped = {
+            let mut pgs = self.pgs.lock().expect("pg table");
+            let before = pgs.len();
+            pgs.retain(|pg, _| map.pools.contains_key(&pg.pool.0));
+            before - pgs.len()
+        };
+        if dropped > 0 {
+            tracing::info!(dropped, epoch = map.epoch, "PGs of deleted pools closed");
+        }
+        self.removals.wake();
         // Peer every PG this OSD is primary of whose acting set changed.
         for pool in map.pools.values() {
             for seed in 0..pool.pg_num {
@@ -341,7 +356,16 @@ impl OsdService {
                 continue;
             }
             let coll = CollectionId(pg);
-            let meta = if self.store.collection_exists(coll)? {
+            if self.removals.is_queued(pg) {
+                continue;
+            }
+            let exists = self.store.collection_exists(coll)?;
+            if exists && crate::pg_removal::is_marked(&*self.store, coll)? {
+                // a removal was started (its pool is deleted): never serve it again
+                self.removals.wake();
+                continue;
+            }
+            let meta = if exists {
                 PgMeta::load(&*self.store, coll, self.cfg.max_pg_log_entries, &mut create)?
             } else {
                 PgMeta::create(&mut create, coll, self.cfg.max_pg_log_entries)
@@ -384,6 +408,11 @@ impl OsdService {
         .await;
         self.metrics.note_report(&report);
         report
+    }
+
+    /// The remover of deleted pools' PGs' queue (`crate::pg_removal`).
+    pub(crate) fn removals(&self) -> &Arc<crate::pg_removal::Removals> {
+        &self.removals
     }
 
     /// This OSD's Prometheus metrics.
@@ -1770,6 +1799,10 @@ impl RecoveryHost for OsdService {
     async fn pg_or_stray(&self, pg: PgId) -> Option<PgHandle> {
         if let Some(h) = self.pg(pg) {
             return Some(h);
+        }
+        // A PG of a deleted pool is never opened again (`crate::pg_removal`).
+        if !PgHost::map(self).pools.contains_key(&pg.pool.0) {
+            return None;
         }
         // Rare (a peering after a restart) and small (one PG's log): opened inline.
         let opened = match self.store.collection_exists(CollectionId(pg)) {

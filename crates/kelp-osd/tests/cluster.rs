@@ -862,3 +862,82 @@ async fn scrubs_under_concurrent_writes_report_no_false_inconsistencies() {
     }
     assert!(writes > 20, "only {writes} writes during the scrubs");
 }
+
+/// Deleting a pool: every OSD stops serving its PGs with the map that removes it (client ops
+/// refused as for an unknown pool), and each OSD's remover (`pg_remover`) deletes every
+/// collection of the pool, objects with omap included, leaving another pool's untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pools_pgs_stop_serving_and_are_removed() {
+    let mut c = Cluster::new().await;
+    let (keep, inc) = c
+        .map
+        .propose_pool_create(&PoolSpec {
+            name: "keep".into(),
+            pg_num: Some(4),
+            size: Some(3),
+            ..PoolSpec::default()
+        })
+        .unwrap();
+    c.publish(inc).await;
+    for i in 0..40u32 {
+        let name = format!("obj{i}");
+        let body = vec![i as u8; 3000];
+        let op = c.op(&name, vec![OpKind::WriteFull { len: 3000 }]);
+        assert_eq!(c.send(op, &body).await.0.error, None);
+        let op = c.op(
+            &name,
+            vec![OpKind::OmapSet {
+                entries: vec![("k".to_string(), 1)],
+            }],
+        );
+        assert_eq!(c.send(op, b"v").await.0.error, None, "omap of {name}");
+    }
+    let read = c.op("obj1", vec![OpKind::Read { offset: 0, len: 0 }]);
+    let primary = c.primary(&read);
+    let pool = c.pool;
+    let colls_of = |store: &MemStore, p: u32| {
+        store
+            .list_collections()
+            .unwrap()
+            .into_iter()
+            .filter(|coll| coll.0.pool.0 == p)
+            .count()
+    };
+    for store in c.stores.values() {
+        assert_eq!(colls_of(store, pool), 8);
+        assert_eq!(colls_of(store, keep), 4);
+    }
+
+    let inc = c.map.propose_pool_delete("data").unwrap();
+    c.map.apply(&inc).unwrap();
+    for svc in c.osds.values() {
+        svc.set_map(c.map.clone()).await.unwrap();
+    }
+    let mut read = read;
+    read.epoch = c.map.epoch;
+    let (reply, _) = primary.client_op("client.test", read, Bytes::new()).await;
+    assert_eq!(reply.error.unwrap().0, ErrorCode::NoSuchPool);
+
+    let removers: Vec<_> = c.osds.values().map(kelp_osd::pg_remover::start).collect();
+    let mut waited = 0;
+    while c.stores.values().any(|s| colls_of(s, pool) > 0) {
+        waited += 1;
+        assert!(
+            waited < 1000,
+            "the deleted pool's collections are still there"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for (osd, store) in &c.stores {
+        assert_eq!(colls_of(store, keep), 4, "osd.{osd} kept the other pool");
+        let work = c.osds[osd].stats().work();
+        assert_eq!(
+            (work.deleting_pgs_left, work.deleting_objects_left),
+            (0, 0),
+            "osd.{osd}: nothing left to remove"
+        );
+    }
+    for r in removers {
+        r.abort();
+    }
+}

@@ -69,6 +69,15 @@ fn daemon_defaults_match_the_registry() {
         u64::from(r.op_priority),
         keys::OSD_RECOVERY_OP_PRIORITY.default.as_u64()
     );
+    // the remover of deleted pools' PGs
+    assert_eq!(
+        secs(r.delete_sleep),
+        keys::OSD_DELETE_SLEEP.default.as_f64()
+    );
+    assert_eq!(
+        r.delete_batch as u64,
+        keys::OSD_TARGET_TRANSACTION_SIZE.default.as_u64()
+    );
     // scrub
     let s = kelp_osd::ScrubConfig::default();
     assert_eq!(

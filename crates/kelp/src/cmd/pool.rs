@@ -25,6 +25,12 @@ pub enum PoolCommand {
     /// detail`).
     Ls(ListArgs),
     /// Delete a pool and every object in it. Needs --yes-i-really-mean-it.
+    ///
+    /// The pool leaves the OSD map at once (its objects can no longer be read or written, and
+    /// its id is never given to another pool); every OSD then removes the objects of its PGs
+    /// in the background, throttled by osd_target_transaction_size and osd_delete_sleep
+    /// (central config), and the space comes back as it goes: `kelp progress` shows a
+    /// pool-deletion item, `kelp osd df` the usage falling.
     Rm(RmArgs),
     /// Show a pool's settings (all, or one KEY).
     Get(GetArgs),
