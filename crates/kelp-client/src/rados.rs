@@ -316,7 +316,10 @@ impl Rados {
     /// This handle's messengers (OSD traffic, then the monitors'), for their statistics
     /// (`Messenger::stats`): a daemon built on a RADOS client reports them as its own.
     pub fn messengers(&self) -> Vec<Messenger> {
-        vec![self.inner.osd_msgr.clone(), self.inner.mon.messenger().clone()]
+        vec![
+            self.inner.osd_msgr.clone(),
+            self.inner.mon.messenger().clone(),
+        ]
     }
 
     /// This connection's client instance name, `ENTITY.NONCE` (e.g.

@@ -289,7 +289,10 @@ impl Session {
             reader_busy: AtomicBool::new(false),
             serving: AtomicUsize::new(0),
         });
-        session.counters().connections_open.fetch_add(1, Ordering::Relaxed);
+        session
+            .counters()
+            .connections_open
+            .fetch_add(1, Ordering::Relaxed);
         if let Some(policy) = &session.policy {
             policy.register_session(&session);
         }

@@ -502,7 +502,10 @@ mod tests {
         let mut reg = Registry::new();
         m.register(&mut reg);
         let text = reg.encode_prometheus().expect("encodes");
-        assert!(!text.contains("kelp_rgw_bucket_stored_bytes"), "not counted yet: {text}");
+        assert!(
+            !text.contains("kelp_rgw_bucket_stored_bytes"),
+            "not counted yet: {text}"
+        );
         m.set_usage(
             [
                 ("big".to_string(), (2, 5000)),

@@ -67,7 +67,11 @@ impl Rgw {
         let (marked, overflow) = metrics.take_changed_buckets();
         let full = full || overflow;
         let names: Vec<String> = if full {
-            self.all_buckets().await?.into_iter().map(|(b, _)| b).collect()
+            self.all_buckets()
+                .await?
+                .into_iter()
+                .map(|(b, _)| b)
+                .collect()
         } else {
             marked
         };
@@ -109,20 +113,17 @@ impl Rgw {
             );
         }
         if !gone.is_empty() {
-            meta.omap_rm_keys(USAGE_OBJ, &gone).await.or_else(|e| match e {
-                kelp_client::ClientError::NotFound { .. } => Ok(()),
-                e => Err(e),
-            })?;
+            meta.omap_rm_keys(USAGE_OBJ, &gone)
+                .await
+                .or_else(|e| match e {
+                    kelp_client::ClientError::NotFound { .. } => Ok(()),
+                    e => Err(e),
+                })?;
         }
         for chunk in counted.chunks(500) {
             let entries: Vec<(&str, Vec<u8>)> = chunk
                 .iter()
-                .map(|(n, u)| {
-                    (
-                        n.as_str(),
-                        serde_json::to_vec(u).expect("usage serializes"),
-                    )
-                })
+                .map(|(n, u)| (n.as_str(), serde_json::to_vec(u).expect("usage serializes")))
                 .collect();
             meta.omap_set(USAGE_OBJ, &entries).await?;
         }
