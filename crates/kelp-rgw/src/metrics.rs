@@ -528,7 +528,11 @@ mod tests {
         }
         m.set_usage([], &["big".to_string()], false);
         let text = reg.encode_prometheus().expect("encodes");
-        assert!(!text.contains("bucket=\"big\""), "{text}");
+        assert!(
+            !text.contains("kelp_rgw_bucket_stored_bytes{bucket=\"big\"}"),
+            "{text}"
+        );
+        assert!(text.contains("kelp_rgw_stored_bytes 11"), "{text}");
     }
 
     #[test]
