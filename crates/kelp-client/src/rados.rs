@@ -313,6 +313,15 @@ impl Rados {
         &self.inner.osd_msgr
     }
 
+    /// This handle's messengers (OSD traffic, then the monitors'), for their statistics
+    /// (`Messenger::stats`): a daemon built on a RADOS client reports them as its own.
+    pub fn messengers(&self) -> Vec<Messenger> {
+        vec![
+            self.inner.osd_msgr.clone(),
+            self.inner.mon.messenger().clone(),
+        ]
+    }
+
     /// This connection's client instance name, `ENTITY.NONCE` (e.g.
     /// `client.admin.3f09c2d4e5a6b7c8`): unique per `Rados::connect`, sent with every op, and
     /// what `osd blocklist` fences and watchers are listed as.

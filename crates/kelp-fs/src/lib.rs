@@ -8,6 +8,7 @@
 //! - [`caps`]: capabilities (which client may cache what) as a pure state machine;
 //! - [`locks`]: advisory locks (fcntl, flock) held by the MDS across clients;
 //! - [`mds`]: the daemon around the core: RADOS I/O, the journal, checkpoints, the messenger;
+//! - [`metrics`]: the MDS's Prometheus metrics (requests by operation, journal, capabilities);
 //! - [`client`]: the MDS session and the file data path (striping over data objects);
 //! - [`fuse`]: the thin FUSE adapter on `fuser`.
 //!
@@ -21,6 +22,7 @@ pub mod fuse;
 pub mod journal;
 pub mod locks;
 pub mod mds;
+pub mod metrics;
 pub mod types;
 
 pub use error::{FsError, Result};

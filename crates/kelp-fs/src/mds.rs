@@ -109,6 +109,8 @@ struct Inner {
     /// Revokes that completed requests still wait for, by (client, tid): a retry of one of
     /// them, answered from the completed-request table, waits for them too.
     revoking: std::sync::Mutex<HashMap<(u64, u64), Vec<u64>>>,
+    /// Prometheus metrics (`crate::metrics`), shared with the [`Mds`] handle.
+    metrics: Arc<crate::metrics::MdsMetrics>,
 }
 
 /// The capability table plus what the daemon knows of each client's revoke poll.
@@ -155,6 +157,7 @@ pub struct Mds {
     fenced: Arc<watch::Sender<Option<String>>>,
     msgr: Messenger,
     addr: SocketAddr,
+    metrics: Arc<crate::metrics::MdsMetrics>,
 }
 
 impl Mds {
@@ -170,9 +173,13 @@ impl Mds {
     /// Starts listening as `mds.NAME` on `bind`, serving nothing yet.
     pub async fn bind(name: &str, bind: SocketAddr, keys: Arc<dyn KeyLookup>) -> Result<Mds> {
         let slot: Arc<OnceLock<Arc<Inner>>> = Arc::default();
+        let metrics = Arc::new(crate::metrics::MdsMetrics::default());
         let msgr = Messenger::builder(format!("mds.{name}"))
             .keys(keys)
-            .dispatcher(Arc::new(Dispatcher { slot: slot.clone() }))
+            .dispatcher(Arc::new(Dispatcher {
+                slot: slot.clone(),
+                metrics: metrics.clone(),
+            }))
             .build()?;
         let addr = msgr.bind(bind).await?;
         let (fenced, _) = watch::channel(None);
@@ -181,6 +188,7 @@ impl Mds {
             fenced: Arc::new(fenced),
             msgr,
             addr,
+            metrics,
         })
     }
 
@@ -228,6 +236,7 @@ impl Mds {
             caps_changed: watch::channel(0).0,
             requests: std::sync::atomic::AtomicU64::new(0),
             revoking: std::sync::Mutex::new(HashMap::new()),
+            metrics: self.metrics.clone(),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -256,6 +265,33 @@ impl Mds {
     /// Where clients reach this MDS.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The messenger clients reach this MDS on (for its statistics).
+    pub fn messenger(&self) -> &Messenger {
+        &self.msgr
+    }
+
+    /// Exports this MDS's metrics (`crate::metrics`) into `reg`: live from bind on, the
+    /// session and capability figures once it serves a file system.
+    pub fn register_metrics(&self, reg: &mut kelp_metrics::Registry) {
+        let slot = self.slot.clone();
+        self.metrics.register(reg, move || match slot.get() {
+            None => crate::metrics::MdsState::default(),
+            Some(inner) => {
+                let caps = inner.caps.lock().unwrap_or_else(|p| p.into_inner());
+                crate::metrics::MdsState {
+                    active: !inner.is_fenced(),
+                    cache_budget: inner.cfg.cache_inodes,
+                    sessions: caps
+                        .polls
+                        .values()
+                        .filter(|t| t.elapsed() < CAP_SESSION_GRACE)
+                        .count(),
+                    cap_inodes: caps.table.inodes_with_grants(),
+                }
+            }
+        });
     }
 
     /// Resolves when the MDS has been fenced (blocklisted), with the reason.
@@ -671,6 +707,8 @@ impl Inner {
             return (Reply::Err(errno::ESHUTDOWN), None);
         }
         let (reply, grants, mut revokes) = self.apply_locked(&mut st, req, caller, op).await;
+        // metrics: the cache's size after this op
+        self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
         let key = (client, req.tid);
         let tracked = req.tid != 0 && op.is_mutation();
         if tracked {
@@ -806,6 +844,7 @@ impl Inner {
         }
         drop(caps);
         if !ids.is_empty() {
+            self.metrics.revoked_change.inc_by(ids.len() as u64);
             self.caps_changed.send_modify(|n| *n += 1);
         }
         (ids, what.into_keys().collect())
@@ -858,6 +897,7 @@ impl Inner {
             }
         }
         drop(caps);
+        self.metrics.caps_granted.inc_by(granted.len() as u64);
         if granted.is_empty() && changed.is_empty() {
             return None;
         }
@@ -976,6 +1016,7 @@ impl Inner {
             .retain(|_, t| t.elapsed() < CAP_SESSION_GRACE * 6);
         drop(caps);
         if !ids.is_empty() {
+            self.metrics.revoked_budget.inc_by(ids.len() as u64);
             debug!(revokes = ids.len(), "capability budget");
             self.caps_changed.send_modify(|n| *n += 1);
         }
@@ -1000,7 +1041,12 @@ impl Inner {
         if st.segment_bytes >= journal::SEGMENT_BYTES {
             st.segment += 1;
             st.segment_bytes = 0;
+            self.metrics.journal_segments.inc();
         }
+        // metrics
+        self.metrics.journal_appends.inc();
+        self.metrics.journal_bytes.inc_by(len);
+        self.note_open_segments(st);
         Ok(())
     }
 
@@ -1014,6 +1060,7 @@ impl Inner {
         if st.segment_bytes > 0 {
             st.segment += 1;
             st.segment_bytes = 0;
+            self.metrics.journal_segments.inc();
         }
         let pending = std::mem::take(&mut st.pending);
         let requests = st.ns.requests_snapshot(Time::now());
@@ -1039,7 +1086,17 @@ impl Inner {
         st.ns.mark_clean();
         st.ns.evict_to(self.cfg.cache_inodes);
         debug!(updates = pending.len(), segment = to, "checkpoint");
+        // metrics
+        self.metrics.checkpoints.inc();
+        self.note_open_segments(&st);
+        self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
         Ok(())
+    }
+
+    /// Metrics: the journal segments a restart would replay now.
+    fn note_open_segments(&self, st: &State) {
+        let open = st.segment.saturating_sub(st.first_segment) + u64::from(st.segment_bytes > 0);
+        self.metrics.journal_segments_open.set(open as i64);
     }
 
     /// Checkpoints and purges strays until fenced.
@@ -1053,6 +1110,7 @@ impl Inner {
             }
             self.enforce_cap_budget();
             if let Err(e) = self.checkpoint().await {
+                self.metrics.checkpoint_failures.inc();
                 warn!("checkpoint failed: {e}");
             }
             // also when nothing changed: reads alone fill the cache too
@@ -1244,6 +1302,7 @@ impl Drop for AbortOnDrop {
 
 struct Dispatcher {
     slot: Arc<OnceLock<Arc<Inner>>>,
+    metrics: Arc<crate::metrics::MdsMetrics>,
 }
 
 /// Decodes a request envelope; every malformed input is an error, never a panic.
@@ -1272,6 +1331,7 @@ impl kelp_msgr::Dispatcher for Dispatcher {
             ));
         }
         let env = decode_request(&req.meta)?;
+        let timer = self.metrics.start(&env.op);
         let (reply, grants) = match self.slot.get() {
             Some(inner) => {
                 let req = RequestId {
@@ -1283,6 +1343,7 @@ impl kelp_msgr::Dispatcher for Dispatcher {
             }
             None => (Reply::Err(errno::ESHUTDOWN), None),
         };
+        timer.finish(!matches!(reply, Reply::Err(_)));
         let meta = serde_json::to_vec(&reply).expect("replies serialize");
         // what the reply grants travels in the data part (empty: nothing granted)
         let data = match grants {

@@ -479,8 +479,8 @@ pub static COMMON_TABLE: MetricTable = MetricTable {
 };
 
 /// A messenger's counters (`kelp_msgr::MsgrStats`, copied by the daemon that owns it; this
-/// crate depends on no messenger).
-#[derive(Debug, Clone, Copy, Default)]
+/// crate depends on no messenger). A daemon with several messengers reports their sum.
+#[derive(Debug, Clone, Default)]
 pub struct MsgrCounts {
     pub peers: u64,
     pub connections_accepted: u64,
@@ -490,9 +490,29 @@ pub struct MsgrCounts {
     pub frame_errors: u64,
     pub frames_sent: u64,
     pub flushes: u64,
+    /// Dials that failed.
+    pub connect_failures: u64,
+    /// Traffic and connections by kind of peer (a closed set: `kelp_msgr::PEER_TYPES`).
+    pub by_peer: Vec<MsgrPeerCounts>,
 }
 
-/// Messenger metrics of daemons that serve the cluster protocol (monitors, OSDs).
+/// A messenger's counters for one kind of peer (`kelp_msgr::PeerStats`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MsgrPeerCounts {
+    /// The kind of peer: `mon`, `osd`, `mds`, `mgr`, `client` or `other`.
+    pub peer: &'static str,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    pub connections_open: u64,
+    pub connections_closed: u64,
+    pub connection_errors: u64,
+    pub reconnects: u64,
+}
+
+/// Messenger metrics of every daemon that speaks the cluster protocol (kelp-msgr): its own
+/// listening messenger, if any, and those it dials the monitors and OSDs with.
 pub static MSGR_METRICS: &[MetricDef] = &[
     MetricDef {
         name: "kelp_msgr_peers",
@@ -530,11 +550,66 @@ pub static MSGR_METRICS: &[MetricDef] = &[
         help: "Messenger socket flushes (each carries one or more frames).",
         labels: &[],
     },
+    // messenger statistics by kind of peer: 6..
+    MetricDef {
+        name: "kelp_msgr_sent_bytes",
+        kind: MetricType::Counter,
+        help: "Bytes written to messenger sockets (frame headers included), by kind of peer (mon, osd, mds, mgr, client, other).",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_received_bytes",
+        kind: MetricType::Counter,
+        help: "Bytes read from messenger sockets (frame headers included), by kind of peer.",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_sent_messages",
+        kind: MetricType::Counter,
+        help: "Requests, replies and one-way messages sent (keepalives not counted), by kind of peer.",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_received_messages",
+        kind: MetricType::Counter,
+        help: "Requests, replies and one-way messages received (keepalives not counted), by kind of peer.",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_connections_open",
+        kind: MetricType::Gauge,
+        help: "Messenger connections open now, by kind of peer.",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_connections_closed",
+        kind: MetricType::Counter,
+        help: "Messenger connections closed for any reason, by kind of peer.",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_connection_errors",
+        kind: MetricType::Counter,
+        help: "Messenger connections closed by a fault (failed write, malformed frame, keepalive timeout), by kind of peer.",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_reconnects",
+        kind: MetricType::Counter,
+        help: "Connections dialled again after the previous one to the same address was lost, by kind of peer.",
+        labels: &["peer"],
+    },
+    MetricDef {
+        name: "kelp_msgr_connect_failures",
+        kind: MetricType::Counter,
+        help: "Dials that failed (no answer, refused, handshake failed), before any retry.",
+        labels: &[],
+    },
 ];
 
 /// The messenger table for docs.
 pub static MSGR_TABLE: MetricTable = MetricTable {
-    daemon: "mon,osd",
+    daemon: "mon,osd,mds,rgw,nbd,mgr",
     metrics: MSGR_METRICS,
 };
 
@@ -552,6 +627,18 @@ impl Registry {
             s.set(&m[3], &[], c.frame_errors as f64);
             s.set(&m[4], &[], c.frames_sent as f64);
             s.set(&m[5], &[], c.flushes as f64);
+            for p in &c.by_peer {
+                let l = &[p.peer];
+                s.set(&m[6], l, p.bytes_sent as f64);
+                s.set(&m[7], l, p.bytes_received as f64);
+                s.set(&m[8], l, p.messages_sent as f64);
+                s.set(&m[9], l, p.messages_received as f64);
+                s.set(&m[10], l, p.connections_open as f64);
+                s.set(&m[11], l, p.connections_closed as f64);
+                s.set(&m[12], l, p.connection_errors as f64);
+                s.set(&m[13], l, p.reconnects as f64);
+            }
+            s.set(&m[14], &[], c.connect_failures as f64);
         });
     }
 }

@@ -6,7 +6,7 @@
 //! none is known). When the monitors make it active (the active one fell silent for
 //! `mgr_beacon_grace`), it starts polling at once; its time series start empty.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -495,7 +495,8 @@ async fn read_buckets(rados: &Rados) -> Vec<BucketInfo> {
             break;
         }
     }
-    let io = &io;
+    let usage = read_bucket_usage(&io).await;
+    let (io, usage) = (&io, &usage);
     futures::stream::iter(names)
         .map(|(name, owner)| async move {
             let record =
@@ -515,6 +516,7 @@ async fn read_buckets(rados: &Rados) -> Vec<BucketInfo> {
                         t["started_ns"].as_u64().unwrap_or(0) / 1_000_000,
                     ))
                 }),
+                usage: usage.get(&name).copied(),
                 name,
             }
         })
@@ -522,6 +524,40 @@ async fn read_buckets(rados: &Rados) -> Vec<BucketInfo> {
         .collect()
         .await
 }
+
+/// The gateways' count of each bucket's objects and stored bytes: the omap of
+/// `bucket_usage` in the metadata pool (kelp-rgw's `usage`), bucket -> JSON.
+async fn read_bucket_usage(io: &kelp_client::IoCtx) -> HashMap<String, (u64, u64)> {
+    let mut out = HashMap::new();
+    let mut after = String::new();
+    loop {
+        let Ok(Ok((page, more))) = tokio::time::timeout(
+            CALL_TIMEOUT,
+            io.omap_get_vals(RGW_USAGE_OBJ, &after, "", 1000),
+        )
+        .await
+        else {
+            break;
+        };
+        if let Some((k, _)) = page.last() {
+            after = k.clone();
+        }
+        let n = page.len();
+        for (k, v) in page {
+            if let Ok(u) = serde_json::from_slice::<serde_json::Value>(&v) {
+                let objects = u["objects"].as_u64().unwrap_or(0);
+                out.insert(k, (objects, u["bytes"].as_u64().unwrap_or(0)));
+            }
+        }
+        if !more || n == 0 || out.len() >= MAX_BUCKETS {
+            break;
+        }
+    }
+    out
+}
+
+/// The object of the metadata pool where the gateways publish bucket usage.
+pub const RGW_USAGE_OBJ: &str = "bucket_usage";
 
 /// Logs a failure of an admin action for the operator.
 pub fn warn_action(what: &str, e: &dyn std::fmt::Display) {

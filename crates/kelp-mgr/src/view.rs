@@ -24,6 +24,8 @@ pub struct BucketInfo {
     pub created_ms: u64,
     /// Target shards of a reshard in progress, and when it started (unix ms).
     pub reshard: Option<(u32, u64)>,
+    /// Objects and stored bytes, as the gateways last counted them (`None`: not counted yet).
+    pub usage: Option<(u64, u64)>,
 }
 
 /// One poll's worth of cluster state.
@@ -211,12 +213,14 @@ impl View {
                     "name": b.name, "owner": b.owner, "shards": b.shards,
                     "created_ms": b.created_ms,
                     "resharding_to": b.reshard.map(|r| r.0),
+                    "objects": b.usage.map(|u| u.0),
+                    "stored_bytes": b.usage.map(|u| u.1),
                 })
             })
             .collect()
     }
 
-    /// The S3 gateway's pools and their usage (per-bucket usage is not published).
+    /// The S3 gateway's pools and their usage (per-bucket usage is in [`View::buckets_json`]).
     pub fn s3_pools(&self) -> Vec<Value> {
         self.pools()
             .into_iter()

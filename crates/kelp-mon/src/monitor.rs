@@ -503,6 +503,22 @@ impl Monitor {
                 frame_errors: s.frame_errors,
                 frames_sent: s.frames_sent,
                 flushes: s.flushes,
+                connect_failures: s.connect_failures,
+                by_peer: kelp_msgr::PEER_TYPES
+                    .iter()
+                    .zip(&s.by_peer)
+                    .map(|(peer, p)| kelp_metrics::MsgrPeerCounts {
+                        peer,
+                        bytes_sent: p.bytes_sent,
+                        bytes_received: p.bytes_received,
+                        messages_sent: p.messages_sent,
+                        messages_received: p.messages_received,
+                        connections_open: p.connections_open,
+                        connections_closed: p.connections_closed,
+                        connection_errors: p.connection_errors,
+                        reconnects: p.reconnects,
+                    })
+                    .collect(),
             }
         });
         let weak = Arc::downgrade(&self.inner);

@@ -65,7 +65,10 @@ mod session;
 pub use auth::{KeyLookup, Keyring, ReloadingKeyring, Secret, generate_secret, validate_entity};
 pub use config::MsgrConfig;
 pub use error::{AuthFailure, FrameError, MsgrError, RemoteError, Result};
-pub use messenger::{ChannelDispatcher, Connection, Messenger, MessengerBuilder, MsgrStats};
+pub use messenger::{
+    ChannelDispatcher, Connection, Messenger, MessengerBuilder, MsgrStats, PEER_TYPES, PeerStats,
+    peer_type,
+};
 pub use policy::NetworkPolicy;
 pub use session::{Direction, Dispatcher, Message, Peer, Request, Response};
 

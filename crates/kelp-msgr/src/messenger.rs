@@ -37,6 +37,88 @@ pub(crate) struct Stats {
     pub frame_errors: AtomicU64,
     pub frames_sent: AtomicU64,
     pub flushes: AtomicU64,
+    pub connect_failures: AtomicU64,
+    /// Indexed by [`peer_type`]: a closed set, so the counters are a fixed array.
+    pub by_peer: [PeerCounters; PEER_TYPES.len()],
+}
+
+/// Traffic and connection counters of one kind of peer (relaxed atomics: the data path adds
+/// to them and never waits).
+#[derive(Debug, Default)]
+pub(crate) struct PeerCounters {
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_closed: AtomicU64,
+    pub connection_errors: AtomicU64,
+    pub reconnects: AtomicU64,
+}
+
+impl PeerCounters {
+    fn snapshot(&self) -> PeerStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PeerStats {
+            bytes_sent: l(&self.bytes_sent),
+            bytes_received: l(&self.bytes_received),
+            messages_sent: l(&self.messages_sent),
+            messages_received: l(&self.messages_received),
+            connections_open: l(&self.connections_open),
+            connections_closed: l(&self.connections_closed),
+            connection_errors: l(&self.connection_errors),
+            reconnects: l(&self.reconnects),
+        }
+    }
+}
+
+/// The kinds of peer traffic is counted by ([`MsgrStats::by_peer`]): the type part of the
+/// peer's entity name (`osd` of `osd.3`), anything else is `other`. A closed set, so that
+/// metrics labelled with it stay bounded however many peers there are.
+pub const PEER_TYPES: &[&str] = &["mon", "osd", "mds", "mgr", "client", "other"];
+
+/// Index into [`PEER_TYPES`] of an entity name.
+pub fn peer_type(entity: &str) -> usize {
+    let kind = entity.split_once('.').map_or(entity, |(k, _)| k);
+    PEER_TYPES
+        .iter()
+        .position(|t| *t == kind)
+        .unwrap_or(PEER_TYPES.len() - 1)
+}
+
+/// Counters of the connections with one kind of peer ([`PEER_TYPES`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    /// Bytes written to sockets (frame headers included).
+    pub bytes_sent: u64,
+    /// Bytes read from sockets (frame headers included).
+    pub bytes_received: u64,
+    /// Requests, responses and one-way messages sent (keepalives not counted).
+    pub messages_sent: u64,
+    /// Requests, responses and one-way messages received (keepalives not counted).
+    pub messages_received: u64,
+    /// Connections open now.
+    pub connections_open: u64,
+    /// Connections closed, for any reason.
+    pub connections_closed: u64,
+    /// Connections closed by a fault: a write that failed, a malformed frame, a peer silent
+    /// past the keepalive timeout.
+    pub connection_errors: u64,
+    /// Connections dialled again after the previous one to the same address was lost.
+    pub reconnects: u64,
+}
+
+impl PeerStats {
+    fn add(&mut self, o: &PeerStats) {
+        self.bytes_sent += o.bytes_sent;
+        self.bytes_received += o.bytes_received;
+        self.messages_sent += o.messages_sent;
+        self.messages_received += o.messages_received;
+        self.connections_open += o.connections_open;
+        self.connections_closed += o.connections_closed;
+        self.connection_errors += o.connection_errors;
+        self.reconnects += o.reconnects;
+    }
 }
 
 /// A snapshot of a messenger's counters.
@@ -57,6 +139,27 @@ pub struct MsgrStats {
     /// Socket flushes: each carries one or more frames (a busy connection coalesces the
     /// frames that become ready in one scheduler pass).
     pub flushes: u64,
+    /// Dials that failed (no answer, refused, handshake failed), before any retry.
+    pub connect_failures: u64,
+    /// Traffic and connections by kind of peer, indexed like [`PEER_TYPES`].
+    pub by_peer: [PeerStats; PEER_TYPES.len()],
+}
+
+impl MsgrStats {
+    /// Adds `other`'s counters to these (a process with several messengers reports one sum).
+    pub fn add(&mut self, other: &MsgrStats) {
+        self.connections_accepted += other.connections_accepted;
+        self.connections_dialed += other.connections_dialed;
+        self.handshake_failures += other.handshake_failures;
+        self.auth_failures += other.auth_failures;
+        self.frame_errors += other.frame_errors;
+        self.frames_sent += other.frames_sent;
+        self.flushes += other.flushes;
+        self.connect_failures += other.connect_failures;
+        for (a, b) in self.by_peer.iter_mut().zip(&other.by_peer) {
+            a.add(b);
+        }
+    }
 }
 
 /// What every task of a messenger shares.
@@ -455,6 +558,8 @@ impl Messenger {
             frame_errors: s.frame_errors.load(Ordering::Relaxed),
             frames_sent: s.frames_sent.load(Ordering::Relaxed),
             flushes: s.flushes.load(Ordering::Relaxed),
+            connect_failures: s.connect_failures.load(Ordering::Relaxed),
+            by_peer: std::array::from_fn(|i| s.by_peer[i].snapshot()),
         }
     }
 
@@ -533,10 +638,23 @@ impl Slot {
         match self.core.dial(self.addr).await {
             Ok(s) => {
                 *backoff = Backoff::default();
-                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
+                let previous = self
+                    .current
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .replace(s.clone());
+                if previous.is_some() {
+                    self.core.stats.by_peer[s.peer_type]
+                        .reconnects
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(s)
             }
             Err(e) => {
+                self.core
+                    .stats
+                    .connect_failures
+                    .fetch_add(1, Ordering::Relaxed);
                 let cfg = &self.core.config;
                 let delay = backoff
                     .delay

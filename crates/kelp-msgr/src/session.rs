@@ -202,6 +202,7 @@ pub(crate) struct Outgoing {
     header: [u8; HEADER_LEN],
     meta: Bytes,
     data: Bytes,
+    keepalive: bool,
 }
 
 impl Outgoing {
@@ -210,6 +211,7 @@ impl Outgoing {
             header: frame::encode_header(kind, msg_type, tid, &meta, &data),
             meta,
             data,
+            keepalive: kind == FrameKind::Keepalive,
         }
     }
 }
@@ -240,6 +242,8 @@ pub(crate) struct Session {
     dispatcher: Option<Arc<dyn Dispatcher>>,
     policy: Option<NetworkPolicy>,
     stats: Arc<Stats>,
+    /// Index into `PEER_TYPES` of the peer's entity, for the per-peer-type counters.
+    pub(crate) peer_type: usize,
     out: mpsc::Sender<Outgoing>,
     pending: Mutex<Pending>,
     next_tid: AtomicU64,
@@ -266,6 +270,7 @@ impl Session {
         let session = Arc::new(Session {
             id: p.id,
             label: format!("{}@{}", p.peer_entity, p.peer_addr),
+            peer_type: crate::messenger::peer_type(&p.peer_entity),
             local_entity: p.local_entity,
             peer_entity: p.peer_entity,
             peer_addr: p.peer_addr,
@@ -284,6 +289,10 @@ impl Session {
             reader_busy: AtomicBool::new(false),
             serving: AtomicUsize::new(0),
         });
+        session
+            .counters()
+            .connections_open
+            .fetch_add(1, Ordering::Relaxed);
         if let Some(policy) = &session.policy {
             policy.register_session(&session);
         }
@@ -312,6 +321,18 @@ impl Session {
     }
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// The counters of this peer's kind.
+    fn counters(&self) -> &crate::messenger::PeerCounters {
+        &self.stats.by_peer[self.peer_type]
+    }
+
+    /// Counts a close caused by a fault (see `PeerStats::connection_errors`).
+    fn count_fault(&self) {
+        self.counters()
+            .connection_errors
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     fn touch_rx(&self) {
@@ -344,6 +365,9 @@ impl Session {
             return false;
         }
         self.shutdown.send_replace(true);
+        let c = self.counters();
+        c.connections_open.fetch_sub(1, Ordering::Relaxed);
+        c.connections_closed.fetch_add(1, Ordering::Relaxed);
         let pending = std::mem::take(&mut *self.pending());
         debug!(peer = %self.label, %reason, failed_calls = pending.len(), "connection closed");
         for (_, tx) in pending {
@@ -578,7 +602,12 @@ async fn writer_loop(session: Arc<Session>, wr: OwnedWriteHalf, mut rx: mpsc::Re
         Ok(()) => {
             let _ = w.shutdown().await;
         }
-        Err(e) => close_arc(&session, format!("write failed: {e}")),
+        Err(e) => {
+            if !session.is_closed() {
+                session.count_fault();
+            }
+            close_arc(&session, format!("write failed: {e}"))
+        }
     }
 }
 
@@ -601,6 +630,14 @@ async fn write_one(
     w.write_all(&m.meta).await?;
     w.write_all(&m.data).await?;
     session.stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+    let c = session.counters();
+    c.bytes_sent.fetch_add(
+        (HEADER_LEN + m.meta.len() + m.data.len()) as u64,
+        Ordering::Relaxed,
+    );
+    if !m.keepalive {
+        c.messages_sent.fetch_add(1, Ordering::Relaxed);
+    }
     Ok(())
 }
 
@@ -648,6 +685,7 @@ async fn keepalive_loop(session: Arc<Session>, interval: Duration, timeout: Dura
             let idle = session.since_rx();
             if idle > timeout {
                 warn!(peer = %session.label, ?idle, "no frame from peer within the keepalive timeout; closing");
+                session.count_fault();
                 close_arc(
                     &session,
                     format!("nothing received for {idle:?} (keepalive timeout {timeout:?})"),
@@ -681,6 +719,7 @@ async fn reader_loop(
             Ok(None) => break Some("peer closed the connection".to_string()),
             Err(e) => {
                 session.stats.frame_errors.fetch_add(1, Ordering::Relaxed);
+                session.count_fault();
                 let err = MsgrError::Frame {
                     peer: session.label.clone(),
                     source: e,
@@ -695,6 +734,14 @@ async fn reader_loop(
             continue;
         }
         session.touch_rx();
+        let c = session.counters();
+        c.bytes_received.fetch_add(
+            (HEADER_LEN + f.meta.len() + f.data.len()) as u64,
+            Ordering::Relaxed,
+        );
+        if f.kind != FrameKind::Keepalive {
+            c.messages_received.fetch_add(1, Ordering::Relaxed);
+        }
         match f.kind {
             FrameKind::Keepalive => {}
             FrameKind::Response | FrameKind::ErrorResponse => session.complete(f),

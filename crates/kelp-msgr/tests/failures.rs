@@ -59,6 +59,11 @@ async fn killed_connection_fails_pending_calls_then_reconnects() {
     assert!(r.meta.starts_with(b"again"));
     assert_eq!(client.stats().connections_dialed, 2);
     assert_eq!(c.server.stats().connections_accepted, 2);
+    // Counted by the kind of peer: the client redialled an OSD once.
+    let osd = client.stats().by_peer[peer_type("osd.1")];
+    assert_eq!(osd.reconnects, 1);
+    assert_eq!(osd.connections_open, 1);
+    assert_eq!(osd.connections_closed, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -345,3 +345,39 @@ async fn concurrent_replies_share_flushes() {
         "{flushes} flushes for {frames} frames: concurrent replies should share sends"
     );
 }
+
+/// Bytes and messages are counted on both ends by the kind of peer (headers included,
+/// keepalives not counted as messages), and open connections go back to zero on close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_is_counted_by_peer_type() {
+    let c = cluster(MsgrConfig::default()).await;
+    let client = c.client("client.a");
+    let conn = client.connect(c.addr).await.unwrap();
+    for i in 0..10u64 {
+        conn.call(ECHO, Bytes::new(), pattern(1000, i), T)
+            .await
+            .unwrap();
+    }
+    let (osd, cl) = (peer_type("osd.1"), peer_type("client.a"));
+    assert_eq!(PEER_TYPES[osd], "osd");
+    assert_eq!(PEER_TYPES[cl], "client");
+    assert_eq!(PEER_TYPES[peer_type("rgw")], "other");
+    let mine = client.stats().by_peer[osd];
+    assert_eq!(mine.messages_sent, 10);
+    assert_eq!(mine.messages_received, 10);
+    assert!(mine.bytes_sent >= 10 * 1000, "{mine:?}");
+    assert!(mine.bytes_received >= 10 * 1000, "{mine:?}");
+    assert_eq!(mine.connections_open, 1);
+    let theirs = c.server.stats().by_peer[cl];
+    assert_eq!(theirs.messages_received, 10);
+    assert_eq!(theirs.bytes_received, mine.bytes_sent);
+    assert_eq!(theirs.connections_open, 1);
+    client.shutdown();
+    let deadline = Instant::now() + T;
+    while c.server.stats().by_peer[cl].connections_open != 0 {
+        assert!(Instant::now() < deadline, "the server never saw the close");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let s = client.stats().by_peer[osd];
+    assert_eq!((s.connections_open, s.connections_closed), (0, 1));
+}

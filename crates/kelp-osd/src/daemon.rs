@@ -270,7 +270,10 @@ pub async fn run(
     let addr = msgr.bind(opts.bind).await?;
     info!(%entity, %addr, "serving");
     let metrics = match opts.metrics_addr {
-        Some(at) => Some(serve_metrics(&service, &msgr, &entity, at).await?),
+        Some(at) => {
+            let msgrs = vec![msgr.clone(), mon.messenger().clone()];
+            Some(serve_metrics(&service, msgrs, &entity, at).await?)
+        }
         None => None,
     };
     let mut addrs = std::collections::BTreeMap::new();
@@ -390,7 +393,7 @@ pub async fn run(
 /// (`crate::metrics`), read from the service at each scrape.
 async fn serve_metrics(
     service: &Arc<OsdService>,
-    msgr: &Messenger,
+    msgrs: Vec<Messenger>,
     entity: &str,
     at: SocketAddr,
 ) -> Result<kelp_metrics::MetricsServer, DaemonError> {
@@ -402,6 +405,7 @@ async fn serve_metrics(
         if let Some(svc) = weak.upgrade() {
             let st = svc.stats();
             let inputs = crate::metrics::SnapshotInputs {
+                store: svc.store_stats(),
                 io: st.io(),
                 recovery: st.recovery(),
                 full_ratio_ppm: st.full_ratio_ppm(),
@@ -410,18 +414,23 @@ async fn serve_metrics(
             crate::metrics::snapshot(svc.metrics(), &inputs, s);
         }
     });
-    let m = msgr.clone();
-    reg.register_msgr(move || msgr_counts(&m));
+    reg.register_msgr(move || msgr_counts(&msgrs));
     let server = kelp_metrics::serve(at, Arc::new(reg)).await?;
     info!(%entity, url = %server.url(), "metrics endpoint");
     Ok(server)
 }
 
-/// A messenger's counters for `kelp_metrics`.
-pub fn msgr_counts(m: &Messenger) -> kelp_metrics::MsgrCounts {
-    let s = m.stats();
+/// The counters of a process's messengers for `kelp_metrics`, summed (an OSD has its own
+/// and its monitor client's; a RADOS client has one for the OSDs and one for the monitors).
+pub fn msgr_counts(msgrs: &[Messenger]) -> kelp_metrics::MsgrCounts {
+    let mut s = kelp_msgr::MsgrStats::default();
+    let mut peers = 0;
+    for m in msgrs {
+        s.add(&m.stats());
+        peers += m.peers().len() as u64;
+    }
     kelp_metrics::MsgrCounts {
-        peers: m.peers().len() as u64,
+        peers,
         connections_accepted: s.connections_accepted,
         connections_dialed: s.connections_dialed,
         handshake_failures: s.handshake_failures,
@@ -429,6 +438,22 @@ pub fn msgr_counts(m: &Messenger) -> kelp_metrics::MsgrCounts {
         frame_errors: s.frame_errors,
         frames_sent: s.frames_sent,
         flushes: s.flushes,
+        connect_failures: s.connect_failures,
+        by_peer: kelp_msgr::PEER_TYPES
+            .iter()
+            .zip(&s.by_peer)
+            .map(|(peer, p)| kelp_metrics::MsgrPeerCounts {
+                peer,
+                bytes_sent: p.bytes_sent,
+                bytes_received: p.bytes_received,
+                messages_sent: p.messages_sent,
+                messages_received: p.messages_received,
+                connections_open: p.connections_open,
+                connections_closed: p.connections_closed,
+                connection_errors: p.connection_errors,
+                reconnects: p.reconnects,
+            })
+            .collect(),
     }
 }
 

@@ -244,6 +244,55 @@ pub static METRICS: &[MetricDef] = &[
         help: "Age of the statistics the PG and store metrics come from (the last report to the monitors).",
         labels: &[],
     },
+    // store cache and allocation (kelp_store::StoreStats, read at each scrape): 28..=35
+    MetricDef {
+        name: "kelp_osd_store_onode_cache_hits",
+        kind: T::Counter,
+        help: "Object-record (onode) cache lookups of this OSD's store that found the record.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_osd_store_onode_cache_misses",
+        kind: T::Counter,
+        help: "Object-record cache lookups that had to read the store's metadata database.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_osd_store_onode_cache_entries",
+        kind: T::Gauge,
+        help: "Object records (and known absences) in the store's object-record cache.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_osd_store_onode_cache_bytes",
+        kind: T::Gauge,
+        help: "Memory the store's object-record cache holds.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_osd_store_onode_cache_capacity_bytes",
+        kind: T::Gauge,
+        help: "The store's object-record cache budget.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_osd_store_free_extents",
+        kind: T::Gauge,
+        help: "Free extents of the store's data device (more extents for the same free space: more fragmentation).",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_osd_store_largest_free_extent_bytes",
+        kind: T::Gauge,
+        help: "The largest free extent of the store's data device (the largest write that fits in one piece).",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_osd_store_free_extent_bytes",
+        kind: T::Gauge,
+        help: "Free space in the store's free extents (written space not in use; the data file may grow beyond it).",
+        labels: &[],
+    },
 ];
 
 /// The part of [`METRICS`] set by the scrape-time [`snapshot`].
@@ -377,6 +426,7 @@ impl OsdMetrics {
 /// What the snapshot reads from the service besides [`OsdMetrics`].
 #[derive(Debug, Clone, Copy)]
 pub struct SnapshotInputs {
+    pub store: kelp_store::StoreStats,
     pub io: IoCounters,
     pub recovery: RecoveryCounters,
     pub full_ratio_ppm: u32,
@@ -403,6 +453,15 @@ pub fn snapshot(metrics: &OsdMetrics, inputs: &SnapshotInputs, s: &mut Snapshot)
     s.set(&m[11], &[], rec.bytes as f64);
     s.set(&m[25], &[], f64::from(inputs.full_ratio_ppm) / 1_000_000.0);
     s.set(&m[26], &[], f64::from(inputs.map_epoch));
+    let st = &inputs.store;
+    s.set(&m[28], &[], st.onode_cache_hits as f64);
+    s.set(&m[29], &[], st.onode_cache_misses as f64);
+    s.set(&m[30], &[], st.onode_cache_entries as f64);
+    s.set(&m[31], &[], st.onode_cache_bytes as f64);
+    s.set(&m[32], &[], st.onode_cache_capacity_bytes as f64);
+    s.set(&m[33], &[], st.free_extents as f64);
+    s.set(&m[34], &[], st.largest_free_extent_bytes as f64);
+    s.set(&m[35], &[], st.free_extent_bytes as f64);
     let Some((at, r)) = metrics.last_report() else {
         return;
     };
@@ -470,6 +529,8 @@ mod tests {
         assert_eq!(METRICS[21].name, "kelp_osd_oldest_scrub_age_seconds");
         assert_eq!(METRICS[25].name, "kelp_osd_full_ratio");
         assert_eq!(METRICS[27].name, "kelp_osd_stats_report_age_seconds");
-        assert_eq!(METRICS.len(), 28);
+        assert_eq!(METRICS[28].name, "kelp_osd_store_onode_cache_hits");
+        assert_eq!(METRICS[35].name, "kelp_osd_store_free_extent_bytes");
+        assert_eq!(METRICS.len(), 36);
     }
 }

@@ -421,6 +421,11 @@ impl OsdService {
     }
 
     /// Counters and the full-ratio failsafe behind this OSD's stats reports.
+    /// The object store's cache and allocation figures (for the metrics; cheap, no I/O).
+    pub fn store_stats(&self) -> kelp_store::StoreStats {
+        self.store.stats()
+    }
+
     pub fn stats(&self) -> &OsdStats {
         &self.stats
     }

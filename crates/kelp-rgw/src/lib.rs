@@ -27,3 +27,4 @@ pub use rgw::{Rgw, RgwConfig};
 pub mod s3;
 pub mod server;
 pub mod unsupported;
+pub mod usage;

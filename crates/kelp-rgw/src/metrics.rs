@@ -59,7 +59,64 @@ pub static METRICS: &[MetricDef] = &[
         help: "Bytes received and sent for the busiest buckets (top K by bytes; the rest in bucket=\"other\"), by direction (in, out).",
         labels: &["bucket", "direction"],
     },
+    // bucket usage (crate::usage, counted in the background): 7..=12
+    MetricDef {
+        name: "kelp_rgw_bucket_stored_bytes",
+        kind: T::Gauge,
+        help: "Bytes stored in the largest buckets (top K by stored bytes, metrics_top_k; the rest summed in bucket=\"other\"), as their index records them.",
+        labels: &["bucket"],
+    },
+    MetricDef {
+        name: "kelp_rgw_bucket_objects",
+        kind: T::Gauge,
+        help: "Objects in the largest buckets (the same top K by stored bytes; the rest summed in bucket=\"other\").",
+        labels: &["bucket"],
+    },
+    MetricDef {
+        name: "kelp_rgw_buckets",
+        kind: T::Gauge,
+        help: "Buckets whose usage has been counted (every bucket of the cluster, after the first full pass).",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_rgw_stored_bytes",
+        kind: T::Gauge,
+        help: "Bytes stored in all buckets together.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_rgw_objects",
+        kind: T::Gauge,
+        help: "Objects in all buckets together.",
+        labels: &[],
+    },
+    MetricDef {
+        name: "kelp_rgw_usage_age_seconds",
+        kind: T::Gauge,
+        help: "Time since bucket usage was last counted (every rgw_usage_interval for changed buckets; all buckets every 30 passes).",
+        labels: &[],
+    },
 ];
+
+/// S3 operations that change what a bucket holds: a successful one marks its bucket for
+/// the next usage pass ([`crate::usage`]).
+const CHANGES_USAGE: &[&str] = &[
+    "PutObject",
+    "CopyObject",
+    "PostObject",
+    "DeleteObject",
+    "DeleteObjects",
+    "CompleteMultipartUpload",
+    "CreateBucket",
+    "DeleteBucket",
+];
+
+/// Usage of counted buckets ([`crate::usage`]): name -> (objects, bytes), and when last counted.
+#[derive(Debug, Default)]
+struct Usage {
+    buckets: HashMap<String, (u64, u64)>,
+    counted: Option<Instant>,
+}
 
 pub static TABLE: MetricTable = MetricTable {
     daemon: "rgw",
@@ -86,6 +143,10 @@ pub struct RgwMetrics {
     in_flight: Gauge,
     buckets: Mutex<(HashMap<String, BucketTraffic>, BucketTraffic)>,
     top_k: usize,
+    /// Buckets changed since the last usage pass (at most [`MAX_TRACKED_BUCKETS`]; past that,
+    /// the flag asks for a full pass).
+    changed: Mutex<(std::collections::HashSet<String>, bool)>,
+    usage: Mutex<Usage>,
 }
 
 impl RgwMetrics {
@@ -98,6 +159,8 @@ impl RgwMetrics {
             in_flight: Gauge::default(),
             buckets: Mutex::new((HashMap::new(), BucketTraffic::default())),
             top_k: top_k.max(1),
+            changed: Mutex::default(),
+            usage: Mutex::default(),
         })
     }
 
@@ -109,11 +172,83 @@ impl RgwMetrics {
         reg.add_histogram_vec(&self.latency);
         reg.add_gauge(&METRICS[4], &self.in_flight);
         let me = Arc::downgrade(self);
-        reg.snapshot(&METRICS[5..], move |s| {
+        reg.snapshot(&METRICS[5..7], move |s| {
             if let Some(m) = me.upgrade() {
                 m.bucket_snapshot(s);
             }
         });
+        let me = Arc::downgrade(self);
+        reg.snapshot(&METRICS[7..], move |s| {
+            if let Some(m) = me.upgrade() {
+                m.usage_snapshot(s);
+            }
+        });
+    }
+
+    /// The buckets changed since the last call, and whether more changed than were tracked
+    /// (then a full pass is due).
+    pub fn take_changed_buckets(&self) -> (Vec<String>, bool) {
+        let mut g = self.changed.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, overflow) = std::mem::take(&mut *g);
+        (set.into_iter().collect(), overflow)
+    }
+
+    /// Records counted usage: `counted` (name, (objects, bytes)) replaces those buckets'
+    /// figures, `gone` buckets are forgotten, and a `full` pass forgets every bucket it did not
+    /// count.
+    pub fn set_usage(
+        &self,
+        counted: impl IntoIterator<Item = (String, (u64, u64))>,
+        gone: &[String],
+        full: bool,
+    ) {
+        let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        if full {
+            u.buckets.clear();
+        }
+        for g in gone {
+            u.buckets.remove(g);
+        }
+        u.buckets.extend(counted);
+        u.counted = Some(Instant::now());
+    }
+
+    fn usage_snapshot(&self, s: &mut Snapshot) {
+        let (items, counted) = {
+            let u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(at) = u.counted else {
+                return;
+            };
+            (
+                u.buckets
+                    .iter()
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect::<Vec<_>>(),
+                at,
+            )
+        };
+        let (mut objects, mut bytes) = (0u64, 0u64);
+        for (_, (o, b)) in &items {
+            objects += o;
+            bytes += b;
+        }
+        s.set(&METRICS[9], &[], items.len() as f64);
+        s.set(&METRICS[10], &[], bytes as f64);
+        s.set(&METRICS[11], &[], objects as f64);
+        s.set(&METRICS[12], &[], counted.elapsed().as_secs_f64());
+        let top = kelp_metrics::top_k(
+            items,
+            self.top_k,
+            |u| u.1,
+            |a, b| {
+                a.0 += b.0;
+                a.1 += b.1;
+            },
+        );
+        for (bucket, (o, b)) in &top {
+            s.set(&METRICS[7], &[bucket], *b as f64);
+            s.set(&METRICS[8], &[bucket], *o as f64);
+        }
     }
 
     /// A request starts; the guard counts it in flight until it is dropped.
@@ -151,6 +286,17 @@ impl RgwMetrics {
         self.latency
             .with(&[op])
             .observe(start.elapsed().as_secs_f64());
+        if let Some(b) = bucket
+            && class == "2xx"
+            && CHANGES_USAGE.contains(&op)
+        {
+            let mut g = self.changed.lock().unwrap_or_else(|p| p.into_inner());
+            if g.0.len() < MAX_TRACKED_BUCKETS || g.0.contains(b) {
+                g.0.insert(b.to_string());
+            } else {
+                g.1 = true;
+            }
+        }
         if let Some(b) = bucket {
             let mut g = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
             let (map, overflow) = &mut *g;
@@ -341,6 +487,52 @@ mod tests {
             "CreateMultipartUpload"
         );
         assert_eq!(s3_operation("GET", "/b/a/b/c", "", false), "GetObject");
+    }
+
+    #[test]
+    fn changes_mark_buckets_and_usage_is_top_k_by_stored_bytes() {
+        let m = RgwMetrics::new(1);
+        m.start().done("PutObject", Some("big"), 200, 1000, 0);
+        m.start().done("GetObject", Some("read-only"), 200, 0, 10);
+        m.start().done("PutObject", Some("refused"), 403, 0, 0);
+        let (mut changed, overflow) = m.take_changed_buckets();
+        changed.sort();
+        assert_eq!((changed, overflow), (vec!["big".to_string()], false));
+        assert!(m.take_changed_buckets().0.is_empty(), "taken once");
+        let mut reg = Registry::new();
+        m.register(&mut reg);
+        let text = reg.encode_prometheus().expect("encodes");
+        assert!(
+            !text.contains("kelp_rgw_bucket_stored_bytes"),
+            "not counted yet: {text}"
+        );
+        m.set_usage(
+            [
+                ("big".to_string(), (2, 5000)),
+                ("small".to_string(), (1, 10)),
+                ("tiny".to_string(), (3, 1)),
+            ],
+            &[],
+            true,
+        );
+        let text = reg.encode_prometheus().expect("encodes");
+        for want in [
+            "kelp_rgw_bucket_stored_bytes{bucket=\"big\"} 5000",
+            "kelp_rgw_bucket_stored_bytes{bucket=\"other\"} 11",
+            "kelp_rgw_bucket_objects{bucket=\"other\"} 4",
+            "kelp_rgw_buckets 3",
+            "kelp_rgw_stored_bytes 5011",
+            "kelp_rgw_objects 6",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        m.set_usage([], &["big".to_string()], false);
+        let text = reg.encode_prometheus().expect("encodes");
+        assert!(
+            !text.contains("kelp_rgw_bucket_stored_bytes{bucket=\"big\"}"),
+            "{text}"
+        );
+        assert!(text.contains("kelp_rgw_stored_bytes 11"), "{text}");
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub struct RgwConfig {
     /// Changes made through this gateway apply at once; those made through another gateway
     /// (versioning, lifecycle, tags, deletion) within this time.
     pub bucket_cache_ttl: Duration,
+    /// How often bucket usage (stored bytes and objects) is counted for the metrics and the
+    /// dashboard: buckets changed through this gateway at each pass, every bucket every 30
+    /// passes (0: never, in this gateway). See `crate::usage`.
+    pub usage_interval: Duration,
 }
 
 impl Default for RgwConfig {
@@ -71,6 +75,7 @@ impl Default for RgwConfig {
             lc_interval: Duration::from_secs(3600),
             lc_day: Duration::from_secs(86_400),
             bucket_cache_ttl: Duration::from_secs(2),
+            usage_interval: Duration::from_secs(10),
         }
     }
 }

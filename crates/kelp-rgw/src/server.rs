@@ -32,6 +32,7 @@ pub async fn serve(rgw: Rgw, listener: TcpListener, shutdown: impl Future<Output
         Front::new(b.build(), rgw.clone())
     };
     let gc = tokio::spawn(rgw.clone().run_gc());
+    let usage = tokio::spawn(rgw.clone().run_usage());
     let http = ConnBuilder::new(TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -58,6 +59,7 @@ pub async fn serve(rgw: Rgw, listener: TcpListener, shutdown: impl Future<Output
         });
     }
     gc.abort();
+    usage.abort();
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(Duration::from_secs(30)) => {

@@ -67,6 +67,12 @@ impl Allocator {
         }
     }
 
+    /// Free extents below the frontier, and the length of the largest (units).
+    pub fn fragments(&self) -> (u64, u64) {
+        let largest = self.by_len.iter().next_back().map_or(0, |(len, _)| *len);
+        (self.by_off.len() as u64, largest)
+    }
+
     /// Units on the device.
     pub fn end_units(&self) -> u64 {
         self.end

@@ -39,7 +39,7 @@ pub use error::{Result, StoreError};
 pub use fsck::{FsckProblem, FsckReport, fsck_dir};
 pub use kelpstore::{KelpStore, mkfs};
 pub use memstore::MemStore;
-pub use store::{ObjectStore, StoreSpace};
+pub use store::{ObjectStore, StoreSpace, StoreStats};
 pub use superblock::{FORMAT_VERSION, Superblock};
 pub use types::{
     CollectionId, Commit, ListPage, ObjectId, ObjectStat, OmapPage, Op, SNAP_HEAD, Transaction,

@@ -40,7 +40,35 @@ impl StoreSpace {
     }
 }
 
+/// A store's cache and allocation figures, for its owner's metrics. Cheap to take (counters
+/// and a few short locks, no I/O); a store without a cache reports zeros.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Object-record (onode) cache lookups that found the record (or its known absence).
+    pub onode_cache_hits: u64,
+    /// Object-record cache lookups that had to read the metadata database.
+    pub onode_cache_misses: u64,
+    /// Records (and known absences) in the object-record cache now.
+    pub onode_cache_entries: u64,
+    /// Heap the object-record cache holds now, bytes.
+    pub onode_cache_bytes: u64,
+    /// The object-record cache's budget, bytes.
+    pub onode_cache_capacity_bytes: u64,
+    /// Free extents of the data device (below the written frontier): many small extents for
+    /// the same free space means fragmentation.
+    pub free_extents: u64,
+    /// The largest free extent, bytes (the largest write that fits in one piece).
+    pub largest_free_extent_bytes: u64,
+    /// Free space in those extents, bytes.
+    pub free_extent_bytes: u64,
+}
+
 pub trait ObjectStore: Send + Sync {
+    /// Cache and allocation figures ([`StoreStats`]); zeros by default.
+    fn stats(&self) -> StoreStats {
+        StoreStats::default()
+    }
+
     /// Apply `txn` atomically; the returned future resolves once it is durable.
     fn submit(&self, txn: Transaction) -> Result<Commit>;
 

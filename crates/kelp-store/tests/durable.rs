@@ -934,3 +934,39 @@ fn stores_without_inline_data_keep_working_and_it_can_be_switched_off() {
     assert!(rep.is_clean(), "{:?}", rep.problems);
     assert_eq!(rep.inline_bytes, 0);
 }
+
+/// `stats` counts object-record cache hits and misses, sees the cached records and their
+/// budget, and describes the free space as extents.
+#[test]
+fn stats_show_the_onode_cache_and_free_extents() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = new_store(dir.path(), 64 << 20);
+    let fresh = s.stats();
+    assert!(fresh.onode_cache_capacity_bytes > 0, "{fresh:?}");
+    assert!(fresh.free_extents >= 1, "{fresh:?}");
+    assert!(fresh.largest_free_extent_bytes > 0, "{fresh:?}");
+    assert!(fresh.largest_free_extent_bytes <= fresh.free_extent_bytes);
+    s.submit(
+        Transaction::new()
+            .write(C, &oid("a"), 0, vec![b'a'; 8192])
+            .clone(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    s.flush().unwrap();
+    for _ in 0..3 {
+        assert_eq!(s.read(C, &oid("a"), 0, 8192).unwrap().len(), 8192);
+    }
+    let st = s.stats();
+    assert!(st.onode_cache_hits >= 2, "{st:?}");
+    assert!(st.onode_cache_misses >= 1, "{st:?}");
+    assert!(st.onode_cache_entries >= 1, "{st:?}");
+    assert!(st.onode_cache_bytes > 0, "{st:?}");
+    assert!(st.free_extent_bytes < fresh.free_extent_bytes, "{st:?}");
+    // the in-memory store has no cache: zeros
+    assert_eq!(
+        kelp_store::MemStore::new().stats(),
+        kelp_store::StoreStats::default()
+    );
+}

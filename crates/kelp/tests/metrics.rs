@@ -326,12 +326,16 @@ fn every_daemon_is_scraped_by_prometheus() {
             "rgw" => "kelp_rgw_requests_in_flight",
             "nbd" => "kelp_nbd_connections_open",
             "mgr" => "kelp_mgr_active 1",
-            // metadata servers serve the common process and daemon series only, so far
-            "mds" => "kelp_daemon_info{",
+            "mds" => "kelp_mds_requests_in_flight",
             k => panic!("unexpected kind {k}"),
         };
         assert!(body.contains(expect), "{name} lacks {expect}:\n{body}");
         assert!(body.contains("process_resident_memory_bytes"), "{name}");
+        // every daemon speaks kelp-msgr (to the monitors at least)
+        assert!(
+            body.contains("kelp_msgr_sent_bytes_total{peer=\"mon\"}"),
+            "{name} lacks messenger statistics:\n{body}"
+        );
         assert!(
             body.contains(&format!("kelp_daemon_info{{daemon=\"{name}\"")),
             "{name}"
@@ -405,6 +409,101 @@ fn every_daemon_is_scraped_by_prometheus() {
         |v| v == 0.0,
     );
 
+    // 4b. messenger and store statistics after that workload: OSDs sent replication traffic
+    // to each other, and their stores' object-record caches were used
+    prom.wait_for(
+        "bytes OSDs sent to OSDs",
+        "sum(kelp_msgr_sent_bytes_total{kind=\"osd\",peer=\"osd\"})",
+        Duration::from_secs(30),
+        |v| v > (N * 4096) as f64,
+    );
+    prom.wait_for(
+        "messages OSDs received from clients",
+        "sum(kelp_msgr_received_messages_total{kind=\"osd\",peer=\"client\"})",
+        Duration::from_secs(30),
+        |v| v >= N as f64,
+    );
+    prom.wait_for(
+        "open connections to the monitor",
+        "sum(kelp_msgr_connections_open{kind=\"osd\",peer=\"mon\"})",
+        Duration::from_secs(30),
+        |v| v >= 3.0,
+    );
+    prom.wait_for(
+        "object-record cache hits",
+        "sum(kelp_osd_store_onode_cache_hits_total)",
+        Duration::from_secs(30),
+        |v| v > 0.0,
+    );
+    prom.wait_for(
+        "object-record cache entries",
+        "sum(kelp_osd_store_onode_cache_entries)",
+        Duration::from_secs(30),
+        |v| v > 0.0,
+    );
+    prom.wait_for(
+        "free extents",
+        "min(kelp_osd_store_free_extents)",
+        Duration::from_secs(30),
+        |v| v >= 1.0,
+    );
+
+    // 4c. S3: a bucket's stored bytes and objects, counted in the background by the gateway
+    let sizes = [1000usize, 2000, 3000];
+    s3_put(&c.dir, "usagetest", &sizes);
+    prom.wait_for(
+        "stored bytes of a bucket",
+        "max(kelp_rgw_bucket_stored_bytes{bucket=\"usagetest\"})",
+        Duration::from_secs(60),
+        |v| v == sizes.iter().sum::<usize>() as f64,
+    );
+    prom.wait_for(
+        "objects of a bucket",
+        "max(kelp_rgw_bucket_objects{bucket=\"usagetest\"})",
+        Duration::from_secs(30),
+        |v| v == sizes.len() as f64,
+    );
+
+    // 4d. file system: requests to the active MDS grow with file operations on a mount
+    let mds_before = prom.wait_for(
+        "MDS requests",
+        "sum(kelp_mds_requests_total)",
+        Duration::from_secs(30),
+        |_| true,
+    );
+    {
+        let m = FuseMount::new(&c);
+        for i in 0..10 {
+            std::fs::create_dir(m.dir.join(format!("d{i}"))).unwrap();
+            std::fs::write(m.dir.join(format!("d{i}/f")), b"hello").unwrap();
+        }
+        assert_eq!(std::fs::read_dir(&m.dir).unwrap().count(), 10);
+    }
+    prom.wait_for(
+        "MDS requests after file operations",
+        "sum(kelp_mds_requests_total{op=\"mkdir\"})",
+        Duration::from_secs(30),
+        |v| v >= 10.0,
+    );
+    prom.wait_for(
+        "MDS requests grow",
+        "sum(kelp_mds_requests_total)",
+        Duration::from_secs(30),
+        |v| v >= mds_before + 30.0,
+    );
+    prom.wait_for(
+        "MDS journal appends",
+        "sum(kelp_mds_journal_appends_total)",
+        Duration::from_secs(30),
+        |v| v >= 20.0,
+    );
+    prom.wait_for(
+        "MDS request latency observed",
+        "sum(kelp_mds_request_latency_seconds_count{op=\"mkdir\"})",
+        Duration::from_secs(30),
+        |v| v >= 10.0,
+    );
+
     // 5. metrics answer while the OSDs are busy with writes
     let osd_urls: Vec<String> = daemons
         .iter()
@@ -462,6 +561,92 @@ fn every_daemon_is_scraped_by_prometheus() {
         }
     }
     assert!(exprs >= 20, "{exprs} expressions");
+}
+
+/// Creates `bucket` and puts one object of each size in it, with boto3 and the keys `kelp up`
+/// wrote to DIR/s3.env.
+fn s3_put(dir: &Path, bucket: &str, sizes: &[usize]) {
+    let env: Vec<(String, String)> = std::fs::read_to_string(dir.join("s3.env"))
+        .expect("kelp up writes s3.env")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let sizes: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    let script = "import os, sys, boto3\n\
+        s3 = boto3.client('s3', endpoint_url=os.environ['AWS_ENDPOINT_URL'])\n\
+        b = sys.argv[1]\n\
+        s3.create_bucket(Bucket=b)\n\
+        for i, n in enumerate(sys.argv[2:]):\n    \
+            s3.put_object(Bucket=b, Key=f'k{i}', Body=b'x' * int(n))\n";
+    let out = Command::new("python3")
+        .args(["-c", script, bucket])
+        .args(&sizes)
+        .envs(env)
+        .output()
+        .expect("python3 (with boto3) runs");
+    assert!(
+        out.status.success(),
+        "S3 puts failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kelp fs mount` of the cluster's default file system in DIR/mnt, unmounted on drop.
+struct FuseMount {
+    dir: PathBuf,
+    child: Child,
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let d = dir.display().to_string();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(d.as_str()))
+}
+
+impl FuseMount {
+    fn new(c: &Cluster) -> FuseMount {
+        let dir = c.dir.join("mnt");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(c.dir.join("mount.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_kelp"))
+            .args(["fs", "mount"])
+            .arg(&dir)
+            .args(["-c", &c.dir.join("kelp.conf").display().to_string()])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start kelp fs mount");
+        let m = FuseMount { dir, child };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !is_mounted(&m.dir) {
+            assert!(
+                Instant::now() < deadline,
+                "the mount did not appear: {}",
+                std::fs::read_to_string(c.dir.join("mount.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        m
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        let _ = kelp(&["fs", "umount", &self.dir.display().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if is_mounted(&self.dir) {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).output();
+        }
+    }
 }
 
 #[test]
@@ -559,6 +744,8 @@ fn kelp_metrics_tables() -> Vec<kelp_metrics::MetricTable> {
         kelp_rgw::metrics::TABLE,
         kelp_nbd::metrics::TABLE,
         kelp_mgr::metrics::TABLE,
+        // MDS metrics
+        kelp_fs::metrics::TABLE,
     ]
 }
 

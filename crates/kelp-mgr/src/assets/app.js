@@ -150,6 +150,7 @@ const pages = {
   "/buckets": async () => {
     const pools = await api("/api/s3_pools?per_page=100");
     const list = await paged("S3 buckets", "/api/buckets", [["bucket", b => esc(b.name)], ["owner", b => esc(b.owner)],
+      ["objects", b => b.objects ?? ""], ["stored", b => b.stored_bytes == null ? "" : bytes(b.stored_bytes)],
       ["index shards", b => b.shards + (b.resharding_to ? ` → ${b.resharding_to} (resharding)` : "")],
       ["created", b => b.created_ms ? new Date(b.created_ms).toISOString() : ""]]);
     return list + `<h2>S3 usage (gateway pools)</h2>` + table([["pool", p => esc(p.name)], ["objects", p => p.objects],

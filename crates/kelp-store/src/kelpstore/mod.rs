@@ -1099,6 +1099,25 @@ impl ObjectStore for KelpStore {
         Ok(commit)
     }
 
+    fn stats(&self) -> crate::store::StoreStats {
+        let (hits, misses, entries, bytes, capacity) = self.inner.onode_cache.stats();
+        let unit = self.inner.geo.unit;
+        let alloc = lock(&self.inner.alloc);
+        let (extents, largest) = alloc.fragments();
+        let free = alloc.usable_units();
+        drop(alloc);
+        crate::store::StoreStats {
+            onode_cache_hits: hits,
+            onode_cache_misses: misses,
+            onode_cache_entries: entries,
+            onode_cache_bytes: bytes,
+            onode_cache_capacity_bytes: capacity,
+            free_extents: extents,
+            largest_free_extent_bytes: largest * unit,
+            free_extent_bytes: free * unit,
+        }
+    }
+
     fn space(&self) -> Result<StoreSpace> {
         let geo = self.inner.geo;
         let free = lock(&self.inner.alloc).free_units();

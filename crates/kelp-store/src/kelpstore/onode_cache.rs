@@ -21,6 +21,9 @@ pub(super) struct OnodeCacheShard {
 pub(super) struct OnodeCache {
     pub(super) shards: Vec<Mutex<OnodeCacheShard>>,
     pub(super) shard_cap: usize,
+    /// Lookups that found an entry / found none (relaxed counters, for metrics).
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 impl OnodeCache {
@@ -30,6 +33,8 @@ impl OnodeCache {
                 .map(|_| Mutex::new(OnodeCacheShard::default()))
                 .collect(),
             shard_cap: (bytes as usize) / ONODE_CACHE_SHARDS,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         }
     }
     pub(super) fn shard(&self, key: &[u8]) -> &Mutex<OnodeCacheShard> {
@@ -37,7 +42,30 @@ impl OnodeCache {
     }
     /// `Some(None)`: known to be absent.
     pub(super) fn get(&self, key: &[u8]) -> Option<Option<Arc<Onode>>> {
-        lock(self.shard(key)).map.get(key).map(|(o, _)| o.clone())
+        let found = lock(self.shard(key)).map.get(key).map(|(o, _)| o.clone());
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+    /// Hits, misses, entries, bytes held and the budget (one short lock per shard).
+    pub(super) fn stats(&self) -> (u64, u64, u64, u64, u64) {
+        let (mut entries, mut bytes) = (0u64, 0u64);
+        for sh in &self.shards {
+            let sh = lock(sh);
+            entries += sh.map.len() as u64;
+            bytes += sh.bytes as u64;
+        }
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+            entries,
+            bytes,
+            (self.shard_cap * ONODE_CACHE_SHARDS) as u64,
+        )
     }
     /// Charged at the heap it holds (decoded record, key, table slot), not the encoded size:
     /// a decoded record is several times its encoding, and charging the encoding let the

@@ -208,6 +208,12 @@ pub struct MetricsArgs {
     pub no_metrics: bool,
 }
 
+/// Adds the messenger metrics of `msgrs` (summed) to a daemon's registry: a daemon built on a
+/// RADOS client passes `Rados::messengers`, plus its own listening messenger if it has one.
+pub fn register_msgr(reg: &mut kelp_metrics::Registry, msgrs: Vec<kelp_msgr::Messenger>) {
+    reg.register_msgr(move || kelp_osd::daemon::msgr_counts(&msgrs));
+}
+
 impl MetricsArgs {
     /// Where to serve metrics, if at all.
     pub fn addr(&self) -> Option<std::net::SocketAddr> {

@@ -171,7 +171,20 @@ pub fn run_mds(a: MdsRunArgs, g: &common::Global) -> Result<ExitCode> {
         let daemon = format!("mds.{}", a.id);
         let mut addrs = std::collections::BTreeMap::new();
         addrs.insert("mds".to_string(), mds.addr().to_string());
-        let _metrics = a.metrics.serve(&daemon, "mds", |_| {}, &mut addrs).await?;
+        let mut msgrs = rados.messengers();
+        msgrs.push(mds.messenger().clone());
+        let _metrics = a
+            .metrics
+            .serve(
+                &daemon,
+                "mds",
+                |reg| {
+                    mds.register_metrics(reg);
+                    common::register_msgr(reg, msgrs);
+                },
+                &mut addrs,
+            )
+            .await?;
         let _beacons = rados.spawn_service_beacons(daemon, "mds".into(), addrs);
         let standalone = a.meta_pool.is_some();
         let serve = async {

@@ -106,7 +106,10 @@ pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
             .serve(
                 &name,
                 "nbd",
-                |reg| server.metrics().register(reg),
+                |reg| {
+                    server.metrics().register(reg);
+                    common::register_msgr(reg, rados.messengers());
+                },
                 &mut addrs,
             )
             .await?;

@@ -89,6 +89,11 @@ pub struct RgwArgs {
     /// that often; 0: this gateway never applies lifecycle rules).
     #[arg(long, default_value_t = 3600)]
     pub lc_interval_secs: u64,
+    /// Seconds between counts of bucket usage (stored bytes and objects, for the metrics and
+    /// the dashboard): buckets changed through this gateway are counted at each pass, every
+    /// bucket every 30 passes (0: this gateway never counts).
+    #[arg(long, default_value_t = 10)]
+    pub usage_interval_secs: u64,
     #[command(flatten)]
     pub pools: RgwPoolArgs,
     /// This gateway's name in the service map (`kelp daemon ls` shows it as rgw.ID).
@@ -107,6 +112,7 @@ pub fn run_gateway(a: RgwArgs, g: &crate::cmd::common::Global) -> Result<ExitCod
         let rados = g.conf.connect().await?;
         let cfg = RgwConfig {
             lc_interval: Duration::from_secs(a.lc_interval_secs),
+            usage_interval: Duration::from_secs(a.usage_interval_secs),
             ..a.pools.config(Duration::from_secs(a.gc_interval_secs))
         };
         let rgw = Rgw::open(rados, cfg)
@@ -130,7 +136,15 @@ pub fn run_gateway(a: RgwArgs, g: &crate::cmd::common::Global) -> Result<ExitCod
         addrs.insert("s3".to_string(), format!("http://{local}"));
         let _metrics = a
             .metrics
-            .serve(&name, "rgw", |reg| rgw.metrics().register(reg), &mut addrs)
+            .serve(
+                &name,
+                "rgw",
+                |reg| {
+                    rgw.metrics().register(reg);
+                    common::register_msgr(reg, rgw.rados().messengers());
+                },
+                &mut addrs,
+            )
             .await?;
         let beacons = rgw.rados().spawn_service_beacons(name, "rgw".into(), addrs);
         kelp_rgw::server::serve(rgw, listener, common::shutdown_signal()).await;

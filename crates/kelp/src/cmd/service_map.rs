@@ -83,6 +83,8 @@ pub fn metric_tables() -> Vec<kelp_metrics::MetricTable> {
         kelp_rgw::metrics::TABLE,
         kelp_nbd::metrics::TABLE,
         kelp_mgr::metrics::TABLE,
+        // MDS metrics
+        kelp_fs::metrics::TABLE,
     ]
 }
 
