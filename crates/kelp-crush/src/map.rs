@@ -473,6 +473,35 @@ impl CrushMap {
         Ok(())
     }
 
+    /// Sets (or with `None` clears) the device class of device `id`, creating the class if
+    /// needed. The shadow trees follow at the next [`CrushMap::finalize`]; a class keeps its
+    /// id (and its shadow buckets theirs) when its last device leaves it, as in Ceph.
+    pub fn set_device_class(&mut self, id: ItemId, class: Option<&str>) -> Result<()> {
+        if let Some(c) = class
+            && (c.is_empty() || c.contains('~') || c.chars().any(char::is_whitespace))
+        {
+            return Err(CrushError::Invalid(format!(
+                "'{c}' is not a valid device class name (no spaces, no '~', not empty)"
+            )));
+        }
+        let class = class.map(|c| self.get_or_create_class(c));
+        let d = self
+            .devices
+            .get_mut(&id)
+            .ok_or_else(|| CrushError::Invalid(format!("device {id} does not exist")))?;
+        d.class = class;
+        self.finalized = false;
+        Ok(())
+    }
+
+    /// The device class of device `id`, if it has one.
+    pub fn device_class(&self, id: ItemId) -> Option<&str> {
+        self.devices
+            .get(&id)
+            .and_then(|d| d.class)
+            .and_then(|c| self.class_name(c))
+    }
+
     /// Adds a straw2 bucket. `id` None picks the first free negative id. Items are
     /// `(item id, Some(16.16 weight) or None)`; a missing weight means 1.0 for a device and the
     /// child's own weight for a bucket. Items must already exist. Returns the bucket's id.

@@ -416,6 +416,38 @@ impl FsClient {
             .is_some()
     }
 
+    /// A direct (`O_DIRECT`) write of `ino` reached the data objects around the kernel's
+    /// page cache: this mount's cached pages of the file may be stale. The read cache is
+    /// given up here (the next open drops the pages instead of keeping them), and with
+    /// `cached_opens` (a handle that reads through the page cache is open) the kernel drops
+    /// them now, before the write is acknowledged.
+    pub async fn direct_written(&self, ino: Ino, cached_opens: bool) {
+        {
+            let mut caps = self.caps.lock().expect("caps lock");
+            if let Some((held, _)) = caps.leases.get_mut(&ino) {
+                *held &= !CAP_READ;
+            }
+        }
+        if cached_opens {
+            self.drop_kernel_pages(ino).await;
+        }
+    }
+
+    /// Has the kernel drop its cached pages (and attributes) of `ino`.
+    pub async fn drop_kernel_pages(&self, ino: Ino) {
+        if let Some(inv) = self.invalidator.get().cloned() {
+            let pages = [CapRevoke {
+                id: 0,
+                ino,
+                caps: CAP_READ,
+                names: Vec::new(),
+            }];
+            if let Err(e) = tokio::task::spawn_blocking(move || inv(&pages)).await {
+                warn!("dropping the kernel's pages of {ino:x}: {e}");
+            }
+        }
+    }
+
     /// Records what a reply granted (unless a revoke arrived while it was in flight).
     fn take_grants(&self, op: &Op, reply: &Reply, data: &[u8], epoch: u64, sent: Instant) {
         if data.is_empty() {
@@ -650,6 +682,16 @@ impl FsClient {
             {
                 return Ok(i.clone());
             }
+        }
+        self.attr_call(caller, Op::GetAttr { ino }).await
+    }
+
+    /// The attributes for a read through the page cache: the MDS's reply grants the read
+    /// cache when this client does not hold it, so that the pages the kernel keeps from the
+    /// read are dropped by the revoke of the next change by another client.
+    pub async fn getattr_for_read(&self, caller: Caller, ino: Ino) -> Result<Inode> {
+        if self.has_read_cache(ino) {
+            return self.getattr(caller, ino).await;
         }
         self.attr_call(caller, Op::GetAttr { ino }).await
     }

@@ -10,6 +10,12 @@
 //! directory, for an entry), and a file's pages are kept at open (`FOPEN_KEEP_CACHE`) while
 //! its read lease is held; a revoke has the kernel drop them (the notifier's `inval_inode`
 //! and `inval_entry`) before it is acknowledged. `attr_ttl` overrides the lease times.
+//!
+//! An open with `O_DIRECT` bypasses the page cache (`FOPEN_DIRECT_IO` for that handle, with
+//! asynchronous direct I/O so that `libaio` keeps several requests in flight): its reads and
+//! writes go straight to RADOS like every other write. A direct write goes around the pages
+//! that cached opens of the same inode on this mount may hold, so it has the kernel drop them
+//! before it is acknowledged; other mounts drop theirs on the MDS's revoke, as for any write.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -41,12 +47,20 @@ pub struct MountConfig {
     pub fs_name: String,
 }
 
+/// The open flags of an `O_DIRECT` handle: no page cache, and direct writes that do not
+/// grow the file may run in parallel (the kernel would otherwise take the inode lock for
+/// each; RADOS orders overlapping writes itself). `FOPEN_PARALLEL_DIRECT_WRITES` is Linux
+/// 6.2's bit 6, not named by fuser 0.15; older kernels ignore it.
+const DIRECT_OPEN: u32 = fuser::consts::FOPEN_DIRECT_IO | (1 << 6);
+
 /// A directory's entries, read at opendir and served from here by readdir.
 type Listing = Vec<(String, Dentry)>;
 
 struct Handle {
     ino: Ino,
     append: bool,
+    /// Opened with `O_DIRECT`: no page cache for this handle.
+    direct: bool,
     object_size: u64,
     pool: Option<u32>,
 }
@@ -181,6 +195,8 @@ impl Filesystem for KelpFuse {
         // fcntl and flock locks are decided by the MDS, so they hold across mounts
         let _ = config
             .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS | fuser::consts::FUSE_FLOCK_LOCKS);
+        // O_DIRECT requests from libaio and io_uring reach us concurrently, not one by one
+        let _ = config.add_capabilities(fuser::consts::FUSE_ASYNC_DIO);
         Ok(())
     }
 
@@ -427,16 +443,19 @@ impl Filesystem for KelpFuse {
                         Handle {
                             ino,
                             append: flags & libc::O_APPEND != 0,
+                            direct: flags & libc::O_DIRECT != 0,
                             object_size: i.object_size,
                             pool: i.layout.pool,
                         },
                     );
-                    let flags = if keep {
+                    let open_flags = if flags & libc::O_DIRECT != 0 {
+                        DIRECT_OPEN
+                    } else if keep {
                         fuser::consts::FOPEN_KEEP_CACHE
                     } else {
                         0
                     };
-                    reply.opened(fh, flags)
+                    reply.opened(fh, open_flags)
                 }
                 Err(e) => reply.error(e.errno()),
             }
@@ -472,13 +491,19 @@ impl Filesystem for KelpFuse {
                         Handle {
                             ino: i.ino,
                             append: flags & libc::O_APPEND != 0,
+                            direct: flags & libc::O_DIRECT != 0,
                             object_size: i.object_size,
                             pool: i.layout.pool,
                         },
                     );
+                    let open_flags = if flags & libc::O_DIRECT != 0 {
+                        DIRECT_OPEN
+                    } else {
+                        0
+                    };
                     let _g = c.begin_reply();
                     let t = ttl.entry(&c, parent, i.ino);
-                    reply.created(&t, &Self::attr(root, &i), 0, fh, 0)
+                    reply.created(&t, &Self::attr(root, &i), 0, fh, open_flags)
                 }
                 Err(e) => reply.error(e.errno()),
             }
@@ -489,7 +514,7 @@ impl Filesystem for KelpFuse {
         &mut self,
         req: &Request<'_>,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         offset: i64,
         size: u32,
         _flags: i32,
@@ -498,15 +523,42 @@ impl Filesystem for KelpFuse {
     ) {
         let (c, _, _) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
+        let direct = self
+            .handles
+            .lock()
+            .expect("handles lock")
+            .get(&fh)
+            .is_some_and(|h| h.direct);
         self.spawn(async move {
-            let r = async {
-                let i = c.getattr(who, ino).await?;
-                c.read(&i, offset.max(0) as u64, u64::from(size)).await
+            if direct {
+                let r = async {
+                    let i = c.getattr(who, ino).await?;
+                    c.read(&i, offset.max(0) as u64, u64::from(size)).await
+                }
+                .await;
+                match r {
+                    Ok(d) => reply.data(&d),
+                    Err(e) => reply.error(e.errno()),
+                }
+                return;
             }
-            .await;
-            match r {
-                Ok(d) => reply.data(&d),
-                Err(e) => reply.error(e.errno()),
+            // The kernel keeps what this read returns as pages: read under the read cache,
+            // and let a revoke that comes meanwhile wait for the reply, so that it drops them.
+            let i = match c.getattr_for_read(who, ino).await {
+                Ok(i) => i,
+                Err(e) => return reply.error(e.errno()),
+            };
+            let kept = {
+                let _g = c.begin_reply();
+                match c.read(&i, offset.max(0) as u64, u64::from(size)).await {
+                    Ok(d) => reply.data(&d),
+                    Err(e) => return reply.error(e.errno()),
+                }
+                c.has_read_cache(ino)
+            };
+            if !kept {
+                // the read cache went while reading: these pages would outlive it unseen
+                c.drop_kernel_pages(ino).await;
             }
         });
     }
@@ -525,10 +577,13 @@ impl Filesystem for KelpFuse {
     ) {
         let (c, _, _) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
-        let (append, object_size, pool) = match self.handles.lock().expect("handles lock").get(&fh)
-        {
-            Some(h) => (h.append, h.object_size, h.pool),
-            None => (false, DEFAULT_OBJECT_SIZE, None),
+        let (append, direct, object_size, pool, cached_opens) = {
+            let handles = self.handles.lock().expect("handles lock");
+            let cached_opens = handles.values().any(|h| h.ino == ino && !h.direct);
+            match handles.get(&fh) {
+                Some(h) => (h.append, h.direct, h.object_size, h.pool, cached_opens),
+                None => (false, false, DEFAULT_OBJECT_SIZE, None, cached_opens),
+            }
         };
         let data = data.to_vec();
         self.spawn(async move {
@@ -562,7 +617,12 @@ impl Filesystem for KelpFuse {
                 };
                 i.object_size = object_size;
                 let off = if append { i.size } else { offset.max(0) as u64 };
-                c.write(&i, off, &data).await
+                let written = c.write(&i, off, &data).await?;
+                if direct {
+                    // pages cached before the write are stale now
+                    c.direct_written(ino, cached_opens).await;
+                }
+                Ok::<_, FsError>(written)
             }
             .await;
             match r {

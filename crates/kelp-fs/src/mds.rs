@@ -862,7 +862,9 @@ impl Inner {
     ) -> Option<CapGrants> {
         let mut want: Vec<(Ino, u8)> = Vec::new();
         match (op, reply) {
-            (Op::Open { .. }, Reply::Attr(i)) => {
+            // the read cache comes with an open, and with the attributes a read through the
+            // page cache asks for (so the pages it leaves are revoked with the next change)
+            (Op::Open { .. } | Op::GetAttr { .. }, Reply::Attr(i)) => {
                 let read = if i.kind() == S_IFREG { CAP_READ } else { 0 };
                 want.push((i.ino, CAP_SHARED | read));
             }

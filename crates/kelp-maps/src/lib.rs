@@ -13,6 +13,7 @@
 //! erasure-code profile it was made from (`PoolKind::Erasure`), so profile changes never
 //! reach existing pools, and its PG mappings keep shard positions (holes are [`ITEM_NONE`]).
 
+pub mod device_class;
 #[cfg(test)]
 mod ec_tests;
 mod error;
@@ -22,6 +23,7 @@ mod fsmap_tests;
 mod mapcache;
 mod osdmap;
 
+pub use device_class::fastest_device_class;
 pub use error::MapError;
 pub use fsmap::{
     FS_MAP_FORMAT, FsAction, FsInfo, FsMap, MdsAssignment, MdsBeacon, MdsInfo, MdsState,

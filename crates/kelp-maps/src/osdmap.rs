@@ -740,7 +740,7 @@ impl OsdMap {
 
     // ---- decisions (the monitor's pure core) -------------------------------------------
 
-    fn next(&self, changes: Vec<Change>) -> Incremental {
+    pub(crate) fn next(&self, changes: Vec<Change>) -> Incremental {
         Incremental {
             epoch: self.epoch + 1,
             changes,
@@ -1148,9 +1148,15 @@ impl OsdMap {
     pub fn failure_domains(&self, code: &Profile) -> Result<u32, MapError> {
         let (take, domain) = self.ec_take_and_domain(code)?;
         let Some(take) = take else { return Ok(0) };
+        Ok(self.domains_under(take, domain))
+    }
+
+    /// How many distinct buckets of type `domain` (devices for type 0) with weight > 0 lie
+    /// under `take` (a root or one of its shadows).
+    pub(crate) fn domains_under(&self, take: ItemId, domain: u32) -> u32 {
         let crush = &self.crush;
         if crush.bucket(take).is_some_and(|b| b.type_id == domain) {
-            return Ok(u32::from(crush.bucket(take).is_some_and(|b| b.weight > 0)));
+            return u32::from(crush.bucket(take).is_some_and(|b| b.weight > 0));
         }
         let mut found = BTreeSet::new();
         let mut seen = BTreeSet::new();
@@ -1176,7 +1182,7 @@ impl OsdMap {
                 }
             }
         }
-        Ok(found.len() as u32)
+        found.len() as u32
     }
 
     /// `pool rm`. An erasure-coded pool's own rule (named after it, `type erasure`) goes with

@@ -630,6 +630,24 @@ impl MonState {
                 let inc = map.propose_pool_snap_remove(pool, *snap);
                 self.commit(inc.map_err(Into::into))
             }
+            // --- device classes and replicated rules ---
+            MonCommand::CrushSetDeviceClass { class, osds } => {
+                let inc = map.propose_set_device_class(class, osds);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::CrushRmDeviceClass { osds } => {
+                let inc = map.propose_rm_device_class(osds);
+                self.commit(inc.map_err(Into::into))
+            }
+            MonCommand::CrushRuleCreateReplicated {
+                name,
+                root,
+                failure_domain,
+                class,
+            } => {
+                let inc = map.propose_replicated_rule(name, root, failure_domain, class.as_deref());
+                self.commit(inc.map_err(Into::into))
+            }
             MonCommand::SetFlag { flag, .. } if flag == ClusterFlag::Full.name() => {
                 Err(MonError::InvalidSpec(
                     "the full flag is set and cleared by the monitors from the OSDs' usage \

@@ -86,6 +86,46 @@ pub struct DaemonOptions {
     pub osd: OsdConfig,
     /// Where to serve `/metrics` (port 0: any free port); `None`: no metrics endpoint.
     pub metrics_addr: Option<SocketAddr>,
+    /// The device class to report at boot (`--device-class`); `None`: the class of the data
+    /// directory's device, if it can be told (`device_class::detect`).
+    pub device_class: Option<String>,
+}
+
+/// Binds this OSD to its device class in CRUSH if it has none yet (an operator's
+/// `set-device-class` stays, as with Ceph's `osd_class_update_on_start`). Best effort: a
+/// refusal is logged and the OSD runs on.
+async fn report_device_class(
+    mon: &MonClient,
+    id: i32,
+    data: &std::path::Path,
+    wanted: Option<&str>,
+    map: &kelp_maps::OsdMap,
+) {
+    let Some(class) = wanted.or_else(|| crate::device_class::detect(data)) else {
+        return;
+    };
+    match map.crush.device_class(id) {
+        Some(c) if c == class => return,
+        Some(c) => {
+            info!(
+                osd = id,
+                have = c,
+                reported = class,
+                "keeping the device class set in CRUSH"
+            );
+            return;
+        }
+        None => {}
+    }
+    let cmd = MonCommand::CrushSetDeviceClass {
+        class: class.to_string(),
+        osds: vec![id],
+    };
+    match mon.command(&cmd).await {
+        Ok(MonReply::Done { .. }) => info!(osd = id, class, "device class reported"),
+        Ok(other) => warn!(osd = id, class, "reporting the device class: {other:?}"),
+        Err(e) => warn!(osd = id, class, "reporting the device class: {e}"),
+    }
 }
 
 /// Runs the OSD until `shutdown` resolves.
@@ -166,6 +206,7 @@ pub async fn run(
     }
     let mut maps = mon.subscribe(None)?;
     let first = maps.next().await.ok_or(DaemonError::MapSubscriptionEnded)?;
+    report_device_class(&mon, id, &opts.data, opts.device_class.as_deref(), &first).await;
 
     let keys: Arc<dyn KeyLookup> = match opts.keyring_path {
         Some(p) => Arc::new(ReloadingKeyring::new(p, opts.keyring)),

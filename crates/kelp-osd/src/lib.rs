@@ -26,6 +26,7 @@
 
 pub mod admission;
 pub mod daemon;
+pub mod device_class;
 pub mod ec;
 pub mod ec_io;
 pub mod error;

@@ -235,6 +235,25 @@ pub enum MonCommand {
     AuthGet {
         entity: String,
     },
+    // --- device classes and replicated rules (file-system metadata on the fastest class) ---
+    /// `osd crush set-device-class CLASS OSD...`: binds the OSDs to a device class (refused for
+    /// an OSD of another class: remove that first): `Done`.
+    CrushSetDeviceClass {
+        class: String,
+        osds: Vec<i32>,
+    },
+    /// `osd crush rm-device-class OSD...`: `Done`.
+    CrushRmDeviceClass {
+        osds: Vec<i32>,
+    },
+    /// `osd crush rule create-replicated NAME ROOT FAILURE_DOMAIN [CLASS]`: `Done` (also when
+    /// a replicated rule of that name exists).
+    CrushRuleCreateReplicated {
+        name: String,
+        root: String,
+        failure_domain: String,
+        class: Option<String>,
+    },
 }
 
 /// One daemon in the service map.

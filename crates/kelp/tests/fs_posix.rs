@@ -581,3 +581,140 @@ fn random_io_matches_a_model() {
         "another mount reads other content"
     );
 }
+
+/// O_DIRECT on a mount, checked by Python against a model: aligned direct writes and reads
+/// (mmap-aligned buffers) at random offsets; a cached open of the same file on the same mount
+/// reads every direct write at once (the kernel's pages are dropped on a direct write); a
+/// second mount reads the same content, through its page cache and directly, also after
+/// further direct writes on the first.
+const DIRECT_IO_MODEL: &str = r#"
+import mmap, os, random, sys
+
+a, b = sys.argv[1], sys.argv[2]
+BS = 4096
+rnd = random.Random(29)
+model = bytearray()
+buf = mmap.mmap(-1, 1 << 20)  # page-aligned, as O_DIRECT wants
+
+def put(fd, off, n, step):
+    data = rnd.randbytes(n)
+    buf[:n] = data
+    w = os.pwritev(fd, [memoryview(buf)[:n]], off)
+    assert w == n, f"step {step}: direct write of {n} at {off} wrote {w}"
+    if len(model) < off + n:
+        model.extend(bytes(off + n - len(model)))
+    model[off:off + n] = data
+
+def check(what, got, off, n):
+    want = bytes(model[off:off + n])
+    if got != want:
+        first = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), None)
+        sys.exit(f"{what}: read of {n} at {off}: got {len(got)} bytes, want {len(want)}; "
+                 f"first difference at {first}")
+
+def direct_read(fd, off, n):
+    r = os.preadv(fd, [memoryview(buf)[:n]], off)
+    return bytes(buf[:r])
+
+def whole(path, flags):
+    fd = os.open(path, os.O_RDONLY | flags)
+    out = bytearray()
+    while True:
+        chunk = direct_read(fd, len(out), 1 << 20) if flags else os.pread(fd, 1 << 20, len(out))
+        if not chunk:
+            break
+        out += chunk
+    os.close(fd)
+    return bytes(out)
+
+pa = os.path.join(a, "direct.file")
+fd = os.open(pa, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
+cached = os.open(pa, os.O_RDWR)
+for step in range(300):
+    op = rnd.randrange(10)
+    if op < 5:
+        put(fd, rnd.randrange(2048) * BS, rnd.randrange(1, 65) * BS, step)
+    elif op < 7:
+        off, n = rnd.randrange(2100) * BS, rnd.randrange(1, 129) * BS
+        check(f"step {step} direct", direct_read(fd, off, n), off, n)
+    else:
+        off, n = rnd.randrange(2100) * BS, rnd.randrange(1, 200_000)
+        check(f"step {step} cached", os.pread(cached, n, off), off, n)
+    size = os.fstat(fd).st_size
+    assert size == len(model), f"step {step}: size {size}, want {len(model)}"
+os.fsync(fd)
+
+pb = os.path.join(b, "direct.file")
+check("second mount, cached", whole(pb, 0), 0, len(model))
+keep_b = os.open(pb, os.O_RDONLY)
+check("second mount, cached open", os.pread(keep_b, len(model), 0), 0, len(model))
+for step in range(20):
+    put(fd, rnd.randrange(2048) * BS, rnd.randrange(1, 17) * BS, 1000 + step)
+    check(f"second mount after direct write {step}", os.pread(keep_b, len(model), 0), 0,
+          len(model))
+check("second mount, direct", whole(pb, os.O_DIRECT), 0, len(model))
+check("first mount, direct", whole(pa, os.O_DIRECT), 0, len(model))
+os.close(keep_b)
+os.close(cached)
+os.close(fd)
+print(len(model))
+"#;
+
+#[test]
+fn direct_io_bypasses_the_page_cache_and_stays_coherent() {
+    let c = fs_cluster();
+    let _mds = start_mds(&c, "a");
+    let a = Mount::new(&c, "mnt-a");
+    let b = Mount::new(&c, "mnt-b");
+    let out = Command::new("python3")
+        .args(["-c", DIRECT_IO_MODEL])
+        .arg(&a.dir)
+        .arg(&b.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "direct I/O model: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let size: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(size > 1 << 20, "the model file is only {size} bytes");
+    assert_eq!(std::fs::metadata(b.p("direct.file")).unwrap().len(), size);
+
+    // fio as the benchmarks run it (libaio, direct, several requests in flight), every
+    // block checked by CRC-32C after it is written
+    let fio = Command::new("fio")
+        .args([
+            "--name=direct",
+            "--filename=fio.file",
+            "--size=16m",
+            "--bsrange=4k-128k",
+            "--rw=randwrite",
+            "--ioengine=libaio",
+            "--iodepth=16",
+            "--direct=1",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--output-format=json",
+        ])
+        .current_dir(&a.dir)
+        .output();
+    let fio = match fio {
+        Ok(o) => o,
+        Err(e) => panic!("fio is needed for this test (.ci/run installs it): {e}"),
+    };
+    let text = String::from_utf8_lossy(&fio.stdout);
+    assert!(
+        fio.status.success(),
+        "fio failed: {text}{}",
+        String::from_utf8_lossy(&fio.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+    assert_eq!(j["jobs"][0]["error"], 0, "fio reported an error: {text}");
+    assert!(
+        j["jobs"][0]["write"]["io_bytes"].as_u64().unwrap() >= 16 << 20,
+        "fio wrote less than the file: {text}"
+    );
+    assert_eq!(std::fs::metadata(b.p("fio.file")).unwrap().len(), 16 << 20);
+}

@@ -76,6 +76,52 @@ pub enum OsdCommand {
     /// has written. With --format json: `{"osd_perf_infos": [{"id", "perf_stats":
     /// {"commit_latency_ms", "apply_latency_ms", "commit_latency_ns", "apply_latency_ns"}}]}`.
     Perf(ShowArgs),
+    // --- device classes and replicated rules (file-system metadata on the fastest class) ---
+    /// Device classes and rules in the cluster's CRUSH map (like `ceph osd crush`):
+    /// set-device-class, rm-device-class, rule create-replicated.
+    #[command(subcommand)]
+    Crush(OsdCrushCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OsdCrushCommand {
+    /// Bind OSDs to a device class (`nvme`, `ssd`, `hdd` or any name). An OSD that has
+    /// another class already is refused: `rm-device-class` it first. OSDs report the class of
+    /// their data directory's device at boot (`kelp osd run --device-class` overrides it).
+    SetDeviceClass {
+        /// The class.
+        class: String,
+        /// OSD ids (`3` or `osd.3`).
+        #[arg(required = true)]
+        ids: Vec<kelp_types::OsdId>,
+    },
+    /// Remove OSDs' device class.
+    RmDeviceClass {
+        /// OSD ids (`3` or `osd.3`).
+        #[arg(required = true)]
+        ids: Vec<kelp_types::OsdId>,
+    },
+    /// CRUSH rules: `create-replicated`.
+    #[command(subcommand)]
+    Rule(OsdCrushRuleCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OsdCrushRuleCommand {
+    /// Create a replicated rule: one replica under each of distinct FAILURE_DOMAIN buckets
+    /// (`host`, `osd`...) of ROOT, only on OSDs of CLASS if given (`kelp pool create NAME
+    /// --crush-rule NAME` uses it). An unknown root or type, or a class with no OSD under the
+    /// root, is refused; an existing replicated rule of that name is left as it is.
+    CreateReplicated {
+        /// Rule name.
+        name: String,
+        /// The CRUSH root to take (`default`).
+        root: String,
+        /// The bucket type replicas are spread over (`host`, `osd`...).
+        failure_domain: String,
+        /// Device class (`nvme`, `ssd`, `hdd`...).
+        class: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -137,6 +183,11 @@ pub struct RunArgs {
     pub pid_file: Option<PathBuf>,
     #[command(flatten)]
     pub metrics: crate::cmd::common::MetricsArgs,
+    /// Device class to report at boot (`nvme`, `ssd`, `hdd`...) when CRUSH has none for this
+    /// OSD yet. Default: the class of the data directory's block device (`nvme…` devices are
+    /// nvme, non-rotational ones ssd, rotational ones hdd; none on tmpfs or overlay).
+    #[arg(long)]
+    pub device_class: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +234,7 @@ pub fn run(cmd: OsdCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> 
         OsdCommand::ErasureCodeProfile(c) => crate::cmd::ec_profile::run(c, g),
         OsdCommand::Blocklist(c) => blocklist(c, g),
         OsdCommand::Perf(a) => perf(a, g),
+        OsdCommand::Crush(c) => osd_crush(c, g),
         OsdCommand::Lost(a) => {
             if !a.yes_i_really_mean_it {
                 bail!(
@@ -286,6 +338,64 @@ pub async fn purge(rados: &kelp_client::Rados, osd: i32, force: bool) -> Result<
         MonReply::Error { message } => bail!("removing the key of osd.{osd}: {message}"),
         other => bail!("removing the key of osd.{osd}: unexpected reply {other:?}"),
     }
+}
+
+fn osd_crush(cmd: OsdCrushCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
+    let ids = |ids: &[kelp_types::OsdId]| ids.iter().map(|i| i.0).collect::<Vec<_>>();
+    let (what, mon) = match &cmd {
+        OsdCrushCommand::SetDeviceClass { class, ids: i } => (
+            format!("set-device-class {class}"),
+            MonCommand::CrushSetDeviceClass {
+                class: class.clone(),
+                osds: ids(i),
+            },
+        ),
+        OsdCrushCommand::RmDeviceClass { ids: i } => (
+            "rm-device-class".to_string(),
+            MonCommand::CrushRmDeviceClass { osds: ids(i) },
+        ),
+        OsdCrushCommand::Rule(OsdCrushRuleCommand::CreateReplicated {
+            name,
+            root,
+            failure_domain,
+            class,
+        }) => (
+            format!("rule create-replicated {name}"),
+            MonCommand::CrushRuleCreateReplicated {
+                name: name.clone(),
+                root: root.clone(),
+                failure_domain: failure_domain.clone(),
+                class: class.clone(),
+            },
+        ),
+    };
+    let rt = common::runtime()?;
+    rt.block_on(async {
+        let rados = g.conf.connect().await?;
+        let epoch = match rados.mon_command(mon).await? {
+            MonReply::Done { epoch } => epoch,
+            MonReply::Error { message } => bail!("{what}: {message}"),
+            other => bail!("{what}: unexpected reply {other:?}"),
+        };
+        // the caller may use the change at once (a pool on the new rule, say)
+        rados.wait_for_epoch(epoch).await?;
+        match cmd {
+            OsdCrushCommand::SetDeviceClass { class, ids: i } => {
+                for id in i {
+                    eprintln!("osd.{}: device class {class}", id.0);
+                }
+            }
+            OsdCrushCommand::RmDeviceClass { ids: i } => {
+                for id in i {
+                    eprintln!("osd.{}: no device class", id.0);
+                }
+            }
+            OsdCrushCommand::Rule(OsdCrushRuleCommand::CreateReplicated { name, .. }) => {
+                eprintln!("rule {name}: created (or already there)");
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 fn blocklist(cmd: BlocklistCommand, g: &crate::cmd::common::Global) -> Result<ExitCode> {
@@ -448,6 +558,7 @@ fn run_daemon(a: RunArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
         store,
         osd: kelp_osd::OsdConfig::new(a.id),
         metrics_addr: a.metrics.addr(),
+        device_class: a.device_class.clone(),
     };
     let rt = common::runtime_with_threads(threads)?;
     let result = rt.block_on(async {
@@ -655,6 +766,7 @@ fn osds_json(map: &OsdMap) -> serde_json::Value {
                 "in": o.is_in(),
                 "reweight": o.weight as f64 / 65536.0,
                 "crush_weight": map.crush.item_weight(o.id).map_or(0.0, |w| w as f64 / 65536.0),
+                "device_class": map.crush.device_class(o.id),
                 "addr": o.addr.map(|a| a.to_string()),
             })
         })

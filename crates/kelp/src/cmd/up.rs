@@ -1260,9 +1260,10 @@ async fn answers_http(addr: SocketAddr) -> bool {
 async fn setup_fs(dir: &Path, osds: usize) -> Result<()> {
     use crate::cmd::filesystem::{DEFAULT_DATA_POOL, DEFAULT_FS, DEFAULT_META_POOL};
     let rados = admin_conf(dir).connect().await?;
-    for (pool, pg_num) in [(DEFAULT_META_POOL, 16), (DEFAULT_DATA_POOL, 32)] {
-        ensure_replicated_pool(&rados, pool, pg_num, osds).await?;
+    if rados.osd_map().pool_by_name(DEFAULT_META_POOL).is_none() {
+        create_meta_pool(&rados, DEFAULT_META_POOL, 16, osds).await?;
     }
+    ensure_replicated_pool(&rados, DEFAULT_DATA_POOL, 32, osds).await?;
     let exists = match rados.mon_command(kelp_proto::MonCommand::FsMapGet).await? {
         kelp_proto::MonReply::FsMap(m) => m.filesystems.contains_key(DEFAULT_FS),
         other => bail!("reading the file-system map: {other:?}"),
@@ -1282,6 +1283,63 @@ async fn setup_fs(dir: &Path, osds: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The metadata pool on the fastest device class present (nvme, then ssd, then hdd) that
+/// has an OSD for every copy, through the replicated rule `replicated_CLASS` (made if
+/// missing); on the default rule when no OSD reported a class of known speed. Says which.
+async fn create_meta_pool(
+    rados: &kelp_client::Rados,
+    pool: &str,
+    pg_num: u32,
+    osds: usize,
+) -> Result<()> {
+    let size = (osds as u32).min(3);
+    // kelp up's OSDs share one host: copies go to distinct OSDs, as with the default rule
+    let class = rados
+        .osd_map()
+        .fastest_class_for("default", "osd", size)
+        .unwrap_or_else(|e| {
+            eprintln!("metadata pool '{pool}': cannot choose a device class ({e})");
+            None
+        });
+    let rule = match &class {
+        Some(class) => {
+            let rule = format!("replicated_{class}");
+            let cmd = kelp_proto::MonCommand::CrushRuleCreateReplicated {
+                name: rule.clone(),
+                root: "default".into(),
+                failure_domain: "osd".into(),
+                class: Some(class.clone()),
+            };
+            match rados.mon_command(cmd).await? {
+                kelp_proto::MonReply::Done { epoch } => {
+                    rados.wait_for_epoch(epoch).await?;
+                }
+                other => bail!("creating the CRUSH rule {rule}: {other:?}"),
+            }
+            eprintln!("metadata pool '{pool}': on device class {class} (CRUSH rule {rule})");
+            Some(rule)
+        }
+        None => {
+            eprintln!(
+                "metadata pool '{pool}': no OSD reported a device class (nvme, ssd, hdd):                  default CRUSH rule"
+            );
+            None
+        }
+    };
+    rados
+        .create_pool(PoolSpec {
+            name: pool.into(),
+            pg_num: Some(pg_num),
+            size: Some(size),
+            min_size: None,
+            crush_rule: rule,
+            erasure: None,
+        })
+        .await
+        .map(drop)
+        .with_context(|| format!("creating pool '{pool}'"))
 }
 
 /// Waits until every file system in the map has an active MDS, and the standbys they want
