@@ -88,16 +88,25 @@ impl RemovalQueue {
     }
 }
 
-/// The collections to remove: those of pools the map does not have, not queued yet.
+/// Whether `pool` was deleted as of a map with `pools` and `pool_max`: an id the map has
+/// used (ids are never reused) that it no longer has. A pool newer than the map (an id above
+/// its `pool_max`: created after it, its PGs made under a later map) is never taken for one.
+pub fn pool_deleted(pool: u32, pools: &impl Fn(u32) -> bool, pool_max: u32) -> bool {
+    pool <= pool_max && !pools(pool)
+}
+
+/// The collections to remove: those of pools deleted as of the map (`pool_exists`,
+/// `pool_max`; see [`pool_deleted`]), not queued yet.
 pub fn doomed(
     collections: &[CollectionId],
     pool_exists: impl Fn(u32) -> bool,
+    pool_max: u32,
     queue: &RemovalQueue,
 ) -> Vec<PgId> {
     collections
         .iter()
         .map(|c| c.0)
-        .filter(|pg| !pool_exists(pg.pool.0) && !queue.contains(*pg))
+        .filter(|pg| pool_deleted(pg.pool.0, &pool_exists, pool_max) && !queue.contains(*pg))
         .collect()
 }
 
@@ -269,9 +278,14 @@ mod tests {
             .collect();
         let mut q = RemovalQueue::default();
         q.queue(pg(4, 3), 1);
-        let d = doomed(&colls, |p| p == 1, &q);
+        let d = doomed(&colls, |p| p == 1, 4, &q);
         assert_eq!(d, vec![pg(2, 0), pg(4, 4)]);
-        assert!(doomed(&colls, |_| true, &RemovalQueue::default()).is_empty());
+        assert!(doomed(&colls, |_| true, 4, &RemovalQueue::default()).is_empty());
+        // Pools newer than the map (created after it: ids above its pool_max) are never
+        // taken for deleted ones, whatever the map says of them.
+        let d = doomed(&colls, |p| p == 1, 2, &RemovalQueue::default());
+        assert_eq!(d, vec![pg(2, 0)]);
+        assert!(doomed(&colls, |_| false, 0, &RemovalQueue::default()).is_empty());
     }
 
     #[test]

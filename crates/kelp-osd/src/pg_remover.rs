@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::exec::ExecError;
 use crate::pg_removal::{
-    REMOVING_ATTR, Removals, Step, count_objects, doomed, is_marked, remove_step,
+    REMOVING_ATTR, Removals, Step, count_objects, doomed, is_marked, pool_deleted, remove_step,
 };
 use crate::pglog::PgMeta;
 use crate::service::OsdService;
@@ -49,7 +49,7 @@ async fn run(service: Weak<OsdService>) {
         let map = svc.map();
         let pools: BTreeSet<u32> = map.pools.keys().copied().collect();
         if scanned.as_ref() != Some(&pools) || scanned_at.elapsed() >= RESCAN_INTERVAL {
-            match scan(&svc, &removals, &pools).await {
+            match scan(&svc, &removals, &pools, map.pool_max).await {
                 Ok(()) => {
                     scanned = Some(pools);
                     scanned_at = std::time::Instant::now();
@@ -75,11 +75,15 @@ async fn run(service: Weak<OsdService>) {
     }
 }
 
-/// Queues every collection of a pool not in `pools`, with its object count.
+/// Queues every collection of a pool deleted as of a map with `pools` and `pool_max`, with
+/// its object count. A PG of a pool created since (its collection made under a newer map while
+/// this scan ran) has an id above `pool_max` and is left alone; each PG is checked against the
+/// newest map again before it is queued.
 async fn scan(
     svc: &Arc<OsdService>,
     removals: &Arc<Removals>,
     pools: &BTreeSet<u32>,
+    pool_max: u32,
 ) -> Result<(), ExecError> {
     let store = svc.store_handle();
     let pools = pools.clone();
@@ -89,6 +93,7 @@ async fn scan(
         let todo = doomed(
             &colls,
             |p| pools.contains(&p),
+            pool_max,
             &removals_for_task.lock().clone(),
         );
         let mut out = Vec::with_capacity(todo.len());
@@ -98,8 +103,12 @@ async fn scan(
         Ok(out)
     })
     .await?;
+    let map = svc.map();
     let mut q = removals.lock();
     for (pg, objects) in found {
+        if !pool_deleted(pg.pool.0, &|p| map.pools.contains_key(&p), map.pool_max) {
+            continue;
+        }
         if q.queue(pg, objects) {
             info!(%pg, objects, "queued the PG of a deleted pool for removal");
         }
