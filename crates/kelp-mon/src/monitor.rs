@@ -492,35 +492,7 @@ impl Monitor {
     pub fn register_metrics(&self, reg: &mut kelp_metrics::Registry) {
         reg.add_counter_vec(&self.inner.commands);
         let msgr = self.inner.msgr.clone();
-        reg.register_msgr(move || {
-            let s = msgr.stats();
-            kelp_metrics::MsgrCounts {
-                peers: msgr.peers().len() as u64,
-                connections_accepted: s.connections_accepted,
-                connections_dialed: s.connections_dialed,
-                handshake_failures: s.handshake_failures,
-                auth_failures: s.auth_failures,
-                frame_errors: s.frame_errors,
-                frames_sent: s.frames_sent,
-                flushes: s.flushes,
-                connect_failures: s.connect_failures,
-                by_peer: kelp_msgr::PEER_TYPES
-                    .iter()
-                    .zip(&s.by_peer)
-                    .map(|(peer, p)| kelp_metrics::MsgrPeerCounts {
-                        peer,
-                        bytes_sent: p.bytes_sent,
-                        bytes_received: p.bytes_received,
-                        messages_sent: p.messages_sent,
-                        messages_received: p.messages_received,
-                        connections_open: p.connections_open,
-                        connections_closed: p.connections_closed,
-                        connection_errors: p.connection_errors,
-                        reconnects: p.reconnects,
-                    })
-                    .collect(),
-            }
-        });
+        reg.register_msgr(move || kelp_msgr::metrics_counts(std::slice::from_ref(&msgr)));
         let weak = Arc::downgrade(&self.inner);
         reg.snapshot(crate::metrics::snapshot_metrics(), move |s| {
             if let Some(inner) = weak.upgrade() {

@@ -86,3 +86,40 @@ pub mod code {
     /// The peer sent an error reply too short to hold a code.
     pub const MALFORMED_ERROR: u32 = 0xFFFF_0004;
 }
+
+/// The counters of `msgrs` summed, as the metrics tables take them (`kelp_msgr_*` on every
+/// daemon's `/metrics`): a daemon exports its own messenger's and its RADOS client's.
+pub fn metrics_counts(msgrs: &[Messenger]) -> kelp_metrics::MsgrCounts {
+    let mut s = MsgrStats::default();
+    let mut peers = 0;
+    for m in msgrs {
+        s.add(&m.stats());
+        peers += m.peers().len() as u64;
+    }
+    kelp_metrics::MsgrCounts {
+        peers,
+        connections_accepted: s.connections_accepted,
+        connections_dialed: s.connections_dialed,
+        handshake_failures: s.handshake_failures,
+        auth_failures: s.auth_failures,
+        frame_errors: s.frame_errors,
+        frames_sent: s.frames_sent,
+        flushes: s.flushes,
+        connect_failures: s.connect_failures,
+        by_peer: PEER_TYPES
+            .iter()
+            .zip(&s.by_peer)
+            .map(|(peer, p)| kelp_metrics::MsgrPeerCounts {
+                peer,
+                bytes_sent: p.bytes_sent,
+                bytes_received: p.bytes_received,
+                messages_sent: p.messages_sent,
+                messages_received: p.messages_received,
+                connections_open: p.connections_open,
+                connections_closed: p.connections_closed,
+                connection_errors: p.connection_errors,
+                reconnects: p.reconnects,
+            })
+            .collect(),
+    }
+}

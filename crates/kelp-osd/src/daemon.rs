@@ -455,47 +455,10 @@ async fn serve_metrics(
             crate::metrics::snapshot(svc.metrics(), &inputs, s);
         }
     });
-    reg.register_msgr(move || msgr_counts(&msgrs));
+    reg.register_msgr(move || kelp_msgr::metrics_counts(&msgrs));
     let server = kelp_metrics::serve(at, Arc::new(reg)).await?;
     info!(%entity, url = %server.url(), "metrics endpoint");
     Ok(server)
-}
-
-/// The counters of a process's messengers for `kelp_metrics`, summed (an OSD has its own
-/// and its monitor client's; a RADOS client has one for the OSDs and one for the monitors).
-pub fn msgr_counts(msgrs: &[Messenger]) -> kelp_metrics::MsgrCounts {
-    let mut s = kelp_msgr::MsgrStats::default();
-    let mut peers = 0;
-    for m in msgrs {
-        s.add(&m.stats());
-        peers += m.peers().len() as u64;
-    }
-    kelp_metrics::MsgrCounts {
-        peers,
-        connections_accepted: s.connections_accepted,
-        connections_dialed: s.connections_dialed,
-        handshake_failures: s.handshake_failures,
-        auth_failures: s.auth_failures,
-        frame_errors: s.frame_errors,
-        frames_sent: s.frames_sent,
-        flushes: s.flushes,
-        connect_failures: s.connect_failures,
-        by_peer: kelp_msgr::PEER_TYPES
-            .iter()
-            .zip(&s.by_peer)
-            .map(|(peer, p)| kelp_metrics::MsgrPeerCounts {
-                peer,
-                bytes_sent: p.bytes_sent,
-                bytes_received: p.bytes_received,
-                messages_sent: p.messages_sent,
-                messages_received: p.messages_received,
-                connections_open: p.connections_open,
-                connections_closed: p.connections_closed,
-                connection_errors: p.connection_errors,
-                reconnects: p.reconnects,
-            })
-            .collect(),
-    }
 }
 
 /// Sends the monitors this OSD's statistics every `osd_stats_interval` (the leader's answer

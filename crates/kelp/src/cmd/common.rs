@@ -211,7 +211,7 @@ pub struct MetricsArgs {
 /// Adds the messenger metrics of `msgrs` (summed) to a daemon's registry: a daemon built on a
 /// RADOS client passes `Rados::messengers`, plus its own listening messenger if it has one.
 pub fn register_msgr(reg: &mut kelp_metrics::Registry, msgrs: Vec<kelp_msgr::Messenger>) {
-    reg.register_msgr(move || kelp_osd::daemon::msgr_counts(&msgrs));
+    reg.register_msgr(move || kelp_msgr::metrics_counts(&msgrs));
 }
 
 impl MetricsArgs {
