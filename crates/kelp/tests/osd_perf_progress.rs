@@ -10,9 +10,9 @@
 
 mod heal_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use heal_support::{Cluster, content};
+use heal_support::{Cluster, content, progress, wait};
 
 fn perf(c: &Cluster) -> Vec<(i64, u64, u64)> {
     let v: serde_json::Value =
@@ -29,27 +29,6 @@ fn perf(c: &Cluster) -> Vec<(i64, u64, u64)> {
             )
         })
         .collect()
-}
-
-fn progress(c: &Cluster) -> Vec<serde_json::Value> {
-    serde_json::from_str::<serde_json::Value>(&c.cli(&["progress", "--format", "json"]))
-        .ok()
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
-}
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?}: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,7 @@ mod heal_support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use heal_support::{Cluster, content, kelp};
+use heal_support::{Cluster, content, kelp, progress, wait};
 
 /// Each OSD's used bytes (`kelp osd df --format json`), for the OSDs that reported.
 fn used(c: &Cluster) -> BTreeMap<i64, u64> {
@@ -37,27 +37,6 @@ fn used(c: &Cluster) -> BTreeMap<i64, u64> {
             )
         })
         .collect()
-}
-
-fn progress(c: &Cluster) -> Vec<serde_json::Value> {
-    serde_json::from_str::<serde_json::Value>(&c.cli(&["progress", "--format", "json"]))
-        .ok()
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
-}
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?}: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 const REP_OBJECTS: u64 = 1500;

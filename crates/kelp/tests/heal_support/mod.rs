@@ -306,3 +306,27 @@ pub fn find_all(file: &std::path::Path, needle: &[u8]) -> Vec<u64> {
     }
     found
 }
+
+/// The cluster's long operations, as `kelp progress --format json` lists them (empty if the
+/// command's output is not a list).
+pub fn progress(c: &Cluster) -> Vec<serde_json::Value> {
+    serde_json::from_str::<serde_json::Value>(&c.cli(&["progress", "--format", "json"]))
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// Polls `f` every 250 ms until it gives a value; fails the test with `what` after `timeout`.
+pub fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
