@@ -50,6 +50,16 @@ pub fn shard_of(map: &kelp_maps::OsdMap, pg: kelp_types::PgId, osd: i32) -> Opti
 /// The store attribute holding an EC shard's [`EcMeta`].
 pub const EC_ATTR: &str = "@ec";
 
+/// The shard position a write's internal attributes are for (`None`: not an EC shard write,
+/// or one that sets no shard metadata, as a removal).
+pub fn held_shard(internal_xattrs: &[(String, Vec<u8>)]) -> Option<u32> {
+    internal_xattrs
+        .iter()
+        .find(|(k, _)| k == EC_ATTR)
+        .and_then(|(_, v)| EcMeta::decode(v).ok())
+        .map(|m| m.shard)
+}
+
 /// What every shard of an erasure-coded object records about itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EcMeta {
@@ -122,6 +132,10 @@ fn omap_refused<T>() -> Result<T, ExecError> {
 pub struct ShardBytes {
     /// The object's version on that shard (0: the shard does not have the object).
     pub version: u64,
+    /// The shard these bytes are: the one asked for, unless the member still holds the shard
+    /// of another position (a member whose position changed, before its backfill rewrote the
+    /// object): those bytes are that shard's, usable to rebuild, never as the one asked for.
+    pub held: usize,
     /// One buffer per asked-for range, each padded with zeros to the range's length (views
     /// of the buffer the shard's bytes arrived in: no copy).
     pub ranges: Vec<Bytes>,
@@ -171,11 +185,17 @@ pub async fn read_extents(
         .collect();
     for (shard, got) in futures::future::join_all(direct).await {
         match got {
-            Ok(b) if b.version == version && b.ranges.len() == by_shard[&shard].len() => {
+            Ok(b)
+                if b.held == shard
+                    && b.version == version
+                    && b.ranges.len() == by_shard[&shard].len() =>
+            {
                 for (&i, bytes) in by_shard[&shard].iter().zip(b.ranges) {
                     out[i] = Some(bytes);
                 }
             }
+            // Another shard's bytes: the rebuild below may use that member for its shard.
+            Ok(b) if b.held != shard => {}
             Ok(b) => {
                 tracing::warn!(
                     shard,
@@ -240,19 +260,24 @@ async fn rebuild(
     let k = layout.k as usize;
     let n = layout.shards();
     let ranges: Vec<(u64, u64)> = spans.iter().map(|r| (r.start, r.end - r.start)).collect();
+    // Shard → its bytes; members are asked by position, and answer with the shard they hold.
     let mut got: HashMap<usize, Vec<Bytes>> = HashMap::new();
+    let mut asked = vec![false; n];
     loop {
         let have = got.len();
         let candidates: Vec<usize> = (0..n)
-            .filter(|s| usable[*s] && !got.contains_key(s))
+            .filter(|p| usable[*p] && !asked[*p] && !got.contains_key(p))
             .take(k - have)
             .collect();
-        if have + candidates.len() < k {
+        let left = (0..n)
+            .filter(|p| usable[*p] && !asked[*p] && !got.contains_key(p))
+            .count();
+        if candidates.is_empty() || have + left < k {
             return err(
                 ErrorCode::Io,
                 format!(
                     "only {} of the {k} shards needed to rebuild the data are readable",
-                    have + candidates.len()
+                    have + left
                 ),
             );
         }
@@ -261,9 +286,15 @@ async fn rebuild(
             async move { (s, io.read_shard(s, &ranges).await) }
         });
         for (s, r) in futures::future::join_all(reads).await {
+            asked[s] = true;
             match r {
                 Ok(b) if b.version == version && b.ranges.len() == ranges.len() => {
-                    got.insert(s, b.ranges);
+                    if b.held < n {
+                        got.entry(b.held).or_insert(b.ranges);
+                    }
+                    if b.held != s {
+                        usable[s] = false;
+                    }
                 }
                 Ok(b) => {
                     tracing::warn!(
@@ -338,7 +369,7 @@ pub async fn check_parity(
     let mut shards = Vec::with_capacity(n);
     for r in futures::future::join_all(reads).await {
         match r {
-            Ok(mut b) if b.version == version && b.ranges.len() == 1 => {
+            Ok(mut b) if b.held == shards.len() && b.version == version && b.ranges.len() == 1 => {
                 shards.push(b.ranges.pop().map(Vec::from).unwrap_or_default());
             }
             _ => return Ok(ParityCheck::Skipped),
@@ -915,10 +946,13 @@ pub async fn read_range_fast(
     while let Some((s, r)) = pending.next().await {
         match r {
             Ok(mut b) if b.version == version && b.ranges.len() == 1 => {
-                got[s] = b.ranges.pop();
-                have += 1;
-                if have == k {
-                    break;
+                // Keyed by the shard the member holds (another position's, after a remap).
+                if b.held < got.len() && got[b.held].is_none() {
+                    got[b.held] = b.ranges.pop();
+                    have += 1;
+                    if have == k {
+                        break;
+                    }
                 }
             }
             Ok(b) => tracing::warn!(
@@ -1018,6 +1052,8 @@ mod tests {
         shards: Mutex<Vec<Vec<u8>>>,
         version: Mutex<Vec<u64>>,
         readable: Mutex<Vec<bool>>,
+        /// Per position, the shard its member holds (a member CRUSH moved holds another's).
+        held: Mutex<Vec<usize>>,
     }
 
     impl MemShards {
@@ -1026,6 +1062,7 @@ mod tests {
                 shards: Mutex::new(vec![Vec::new(); n]),
                 version: Mutex::new(vec![0; n]),
                 readable: Mutex::new(vec![true; n]),
+                held: Mutex::new((0..n).collect()),
             }
         }
 
@@ -1067,10 +1104,12 @@ mod tests {
             shard: usize,
             ranges: &[(u64, u64)],
         ) -> Result<ShardBytes, ExecError> {
+            let held = self.held.lock().unwrap()[shard];
             let s = self.shards.lock().unwrap();
-            let b = &s[shard];
+            let b = &s[held];
             Ok(ShardBytes {
-                version: self.version.lock().unwrap()[shard],
+                version: self.version.lock().unwrap()[held],
+                held,
                 ranges: ranges
                     .iter()
                     .map(|&(o, l)| {
@@ -1329,6 +1368,57 @@ mod tests {
                     .await
                     .is_err()
             );
+        });
+    }
+
+    #[test]
+    fn members_holding_another_positions_shard_still_serve_it() {
+        block_on(async {
+            let mem = MemShards::new(6);
+            let mut b = EcBefore::default();
+            let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+            write(&mem, &mut b, &[OpKind::WriteFull { len: 100_000 }], &data)
+                .await
+                .unwrap();
+            let meta = b.meta.unwrap();
+            let layout = meta.layout(&profile()).unwrap();
+            let shard5 = mem.shards.lock().unwrap()[5].clone();
+            // A remap swapped the members of positions 1 and 3, and position 5 is lost.
+            *mem.held.lock().unwrap() = vec![0, 3, 2, 1, 4, 5];
+            mem.readable.lock().unwrap()[5] = false;
+            let got = read_range(&mem, &layout, b.version, 0..100_000, 100_000)
+                .await
+                .unwrap();
+            assert_eq!(got, data);
+            let fast = read_range_fast(&mem, &layout, b.version, 0..100_000, 100_000)
+                .await
+                .unwrap();
+            assert_eq!(fast, data);
+            let len = layout.shard_size(meta.size) as usize;
+            let rebuilt = rebuild_shard(&mem, &layout, b.version, meta.size, 5)
+                .await
+                .unwrap();
+            assert_eq!(rebuilt, shard5[..len]);
+            // Deep scrub does not judge parity from misplaced shards.
+            *mem.readable.lock().unwrap() = vec![true; 6];
+            assert_eq!(
+                check_parity(&mem, &layout, b.version, meta.size)
+                    .await
+                    .unwrap(),
+                ParityCheck::Skipped
+            );
+            // Exactly k distinct shards left (0 and 5 lost): still readable.
+            *mem.readable.lock().unwrap() = vec![false, true, true, true, true, false];
+            let got = read_range(&mem, &layout, b.version, 0..100_000, 100_000)
+                .await
+                .unwrap();
+            assert_eq!(got, data);
+            // Two members holding the same shard count once: 3 distinct shards are too few.
+            *mem.held.lock().unwrap() = vec![0, 3, 2, 3, 4, 5];
+            let e = read_range(&mem, &layout, b.version, 0..100_000, 100_000)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::Io);
         });
     }
 

@@ -38,12 +38,17 @@ pub fn position(members: &[Option<i32>], osd: i32) -> Option<usize> {
     members.iter().position(|&m| m == Some(osd))
 }
 
-/// The members that may be read: the primary itself and the members it writes to (members
-/// left behind for recovery are not).
-pub fn readable(members: &[Option<i32>], me: i32, write_to: &[i32]) -> Vec<Option<i32>> {
+/// The members that may be read: the primary itself, the members it writes to, and donors
+/// (members left behind whose objects are another position's shards: each object says which
+/// shard it is). Other members left behind for recovery are not.
+pub(crate) fn readable(
+    members: &[Option<i32>],
+    me: i32,
+    state: &crate::pg::PgState,
+) -> Vec<Option<i32>> {
     members
         .iter()
-        .map(|m| m.filter(|&o| o == me || write_to.contains(&o)))
+        .map(|m| m.filter(|&o| o == me || state.write_to.contains(&o) || state.donors.contains(&o)))
         .collect()
 }
 
@@ -247,18 +252,15 @@ impl ShardIo for PgShardIo {
         if let Some((code, message)) = reply.error {
             return Err(ExecError { code, message });
         }
-        if reply.exists {
-            // A shard stored for another position (a member that moved) is not this shard.
-            let meta = reply.meta.as_deref().map(EcMeta::decode).transpose()?;
-            if meta.is_some_and(|m| m.shard as usize != shard) {
-                return Err(ExecError {
-                    code: ErrorCode::Io,
-                    message: format!("osd.{osd} holds another shard of the object"),
-                });
-            }
-        }
+        // A member whose position changed holds another position's shard until its backfill
+        // rewrites the object: its bytes are that shard's.
+        let held = match reply.meta.as_deref().filter(|_| reply.exists) {
+            Some(meta) => EcMeta::decode(meta)?.shard as usize,
+            None => shard,
+        };
         Ok(ShardBytes {
             version: if reply.exists { reply.version } else { 0 },
+            held,
             ranges: split_ranges(&data, ranges)?,
         })
     }

@@ -85,6 +85,10 @@ pub struct Lagging {
     pub job: Job,
     /// In the acting set (its missing copies are degraded), not just a backfill target.
     pub in_acting: bool,
+    /// Erasure-coded pools: a member in step with the PG's history whose objects are another
+    /// position's shard (its position changed): backfilled to its new shard, and meanwhile
+    /// read from for the shard it holds (each object says which shard it is).
+    pub donor: bool,
 }
 
 /// Why a PG cannot go active, as Ceph names it.
@@ -124,6 +128,12 @@ pub struct PeeringStart {
     pub parallel: u32,
     /// This primary's own log.
     pub primary: MemberReport,
+    /// Erasure-coded pools: the shard position each acting member (and each backfill target
+    /// outside the acting set) is to hold; empty for replicated pools.
+    pub ec_positions: BTreeMap<i32, u32>,
+    /// Erasure-coded pools: the shard position this primary's objects were written for, as
+    /// its PG records it (`None`: not recorded).
+    pub primary_ec_shard: Option<u32>,
 }
 
 /// What the OSD must do next.
@@ -238,6 +248,10 @@ pub struct PeeringMachine {
     recovered: usize,
     lagging: Vec<Lagging>,
     outcome: Option<Outcome>,
+    /// Erasure-coded pools: the shard position each member that answered records.
+    ec_shards: BTreeMap<i32, u32>,
+    /// Members in step whose shard position changed (see [`Lagging::donor`]).
+    donors: BTreeSet<i32>,
 }
 
 impl PeeringMachine {
@@ -284,7 +298,12 @@ impl PeeringMachine {
             recovered: 0,
             lagging: Vec::new(),
             outcome: None,
+            ec_shards: Default::default(),
+            donors: Default::default(),
         };
+        if let Some(shard) = m.start.primary_ec_shard {
+            m.ec_shards.insert(me, shard);
+        }
         let more = m.advance();
         let mut all: Vec<Action> = actions;
         all.extend(more);
@@ -321,6 +340,9 @@ impl PeeringMachine {
                 let role = self.role(osd);
                 match result {
                     Ok(r) => {
+                        if let Some(shard) = r.ec_shard {
+                            self.ec_shards.insert(osd, shard);
+                        }
                         let report = member_report(osd, r, &self.start.primary);
                         if role == Role::Stray {
                             self.stray_reports.push(osd);
@@ -337,11 +359,12 @@ impl PeeringMachine {
             }
             (Event::Listed { result, .. }, Phase::Listing) => match result {
                 Ok(listing) => {
+                    let source = self.primary_source();
                     let (auth, plan) = self.auth_and_plan();
                     let sync = PgSync {
                         pg,
                         epoch: self.start.epoch,
-                        source: auth.osd,
+                        source,
                         objects: listing.clone(),
                         keep_only: Some(listing),
                         parallel: self.start.parallel,
@@ -421,6 +444,23 @@ impl PeeringMachine {
         (auth, plan)
     }
 
+    /// Whom this primary copies from when it is behind: the authoritative member, unless that
+    /// is this primary itself (an erasure-coded primary moved to another shard position, with
+    /// the newest history): then another member in step, which rebuilds the shard from the
+    /// others.
+    fn primary_source(&self) -> i32 {
+        let (auth, plan) = self.auth_and_plan();
+        if auth.osd != self.start.me {
+            return auth.osd;
+        }
+        self.order
+            .iter()
+            .copied()
+            .filter(|o| self.start.acting.contains(o))
+            .find(|o| plan.members.get(o) == Some(&MemberPlan::UpToDate) || self.donors.contains(o))
+            .unwrap_or(auth.osd)
+    }
+
     /// Moves on once every query is answered.
     fn advance(&mut self) -> Vec<Action> {
         let Phase::Querying { waiting } = &self.phase else {
@@ -438,12 +478,13 @@ impl PeeringMachine {
             .start
             .authority
             .or_else(|| readable_authority(&self.reports, self.start.min_agree));
-        let Some(plan) = plan_with_authority(&self.reports, authority) else {
+        let Some(mut plan) = plan_with_authority(&self.reports, authority) else {
             return self.finish(Outcome::Active {
                 recovered: 0,
                 lagging: Vec::new(),
             });
         };
+        self.donors = moved_shards(&mut plan, &self.start.ec_positions, &self.ec_shards);
         self.plan = Some(plan);
         self.primary_first()
     }
@@ -575,12 +616,14 @@ impl PeeringMachine {
                 osd,
                 job,
                 in_acting,
+                donor: self.donors.contains(&osd),
             });
         }
         lagging.extend(self.unanswered.iter().map(|&osd| Lagging {
             osd,
             job: Job::Backfill,
             in_acting: false,
+            donor: false,
         }));
         self.lagging = lagging;
         if syncs.is_empty() {
@@ -750,6 +793,36 @@ pub fn member_report(osd: i32, r: PgQueryReply, primary: &MemberReport) -> Membe
     }
 }
 
+/// Erasure-coded pools: members whose recorded shard position is not the one they are to
+/// hold now (CRUSH moved a survivor to another position; or a backfill to a position was
+/// interrupted) hold the wrong shard for their position, however complete their history:
+/// they are backfilled. Returns those that were otherwise in step (their objects are whole
+/// shards of another position, readable for that shard until rewritten).
+fn moved_shards(
+    plan: &mut PeeringPlan,
+    positions: &BTreeMap<i32, u32>,
+    recorded: &BTreeMap<i32, u32>,
+) -> BTreeSet<i32> {
+    let mut donors = BTreeSet::new();
+    for (osd, member) in plan.members.iter_mut() {
+        let (Some(want), Some(held)) = (positions.get(osd), recorded.get(osd)) else {
+            continue;
+        };
+        if want == held {
+            continue;
+        }
+        if *member == MemberPlan::UpToDate && *held != EC_SHARD_MIXED {
+            donors.insert(*osd);
+        }
+        *member = MemberPlan::Backfill;
+    }
+    donors
+}
+
+/// The shard-position record of an erasure-coded member whose backfill is under way: its
+/// objects are of more than one position, it matches none.
+pub const EC_SHARD_MIXED: u32 = u32::MAX;
+
 /// The distinct `(namespace, name)` of `objects`, sorted.
 pub fn names(
     objects: impl IntoIterator<Item = kelp_proto::ObjectLocator>,
@@ -853,6 +926,7 @@ mod tests {
             log_tail: r.log_tail,
             entries: r.entries.iter().cloned().map(Into::into).collect(),
             objects: None,
+            ec_shard: None,
         }
     }
 
@@ -876,6 +950,8 @@ mod tests {
             can_request_pg_temp: true,
             parallel: 4,
             primary,
+            ec_positions: BTreeMap::new(),
+            primary_ec_shard: None,
         }
     }
 
@@ -886,6 +962,8 @@ mod tests {
         primary_unfound: Vec<(String, String)>,
         verdict: ActivationVerdict,
         done: Vec<Action>,
+        /// Erasure-coded pools: the shard position each member's PG records.
+        ec_shards: BTreeMap<i32, u32>,
     }
 
     impl Fake {
@@ -896,6 +974,7 @@ mod tests {
                 primary_unfound: Vec::new(),
                 verdict: ActivationVerdict::Recorded,
                 done: Vec::new(),
+                ec_shards: BTreeMap::new(),
             }
         }
 
@@ -907,7 +986,10 @@ mod tests {
                     result: self
                         .members
                         .get(osd)
-                        .map(reply)
+                        .map(|r| PgQueryReply {
+                            ec_shard: self.ec_shards.get(osd).copied(),
+                            ..reply(r)
+                        })
                         .ok_or(OsdError::PeerUnreachable {
                             osd: *osd,
                             reason: "down".into(),
@@ -970,6 +1052,78 @@ mod tests {
         // Replicated (or too few reports): the newest history wins, as before.
         assert_eq!(readable_authority(&reports, 1), None);
         assert_eq!(readable_authority(&reports[..3], 4), None);
+    }
+
+    #[test]
+    fn ec_members_moved_to_another_position_are_backfilled_and_read_meanwhile() {
+        let w = writes(5);
+        let reports: Vec<MemberReport> = (1..=6).map(|o| log_n(o, 0, &w)).collect();
+        let mut s = start(reports[0].clone(), &[1, 2, 3, 4, 5, 6], &[1, 2, 3, 4, 5, 6]);
+        s.min_agree = 2;
+        s.min_size = 3;
+        s.ec_positions = (1..=6).map(|o| (o, (o - 1) as u32)).collect();
+        s.primary_ec_shard = Some(0);
+        let mut f = Fake::new(&reports[1..]);
+        // osd.2 and osd.4 swapped positions; osd.5's backfill was cut short; osd.6 has no
+        // record (a PG from before records were kept): trusted at its position.
+        f.ec_shards = [(2, 3), (3, 2), (4, 1), (5, EC_SHARD_MIXED)].into();
+        let (_, mut lagging) = active(f.run(s.clone()));
+        lagging.sort_by_key(|l| l.osd);
+        let got: Vec<(i32, &Job, bool)> =
+            lagging.iter().map(|l| (l.osd, &l.job, l.donor)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (2, &Job::Backfill, true),
+                (4, &Job::Backfill, true),
+                (5, &Job::Backfill, false),
+            ]
+        );
+        let rec = f.recorded().expect("recorded");
+        assert_eq!(rec.record.members, vec![1, 3, 6]);
+        // Too few would be in sync to serve: they are backfilled first.
+        s.min_size = 4;
+        let mut f2 = Fake::new(&reports[1..]);
+        f2.ec_shards = f.ec_shards.clone();
+        let (_, lagging) = active(f2.run(s));
+        assert!(lagging.is_empty());
+        let synced: Vec<i32> = f2
+            .done
+            .iter()
+            .filter_map(|a| match a {
+                Action::SyncMember {
+                    osd,
+                    job: Job::Backfill,
+                } => Some(*osd),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(synced, vec![2, 4, 5]);
+    }
+
+    #[test]
+    fn an_ec_primary_moved_to_another_position_rebuilds_its_shard_from_another_member() {
+        let w = writes(5);
+        let reports: Vec<MemberReport> = (1..=6).map(|o| log_n(o, 0, &w)).collect();
+        let mut s = start(reports[0].clone(), &[1, 2, 3, 4, 5, 6], &[1, 2, 3, 4, 5, 6]);
+        s.min_agree = 4;
+        s.min_size = 4;
+        s.ec_positions = (1..=6).map(|o| (o, (o - 1) as u32)).collect();
+        s.primary_ec_shard = Some(2);
+        s.can_request_pg_temp = false; // never for erasure-coded pools
+        let mut f = Fake::new(&reports[1..]);
+        f.ec_shards = [(3, 0)].into();
+        let (_, lagging) = active(f.run(s));
+        // Never from itself: its copy is locked while it syncs.
+        let source = f.done.iter().find_map(|a| match a {
+            Action::SyncPrimary(sync) => Some(sync.source),
+            _ => None,
+        });
+        assert_eq!(source, Some(2));
+        assert_eq!(
+            lagging.iter().map(|l| (l.osd, l.donor)).collect::<Vec<_>>(),
+            vec![(3, true)]
+        );
     }
 
     #[test]
@@ -1064,7 +1218,8 @@ mod tests {
             vec![Lagging {
                 osd: 4,
                 job: Job::Backfill,
-                in_acting: false
+                in_acting: false,
+                donor: false,
             }]
         );
     }

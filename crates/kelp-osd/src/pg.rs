@@ -46,6 +46,10 @@ pub(crate) struct PgState {
     /// background recovery has brought them up to date, or, while `norecover`/`nobackfill`
     /// pauses their recovery, until the PG peers again (the PG is degraded meanwhile).
     pub(crate) left_behind: Vec<i32>,
+    /// Erasure-coded pools: members left behind whose objects are whole shards of another
+    /// position (CRUSH moved them): reads use them for the shard each object says it is, until
+    /// their backfill rewrites it.
+    pub(crate) donors: Vec<i32>,
     /// `(norecover, nobackfill)` when the PG was activated: when they change and members were
     /// left behind, the PG peers again.
     pub(crate) recovery_flags: crate::peering_machine::RecoveryFlags,
@@ -84,6 +88,7 @@ impl PgState {
             peered_up: Vec::new(),
             write_to: Vec::new(),
             left_behind: Vec::new(),
+            donors: Vec::new(),
             recovery_flags: Default::default(),
             interval: 0,
             recovery_block: false,
@@ -112,6 +117,7 @@ impl PgState {
     pub(crate) fn deactivate(&mut self) {
         self.active = None;
         self.blocked = None;
+        self.donors.clear();
         self.unfound.clear();
         self.interval += 1;
         self.recovery = None;

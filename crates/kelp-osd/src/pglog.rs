@@ -39,6 +39,10 @@ pub const INTERNAL_NAMESPACE: &str = "\u{1f}kelp";
 const FORMAT: u8 = 1;
 /// Attribute of the metadata object: the ring's slot count (u64 LE).
 const SLOTS_ATTR: &str = "log_slots";
+/// Attribute of the metadata object, erasure-coded pools only: the shard position this
+/// member's objects were written for (u32 LE). Absent in PGs from before it was kept: those
+/// hold the shard of the position they are at.
+const EC_SHARD_ATTR: &str = "ec_shard";
 
 /// Ring slots for a cap of `max_entries` (a cap of 0 keeps no entry, but the newest is still
 /// written before it is trimmed).
@@ -73,6 +77,13 @@ pub struct LogAppend {
     coll: CollectionId,
     info: PgInfo,
     slots: u64,
+    /// Erasure-coded pools: a new shard-position record to stage with the entry.
+    ec_shard: Option<u32>,
+}
+
+fn set_ec_shard(txn: &mut Transaction, coll: CollectionId, shard: u32) {
+    let oid = PgMeta::meta_oid(coll);
+    txn.set_xattr(coll, &oid, EC_SHARD_ATTR, shard.to_le_bytes().to_vec());
 }
 
 impl LogAppend {
@@ -83,6 +94,16 @@ impl LogAppend {
         add.insert(slot_key(entry.version, self.slots), encode(entry));
         txn.omap_set(self.coll, &oid, add);
         txn.omap_set_header(self.coll, &oid, encode(&self.info));
+        if let Some(shard) = self.ec_shard {
+            set_ec_shard(txn, self.coll, shard);
+        }
+    }
+
+    /// Erasure-coded pools: this write is for shard position `shard`; the PG's record of its
+    /// position is staged with the entry if it differs.
+    pub fn for_ec_shard(mut self, meta: &PgMeta, shard: Option<u32>) -> LogAppend {
+        self.ec_shard = shard.filter(|&s| meta.ec_shard != Some(s));
+        self
     }
 }
 
@@ -111,6 +132,8 @@ pub struct PgMeta {
     dups: HashTable<(u64, u64)>,
     hasher: RandomState,
     max_entries: usize,
+    /// Erasure-coded pools: the shard position this member's objects belong to, if recorded.
+    pub ec_shard: Option<u32>,
 }
 
 /// The omap key of `version` in a ring of `slots`.
@@ -196,7 +219,18 @@ impl PgMeta {
             dups: HashTable::new(),
             hasher: RandomState::new(),
             max_entries,
+            ec_shard: None,
         }
+    }
+
+    /// Records (in `txn`, and here) that this member's objects are written for shard
+    /// position `shard` from now on. Nothing is staged when that is already the record.
+    pub fn stage_ec_shard(&mut self, txn: &mut Transaction, shard: u32) {
+        if self.ec_shard == Some(shard) {
+            return;
+        }
+        set_ec_shard(txn, self.coll, shard);
+        self.ec_shard = Some(shard);
     }
 
     /// Loads a PG's info and log from the store. If the store holds the log in another layout
@@ -218,6 +252,10 @@ impl PgMeta {
             .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
             .map(u64::from_le_bytes);
         let mut meta = PgMeta::empty(coll, info, max_entries);
+        meta.ec_shard = store
+            .xattr(coll, &oid, EC_SHARD_ATTR)?
+            .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+            .map(u32::from_le_bytes);
         let mut keys = Vec::new();
         let mut found = Vec::new();
         let mut after: Option<Vec<u8>> = None;
@@ -365,6 +403,7 @@ impl PgMeta {
                 log_tail,
             },
             slots: self.slots(),
+            ec_shard: None,
         }
     }
 
@@ -376,6 +415,9 @@ impl PgMeta {
             self.pop_oldest();
         }
         self.info = plan.info;
+        if plan.ec_shard.is_some() {
+            self.ec_shard = plan.ec_shard;
+        }
     }
 
     /// Entries newer than `version`, or `None` if the log no longer reaches back that far

@@ -63,8 +63,8 @@ use crate::object_state::{apply_state, list_all, oid_for, peer_addr, read_state}
 use crate::peering::MemberReport;
 pub(crate) use crate::peering_machine::PeeringBlocked;
 use crate::peering_machine::{
-    Action, Event, Job, Lagging, Outcome, PeeringMachine, PeeringStart, RecoveryFlags, names,
-    split_paused, write_targets,
+    Action, EC_SHARD_MIXED, Event, Job, Lagging, Outcome, PeeringMachine, PeeringStart,
+    RecoveryFlags, names, split_paused, write_targets,
 };
 use crate::pg::{PgHandle, settled_read, settled_write};
 use crate::pglog::LogEntry;
@@ -240,6 +240,7 @@ pub(crate) async fn pg_query<H: RecoveryHost>(host: &H, q: PgQuery) -> PgQueryRe
         log_tail: 0,
         entries: Vec::new(),
         objects: None,
+        ec_shard: None,
     };
     let map = host.map_at_least(q.epoch).await;
     if map.epoch < q.epoch {
@@ -277,6 +278,7 @@ pub(crate) async fn pg_query<H: RecoveryHost>(host: &H, q: PgQuery) -> PgQueryRe
             state.meta.entries().into_iter().map(Into::into).collect()
         },
         objects,
+        ec_shard: state.meta.ec_shard,
     }
 }
 
@@ -375,6 +377,15 @@ async fn sync_pg<H: RecoveryHost>(host: &H, s: PgSync) -> Result<Vec<(String, St
     host.stats().forget_count(s.pg);
     let coll = state.meta.coll;
     let store = host.store();
+    // Erasure-coded pools: objects are rewritten as this member's shard from here on; until
+    // the sync is complete the PG records a mix (it matches no position: peering backfills it
+    // again), then the position.
+    let ec_shard = crate::ec::shard_of(&map, s.pg, host.id());
+    if ec_shard.is_some_and(|p| state.meta.ec_shard != Some(p)) {
+        let mut txn = Transaction::new();
+        state.meta.stage_ec_shard(&mut txn, EC_SHARD_MIXED);
+        host.commit(txn).await?;
+    }
     if let Some(keep) = s.keep_only {
         // Backfill: drop what the authoritative member does not have.
         let wanted: BTreeSet<(String, String)> = keep.into_iter().collect();
@@ -404,7 +415,7 @@ async fn sync_pg<H: RecoveryHost>(host: &H, s: PgSync) -> Result<Vec<(String, St
         })?;
         let (pg, epoch) = (s.pg, s.epoch);
         // Erasure-coded pools: pull this member's own shard, rebuilt by the source.
-        let shard = crate::ec::shard_of(&map, pg, host.id());
+        let shard = ec_shard;
         let peers = host.peers();
         let (mut in_txn, mut txn_bytes) = (0, 0u64);
         let (mut objects, mut bytes) = (0u64, 0u64);
@@ -483,6 +494,9 @@ async fn sync_pg<H: RecoveryHost>(host: &H, s: PgSync) -> Result<Vec<(String, St
             log.log_tail,
             log.last_update,
         );
+        if let Some(shard) = ec_shard {
+            meta.stage_ec_shard(&mut txn, shard);
+        }
         host.commit(txn).await?;
         state.meta = meta;
     } else if !txn.is_empty() {
@@ -538,9 +552,21 @@ async fn peer_now<H: RecoveryHost>(host: Arc<H>, pg: PgId, epoch: u32, authority
             Outcome::Active { recovered, lagging } => {
                 let flags = recovery_flags(&map);
                 let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
-                let Some(interval) =
-                    activate(&*host, pg, &m.acting, &m.up, &left, flags, epoch).await
-                else {
+                let donors: Vec<i32> = lagging.iter().filter(|l| l.donor).map(|l| l.osd).collect();
+                if !donors.is_empty() {
+                    info!(
+                        %pg, epoch, ?donors,
+                        "members moved to another shard position: backfilling them, \
+                         reading the shards they hold meanwhile"
+                    );
+                }
+                let members = Members {
+                    acting: &m.acting,
+                    up: &m.up,
+                    left_behind: &left,
+                    donors: &donors,
+                };
+                let Some(interval) = activate(&*host, pg, members, flags, epoch).await else {
                     return;
                 };
                 if blocked_logged.is_some() {
@@ -620,18 +646,32 @@ async fn peer_now<H: RecoveryHost>(host: Arc<H>, pg: PgId, epoch: u32, authority
     }
 }
 
+/// Who a PG is activated with (see [`activate`]).
+struct Members<'a> {
+    acting: &'a [i32],
+    up: &'a [i32],
+    /// Not in sync yet: no writes until recovery brings them up to date.
+    left_behind: &'a [i32],
+    /// Erasure-coded pools: members left behind that are read for another position's shard.
+    donors: &'a [i32],
+}
+
 /// Marks a PG active for `acting` and `up` (after peering): writes go to every member
 /// except those `left_behind` (not in sync yet). Returns the new interval, or `None` if the
 /// map moved on meanwhile.
 async fn activate<H: RecoveryHost>(
     host: &H,
     pg: PgId,
-    acting: &[i32],
-    up: &[i32],
-    left_behind: &[i32],
+    members: Members<'_>,
     recovery_flags: RecoveryFlags,
     record_epoch: u32,
 ) -> Option<u64> {
+    let Members {
+        acting,
+        up,
+        left_behind,
+        donors,
+    } = members;
     let map = host.map();
     let me = host.id();
     let still = map
@@ -649,6 +689,7 @@ async fn activate<H: RecoveryHost>(
     // Peering brought every member to one history: nobody has a missed write any more.
     state.failed_replicas.clear();
     state.left_behind = left_behind.to_vec();
+    state.donors = donors.to_vec();
     state.recovery_flags = recovery_flags;
     state.record_epoch = record_epoch;
     host.stats().state_changed.notify_one();
@@ -726,14 +767,15 @@ async fn try_peer<H: RecoveryHost>(
     let Some(handle) = host.pg_handle(pg) else {
         return Outcome::Failed(OsdError::PgNotOpen { pg });
     };
-    let primary = {
+    let (primary, primary_ec_shard) = {
         let st = settled_read(&handle).await;
-        MemberReport {
+        let report = MemberReport {
             osd: host.id(),
             last_update: st.meta.info.last_update,
             log_tail: st.meta.info.log_tail,
             entries: st.meta.entries(),
-        }
+        };
+        (report, st.meta.ec_shard)
     };
     let start = PeeringStart {
         pg,
@@ -757,6 +799,8 @@ async fn try_peer<H: RecoveryHost>(
             && map.pools.get(&pg.pool.0).is_none_or(|p| p.ec().is_none()),
         parallel: host.recovery().config().max_active as u32,
         primary,
+        ec_positions: ec_positions(&map, pg),
+        primary_ec_shard,
     };
     let (mut machine, first) = PeeringMachine::new(start);
     let mut queue: std::collections::VecDeque<Action> = first.into();
@@ -778,6 +822,24 @@ async fn try_peer<H: RecoveryHost>(
             reason: "peering stopped without an outcome".into(),
         })
     })
+}
+
+/// Erasure-coded pools: the shard position each member is to hold — its place in the acting
+/// set, or in the up set for a backfill target outside it. Empty for replicated pools.
+fn ec_positions(map: &kelp_maps::OsdMap, pg: PgId) -> BTreeMap<i32, u32> {
+    let mut out = BTreeMap::new();
+    let ec = map.pools.get(&pg.pool.0).and_then(|p| p.ec()).is_some();
+    let Some(m) = map.pg_mapping(pg).ok().filter(|_| ec) else {
+        return out;
+    };
+    for shards in [m.acting_shards(), m.up_shards()] {
+        for (i, &osd) in shards.iter().enumerate() {
+            if osd >= 0 && osd != kelp_maps::ITEM_NONE {
+                out.entry(osd).or_insert(i as u32);
+            }
+        }
+    }
+    out
 }
 
 /// Performs one of peering's actions; returns what happened.

@@ -654,7 +654,7 @@ impl OsdService {
             }
             if let Some((profile, members)) = &ec {
                 // Held: no write of the PG starts while the shards are gathered.
-                let readable = ec_io::readable(members, self.cfg.id, &state.write_to);
+                let readable = ec_io::readable(members, self.cfg.id, &state);
                 let reply = self
                     .ec_read_op(profile, &state, readable, &op, &data, epoch)
                     .await;
@@ -845,7 +845,7 @@ impl OsdService {
                     Ok(b) => b,
                     Err(e) => return reply_err(e.code, e.message, epoch),
                 };
-                let readable = ec_io::readable(members, self.cfg.id, &state.write_to);
+                let readable = ec_io::readable(members, self.cfg.id, &state);
                 let io = self.shard_io(
                     op.pg,
                     epoch,
@@ -906,6 +906,7 @@ impl OsdService {
             }
             None => (op.ops.clone(), data.clone(), Vec::new()),
         };
+        let plan = plan.for_ec_shard(&state.meta, ec::held_shard(&my_internal));
         let (mut done, entry, plan, commit) = match self
             .apply_locally(
                 state.meta.coll,
@@ -1440,7 +1441,7 @@ impl OsdService {
         // fail the version check), else every other member; never the puller's own position.
         let mut members = ec_io::positions(&mapping);
         if mapping.acting_primary == self.cfg.id {
-            members = ec_io::readable(&members, self.cfg.id, &state.write_to);
+            members = ec_io::readable(&members, self.cfg.id, &state);
         }
         let members: Vec<Option<i32>> = members
             .into_iter()
@@ -1542,7 +1543,10 @@ impl OsdService {
             version: op.log_version,
             mtime_ns: op.mtime_ns,
         };
-        let plan = state.meta.plan_append(op.log_epoch, op.log_version);
+        let plan = state
+            .meta
+            .plan_append(op.log_epoch, op.log_version)
+            .for_ec_shard(&state.meta, ec::held_shard(&op.internal_xattrs));
         let entry = LogEntry {
             epoch: op.log_epoch,
             version: op.log_version,

@@ -92,6 +92,7 @@ fn answer(a: &Action, reports: &[(MemberReport, bool)]) -> Event {
                         log_tail: r.log_tail,
                         entries: r.entries.iter().cloned().map(Into::into).collect(),
                         objects: None,
+                        ec_shard: None,
                     })
                 } else {
                     Err(OsdError::PeerUnreachable {
@@ -180,6 +181,8 @@ proptest! {
             can_request_pg_temp: mon,
             parallel: 4,
             primary: reports[0].0.clone(),
+            ec_positions: Default::default(),
+            primary_ec_shard: None,
         };
         let in_order: Vec<usize> = (0..8).collect();
         let a = run(start.clone(), &reports, &in_order);

@@ -391,6 +391,9 @@ pub struct PgQueryReply {
     pub entries: Vec<WireLogEntry>,
     /// Every object the member holds (only when asked for a backfill listing).
     pub objects: Option<Vec<(String, String)>>,
+    /// Erasure-coded pools: the shard position the member's objects were written for, as its
+    /// PG records it (`None`: not recorded).
+    pub ec_shard: Option<u32>,
 }
 
 /// Recovery: fetch the complete state of one object of a PG.
