@@ -667,7 +667,9 @@ impl Namespace {
                 self.put(i, upd, inval);
                 Ok(Reply::Ok)
             }
-            Op::Written { ino, end, mtime } => {
+            Op::Written {
+                ino, end, mtime, ..
+            } => {
                 let mut i = self.inode(*ino)?.clone();
                 if i.kind() != S_IFREG {
                     return Err(Stop::Err(errno::EINVAL));
@@ -686,10 +688,18 @@ impl Namespace {
                 self.commit_acct(acct, upd);
                 Ok(Reply::Attr(self.inode(*ino)?.clone()))
             }
-            Op::Open { ino } => {
+            Op::Open { ino, write } => {
                 let i = self.inode(*ino)?.clone();
                 if i.nlink == 0 && !self.opens.contains_key(ino) {
                     return Err(Stop::Err(errno::ENOENT));
+                }
+                if *write
+                    && i.kind() == S_IFREG
+                    && let Some(h) = home(&i)
+                {
+                    // loaded so that the daemon can tell whether a byte quota is above
+                    // (no write-back there: see `Namespace::byte_quota_above`)
+                    self.ancestors(h)?;
                 }
                 *self
                     .opens

@@ -306,6 +306,15 @@ impl MdsMetrics {
         }
     }
 
+    /// Requests answered so far, by operation (what `kelp.mds.stats` shows as `ops`).
+    pub fn op_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        OPS.iter()
+            .zip(&self.per_op)
+            .map(|(o, p)| (o.to_string(), p.requests.get()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
     /// Exports everything into `reg`; `state` is read at each scrape (it must only take short
     /// locks).
     pub fn register(

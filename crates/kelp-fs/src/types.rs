@@ -298,10 +298,18 @@ pub enum Op {
         ino: Ino,
         end: u64,
         mtime: Time,
+        /// The writer holds the exclusive capability and asks to keep it (its lease is
+        /// renewed); a flush answering a revoke asks nothing.
+        #[serde(default)]
+        renew: bool,
     },
     /// A client opened the file (it stays readable after its last unlink until closed).
     Open {
         ino: Ino,
+        /// Opened for writing: the reply may grant the exclusive capability (write-back of
+        /// size and mtime, see `caps.rs`).
+        #[serde(default)]
+        write: bool,
     },
     /// A client closed its last handle on the file.
     Close {

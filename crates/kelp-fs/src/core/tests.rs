@@ -358,7 +358,13 @@ fn rmdir_and_setattr_and_xattrs() {
 fn open_unlinked_files_stay_until_closed() {
     let mut fs = Fs::new(false);
     let f = fs.create(ROOT_INO, "f");
-    assert!(matches!(fs.run(Op::Open { ino: f }), Reply::Attr(_)));
+    assert!(matches!(
+        fs.run(Op::Open {
+            ino: f,
+            write: false
+        }),
+        Reply::Attr(_)
+    ));
     fs.run(Op::Unlink {
         parent: ROOT_INO,
         name: "f".into(),
@@ -467,6 +473,7 @@ impl Fs {
             ino,
             end,
             mtime: Time { secs: 6, nanos: 0 },
+            renew: false,
         })
     }
 
@@ -664,6 +671,38 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
         match fs.run(Op::ListXattr { ino: q }) {
             Reply::XattrNames(n) => assert!(n.is_empty(), "{n:?}"),
             r => panic!("{r:?}"),
+        }
+    });
+}
+
+#[test]
+fn an_open_for_writing_tells_whether_a_byte_quota_is_above() {
+    both(|fs| {
+        let q = fs.mkdir(ROOT_INO, "q");
+        let sub = fs.mkdir(q, "sub");
+        let free = fs.create(ROOT_INO, "free");
+        let under = fs.create(sub, "under");
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_BYTES, "100"), Reply::Ok);
+        for (f, want) in [(free, false), (under, true)] {
+            let r = fs.run(Op::Open {
+                ino: f,
+                write: true,
+            });
+            assert!(matches!(r, Reply::Attr(_)));
+            // the open loaded every directory above the file (when nothing is evicted after
+            // it; the daemon asks before evicting)
+            let got = fs.ns.byte_quota_above(f);
+            if fs.evict {
+                assert!(got.is_none() || got == Some(want));
+            } else {
+                assert_eq!(got, Some(want));
+            }
+        }
+        // a files-only quota does not matter
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_BYTES, "0"), Reply::Ok);
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_FILES, "10"), Reply::Ok);
+        if !fs.evict {
+            assert_eq!(fs.ns.byte_quota_above(under), Some(false));
         }
     });
 }
