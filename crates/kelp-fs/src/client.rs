@@ -51,6 +51,10 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// An exclusive lease with less than this left is renewed while the file is open.
 const EXCL_RENEW_BEFORE: Duration = Duration::from_secs(10);
 
+/// How long a file's last close waits before it is sent to the MDS (batched with others):
+/// an open meanwhile needs no MDS request.
+pub const CLOSE_DELAY: Duration = Duration::from_secs(1);
+
 /// How a client finds and talks to its file system.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -94,6 +98,10 @@ pub struct FsClient {
     in_map: bool,
     /// Open handles per inode (re-registered with a new MDS on reconnect).
     opens: std::sync::Mutex<HashMap<Ino, u32>>,
+    // open/close (fswb)
+    /// Files closed here whose closes the MDS has not been sent yet: how many, and when the
+    /// last one was (sent after [`CLOSE_DELAY`]; an open before reuses one).
+    closing: std::sync::Mutex<HashMap<Ino, (u32, Instant)>>,
     // capabilities (caps)
     caps: std::sync::Mutex<CapCache>,
     /// Kernel replies between reading a lease and reaching the kernel (see `begin_reply`).
@@ -243,6 +251,7 @@ impl FsClient {
             opts,
             in_map,
             opens: std::sync::Mutex::new(HashMap::new()),
+            closing: std::sync::Mutex::new(HashMap::new()),
             caps: std::sync::Mutex::new(CapCache::default()),
             replying: AtomicU64::new(0),
             invalidator: std::sync::OnceLock::new(),
@@ -281,6 +290,9 @@ impl FsClient {
                     warn!("flushing file sizes to the MDS: {e}");
                 }
                 c.renew_exclusive().await;
+                if let Err(e) = c.send_closes(CLOSE_DELAY).await {
+                    warn!("sending closes to the MDS: {e}");
+                }
             }
         });
         // The revoke poll: always one outstanding, acknowledging the previous batch once
@@ -728,13 +740,12 @@ impl FsClient {
 
     /// Tells a (new) MDS which files this client holds open.
     async fn reregister(&self, conn: &Connection) {
-        let opens: Vec<(Ino, u32)> = self
-            .opens
-            .lock()
-            .expect("opens lock")
-            .iter()
-            .map(|(i, n)| (*i, *n))
-            .collect();
+        let mut counts: HashMap<Ino, u32> = self.opens.lock().expect("opens lock").clone();
+        // closes not sent yet are registrations the MDS is told of as well
+        for (ino, (n, _)) in self.closing.lock().expect("closing lock").iter() {
+            *counts.entry(*ino).or_default() += n;
+        }
+        let opens: Vec<(Ino, u32)> = counts.into_iter().collect();
         let env = Envelope {
             v: PROTOCOL_VERSION,
             client: self.id,
@@ -775,6 +786,13 @@ impl FsClient {
             },
         )
         .await
+    }
+
+    /// `f` of this client's copy of `ino`, while it holds the shared lease on it.
+    fn cached<T>(&self, ino: Ino, f: impl FnOnce(&Inode) -> T) -> Option<T> {
+        let caps = self.caps.lock().expect("caps lock");
+        caps.valid(ino, CAP_SHARED)?;
+        caps.inodes.get(&ino).map(f)
     }
 
     /// The inode's attributes: this client's copy while it holds a shared lease on it.
@@ -832,9 +850,51 @@ impl FsClient {
                 mode,
                 rdev,
                 exclusive,
+                open: false,
+                write: false,
             },
         )
         .await
+    }
+
+    /// Creates a regular file (or returns the existing one, without `exclusive`) and opens
+    /// it, in one MDS request; `write` as for [`FsClient::open`].
+    pub async fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        mode: u32,
+        exclusive: bool,
+        write: bool,
+    ) -> Result<Inode> {
+        let i = self
+            .attr_call(
+                caller,
+                Op::Mknod {
+                    parent,
+                    name: name.into(),
+                    mode,
+                    rdev: 0,
+                    exclusive,
+                    open: true,
+                    write,
+                },
+            )
+            .await?;
+        let again = {
+            let mut o = self.opens.lock().expect("opens lock");
+            let n = o.entry(i.ino).or_default();
+            *n += 1;
+            *n > 1
+        };
+        if again {
+            // an existing file this client had open already: the MDS counts one open per
+            // client, so the one the create added goes again
+            self.ok_call(Caller::default(), Op::Close { ino: i.ino })
+                .await?;
+        }
+        Ok(i)
     }
 
     pub async fn mkdir(&self, caller: Caller, parent: Ino, name: &str, mode: u32) -> Result<Inode> {
@@ -970,7 +1030,14 @@ impl FsClient {
         .await
     }
 
+    /// An inode's extended attribute: from this client's copy while it holds the shared
+    /// lease (a change of them revokes it), except the MDS's virtual `kelp.` ones.
     pub async fn getxattr(&self, caller: Caller, ino: Ino, name: &str) -> Result<Vec<u8>> {
+        if !name.starts_with("kelp.")
+            && let Some(x) = self.cached(ino, |i| i.xattrs.get(name).cloned())
+        {
+            return x.ok_or(FsError::Errno(errno::ENODATA));
+        }
         match self
             .call(
                 caller,
@@ -987,6 +1054,9 @@ impl FsClient {
     }
 
     pub async fn listxattr(&self, caller: Caller, ino: Ino) -> Result<Vec<String>> {
+        if let Some(names) = self.cached(ino, |i| i.xattrs.keys().cloned().collect()) {
+            return Ok(names);
+        }
         match self.call(caller, Op::ListXattr { ino }).await? {
             Reply::XattrNames(v) => Ok(v),
             r => Err(unexpected(r)),
@@ -1014,6 +1084,31 @@ impl FsClient {
             *n == 1
         };
         if first {
+            let reuse = {
+                let mut closing = self.closing.lock().expect("closing lock");
+                match closing.get_mut(&ino) {
+                    // still registered at the MDS (its close not sent yet): reopened without
+                    // a request, unless writing needs the exclusive capability it lacks
+                    Some((n, _)) if !write || self.has_exclusive(ino) => {
+                        *n -= 1;
+                        if *n == 0 {
+                            closing.remove(&ino);
+                        }
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if reuse {
+                return match self.getattr(caller, ino).await {
+                    Ok(i) => Ok(i),
+                    Err(e) => {
+                        self.forget_open(ino);
+                        self.closed_later(ino);
+                        Err(e)
+                    }
+                };
+            }
             match self.attr_call(caller, Op::Open { ino, write }).await {
                 Ok(i) => Ok(i),
                 Err(e) => {
@@ -1041,13 +1136,45 @@ impl FsClient {
         }
     }
 
+    /// Closes a handle; the last one's close reaches the MDS [`CLOSE_DELAY`] later, batched.
     pub async fn close(&self, ino: Ino) -> Result<()> {
         if self.forget_open(ino) {
             let flushed = self.flush(ino).await;
-            self.ok_call(Caller::default(), Op::Close { ino }).await?;
+            self.closed_later(ino);
             flushed?;
         }
         Ok(())
+    }
+
+    /// Notes a close to send the MDS later.
+    fn closed_later(&self, ino: Ino) {
+        let mut closing = self.closing.lock().expect("closing lock");
+        let e = closing.entry(ino).or_insert((0, Instant::now()));
+        e.0 += 1;
+        e.1 = Instant::now();
+    }
+
+    /// Sends the closes noted at least `older` ago, in one request.
+    pub async fn send_closes(&self, older: Duration) -> Result<()> {
+        let inos: Vec<Ino> = {
+            let mut closing = self.closing.lock().expect("closing lock");
+            let due: Vec<(Ino, u32)> = closing
+                .iter()
+                .filter(|(_, (_, at))| at.elapsed() >= older)
+                .map(|(ino, (n, _))| (*ino, *n))
+                .collect();
+            due.iter().for_each(|(ino, _)| {
+                closing.remove(ino);
+            });
+            due.into_iter()
+                .flat_map(|(ino, n)| std::iter::repeat_n(ino, n as usize))
+                .collect()
+        };
+        if inos.is_empty() {
+            return Ok(());
+        }
+        self.ok_call(Caller::default(), Op::CloseMany { inos })
+            .await
     }
 
     // write-back (exclusive capability)

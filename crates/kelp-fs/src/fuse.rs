@@ -490,9 +490,8 @@ impl Filesystem for KelpFuse {
         self.spawn(async move {
             let r = async {
                 let exclusive = flags & libc::O_EXCL != 0;
-                let i = c.mknod(who, parent, &name?, mode, 0, exclusive).await?;
-                c.open(who, i.ino, flags & libc::O_ACCMODE != libc::O_RDONLY)
-                    .await
+                let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+                c.create(who, parent, &name?, mode, exclusive, write).await
             }
             .await;
             match r {
@@ -854,9 +853,18 @@ impl Filesystem for KelpFuse {
     fn destroy(&mut self) {
         // unmount: sizes kept under exclusive capabilities reach the MDS
         let c = self.client.clone();
-        let flushed = self.rt.block_on(async move { c.flush_all().await });
-        if let Err(e) = flushed {
-            tracing::warn!("flushing file sizes at unmount: {e}");
+        let flushed = self.rt.block_on(async move {
+            // bounded: an unreachable MDS must not hold the unmount up for long
+            tokio::time::timeout(Duration::from_secs(10), async {
+                c.flush_all().await?;
+                c.send_closes(Duration::ZERO).await
+            })
+            .await
+        });
+        match flushed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("flushing file sizes at unmount: {e}"),
+            Err(_) => tracing::warn!("flushing file sizes at unmount: the MDS did not answer"),
         }
     }
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {

@@ -901,10 +901,14 @@ impl Inner {
                     }
                     // write-back (the exclusive capability) only where no byte quota is
                     // above the file: the MDS checks a growth when it learns of it
-                    let excl_ok = match op {
-                        Op::Open { ino, .. } | Op::Written { ino, .. } | Op::GetAttr { ino } => {
-                            st.ns.byte_quota_above(*ino) == Some(false)
-                        }
+                    let excl_ok = match (op, &reply) {
+                        (
+                            Op::Open { .. }
+                            | Op::Written { .. }
+                            | Op::GetAttr { .. }
+                            | Op::Mknod { open: true, .. },
+                            Reply::Attr(i),
+                        ) => st.ns.byte_quota_above(i.ino) == Some(false),
                         _ => false,
                     };
                     let grants = self.grant_for_reply(client, op, &reply, changed, excl_ok);
@@ -988,7 +992,12 @@ impl Inner {
         let mut want: Vec<(Ino, u8)> = Vec::new();
         // Some(true): asks for it; Some(false): keeps it if held
         let excl = match op {
-            Op::Open { write: true, .. } => Some(true),
+            Op::Open { write: true, .. }
+            | Op::Mknod {
+                open: true,
+                write: true,
+                ..
+            } => Some(true),
             Op::Written { renew: true, .. } | Op::GetAttr { .. } => Some(false),
             _ => None,
         }
@@ -1007,6 +1016,20 @@ impl Inner {
             (Op::Written { .. }, Reply::Attr(i)) => {
                 want.push((i.ino, CAP_SHARED));
                 excl_for = excl.map(|ask| (i.ino, ask));
+            }
+            // a create that also opens: the entry's grants and an open's
+            (
+                Op::Mknod {
+                    parent, open: true, ..
+                },
+                Reply::Attr(i),
+            ) => {
+                want.push((*parent, CAP_SHARED));
+                let read = if i.kind() == S_IFREG { CAP_READ } else { 0 };
+                want.push((i.ino, CAP_SHARED | read));
+                if i.kind() == S_IFREG {
+                    excl_for = excl.map(|ask| (i.ino, ask));
+                }
             }
             (
                 Op::Lookup { parent, .. }

@@ -69,6 +69,7 @@ pub fn op_index(op: &Op) -> usize {
         Op::SetLk { .. } => "setlk",
         Op::ReleaseLocks { .. } => "release_locks",
         Op::CapPoll { .. } => "cap_poll",
+        Op::CloseMany { .. } => "close",
         #[allow(unreachable_patterns)]
         _ => "other",
     };
