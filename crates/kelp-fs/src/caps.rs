@@ -227,7 +227,9 @@ impl CapTable {
 
     /// `client` changed `ino`: every other client's capabilities in `caps` on it are
     /// revoked (`names`: the directory entries that changed, for a directory). Returns the
-    /// revokes to wait for before the change is acknowledged. `client` 0 revokes from all.
+    /// revokes to wait for before the change is acknowledged: the ones issued now and the
+    /// unsettled ones already taking some of `caps` from another client (issued by a grant
+    /// that did not wait for them). `client` 0 revokes from all.
     pub fn revoke_for_change(
         &mut self,
         client: u64,
@@ -236,15 +238,25 @@ impl CapTable {
         names: &[String],
         now: u64,
     ) -> Vec<u64> {
+        let in_flight: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| {
+                p.client != client && p.ino == ino && p.caps & caps != 0 && p.expires > now
+            })
+            .map(|(id, _)| *id)
+            .collect();
         let others: Vec<u64> = self
             .grants
             .get(&ino)
             .map(|m| m.keys().copied().filter(|c| *c != client).collect())
             .unwrap_or_default();
-        others
+        let mut ids: Vec<u64> = others
             .into_iter()
             .filter_map(|c| self.revoke_client(c, ino, caps, names, now))
-            .collect()
+            .collect();
+        ids.extend(in_flight);
+        ids
     }
 
     /// Another client than `client` wants to see or change `ino`: every other client's
@@ -456,6 +468,20 @@ mod tests {
         assert_eq!(t.held(1, 10, 1), CAP_SHARED);
         assert_eq!(t.held(2, 10, 1), 0);
         assert_eq!(t.unsettled_clients(&ids, 1).len(), 2);
+    }
+
+    #[test]
+    fn a_change_waits_for_revokes_a_grant_issued_before() {
+        let mut t = CapTable::new(LEASE);
+        t.grant(2, 10, CAP_SHARED | CAP_READ, 0);
+        // client 1 asks for the exclusive cap: 2's caps are revoked, nothing waits for them
+        let g = t.grant(1, 10, CAP_ALL, 1);
+        assert_eq!(g.revokes.len(), 1);
+        // 1's change must still wait until 2 has dropped its caches
+        let ids = t.revoke_for_change(1, 10, CAP_ALL, &[], 2);
+        assert_eq!(ids, g.revokes);
+        t.ack(2, &ids);
+        assert!(t.revoke_for_change(1, 10, CAP_ALL, &[], 3).is_empty());
     }
 
     #[test]

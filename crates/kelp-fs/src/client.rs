@@ -1399,32 +1399,60 @@ impl FsClient {
             r?;
         }
         let mtime = Time::now();
-        let sent_end = {
+        let kept = {
             let mut caps = self.caps.lock().expect("caps lock");
-            let excl = caps.valid(inode.ino, CAP_EXCL).is_some();
-            let d = caps.dirty.entry(inode.ino).or_insert(Dirty {
-                end,
-                mtime,
-                generation: 0,
-            });
-            d.end = d.end.max(end);
-            d.mtime = mtime;
-            d.generation += 1;
-            let d = *d;
-            if let Some(i) = caps.inodes.get_mut(&inode.ino) {
-                i.size = i.size.max(d.end);
-                i.mtime = mtime;
-                i.ctime = mtime;
-            }
-            if excl {
+            if caps.valid(inode.ino, CAP_EXCL).is_some() {
+                let d = caps.dirty.entry(inode.ino).or_insert(Dirty {
+                    end,
+                    mtime,
+                    generation: 0,
+                });
+                d.end = d.end.max(end);
+                d.mtime = mtime;
+                d.generation += 1;
+                let size = d.end;
+                if let Some(i) = caps.inodes.get_mut(&inode.ino) {
+                    i.size = i.size.max(size);
+                    i.mtime = mtime;
+                    i.ctime = mtime;
+                }
                 return Ok(());
             }
-            d.end
+            caps.dirty.get(&inode.ino).copied()
         };
-        // Without the capability the size goes to the MDS now (with what was kept dirty;
-        // over a quota, `flush` zeroes what lies past the recorded end).
-        let _ = (off, sent_end);
-        self.flush(inode.ino).await
+        // Without the capability the size goes to the MDS now (with what an earlier
+        // exclusive holding kept, if that is not flushed yet).
+        let written = self
+            .attr_call(
+                Caller::default(),
+                Op::Written {
+                    ino: inode.ino,
+                    end: kept.map_or(end, |d| d.end.max(end)),
+                    mtime,
+                    renew: false,
+                },
+            )
+            .await;
+        match written {
+            Ok(_) => {
+                if let Some(d) = kept {
+                    let mut caps = self.caps.lock().expect("caps lock");
+                    if caps
+                        .dirty
+                        .get(&inode.ino)
+                        .is_some_and(|now| now.generation == d.generation)
+                    {
+                        caps.dirty.remove(&inode.ino);
+                    }
+                }
+                Ok(())
+            }
+            Err(FsError::Errno(errno::EDQUOT)) => {
+                self.take_back(inode.ino, off, end).await;
+                Err(FsError::Errno(errno::EDQUOT))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A write past the end was refused (over a quota) after its data reached the objects:
