@@ -129,6 +129,9 @@ struct CapState {
 
 /// Which applied [`Inner::apply_locked`] gives: the answer, or the inode on which another
 /// client's exclusive capability must settle first (with the revokes to wait for).
+/// (Short-lived: returned and matched at once, so the size of `Done` costs nothing worth a
+/// box.)
+#[allow(clippy::large_enum_variant)]
 enum Applied {
     Done(Reply, Option<CapGrants>, Vec<u64>),
     Excl(Ino, Vec<u64>),
