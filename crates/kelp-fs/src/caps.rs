@@ -6,7 +6,10 @@
 //!   many clients at once;
 //! - [`CAP_READ`]: keep the file's pages cached across opens; many clients at once;
 //! - [`CAP_EXCL`]: buffer writes / exclusive use; one client, and no other client may hold
-//!   any capability on the inode meanwhile.
+//!   any capability on the inode meanwhile. Its holder keeps the file's size and mtime
+//!   dirty (write-back) and flushes them before it acknowledges the revoke, so the MDS
+//!   answers nobody else about the inode while an exclusive holding is unsettled
+//!   ([`CapTable::revoke_excl`]).
 //!
 //! Invariants kept:
 //! - no two conflicting capabilities coexist on an inode, counting a capability being
@@ -224,7 +227,9 @@ impl CapTable {
 
     /// `client` changed `ino`: every other client's capabilities in `caps` on it are
     /// revoked (`names`: the directory entries that changed, for a directory). Returns the
-    /// revokes to wait for before the change is acknowledged. `client` 0 revokes from all.
+    /// revokes to wait for before the change is acknowledged: the ones issued now and the
+    /// unsettled ones already taking some of `caps` from another client (issued by a grant
+    /// that did not wait for them). `client` 0 revokes from all.
     pub fn revoke_for_change(
         &mut self,
         client: u64,
@@ -233,15 +238,70 @@ impl CapTable {
         names: &[String],
         now: u64,
     ) -> Vec<u64> {
+        let in_flight: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| {
+                p.client != client && p.ino == ino && p.caps & caps != 0 && p.expires > now
+            })
+            .map(|(id, _)| *id)
+            .collect();
         let others: Vec<u64> = self
             .grants
             .get(&ino)
             .map(|m| m.keys().copied().filter(|c| *c != client).collect())
             .unwrap_or_default();
-        others
+        let mut ids: Vec<u64> = others
             .into_iter()
             .filter_map(|c| self.revoke_client(c, ino, caps, names, now))
+            .collect();
+        ids.extend(in_flight);
+        ids
+    }
+
+    /// Another client than `client` wants to see or change `ino`: every other client's
+    /// exclusive capability on it is revoked (it may hold a size the MDS has not seen).
+    /// Returns the revokes to wait for: the ones issued now and those of an exclusive
+    /// capability on `ino` still unsettled (empty: nobody else may hold it).
+    pub fn revoke_excl(&mut self, client: u64, ino: Ino, now: u64) -> Vec<u64> {
+        let excl_holders: Vec<u64> = self
+            .grants
+            .get(&ino)
+            .map(|m| {
+                m.iter()
+                    .filter(|(c, g)| **c != client && g.caps & CAP_EXCL != 0 && g.expires > now)
+                    .map(|(c, _)| *c)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for c in excl_holders {
+            self.revoke_client(c, ino, CAP_EXCL, &[], now);
+        }
+        self.pending
+            .iter()
+            .filter(|(_, p)| {
+                p.client != client && p.ino == ino && p.caps & CAP_EXCL != 0 && p.expires > now
+            })
+            .map(|(id, _)| *id)
             .collect()
+    }
+
+    /// Revokes every exclusive capability on every inode (a quota changed: the sizes its
+    /// holders defer must be checked against it). Returns the revokes to wait for.
+    pub fn revoke_all_excl(&mut self, now: u64) -> Vec<u64> {
+        let inos: Vec<Ino> = self
+            .grants
+            .iter()
+            .filter(|(_, m)| m.values().any(|g| g.caps & CAP_EXCL != 0))
+            .map(|(i, _)| *i)
+            .collect();
+        let mut ids = Vec::new();
+        for ino in inos {
+            ids.extend(self.revoke_excl(0, ino, now));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// The client dropped what the revokes asked (its kernel caches are invalidated).
@@ -411,6 +471,20 @@ mod tests {
     }
 
     #[test]
+    fn a_change_waits_for_revokes_a_grant_issued_before() {
+        let mut t = CapTable::new(LEASE);
+        t.grant(2, 10, CAP_SHARED | CAP_READ, 0);
+        // client 1 asks for the exclusive cap: 2's caps are revoked, nothing waits for them
+        let g = t.grant(1, 10, CAP_ALL, 1);
+        assert_eq!(g.revokes.len(), 1);
+        // 1's change must still wait until 2 has dropped its caches
+        let ids = t.revoke_for_change(1, 10, CAP_ALL, &[], 2);
+        assert_eq!(ids, g.revokes);
+        t.ack(2, &ids);
+        assert!(t.revoke_for_change(1, 10, CAP_ALL, &[], 3).is_empty());
+    }
+
+    #[test]
     fn attribute_changes_keep_the_read_cache() {
         let mut t = CapTable::new(LEASE);
         t.grant(2, 10, CAP_SHARED | CAP_READ, 0);
@@ -462,6 +536,43 @@ mod tests {
         sorted.sort_unstable();
         assert_eq!(sorted, (100..106).collect::<Vec<_>>());
         assert!(t.enforce_budget(4, 21).is_empty());
+    }
+
+    #[test]
+    fn an_exclusive_holding_is_revoked_before_another_client_is_answered() {
+        let mut t = CapTable::new(LEASE);
+        assert_eq!(t.grant(1, 10, CAP_ALL, 0).granted, CAP_ALL);
+        // the holder itself is never waited for
+        assert!(t.revoke_excl(1, 10, 1).is_empty());
+        let ids = t.revoke_excl(2, 10, 1);
+        assert_eq!(ids.len(), 1);
+        assert_eq!(
+            t.held(1, 10, 1),
+            CAP_SHARED | CAP_READ,
+            "only the exclusive cap goes"
+        );
+        let r = t.take_outbox(1);
+        assert_eq!(r[0].caps, CAP_EXCL);
+        // asked again before the holder acknowledged: the same revoke is waited for
+        assert_eq!(t.revoke_excl(3, 10, 2), ids);
+        t.ack(1, &ids);
+        assert!(t.revoke_excl(2, 10, 3).is_empty());
+        // and now shared caches may coexist
+        assert_eq!(t.grant(2, 10, CAP_SHARED, 4).granted, CAP_SHARED);
+        assert!(t.consistent(10, 4));
+    }
+
+    #[test]
+    fn a_quota_change_revokes_every_exclusive_holding() {
+        let mut t = CapTable::new(LEASE);
+        t.grant(1, 10, CAP_ALL, 0);
+        t.grant(2, 11, CAP_ALL, 0);
+        t.grant(3, 12, CAP_SHARED, 0);
+        let ids = t.revoke_all_excl(1);
+        assert_eq!(ids.len(), 2);
+        assert_eq!(t.held(3, 12, 1), CAP_SHARED);
+        assert_eq!(t.held(1, 10, 1) & CAP_EXCL, 0);
+        assert_eq!(t.held(2, 11, 1) & CAP_EXCL, 0);
     }
 
     #[derive(Debug, Clone)]

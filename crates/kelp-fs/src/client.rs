@@ -13,6 +13,19 @@
 //! drops the lease here, then waits for kernel replies that may have read it, then has the
 //! kernel's caches invalidated (the mount's invalidator), and only then is acknowledged.
 //! A broken poll or a new MDS connection drops every lease (the MDS may have dropped them).
+//!
+//! Write-back: while this client holds a file's exclusive capability (granted with an open
+//! for writing when no other client caches the file and no byte quota is above it), a write
+//! stores its data in RADOS and keeps the new size and mtime here (dirty) instead of telling
+//! the MDS. They are flushed (`Op::Written`) by `fsync`, by the kernel's flush at each
+//! `close`, by the revoke of the capability (before it is acknowledged: the MDS answers no
+//! other client about the file until then), at least every [`FLUSH_INTERVAL`], and at
+//! unmount. A client killed with a dirty size loses only the size of writes never fsynced
+//! or closed; their data is in RADOS.
+//!
+//! Directory listings: a listing read under the directory's shared lease may be cached by
+//! the kernel (`FOPEN_CACHE_DIR`) and kept across opens while that lease stays held; its
+//! revoke drops the kernel's copy.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -31,6 +44,16 @@ use crate::types::*;
 
 /// How often a client with open files checks in with the MDS (see [`FsClient::connect`]).
 pub const KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// Longest a size or mtime written under the exclusive capability stays unknown to the MDS.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// An exclusive lease with less than this left is renewed while the file is open.
+const EXCL_RENEW_BEFORE: Duration = Duration::from_secs(10);
+
+/// How long a file's last close waits before it is sent to the MDS (batched with others):
+/// an open meanwhile needs no MDS request.
+pub const CLOSE_DELAY: Duration = Duration::from_secs(1);
 
 /// How a client finds and talks to its file system.
 #[derive(Debug, Clone)]
@@ -75,6 +98,10 @@ pub struct FsClient {
     in_map: bool,
     /// Open handles per inode (re-registered with a new MDS on reconnect).
     opens: std::sync::Mutex<HashMap<Ino, u32>>,
+    // open/close (fswb)
+    /// Files closed here whose closes the MDS has not been sent yet: how many, and when the
+    /// last one was (sent after [`CLOSE_DELAY`]; an open before reuses one).
+    closing: std::sync::Mutex<HashMap<Ino, (u32, Instant)>>,
     // capabilities (caps)
     caps: std::sync::Mutex<CapCache>,
     /// Kernel replies between reading a lease and reaching the kernel (see `begin_reply`).
@@ -133,9 +160,34 @@ struct CapCache {
     inodes: HashMap<Ino, Inode>,
     /// Names the kernel may cache per directory (dropped when the directory's lease goes).
     names: HashMap<Ino, HashSet<String>>,
+    // write-back (exclusive capability)
+    /// Sizes and mtimes written under the exclusive capability that the MDS has not
+    /// acknowledged yet (kept until it has, so replies in between never show less).
+    dirty: HashMap<Ino, Dirty>,
+    /// Directories whose listing the kernel may keep cached: read under the shared lease
+    /// that is still held, with no revoke since.
+    listed: HashSet<Ino>,
+}
+
+/// A file's size and mtime not yet known to the MDS.
+#[derive(Debug, Clone, Copy)]
+struct Dirty {
+    end: u64,
+    mtime: Time,
+    /// Bumped by every write: a flush removes the entry only if nothing was written since.
+    generation: u64,
 }
 
 impl CapCache {
+    /// Shows what this client wrote and the MDS has not acknowledged yet in `i`.
+    fn overlay(&self, i: &mut Inode) {
+        if let Some(d) = self.dirty.get(&i.ino) {
+            i.size = i.size.max(d.end);
+            i.mtime = d.mtime;
+            i.ctime = d.mtime;
+        }
+    }
+
     fn valid(&self, ino: Ino, cap: u8) -> Option<Instant> {
         self.leases
             .get(&ino)
@@ -199,6 +251,7 @@ impl FsClient {
             opts,
             in_map,
             opens: std::sync::Mutex::new(HashMap::new()),
+            closing: std::sync::Mutex::new(HashMap::new()),
             caps: std::sync::Mutex::new(CapCache::default()),
             replying: AtomicU64::new(0),
             invalidator: std::sync::OnceLock::new(),
@@ -221,6 +274,24 @@ impl FsClient {
                 }
                 if let Err(e) = c.getattr(Caller::default(), ROOT_INO).await {
                     warn!("MDS keepalive: {e}");
+                }
+            }
+        });
+        // Write-back: dirty sizes reach the MDS within FLUSH_INTERVAL, and the exclusive
+        // leases of open files are renewed before they run out.
+        let weak = Arc::downgrade(&c);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(FLUSH_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(c) = weak.upgrade() else { return };
+                if let Err(e) = c.flush_all().await {
+                    warn!("flushing file sizes to the MDS: {e}");
+                }
+                c.renew_exclusive().await;
+                if let Err(e) = c.send_closes(CLOSE_DELAY).await {
+                    warn!("sending closes to the MDS: {e}");
                 }
             }
         });
@@ -314,15 +385,24 @@ impl FsClient {
 
     /// Drops what the revokes take away: here first (so no kernel reply starts with it),
     /// then, once the kernel replies that read a lease before are through, in the kernel.
+    /// A revoke of the exclusive capability first sends the size and mtime it kept.
     async fn apply_revokes(&self, mut revokes: Vec<CapRevoke>) {
+        let mut flush = Vec::new();
         {
             let mut caps = self.caps.lock().expect("caps lock");
             caps.epoch += 1;
             for r in &mut revokes {
+                if r.caps & CAP_EXCL != 0 && caps.dirty.contains_key(&r.ino) {
+                    flush.push(r.ino);
+                }
                 if r.caps & CAP_SHARED != 0 {
                     caps.inodes.remove(&r.ino);
                     if let Some(names) = caps.names.remove(&r.ino) {
                         r.names.extend(names);
+                    }
+                    if caps.listed.remove(&r.ino) {
+                        // the kernel's cached listing is the directory's pages
+                        r.caps |= CAP_READ;
                     }
                 }
                 if let Some((held, _)) = caps.leases.get_mut(&r.ino) {
@@ -331,6 +411,12 @@ impl FsClient {
                         caps.leases.remove(&r.ino);
                     }
                 }
+            }
+        }
+        for ino in flush {
+            // the exclusive lease is gone here already: a write from now on is sent itself
+            if let Err(e) = self.flush(ino).await {
+                warn!("flushing the size of {ino:x} for a revoke: {e}");
             }
         }
         self.wait_replies().await;
@@ -358,6 +444,8 @@ impl FsClient {
             caps.epoch += 1;
             let mut names = std::mem::take(&mut caps.names);
             caps.inodes.clear();
+            // dirty sizes stay: they are flushed without a lease
+            caps.listed.clear();
             let leases = std::mem::take(&mut caps.leases);
             let mut inos: HashSet<Ino> = leases.into_keys().collect();
             inos.extend(names.keys().copied());
@@ -465,6 +553,10 @@ impl FsClient {
         }
         let until = sent + Duration::from_millis(g.lease_ms).saturating_sub(LEASE_MARGIN);
         for (ino, c) in &g.caps {
+            if caps.valid(*ino, CAP_SHARED).is_none() {
+                // a listing cached under an earlier lease may have missed revokes
+                caps.listed.remove(ino);
+            }
             let e = caps.leases.entry(*ino).or_insert((0, until));
             if e.1 <= Instant::now() {
                 e.0 = 0;
@@ -527,6 +619,26 @@ impl FsClient {
     /// the same request with the same tid, so that a mutation the MDS completed but whose
     /// reply was lost is answered from its completed-request table, not applied twice.
     pub async fn call(&self, caller: Caller, op: Op) -> Result<Reply> {
+        // a change of a directory's entries by this mount: its cached listing is read again
+        let dirs: Vec<Ino> = match &op {
+            Op::Mknod { parent, .. }
+            | Op::Mkdir { parent, .. }
+            | Op::Symlink { parent, .. }
+            | Op::Link { parent, .. }
+            | Op::Unlink { parent, .. }
+            | Op::Rmdir { parent, .. } => vec![*parent],
+            Op::Rename {
+                parent, new_parent, ..
+            } => vec![*parent, *new_parent],
+            _ => Vec::new(),
+        };
+        dirs.iter().for_each(|d| self.dir_changed(*d));
+        let r = self.call_once(caller, op).await;
+        dirs.iter().for_each(|d| self.dir_changed(*d));
+        r
+    }
+
+    async fn call_once(&self, caller: Caller, op: Op) -> Result<Reply> {
         let (env, _unanswered) = self.envelope(caller, op);
         let meta = Bytes::from(serde_json::to_vec(&env).expect("requests serialize"));
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -552,12 +664,16 @@ impl FsClient {
                         .await
                     {
                         Ok(resp) => {
-                            let reply: Reply = serde_json::from_slice(&resp.meta).map_err(|e| {
-                                FsError::Malformed {
-                                    what: "MDS reply".into(),
-                                    detail: e.to_string(),
-                                }
-                            })?;
+                            let mut reply: Reply =
+                                serde_json::from_slice(&resp.meta).map_err(|e| {
+                                    FsError::Malformed {
+                                        what: "MDS reply".into(),
+                                        detail: e.to_string(),
+                                    }
+                                })?;
+                            if let Reply::Attr(i) = &mut reply {
+                                self.caps.lock().expect("caps lock").overlay(i);
+                            }
                             self.take_grants(&env.op, &reply, &resp.data, epoch, sent);
                             match reply {
                                 Reply::Err(e) if e == errno::ESHUTDOWN => {
@@ -624,13 +740,12 @@ impl FsClient {
 
     /// Tells a (new) MDS which files this client holds open.
     async fn reregister(&self, conn: &Connection) {
-        let opens: Vec<(Ino, u32)> = self
-            .opens
-            .lock()
-            .expect("opens lock")
-            .iter()
-            .map(|(i, n)| (*i, *n))
-            .collect();
+        let mut counts: HashMap<Ino, u32> = self.opens.lock().expect("opens lock").clone();
+        // closes not sent yet are registrations the MDS is told of as well
+        for (ino, (n, _)) in self.closing.lock().expect("closing lock").iter() {
+            *counts.entry(*ino).or_default() += n;
+        }
+        let opens: Vec<(Ino, u32)> = counts.into_iter().collect();
         let env = Envelope {
             v: PROTOCOL_VERSION,
             client: self.id,
@@ -673,6 +788,13 @@ impl FsClient {
         .await
     }
 
+    /// `f` of this client's copy of `ino`, while it holds the shared lease on it.
+    fn cached<T>(&self, ino: Ino, f: impl FnOnce(&Inode) -> T) -> Option<T> {
+        let caps = self.caps.lock().expect("caps lock");
+        caps.valid(ino, CAP_SHARED)?;
+        caps.inodes.get(&ino).map(f)
+    }
+
     /// The inode's attributes: this client's copy while it holds a shared lease on it.
     pub async fn getattr(&self, caller: Caller, ino: Ino) -> Result<Inode> {
         {
@@ -698,6 +820,10 @@ impl FsClient {
 
     /// Changes attributes; a size change also cuts (or leaves sparse) the data objects.
     pub async fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Inode> {
+        if set.size.is_some() || set.mtime.is_some() {
+            // a deferred size or mtime must not come after this change and undo it
+            self.flush(ino).await?;
+        }
         if let Some(size) = set.size {
             let old = self.getattr(caller, ino).await?;
             if size < old.size {
@@ -724,9 +850,51 @@ impl FsClient {
                 mode,
                 rdev,
                 exclusive,
+                open: false,
+                write: false,
             },
         )
         .await
+    }
+
+    /// Creates a regular file (or returns the existing one, without `exclusive`) and opens
+    /// it, in one MDS request; `write` as for [`FsClient::open`].
+    pub async fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        mode: u32,
+        exclusive: bool,
+        write: bool,
+    ) -> Result<Inode> {
+        let i = self
+            .attr_call(
+                caller,
+                Op::Mknod {
+                    parent,
+                    name: name.into(),
+                    mode,
+                    rdev: 0,
+                    exclusive,
+                    open: true,
+                    write,
+                },
+            )
+            .await?;
+        let again = {
+            let mut o = self.opens.lock().expect("opens lock");
+            let n = o.entry(i.ino).or_default();
+            *n += 1;
+            *n > 1
+        };
+        if again {
+            // an existing file this client had open already: the MDS counts one open per
+            // client, so the one the create added goes again
+            self.ok_call(Caller::default(), Op::Close { ino: i.ino })
+                .await?;
+        }
+        Ok(i)
     }
 
     pub async fn mkdir(&self, caller: Caller, parent: Ino, name: &str, mode: u32) -> Result<Inode> {
@@ -862,7 +1030,14 @@ impl FsClient {
         .await
     }
 
+    /// An inode's extended attribute: from this client's copy while it holds the shared
+    /// lease (a change of them revokes it), except the MDS's virtual `kelp.` ones.
     pub async fn getxattr(&self, caller: Caller, ino: Ino, name: &str) -> Result<Vec<u8>> {
+        if !name.starts_with("kelp.")
+            && let Some(x) = self.cached(ino, |i| i.xattrs.get(name).cloned())
+        {
+            return x.ok_or(FsError::Errno(errno::ENODATA));
+        }
         match self
             .call(
                 caller,
@@ -879,6 +1054,9 @@ impl FsClient {
     }
 
     pub async fn listxattr(&self, caller: Caller, ino: Ino) -> Result<Vec<String>> {
+        if let Some(names) = self.cached(ino, |i| i.xattrs.keys().cloned().collect()) {
+            return Ok(names);
+        }
         match self.call(caller, Op::ListXattr { ino }).await? {
             Reply::XattrNames(v) => Ok(v),
             r => Err(unexpected(r)),
@@ -896,8 +1074,9 @@ impl FsClient {
         .await
     }
 
-    /// Registers an open handle (an unlinked file stays until its last close).
-    pub async fn open(&self, caller: Caller, ino: Ino) -> Result<Inode> {
+    /// Registers an open handle (an unlinked file stays until its last close). The first
+    /// open `write`-ing may be granted the exclusive capability (write-back).
+    pub async fn open(&self, caller: Caller, ino: Ino, write: bool) -> Result<Inode> {
         let first = {
             let mut o = self.opens.lock().expect("opens lock");
             let n = o.entry(ino).or_default();
@@ -905,7 +1084,32 @@ impl FsClient {
             *n == 1
         };
         if first {
-            match self.attr_call(caller, Op::Open { ino }).await {
+            let reuse = {
+                let mut closing = self.closing.lock().expect("closing lock");
+                match closing.get_mut(&ino) {
+                    // still registered at the MDS (its close not sent yet): reopened without
+                    // a request, unless writing needs the exclusive capability it lacks
+                    Some((n, _)) if !write || self.has_exclusive(ino) => {
+                        *n -= 1;
+                        if *n == 0 {
+                            closing.remove(&ino);
+                        }
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if reuse {
+                return match self.getattr(caller, ino).await {
+                    Ok(i) => Ok(i),
+                    Err(e) => {
+                        self.forget_open(ino);
+                        self.closed_later(ino);
+                        Err(e)
+                    }
+                };
+            }
+            match self.attr_call(caller, Op::Open { ino, write }).await {
                 Ok(i) => Ok(i),
                 Err(e) => {
                     self.forget_open(ino);
@@ -932,11 +1136,170 @@ impl FsClient {
         }
     }
 
+    /// Closes a handle; the last one's close reaches the MDS [`CLOSE_DELAY`] later, batched.
     pub async fn close(&self, ino: Ino) -> Result<()> {
         if self.forget_open(ino) {
-            self.ok_call(Caller::default(), Op::Close { ino }).await?;
+            let flushed = self.flush(ino).await;
+            self.closed_later(ino);
+            flushed?;
         }
         Ok(())
+    }
+
+    /// Notes a close to send the MDS later.
+    fn closed_later(&self, ino: Ino) {
+        let mut closing = self.closing.lock().expect("closing lock");
+        let e = closing.entry(ino).or_insert((0, Instant::now()));
+        e.0 += 1;
+        e.1 = Instant::now();
+    }
+
+    /// Sends the closes noted at least `older` ago, in one request.
+    pub async fn send_closes(&self, older: Duration) -> Result<()> {
+        let inos: Vec<Ino> = {
+            let mut closing = self.closing.lock().expect("closing lock");
+            let due: Vec<(Ino, u32)> = closing
+                .iter()
+                .filter(|(_, (_, at))| at.elapsed() >= older)
+                .map(|(ino, (n, _))| (*ino, *n))
+                .collect();
+            due.iter().for_each(|(ino, _)| {
+                closing.remove(ino);
+            });
+            due.into_iter()
+                .flat_map(|(ino, n)| std::iter::repeat_n(ino, n as usize))
+                .collect()
+        };
+        if inos.is_empty() {
+            return Ok(());
+        }
+        self.ok_call(Caller::default(), Op::CloseMany { inos })
+            .await
+    }
+
+    // write-back (exclusive capability)
+    /// Sends the size and mtime written under the exclusive capability (if any) to the MDS,
+    /// journaled when this returns (`fsync`, `close`, a revoke, the periodic flush).
+    pub async fn flush(&self, ino: Ino) -> Result<()> {
+        let (d, renew) = {
+            let caps = self.caps.lock().expect("caps lock");
+            match caps.dirty.get(&ino) {
+                Some(d) => (*d, caps.valid(ino, CAP_EXCL).is_some()),
+                None => return Ok(()),
+            }
+        };
+        let r = self
+            .attr_call(
+                Caller::default(),
+                Op::Written {
+                    ino,
+                    end: d.end,
+                    mtime: d.mtime,
+                    renew,
+                },
+            )
+            .await;
+        let refused = matches!(r, Err(FsError::Errno(errno::EDQUOT)));
+        if r.is_ok() || refused {
+            let mut caps = self.caps.lock().expect("caps lock");
+            if caps
+                .dirty
+                .get(&ino)
+                .is_some_and(|now| now.generation == d.generation)
+            {
+                caps.dirty.remove(&ino);
+            }
+        }
+        if refused {
+            // over a quota set since: the bytes past the recorded end never show
+            self.take_back(ino, 0, d.end).await;
+        }
+        r.map(drop)
+    }
+
+    /// Flushes every dirty size (the periodic flush, and unmount).
+    pub async fn flush_all(&self) -> Result<()> {
+        let inos: Vec<Ino> = self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .dirty
+            .keys()
+            .copied()
+            .collect();
+        let mut out = Ok(());
+        for ino in inos {
+            if let Err(e) = self.flush(ino).await {
+                out = Err(e);
+            }
+        }
+        out
+    }
+
+    /// Renews the exclusive leases of open files that are about to run out (a `GetAttr`
+    /// of the holder renews it at the MDS).
+    async fn renew_exclusive(&self) {
+        let soon = Instant::now() + EXCL_RENEW_BEFORE;
+        let due: Vec<Ino> = {
+            let caps = self.caps.lock().expect("caps lock");
+            let opens = self.opens.lock().expect("opens lock");
+            caps.leases
+                .iter()
+                .filter(|(ino, (c, until))| {
+                    c & CAP_EXCL != 0
+                        && *until > Instant::now()
+                        && *until < soon
+                        && opens.contains_key(ino)
+                })
+                .map(|(ino, _)| *ino)
+                .collect()
+        };
+        for ino in due {
+            if let Err(e) = self.attr_call(Caller::default(), Op::GetAttr { ino }).await {
+                debug!("renewing the exclusive lease of {ino:x}: {e}");
+            }
+        }
+    }
+
+    /// Whether this client holds `ino`'s exclusive capability (its writes are written back).
+    pub fn has_exclusive(&self, ino: Ino) -> bool {
+        self.caps
+            .lock()
+            .expect("caps lock")
+            .valid(ino, CAP_EXCL)
+            .is_some()
+    }
+
+    // directory listings cached by the kernel
+    /// Whether the kernel's cached listing of `dir` is current (read under the shared lease
+    /// still held, no revoke since): an open of it may keep it (`FOPEN_KEEP_CACHE`).
+    pub fn listing_cached(&self, dir: Ino) -> bool {
+        let caps = self.caps.lock().expect("caps lock");
+        caps.listed.contains(&dir) && caps.valid(dir, CAP_SHARED).is_some()
+    }
+
+    /// Reads `dir`'s entries for the kernel to cache; `true` when it may keep them (the
+    /// shared lease was held throughout, no revoke came meanwhile).
+    pub async fn readdir_for_cache(
+        &self,
+        caller: Caller,
+        dir: Ino,
+    ) -> Result<(Vec<(String, Dentry)>, bool)> {
+        let epoch = self.caps.lock().expect("caps lock").epoch;
+        let entries = self.readdir(caller, dir).await?;
+        let mut caps = self.caps.lock().expect("caps lock");
+        let keep = caps.epoch == epoch && caps.valid(dir, CAP_SHARED).is_some();
+        if keep {
+            caps.listed.insert(dir);
+        } else {
+            caps.listed.remove(&dir);
+        }
+        Ok((entries, keep))
+    }
+
+    /// This mount changed `dir`'s entries: its cached listing is read again at the next open.
+    fn dir_changed(&self, dir: Ino) {
+        self.caps.lock().expect("caps lock").listed.remove(&dir);
     }
 
     /// The lock that would block `lock`, if any (`F_GETLK`).
@@ -1011,9 +1374,10 @@ impl FsClient {
         Ok(out)
     }
 
-    /// Writes `data` at `off` straight to the data objects, then tells the MDS the new end
-    /// and mtime. Durable when it returns (RADOS acknowledges a write once it is stored).
-    pub async fn write(&self, inode: &Inode, off: u64, data: &[u8]) -> Result<Inode> {
+    /// Writes `data` at `off` straight to the data objects (durable when it returns: RADOS
+    /// acknowledges a write once it is stored), then tells the MDS the new end and mtime,
+    /// or, under the exclusive capability, keeps them to flush later (write-back).
+    pub async fn write(&self, inode: &Inode, off: u64, data: &[u8]) -> Result<()> {
         let os = inode.object_size.max(1);
         let end = off
             .checked_add(data.len() as u64)
@@ -1034,20 +1398,61 @@ impl FsClient {
         for r in futures::future::join_all(jobs).await {
             r?;
         }
+        let mtime = Time::now();
+        let kept = {
+            let mut caps = self.caps.lock().expect("caps lock");
+            if caps.valid(inode.ino, CAP_EXCL).is_some() {
+                let d = caps.dirty.entry(inode.ino).or_insert(Dirty {
+                    end,
+                    mtime,
+                    generation: 0,
+                });
+                d.end = d.end.max(end);
+                d.mtime = mtime;
+                d.generation += 1;
+                let size = d.end;
+                if let Some(i) = caps.inodes.get_mut(&inode.ino) {
+                    i.size = i.size.max(size);
+                    i.mtime = mtime;
+                    i.ctime = mtime;
+                }
+                return Ok(());
+            }
+            caps.dirty.get(&inode.ino).copied()
+        };
+        // Without the capability the size goes to the MDS now (with what an earlier
+        // exclusive holding kept, if that is not flushed yet).
         let written = self
             .attr_call(
                 Caller::default(),
                 Op::Written {
                     ino: inode.ino,
-                    end,
-                    mtime: Time::now(),
+                    end: kept.map_or(end, |d| d.end.max(end)),
+                    mtime,
+                    renew: false,
                 },
             )
             .await;
-        if matches!(written, Err(FsError::Errno(errno::EDQUOT))) {
-            self.take_back(inode.ino, off, end).await;
+        match written {
+            Ok(_) => {
+                if let Some(d) = kept {
+                    let mut caps = self.caps.lock().expect("caps lock");
+                    if caps
+                        .dirty
+                        .get(&inode.ino)
+                        .is_some_and(|now| now.generation == d.generation)
+                    {
+                        caps.dirty.remove(&inode.ino);
+                    }
+                }
+                Ok(())
+            }
+            Err(FsError::Errno(errno::EDQUOT)) => {
+                self.take_back(inode.ino, off, end).await;
+                Err(FsError::Errno(errno::EDQUOT))
+            }
+            Err(e) => Err(e),
         }
-        written
     }
 
     /// A write past the end was refused (over a quota) after its data reached the objects:

@@ -450,21 +450,33 @@ impl Namespace {
                 mode,
                 rdev,
                 exclusive,
+                open,
+                ..
             } => {
                 Self::check_name(name)?;
                 let (p, entries) = self.live_dir(*parent)?;
-                if let Some(d) = entries.get(name) {
+                let reply = if let Some(d) = entries.get(name) {
                     let existing = self.inode(d.ino)?;
                     if *exclusive || existing.kind() != S_IFREG || mode & S_IFMT != S_IFREG {
                         return Err(Stop::Err(errno::EEXIST));
                     }
-                    return Ok(Reply::Attr(existing.clone()));
+                    Reply::Attr(existing.clone())
+                } else {
+                    let p = p.clone();
+                    let acct = self.admit_entry(p.ino)?;
+                    let mut i = self.new_inode(&p, caller, *mode, now);
+                    i.rdev = *rdev;
+                    self.create_common(p, name, i, acct, now, upd, inval)?
+                };
+                if *open && let Reply::Attr(i) = &reply {
+                    *self
+                        .opens
+                        .entry(i.ino)
+                        .or_default()
+                        .entry(client)
+                        .or_default() += 1;
                 }
-                let p = p.clone();
-                let acct = self.admit_entry(p.ino)?;
-                let mut i = self.new_inode(&p, caller, *mode, now);
-                i.rdev = *rdev;
-                self.create_common(p, name, i, acct, now, upd, inval)
+                Ok(reply)
             }
             Op::Mkdir { parent, name, mode } => {
                 Self::check_name(name)?;
@@ -667,7 +679,9 @@ impl Namespace {
                 self.put(i, upd, inval);
                 Ok(Reply::Ok)
             }
-            Op::Written { ino, end, mtime } => {
+            Op::Written {
+                ino, end, mtime, ..
+            } => {
                 let mut i = self.inode(*ino)?.clone();
                 if i.kind() != S_IFREG {
                     return Err(Stop::Err(errno::EINVAL));
@@ -686,10 +700,18 @@ impl Namespace {
                 self.commit_acct(acct, upd);
                 Ok(Reply::Attr(self.inode(*ino)?.clone()))
             }
-            Op::Open { ino } => {
+            Op::Open { ino, write } => {
                 let i = self.inode(*ino)?.clone();
                 if i.nlink == 0 && !self.opens.contains_key(ino) {
                     return Err(Stop::Err(errno::ENOENT));
+                }
+                if *write
+                    && i.kind() == S_IFREG
+                    && let Some(h) = home(&i)
+                {
+                    // loaded so that the daemon can tell whether a byte quota is above
+                    // (no write-back there: see `Namespace::byte_quota_above`)
+                    self.ancestors(h)?;
                 }
                 *self
                     .opens
@@ -700,17 +722,11 @@ impl Namespace {
                 Ok(Reply::Attr(i))
             }
             Op::Close { ino } => {
-                if let Some(m) = self.opens.get_mut(ino) {
-                    if let Some(c) = m.get_mut(&client) {
-                        *c = c.saturating_sub(1);
-                        if *c == 0 {
-                            m.remove(&client);
-                        }
-                    }
-                    if m.is_empty() {
-                        self.opens.remove(ino);
-                    }
-                }
+                self.close_for(client, *ino);
+                Ok(Reply::Ok)
+            }
+            Op::CloseMany { inos } => {
+                inos.iter().for_each(|ino| self.close_for(client, *ino));
                 Ok(Reply::Ok)
             }
             Op::Reconnect { opens } => {
@@ -742,6 +758,21 @@ impl Namespace {
             Op::ReleaseLocks { ino, owner } => {
                 self.locks.release_owner(*ino, client, *owner);
                 Ok(Reply::Ok)
+            }
+        }
+    }
+
+    /// `client` closed `ino` (one of its registrations goes).
+    fn close_for(&mut self, client: u64, ino: Ino) {
+        if let Some(m) = self.opens.get_mut(&ino) {
+            if let Some(c) = m.get_mut(&client) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    m.remove(&client);
+                }
+            }
+            if m.is_empty() {
+                self.opens.remove(&ino);
             }
         }
     }

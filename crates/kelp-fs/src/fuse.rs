@@ -11,6 +11,15 @@
 //! its read lease is held; a revoke has the kernel drop them (the notifier's `inval_inode`
 //! and `inval_entry`) before it is acknowledged. `attr_ttl` overrides the lease times.
 //!
+//! Write-back: a file opened for writing may come with the exclusive capability; its writes
+//! then keep the size and mtime in the client (see `client.rs`) until `fsync`, the flush of
+//! each `close`, a revoke, the periodic flush or unmount sends them to the MDS.
+//!
+//! Directory listings are cached by the kernel (`FOPEN_CACHE_DIR`) when read under the
+//! directory's shared lease, and kept across opens (`FOPEN_KEEP_CACHE`) while it is held; the
+//! revoke drops them (`inval_inode` with the pages), and a change made through this mount
+//! has the next open read the listing again.
+//!
 //! An open with `O_DIRECT` bypasses the page cache (`FOPEN_DIRECT_IO` for that handle, with
 //! asynchronous direct I/O so that `libaio` keeps several requests in flight): its reads and
 //! writes go straight to RADOS like every other write. A direct write goes around the pages
@@ -436,7 +445,8 @@ impl Filesystem for KelpFuse {
         self.spawn(async move {
             // pages read under a read lease that is still held are current: keep them
             let keep = c.has_read_cache(ino);
-            match c.open(who, ino).await {
+            let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+            match c.open(who, ino, write).await {
                 Ok(i) => {
                     handles.lock().expect("handles lock").insert(
                         fh,
@@ -480,8 +490,8 @@ impl Filesystem for KelpFuse {
         self.spawn(async move {
             let r = async {
                 let exclusive = flags & libc::O_EXCL != 0;
-                let i = c.mknod(who, parent, &name?, mode, 0, exclusive).await?;
-                c.open(who, i.ino).await
+                let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+                c.create(who, parent, &name?, mode, exclusive, write).await
             }
             .await;
             match r {
@@ -617,12 +627,12 @@ impl Filesystem for KelpFuse {
                 };
                 i.object_size = object_size;
                 let off = if append { i.size } else { offset.max(0) as u64 };
-                let written = c.write(&i, off, &data).await?;
+                c.write(&i, off, &data).await?;
                 if direct {
                     // pages cached before the write are stale now
                     c.direct_written(ino, cached_opens).await;
                 }
-                Ok::<_, FsError>(written)
+                Ok::<_, FsError>(())
             }
             .await;
             match r {
@@ -633,16 +643,22 @@ impl Filesystem for KelpFuse {
     }
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
-        // writes are stored in RADOS before they are acknowledged: nothing is buffered; a
-        // close drops the closing owner's POSIX locks
+        // data is stored in RADOS before a write is acknowledged; a size kept under the
+        // exclusive capability goes to the MDS here (every close), and a close drops the
+        // closing owner's POSIX locks
         let ino = self.ino_in(ino);
-        if !self.locked.lock().expect("locks").remove(&(ino, owner)) {
-            reply.ok();
-            return;
-        }
+        let locked = self.locked.lock().expect("locks").remove(&(ino, owner));
         let (c, _, _) = self.ctx();
         self.spawn(async move {
-            match c.release_locks(ino, owner).await {
+            let r = async {
+                c.flush(ino).await?;
+                if locked {
+                    c.release_locks(ino, owner).await?;
+                }
+                Ok::<_, FsError>(())
+            }
+            .await;
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e.errno()),
             }
@@ -744,9 +760,17 @@ impl Filesystem for KelpFuse {
         });
     }
 
-    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _ds: bool, reply: ReplyEmpty) {
-        // every write and size update is durable when acknowledged
-        reply.ok();
+    fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _ds: bool, reply: ReplyEmpty) {
+        // data is durable when a write is acknowledged; the size (and mtime) kept under the
+        // exclusive capability is journaled by the MDS before this returns
+        let (c, _, _) = self.ctx();
+        let ino = self.ino_in(ino);
+        self.spawn(async move {
+            match c.flush(ino).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
     }
 
     fn opendir(&mut self, req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
@@ -755,10 +779,28 @@ impl Filesystem for KelpFuse {
         let fh = self.new_fh();
         let dirs = self.dirs.clone();
         self.spawn(async move {
-            match c.readdir(who, ino).await {
-                Ok(entries) => {
+            {
+                // a revoke waits for this reply before it drops the kernel's listing
+                let _g = c.begin_reply();
+                if c.listing_cached(ino) {
+                    // the kernel's listing is current: no readdir reaches the MDS (if the
+                    // kernel has lost part of it, `readdir` reads it then)
+                    let flags = fuser::consts::FOPEN_CACHE_DIR | fuser::consts::FOPEN_KEEP_CACHE;
+                    return reply.opened(fh, flags);
+                }
+            }
+            match c.readdir_for_cache(who, ino).await {
+                Ok((entries, keep)) => {
                     dirs.lock().expect("dirs lock").insert(fh, entries);
-                    reply.opened(fh, 0)
+                    let _g = c.begin_reply();
+                    // a fresh cache (without KEEP_CACHE the kernel drops the old one), kept
+                    // only while the lease it was read under stays
+                    let flags = if keep && c.listing_cached(ino) {
+                        fuser::consts::FOPEN_CACHE_DIR
+                    } else {
+                        0
+                    };
+                    reply.opened(fh, flags)
                 }
                 Err(e) => reply.error(e.errno()),
             }
@@ -767,41 +809,40 @@ impl Filesystem for KelpFuse {
 
     fn readdir(
         &mut self,
-        _req: &Request<'_>,
+        req: &Request<'_>,
         ino: u64,
         fh: u64,
         offset: i64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let dirs = self.dirs.lock().expect("dirs lock");
-        let Some(entries) = dirs.get(&fh) else {
-            reply.error(libc::EBADF);
-            return;
-        };
         let root = self.cfg.root;
-        let mut idx = offset.max(0) as usize;
-        loop {
-            let full = match idx {
-                0 => reply.add(ino, 1, FileType::Directory, "."),
-                1 => reply.add(ino, 2, FileType::Directory, ".."),
-                n => match entries.get(n - 2) {
-                    Some((name, d)) => {
-                        let i = if d.ino == root {
-                            fuser::FUSE_ROOT_ID
-                        } else {
-                            d.ino
-                        };
-                        reply.add(i, (n + 1) as i64, kind(d.kind), name)
-                    }
-                    None => break,
-                },
-            };
-            if full {
-                break;
+        {
+            let dirs = self.dirs.lock().expect("dirs lock");
+            if let Some(entries) = dirs.get(&fh) {
+                fill_dir(reply, ino, root, entries, offset);
+                return;
             }
-            idx += 1;
         }
-        reply.ok();
+        // opened on the kernel's cached listing, which it no longer has all of
+        let (c, _, _) = self.ctx();
+        let (who, dir) = (caller(req), self.ino_in(ino));
+        let dirs = self.dirs.clone();
+        self.spawn(async move {
+            match c.readdir_for_cache(who, dir).await {
+                Ok((entries, keep)) => {
+                    {
+                        let _g = c.begin_reply();
+                        fill_dir(reply, ino, root, &entries, offset);
+                    }
+                    dirs.lock().expect("dirs lock").insert(fh, entries);
+                    if !keep {
+                        // a revoke came meanwhile: what the kernel cached from this is stale
+                        c.drop_kernel_pages(dir).await;
+                    }
+                }
+                Err(e) => reply.error(e.errno()),
+            }
+        });
     }
 
     fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _f: i32, reply: ReplyEmpty) {
@@ -809,6 +850,23 @@ impl Filesystem for KelpFuse {
         reply.ok();
     }
 
+    fn destroy(&mut self) {
+        // unmount: sizes kept under exclusive capabilities reach the MDS
+        let c = self.client.clone();
+        let flushed = self.rt.block_on(async move {
+            // bounded: an unreachable MDS must not hold the unmount up for long
+            tokio::time::timeout(Duration::from_secs(10), async {
+                c.flush_all().await?;
+                c.send_closes(Duration::ZERO).await
+            })
+            .await
+        });
+        match flushed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("flushing file sizes at unmount: {e}"),
+            Err(_) => tracing::warn!("flushing file sizes at unmount: the MDS did not answer"),
+        }
+    }
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
         let (c, _, _) = self.ctx();
         self.spawn(async move {
@@ -963,6 +1021,39 @@ impl Filesystem for KelpFuse {
             }
         });
     }
+}
+
+/// Replies to a readdir from `entries` (after `.` and `..`), from `offset` on.
+fn fill_dir(
+    mut reply: ReplyDirectory,
+    ino: u64,
+    root: Ino,
+    entries: &[(String, Dentry)],
+    offset: i64,
+) {
+    let mut idx = offset.max(0) as usize;
+    loop {
+        let full = match idx {
+            0 => reply.add(ino, 1, FileType::Directory, "."),
+            1 => reply.add(ino, 2, FileType::Directory, ".."),
+            n => match entries.get(n - 2) {
+                Some((name, d)) => {
+                    let i = if d.ino == root {
+                        fuser::FUSE_ROOT_ID
+                    } else {
+                        d.ino
+                    };
+                    reply.add(i, (n + 1) as i64, kind(d.kind), name)
+                }
+                None => break,
+            },
+        };
+        if full {
+            break;
+        }
+        idx += 1;
+    }
+    reply.ok();
 }
 
 /// Mounts the file system at `mountpoint` and serves it until it is unmounted.

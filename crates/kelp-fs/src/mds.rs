@@ -122,6 +122,32 @@ struct CapState {
     /// Clients with a change of their own waiting for revokes: never waited for in turn
     /// (their kernel may hold the directory lock that their own invalidation needs).
     waiting: HashMap<u64, u32>,
+    /// Inodes whose exclusive capability a request waits to see settled: not granted
+    /// again meanwhile (the waiter would never get its turn).
+    excl_waiters: HashMap<Ino, u32>,
+}
+
+/// Which applied [`Inner::apply_locked`] gives: the answer, or the inode on which another
+/// client's exclusive capability must settle first (with the revokes to wait for).
+/// (Short-lived: returned and matched at once, so the size of `Done` costs nothing worth a
+/// box.)
+#[allow(clippy::large_enum_variant)]
+enum Applied {
+    Done(Reply, Option<CapGrants>, Vec<u64>),
+    Excl(Ino, Vec<u64>),
+}
+
+/// The inode an operation reads or changes the size or times of, named in the request:
+/// another client's exclusive capability on it is settled before the operation is applied.
+fn excl_target(op: &Op) -> Option<Ino> {
+    match op {
+        Op::GetAttr { ino }
+        | Op::SetAttr { ino, .. }
+        | Op::Written { ino, .. }
+        | Op::Open { ino, .. }
+        | Op::Link { ino, .. } => Some(*ino),
+        _ => None,
+    }
 }
 
 /// How long a client may go without starting a revoke poll before the MDS drops its
@@ -142,6 +168,9 @@ pub struct MdsStats {
     pub cache_budget: usize,
     /// Inodes on which some client holds a capability.
     pub cap_inodes: usize,
+    /// Requests served, by operation (`readdir`, `written`, `open`, ...).
+    #[serde(default)]
+    pub ops: BTreeMap<String, u64>,
 }
 
 /// How long after taking over an MDS leaves strays alone, so that every client with open
@@ -232,6 +261,7 @@ impl Mds {
                 table: CapTable::new(CAP_LEASE.as_millis() as u64),
                 polls: HashMap::new(),
                 waiting: HashMap::new(),
+                excl_waiters: HashMap::new(),
             }),
             caps_changed: watch::channel(0).0,
             requests: std::sync::atomic::AtomicU64::new(0),
@@ -701,12 +731,31 @@ impl Inner {
         if op.is_mutation() && self.cluster_full() {
             return (Reply::Err(errno::ENOSPC), None);
         }
-        let mut st = self.state.lock().await;
-        if self.is_fenced() {
-            // stopped while this op waited for the lock
-            return (Reply::Err(errno::ESHUTDOWN), None);
-        }
-        let (reply, grants, mut revokes) = self.apply_locked(&mut st, req, caller, op).await;
+        let (reply, grants, mut revokes, st) = loop {
+            let mut st = self.state.lock().await;
+            if self.is_fenced() {
+                // stopped while this op waited for the lock
+                return (Reply::Err(errno::ESHUTDOWN), None);
+            }
+            // Another client's exclusive capability on the inode is settled first: its
+            // holder flushes the size and mtime it deferred before it acknowledges.
+            let (ino, wait) = match excl_target(op) {
+                Some(ino) => (ino, self.revoke_excl(client, ino)),
+                None => (0, Vec::new()),
+            };
+            if wait.is_empty() {
+                match self.apply_locked(&mut st, req, caller, op).await {
+                    Applied::Done(reply, grants, revokes) => break (reply, grants, revokes, st),
+                    Applied::Excl(ino, wait) => {
+                        drop(st);
+                        self.wait_excl(client, ino, &wait).await;
+                    }
+                }
+            } else {
+                drop(st);
+                self.wait_excl(client, ino, &wait).await;
+            }
+        };
         // metrics: the cache's size after this op
         self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
         let key = (client, req.tid);
@@ -730,6 +779,43 @@ impl Inner {
         (reply, grants)
     }
 
+    /// Revokes other clients' exclusive capability on `ino` (see `CapTable::revoke_excl`);
+    /// returns the revokes to wait for.
+    fn revoke_excl(&self, client: u64, ino: Ino) -> Vec<u64> {
+        let now = self.now_ms();
+        let ids = self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .table
+            .revoke_excl(client, ino, now);
+        if !ids.is_empty() {
+            // wakes the holder's revoke poll
+            self.caps_changed.send_modify(|n| *n += 1);
+        }
+        ids
+    }
+
+    /// Waits for the exclusive capability on `ino` to settle (no new one is granted on it
+    /// meanwhile).
+    async fn wait_excl(&self, client: u64, ino: Ino, ids: &[u64]) {
+        *self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .excl_waiters
+            .entry(ino)
+            .or_default() += 1;
+        self.wait_revokes(client, ids).await;
+        let mut caps = self.caps.lock().expect("caps lock");
+        if let Some(n) = caps.excl_waiters.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                caps.excl_waiters.remove(&ino);
+            }
+        }
+    }
+
     /// The state-locked part of [`Inner::handle`]: applies `op`, journals it, revokes what
     /// it changed from the other clients and grants what the reply lets this one cache.
     async fn apply_locked(
@@ -738,7 +824,7 @@ impl Inner {
         req: RequestId,
         caller: Caller,
         op: &Op,
-    ) -> (Reply, Option<CapGrants>, Vec<u64>) {
+    ) -> Applied {
         let client = req.client;
         for _ in 0..64 {
             let step = st.ns.apply_request(req, caller, op, Time::now());
@@ -750,7 +836,9 @@ impl Inner {
                                 st.ns.insert_inode(i);
                                 Ok(())
                             }
-                            Ok(None) => return (Reply::Err(errno::ENOENT), None, Vec::new()),
+                            Ok(None) => {
+                                return Applied::Done(Reply::Err(errno::ENOENT), None, Vec::new());
+                            }
                             Err(e) => Err(e),
                         },
                         Need::Dir(ino) => match load_dir(&self.meta, ino).await {
@@ -763,7 +851,7 @@ impl Inner {
                     };
                     if let Err(e) = loaded {
                         warn!("loading {need:?}: {e}");
-                        return (Reply::Err(e.errno()), None, Vec::new());
+                        return Applied::Done(Reply::Err(e.errno()), None, Vec::new());
                     }
                 }
                 Step::Done {
@@ -773,6 +861,16 @@ impl Inner {
                 } => {
                     let mut revokes = Vec::new();
                     let mut changed = Vec::new();
+                    if updates.is_empty()
+                        && let Reply::Attr(i) = &reply
+                    {
+                        // an answer about an inode found on the way (a lookup): another
+                        // client's exclusive capability on it settles first
+                        let wait = self.revoke_excl(client, i.ino);
+                        if !wait.is_empty() {
+                            return Applied::Excl(i.ino, wait);
+                        }
+                    }
                     if !updates.is_empty() {
                         let deleted: Vec<Ino> = updates
                             .iter()
@@ -783,16 +881,45 @@ impl Inner {
                             .collect();
                         if let Err(e) = self.journal(st, updates).await {
                             self.stop_on_journal_failure(&e);
-                            return (Reply::Err(errno::EIO), None, Vec::new());
+                            return Applied::Done(Reply::Err(errno::EIO), None, Vec::new());
                         }
                         (revokes, changed) = self.revoke_changed(client, op, &invalidate, &deleted);
+                        if let Op::SetXattr { name, .. } | Op::RemoveXattr { name, .. } = op
+                            && name == XATTR_QUOTA_MAX_BYTES
+                        {
+                            // deferred sizes are checked against the new quota before the
+                            // change is acknowledged, and none is deferred below it after
+                            let now = self.now_ms();
+                            let ids = self
+                                .caps
+                                .lock()
+                                .expect("caps lock")
+                                .table
+                                .revoke_all_excl(now);
+                            if !ids.is_empty() {
+                                self.caps_changed.send_modify(|n| *n += 1);
+                            }
+                            revokes.extend(ids);
+                        }
                     }
-                    let grants = self.grant_for_reply(client, op, &reply, changed);
-                    return (reply, grants, revokes);
+                    // write-back (the exclusive capability) only where no byte quota is
+                    // above the file: the MDS checks a growth when it learns of it
+                    let excl_ok = match (op, &reply) {
+                        (
+                            Op::Open { .. }
+                            | Op::Written { .. }
+                            | Op::GetAttr { .. }
+                            | Op::Mknod { open: true, .. },
+                            Reply::Attr(i),
+                        ) => st.ns.byte_quota_above(i.ino) == Some(false),
+                        _ => false,
+                    };
+                    let grants = self.grant_for_reply(client, op, &reply, changed, excl_ok);
+                    return Applied::Done(reply, grants, revokes);
                 }
             }
         }
-        (Reply::Err(errno::EIO), None, Vec::new())
+        Applied::Done(Reply::Err(errno::EIO), None, Vec::new())
     }
 
     fn now_ms(&self) -> u64 {
@@ -853,20 +980,59 @@ impl Inner {
     /// What the reply to `op` lets `client` cache: the attributes it carries, the entry's
     /// directory for an entry reply, and the read cache for an open. Nothing for a client
     /// that keeps no revoke poll (it could not be told to drop it).
+    ///
+    /// The exclusive capability (`excl_ok`: no byte quota above the file) comes with an
+    /// open for writing, and is renewed by a `Written` asking for it and by a `GetAttr` of
+    /// a client that holds it; never while another request waits for it to settle.
     fn grant_for_reply(
         &self,
         client: u64,
         op: &Op,
         reply: &Reply,
         changed: Vec<Ino>,
+        excl_ok: bool,
     ) -> Option<CapGrants> {
         let mut want: Vec<(Ino, u8)> = Vec::new();
+        // Some(true): asks for it; Some(false): keeps it if held
+        let excl = match op {
+            Op::Open { write: true, .. }
+            | Op::Mknod {
+                open: true,
+                write: true,
+                ..
+            } => Some(true),
+            Op::Written { renew: true, .. } | Op::GetAttr { .. } => Some(false),
+            _ => None,
+        }
+        .filter(|_| excl_ok);
+        let mut excl_for = None;
         match (op, reply) {
             // the read cache comes with an open, and with the attributes a read through the
             // page cache asks for (so the pages it leaves are revoked with the next change)
             (Op::Open { .. } | Op::GetAttr { .. }, Reply::Attr(i)) => {
                 let read = if i.kind() == S_IFREG { CAP_READ } else { 0 };
                 want.push((i.ino, CAP_SHARED | read));
+                if i.kind() == S_IFREG {
+                    excl_for = excl.map(|ask| (i.ino, ask));
+                }
+            }
+            (Op::Written { .. }, Reply::Attr(i)) => {
+                want.push((i.ino, CAP_SHARED));
+                excl_for = excl.map(|ask| (i.ino, ask));
+            }
+            // a create that also opens: the entry's grants and an open's
+            (
+                Op::Mknod {
+                    parent, open: true, ..
+                },
+                Reply::Attr(i),
+            ) => {
+                want.push((*parent, CAP_SHARED));
+                let read = if i.kind() == S_IFREG { CAP_READ } else { 0 };
+                want.push((i.ino, CAP_SHARED | read));
+                if i.kind() == S_IFREG {
+                    excl_for = excl.map(|ask| (i.ino, ask));
+                }
             }
             (
                 Op::Lookup { parent, .. }
@@ -891,6 +1057,13 @@ impl Inner {
             .is_some_and(|t| t.elapsed() < CAP_SESSION_GRACE);
         let mut granted = Vec::new();
         if live {
+            if let Some((ino, ask)) = excl_for
+                && !caps.excl_waiters.contains_key(&ino)
+                && (ask || caps.table.held(client, ino, now) & CAP_EXCL != 0)
+                && let Some(w) = want.iter_mut().find(|(i, _)| *i == ino)
+            {
+                w.1 |= CAP_READ | CAP_EXCL;
+            }
             for (ino, w) in want {
                 let g = caps.table.grant(client, ino, w, now);
                 if g.granted != 0 {
@@ -1005,6 +1178,7 @@ impl Inner {
             cached_inodes,
             cache_budget: self.cfg.cache_inodes,
             cap_inodes,
+            ops: self.metrics.op_counts(),
         }
     }
 

@@ -69,6 +69,7 @@ pub fn op_index(op: &Op) -> usize {
         Op::SetLk { .. } => "setlk",
         Op::ReleaseLocks { .. } => "release_locks",
         Op::CapPoll { .. } => "cap_poll",
+        Op::CloseMany { .. } => "close",
         #[allow(unreachable_patterns)]
         _ => "other",
     };
@@ -304,6 +305,15 @@ impl MdsMetrics {
             op: op_index(op),
             start: Instant::now(),
         }
+    }
+
+    /// Requests answered so far, by operation (what `kelp.mds.stats` shows as `ops`).
+    pub fn op_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        OPS.iter()
+            .zip(&self.per_op)
+            .map(|(o, p)| (o.to_string(), p.requests.get()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// Exports everything into `reg`; `state` is read at each scrape (it must only take short

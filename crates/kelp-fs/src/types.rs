@@ -239,6 +239,12 @@ pub enum Op {
         /// With `O_EXCL` semantics: fail with EEXIST if the name exists; otherwise an existing
         /// regular file is returned (open of `O_CREAT` without `O_EXCL`).
         exclusive: bool,
+        /// Also opens the file for the client (a `create`: one request instead of a create
+        /// and an [`Op::Open`]); `write` as for [`Op::Open`].
+        #[serde(default)]
+        open: bool,
+        #[serde(default)]
+        write: bool,
     },
     Mkdir {
         parent: Ino,
@@ -298,10 +304,18 @@ pub enum Op {
         ino: Ino,
         end: u64,
         mtime: Time,
+        /// The writer holds the exclusive capability and asks to keep it (its lease is
+        /// renewed); a flush answering a revoke asks nothing.
+        #[serde(default)]
+        renew: bool,
     },
     /// A client opened the file (it stays readable after its last unlink until closed).
     Open {
         ino: Ino,
+        /// Opened for writing: the reply may grant the exclusive capability (write-back of
+        /// size and mtime, see `caps.rs`).
+        #[serde(default)]
+        write: bool,
     },
     /// A client closed its last handle on the file.
     Close {
@@ -334,6 +348,13 @@ pub enum Op {
     CapPoll {
         ack: Vec<u64>,
     },
+    // open/close (fswb): closes batched by the client
+    /// The client closed its last handles on these files, each as an [`Op::Close`] (an
+    /// inode named twice is closed twice). Clients send their closes a moment late, in
+    /// batches, and reopen a file still registered without asking the MDS.
+    CloseMany {
+        inos: Vec<Ino>,
+    },
 }
 
 impl Op {
@@ -353,6 +374,7 @@ impl Op {
                 | Op::SetLk { .. }
                 | Op::ReleaseLocks { .. }
                 | Op::CapPoll { .. }
+                | Op::CloseMany { .. }
         )
     }
 }

@@ -523,3 +523,146 @@ fn mds_cache_budget_is_enforced() {
     }
     assert_eq!(a.sh("ls d | wc -l").trim(), "300");
 }
+
+/// `kelp.mds.stats`' count of requests of one operation (`readdir`, `written`, ...).
+fn mds_ops(m: &Mount, op: &str) -> u64 {
+    mds_stats(m)["ops"][op].as_u64().unwrap_or(0)
+}
+
+/// Write-back under the exclusive capability: N writes to a file opened for writing cost
+/// O(1) MDS requests, not one each; another mount sees the size at once without an fsync
+/// (its stat revokes the capability, whose holder flushes the size first); an fsynced size
+/// survives kill -9 of the writing mount.
+#[test]
+fn sizes_are_written_back_under_the_exclusive_capability() {
+    let c = fs_cluster();
+    let _mds = start_mds(&c, "a");
+    let a = Mount::new(&c, "mnt-a");
+    let b = Mount::new(&c, "mnt-b");
+    // both polls must be registered with the MDS before grants are made
+    std::thread::sleep(Duration::from_secs(1));
+
+    // 400 writes of 4 KiB through one open handle, then a stat on the other mount at once
+    let (written0, req0) = (mds_ops(&a, "written"), mds_requests(&a));
+    let out = a.sh(&format!(
+        "python3 -c \"
+import os
+fd = os.open('f', os.O_CREAT | os.O_WRONLY, 0o644)
+for i in range(400):
+    os.pwrite(fd, bytes([i % 251]) * 4096, i * 4096)
+print(os.stat('{}').st_size)
+os.close(fd)
+\"",
+        b.p("f").display()
+    ));
+    assert_eq!(
+        out.trim(),
+        (400 * 4096).to_string(),
+        "the other mount's stat"
+    );
+    let written = mds_ops(&a, "written") - written0;
+    let requests = mds_requests(&a) - req0;
+    assert!(
+        written <= 20,
+        "400 writes sent {written} size updates to the MDS ({requests} requests)"
+    );
+    assert!(requests <= 60, "400 writes cost {requests} MDS requests");
+    let data = std::fs::read(b.p("f")).unwrap();
+    assert_eq!(data.len(), 400 * 4096);
+    assert!(
+        data.chunks(4096)
+            .enumerate()
+            .all(|(i, c)| c[0] == (i % 251) as u8)
+    );
+
+    // growth seen by the other mount while the writer keeps the file open
+    let out = a.sh(&format!(
+        "python3 -c \"
+import os
+fd = os.open('g', os.O_CREAT | os.O_WRONLY, 0o644)
+for n in range(1, 4):
+    os.write(fd, b'x' * 1000)
+    print(os.stat('{}').st_size)
+os.close(fd)
+\"",
+        b.p("g").display()
+    ));
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["1000", "2000", "3000"]
+    );
+
+    // fsync, then more writes without it, then kill -9 of the writing mount: the fsynced
+    // size is kept (the later one may be lost)
+    let mut writer = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+for i in range(256):
+    os.pwrite(fd, b'z' * 4096, i * 4096)
+os.fsync(fd)
+print('synced', flush=True)
+os.pwrite(fd, b'w' * 4096, 256 * 4096)
+time.sleep(60)",
+        )
+        .arg(a.p("h"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(writer.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "synced");
+    let mut a = a;
+    let mut child = a.child.take().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = writer.kill();
+    let _ = writer.wait();
+    let size = std::fs::metadata(b.p("h")).unwrap().len();
+    assert!(size >= 256 * 4096, "the fsynced size was lost: {size}");
+    let data = std::fs::read(b.p("h")).unwrap();
+    assert!(data[..256 * 4096].iter().all(|x| *x == b'z'));
+}
+
+/// The kernel caches a directory's listing while the mount holds the directory's shared
+/// capability: listing an unchanged directory again costs the MDS no readdir, and a create
+/// on the other mount is seen at once (its revoke drops the cached listing).
+#[test]
+fn the_kernel_caches_listings_while_the_directory_is_unchanged() {
+    let c = fs_cluster();
+    let _mds = start_mds(&c, "a");
+    let a = Mount::new(&c, "mnt-a");
+    let b = Mount::new(&c, "mnt-b");
+    std::thread::sleep(Duration::from_secs(1));
+    a.sh("mkdir d && for i in $(seq 1 100); do echo $i > d/f$i; done");
+    let ls = |m: &Mount| m.sh("ls -l d | tail -n +2 | wc -l").trim().to_string();
+    assert_eq!(ls(&b), "100");
+    let before = mds_ops(&b, "readdir");
+    assert!(before > 0, "the MDS counts readdirs");
+    for _ in 0..3 {
+        assert_eq!(ls(&b), "100");
+    }
+    assert_eq!(
+        mds_ops(&b, "readdir") - before,
+        0,
+        "an unchanged directory was read again"
+    );
+    // another mount's create is seen at once, and so is this mount's own
+    std::fs::write(a.p("d/new"), b"n").unwrap();
+    assert_eq!(ls(&b), "101");
+    assert!(b.sh("ls d").contains("new"));
+    std::fs::write(b.p("d/mine"), b"m").unwrap();
+    assert!(b.sh("ls d").contains("mine"));
+    std::fs::remove_file(a.p("d/f1")).unwrap();
+    assert!(!b.sh("ls d").lines().any(|l| l == "f1"));
+    assert_eq!(ls(&b), "101");
+    // and cached again once read
+    let before = mds_ops(&b, "readdir");
+    assert_eq!(ls(&b), "101");
+    assert_eq!(mds_ops(&b, "readdir") - before, 0);
+}

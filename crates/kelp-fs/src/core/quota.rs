@@ -56,6 +56,29 @@ fn parse_quota(value: &[u8]) -> Option<u64> {
 }
 
 impl Namespace {
+    /// Whether a byte quota (`kelp.quota.max_bytes`) is set on a directory above the file
+    /// `ino` (`None`: not all of them are loaded). A client may defer the size updates of a
+    /// file (the exclusive capability) only where none is: the MDS checks every growth
+    /// against quotas when it learns of it, so a deferred one could pass a quota unseen.
+    pub fn byte_quota_above(&self, ino: Ino) -> Option<bool> {
+        let i = self.inodes.get(&ino)?;
+        let mut d = home(i)?;
+        for _ in 0..4096 {
+            let dir = self.inodes.get(&d)?;
+            if !dir.is_dir() || dir.nlink == 0 {
+                return Some(false);
+            }
+            if dir.dirstat.max_bytes > 0 {
+                return Some(true);
+            }
+            if d == ROOT_INO {
+                return Some(false);
+            }
+            d = dir.parent;
+        }
+        None
+    }
+
     /// `dir` and every directory above it up to the root, all loaded. A directory that is no
     /// longer linked ends the chain (nothing above it counts it).
     pub(super) fn ancestors(&self, dir: Ino) -> R<Vec<Ino>> {

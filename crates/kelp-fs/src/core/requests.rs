@@ -125,6 +125,15 @@ impl Namespace {
                     None => return Step::Need(Need::Inode(ino)),
                 },
             };
+            if let (Op::Mknod { open: true, .. }, Reply::Attr(i)) = (op, &reply) {
+                // a create that also opened: the client holds it open (once, however often
+                // the request is retried; registered again if this MDS took over since)
+                self.opens
+                    .entry(i.ino)
+                    .or_default()
+                    .entry(req.client)
+                    .or_insert(1);
+            }
             return Step::Done {
                 reply,
                 updates: Vec::new(),

@@ -105,6 +105,8 @@ impl Fs {
             mode: S_IFREG | 0o644,
             rdev: 0,
             exclusive: true,
+            open: false,
+            write: false,
         }) {
             Reply::Attr(i) => i.ino,
             r => panic!("create {name}: {r:?}"),
@@ -176,7 +178,9 @@ fn create_lookup_and_directory_link_counts() {
                 name: long,
                 mode: S_IFREG | 0o644,
                 rdev: 0,
-                exclusive: true
+                exclusive: true,
+                open: false,
+                write: false
             }),
             Reply::Err(errno::ENAMETOOLONG)
         );
@@ -358,7 +362,13 @@ fn rmdir_and_setattr_and_xattrs() {
 fn open_unlinked_files_stay_until_closed() {
     let mut fs = Fs::new(false);
     let f = fs.create(ROOT_INO, "f");
-    assert!(matches!(fs.run(Op::Open { ino: f }), Reply::Attr(_)));
+    assert!(matches!(
+        fs.run(Op::Open {
+            ino: f,
+            write: false
+        }),
+        Reply::Attr(_)
+    ));
     fs.run(Op::Unlink {
         parent: ROOT_INO,
         name: "f".into(),
@@ -467,6 +477,7 @@ impl Fs {
             ino,
             end,
             mtime: Time { secs: 6, nanos: 0 },
+            renew: false,
         })
     }
 
@@ -590,6 +601,8 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
             mode: S_IFREG | 0o644,
             rdev: 0,
             exclusive: true,
+            open: false,
+            write: false,
         });
         assert_eq!(r, Reply::Err(errno::EDQUOT));
         let r = fs.run(Op::Mkdir {
@@ -664,6 +677,38 @@ fn quotas_refuse_growth_past_them_and_only_root_sets_them() {
         match fs.run(Op::ListXattr { ino: q }) {
             Reply::XattrNames(n) => assert!(n.is_empty(), "{n:?}"),
             r => panic!("{r:?}"),
+        }
+    });
+}
+
+#[test]
+fn an_open_for_writing_tells_whether_a_byte_quota_is_above() {
+    both(|fs| {
+        let q = fs.mkdir(ROOT_INO, "q");
+        let sub = fs.mkdir(q, "sub");
+        let free = fs.create(ROOT_INO, "free");
+        let under = fs.create(sub, "under");
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_BYTES, "100"), Reply::Ok);
+        for (f, want) in [(free, false), (under, true)] {
+            let r = fs.run(Op::Open {
+                ino: f,
+                write: true,
+            });
+            assert!(matches!(r, Reply::Attr(_)));
+            // the open loaded every directory above the file (when nothing is evicted after
+            // it; the daemon asks before evicting)
+            let got = fs.ns.byte_quota_above(f);
+            if fs.evict {
+                assert!(got.is_none() || got == Some(want));
+            } else {
+                assert_eq!(got, Some(want));
+            }
+        }
+        // a files-only quota does not matter
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_BYTES, "0"), Reply::Ok);
+        assert_eq!(fs.setx(q, XATTR_QUOTA_MAX_FILES, "10"), Reply::Ok);
+        if !fs.evict {
+            assert_eq!(fs.ns.byte_quota_above(under), Some(false));
         }
     });
 }
@@ -795,6 +840,8 @@ fn mknod(parent: Ino, name: &str) -> Op {
         mode: S_IFREG | 0o600,
         rdev: 0,
         exclusive: true,
+        open: false,
+        write: false,
     }
 }
 
@@ -819,6 +866,42 @@ fn a_create_whose_reply_was_lost_is_answered_again_not_applied_twice() {
         // a new request for the same name is applied: O_EXCL says EEXIST
         assert_eq!(fs.run_req(11, 11, &op), Reply::Err(errno::EEXIST));
         assert_eq!(fs.names(d), vec!["f".to_string()]);
+    });
+}
+
+#[test]
+fn a_create_that_opens_registers_one_open_however_often_it_is_retried() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        let mut op = mknod(d, "f");
+        if let Op::Mknod { open, write, .. } = &mut op {
+            (*open, *write) = (true, true);
+        }
+        let f = match fs.run_req(10, 10, &op) {
+            Reply::Attr(i) => i.ino,
+            r => panic!("{r:?}"),
+        };
+        // retried after a timeout: answered from the table, still one open
+        assert!(matches!(fs.run_req(10, 10, &op), Reply::Attr(i) if i.ino == f));
+        // unlinked while open: kept as a stray until the one close
+        let r = fs.run_req(
+            11,
+            11,
+            &Op::Unlink {
+                parent: d,
+                name: "f".into(),
+            },
+        );
+        assert_eq!(r, Reply::Ok);
+        assert!(!fs.ns.purgeable().contains(&f), "purged while open");
+        assert_eq!(
+            fs.run_req(0, 0, &Op::CloseMany { inos: vec![f] }),
+            Reply::Ok
+        );
+        assert!(
+            fs.ns.purgeable().contains(&f),
+            "still open after its one close"
+        );
     });
 }
 
