@@ -133,6 +133,7 @@ mod tests {
                         ino: 300,
                         kind: crate::types::S_IFREG,
                     },
+                    bits: 0,
                 },
                 Update::NextIno(301),
             ]

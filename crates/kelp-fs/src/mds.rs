@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::caps::{CAP_ALL, CapTable};
 use crate::core::requests::{RequestTable, StoredRequests};
-use crate::core::{Namespace, Need, Step};
+use crate::core::{Namespace, Need, Step, frag};
 use crate::error::{FsError, Result};
 use crate::journal::{self, Entry, Head};
 use crate::types::*;
@@ -195,7 +195,10 @@ impl Mds {
     /// Takes the file system of `cfg`: replays its journal, loads (or creates) the root,
     /// publishes this MDS's address in the metadata pool, and serves.
     pub async fn activate(&self, cfg: MdsConfig, rados: Rados) -> Result<()> {
-        let meta = rados.ioctx(&cfg.meta_pool).await?;
+        let mut meta = rados.ioctx(&cfg.meta_pool).await?;
+        // the journal and the metadata objects are written past a full cluster's flag (up to
+        // the OSDs' failsafe ratio), so that deletes go on and free space
+        meta.set_full_try(true);
         let data = rados.ioctx(&cfg.data_pool).await?;
         let (segment, next_ino, requests) = replay(&meta).await?;
         let mut ns = Namespace::new(next_ino);
@@ -437,28 +440,73 @@ async fn load_inode(meta: &IoCtx, ino: Ino) -> Result<Option<Inode>> {
     }
 }
 
-async fn load_dir(meta: &IoCtx, ino: Ino) -> Result<BTreeMap<String, Dentry>> {
+/// A directory's entries: the union of its `2^bits` fragment objects (`core::frag`).
+async fn load_dir(meta: &IoCtx, ino: Ino, bits: u8) -> Result<BTreeMap<String, Dentry>> {
     let mut out = BTreeMap::new();
-    let obj = dir_object(ino);
-    let mut after = String::new();
-    loop {
-        let (page, more) = match meta.omap_get_vals(&obj, &after, "", 1000).await {
-            Ok(p) => p,
-            Err(ClientError::NotFound { .. }) => return Ok(out),
-            Err(e) => return Err(e.into()),
-        };
-        for (k, v) in page {
+    let reads: Vec<futures::future::BoxFuture<'_, Result<Vec<(String, Vec<u8>)>>>> =
+        frag::frag_objects(ino, bits)
+            .map(|obj| -> futures::future::BoxFuture<'_, _> {
+                Box::pin(async move { read_omap(meta, &obj).await })
+            })
+            .collect();
+    let mut frags = futures::stream::iter(reads).buffer_unordered(16);
+    while let Some(page) = frags.next().await {
+        for (k, v) in page? {
             let d: StoredDentry = serde_json::from_slice(&v).map_err(|e| FsError::Malformed {
                 what: format!("dentry {k} of {ino:x}"),
                 detail: e.to_string(),
             })?;
-            after = k.clone();
             out.insert(k, d.dentry);
         }
+    }
+    Ok(out)
+}
+
+/// Every omap entry of `obj` (none if it does not exist).
+async fn read_omap(meta: &IoCtx, obj: &str) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (page, more) = match meta.omap_get_vals(obj, &after, "", 1000).await {
+            Ok(p) => p,
+            Err(ClientError::NotFound { .. }) => return Ok(out),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some((k, _)) = page.last() {
+            after = k.clone();
+        }
+        out.extend(page.into_iter().map(|(k, v)| (k, v.to_vec())));
         if !more {
             return Ok(out);
         }
     }
+}
+
+/// Moves the stored entries of `old` objects into directory `dir`'s layout of `2^bits`
+/// fragments: each object is copied, then removed, so that a crash at any point leaves
+/// every entry in an old object or in its new one (a replay moves the rest).
+async fn move_fragments(meta: &IoCtx, dir: Ino, bits: u8, old: Vec<String>) -> Result<()> {
+    for obj in old {
+        let entries = read_omap(meta, &obj).await?;
+        if !entries.is_empty() {
+            let mut by_frag: BTreeMap<u32, Vec<(String, Vec<u8>)>> = BTreeMap::new();
+            for (k, v) in entries {
+                by_frag
+                    .entry(frag::frag_of(&k, bits))
+                    .or_default()
+                    .push((k, v));
+            }
+            for (f, puts) in by_frag {
+                let op = WriteOp::new().create(false).omap_set(&puts);
+                meta.operate(op, &frag::frag_object(dir, bits, f)).await?;
+            }
+        }
+        match meta.remove(&obj).await {
+            Ok(()) | Err(ClientError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 async fn load_strays(meta: &IoCtx) -> Result<Vec<Ino>> {
@@ -488,8 +536,8 @@ async fn load_strays(meta: &IoCtx) -> Result<Vec<Ino>> {
 /// Writes a run of updates to the objects, last update per key winning.
 async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
     let mut inodes: HashMap<Ino, Option<&Inode>> = HashMap::new();
-    let mut dirs: HashMap<Ino, BTreeMap<&str, Option<Dentry>>> = HashMap::new();
-    let mut removed_dirs = Vec::new();
+    // directories: their entries, layouts and removal (`core::frag`)
+    let dirs = frag::plan_dirs(updates);
     let mut next_ino = None;
     let mut strays: BTreeMap<Ino, bool> = BTreeMap::new();
     for u in updates {
@@ -500,16 +548,10 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             Update::DelInode(i) => {
                 inodes.insert(*i, None);
             }
-            Update::PutDentry { dir, name, dentry } => {
-                dirs.entry(*dir).or_default().insert(name, Some(*dentry));
-            }
-            Update::DelDentry { dir, name } => {
-                dirs.entry(*dir).or_default().insert(name, None);
-            }
-            Update::DelDir(d) => {
-                dirs.remove(d);
-                removed_dirs.push(*d);
-            }
+            Update::PutDentry { .. }
+            | Update::DelDentry { .. }
+            | Update::DelDir(_)
+            | Update::Fragment { .. } => {}
             Update::NextIno(n) => next_ino = Some(next_ino.unwrap_or(0).max(*n)),
             Update::AddStray(i) => {
                 strays.insert(*i, true);
@@ -521,6 +563,20 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             Update::Request { .. } => {}
         }
     }
+    // first the directories that changed layout: their entries move to the new fragments
+    // before anything is written there
+    let mut moves: Vec<futures::future::BoxFuture<'_, Result<()>>> = Vec::new();
+    for (dir, plan) in &dirs {
+        let old = plan.old_objects(*dir);
+        if !old.is_empty() {
+            moves.push(Box::pin(move_fragments(meta, *dir, plan.bits, old)));
+        }
+    }
+    let mut moves = futures::stream::iter(moves).buffer_unordered(16);
+    while let Some(r) = moves.next().await {
+        r?;
+    }
+    drop(moves);
     let mut jobs: Vec<futures::future::BoxFuture<'_, Result<()>>> = Vec::new();
     for (ino, i) in inodes {
         jobs.push(Box::pin(async move {
@@ -544,43 +600,43 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             Ok(())
         }));
     }
-    for (dir, names) in dirs {
-        jobs.push(Box::pin(async move {
-            let mut puts = Vec::new();
-            let mut dels = Vec::new();
-            for (n, d) in names {
-                match d {
-                    Some(d) => puts.push((
-                        n,
-                        serde_json::to_vec(&StoredDentry {
+    for (dir, plan) in &dirs {
+        if plan.removed {
+            for obj in plan.all_objects(*dir) {
+                jobs.push(Box::pin(async move {
+                    match meta.remove(&obj).await {
+                        Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(e.into()),
+                    }
+                }));
+            }
+            continue;
+        }
+        for (obj, puts, dels) in plan.writes(*dir) {
+            jobs.push(Box::pin(async move {
+                let puts: Vec<(&str, Vec<u8>)> = puts
+                    .into_iter()
+                    .map(|(n, d)| {
+                        let rec = StoredDentry {
                             v: RECORD_VERSION,
                             dentry: d,
-                        })
-                        .expect("serializable"),
-                    )),
-                    None => dels.push(n),
+                        };
+                        (n, serde_json::to_vec(&rec).expect("serializable"))
+                    })
+                    .collect();
+                // a directory's entry object may not exist yet (its first entry was added
+                // and removed between two checkpoints): create it rather than fail
+                let mut op = WriteOp::new().create(false);
+                if !puts.is_empty() {
+                    op = op.omap_set(&puts);
                 }
-            }
-            // a directory's entry object may not exist yet (its first entry was added and
-            // removed between two checkpoints): create it rather than fail
-            let mut op = WriteOp::new().create(false);
-            if !puts.is_empty() {
-                op = op.omap_set(&puts);
-            }
-            if !dels.is_empty() {
-                op = op.omap_rm_keys(&dels);
-            }
-            meta.operate(op, &dir_object(dir)).await?;
-            Ok(())
-        }));
-    }
-    for d in removed_dirs {
-        jobs.push(Box::pin(async move {
-            match meta.remove(&dir_object(d)).await {
-                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
-                Err(e) => Err(e.into()),
-            }
-        }));
+                if !dels.is_empty() {
+                    op = op.omap_rm_keys(&dels);
+                }
+                meta.operate(op, &obj).await?;
+                Ok(())
+            }));
+        }
     }
     if let Some(n) = next_ino {
         jobs.push(Box::pin(async move {
@@ -695,10 +751,10 @@ impl Inner {
         }
         self.requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // A full cluster refuses the journal's appends, and a failed append stops this MDS
-        // (its cache already holds the change): refuse changes up front, before they touch
-        // the cache. Reads, lookups, opens and closes go on.
-        if op.is_mutation() && self.cluster_full() {
+        // A full cluster: changes that would take space are refused up front; deletes and
+        // truncates go on (the journal writes past the full flag, `set_full_try`), so that
+        // users can free space. Reads, lookups, opens and closes go on.
+        if !op.allowed_when_full() && self.cluster_full() {
             return (Reply::Err(errno::ENOSPC), None);
         }
         let mut st = self.state.lock().await;
@@ -753,13 +809,15 @@ impl Inner {
                             Ok(None) => return (Reply::Err(errno::ENOENT), None, Vec::new()),
                             Err(e) => Err(e),
                         },
-                        Need::Dir(ino) => match load_dir(&self.meta, ino).await {
-                            Ok(d) => {
-                                st.ns.insert_dir(ino, d);
-                                Ok(())
+                        Need::Dir(ino) => {
+                            match load_dir(&self.meta, ino, st.ns.frag_bits(ino)).await {
+                                Ok(d) => {
+                                    st.ns.insert_dir(ino, d);
+                                    Ok(())
+                                }
+                                Err(e) => Err(e),
                             }
-                            Err(e) => Err(e),
-                        },
+                        }
                     };
                     if let Err(e) = loaded {
                         warn!("loading {need:?}: {e}");
