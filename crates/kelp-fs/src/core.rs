@@ -203,13 +203,42 @@ impl Namespace {
         }
     }
 
-    /// Forgets every open handle of `client` (it went away); returns strays now purgeable.
+    /// Forgets every open handle of `client` (it reconnected and says which it holds; its
+    /// locks stay: its processes still hold them).
     pub fn drop_client(&mut self, client: u64) {
-        self.locks.drop_client(client);
         self.opens.retain(|_, m| {
             m.remove(&client);
             !m.is_empty()
         });
+    }
+
+    // locks across a restart
+    /// The lock table a replay rebuilt (at activation).
+    pub fn set_locks(&mut self, locks: LockTable) {
+        self.locks = locks;
+    }
+
+    /// The lock table as the checkpoint stores it.
+    pub fn locks_snapshot(&self) -> crate::locks::StoredLocks {
+        self.locks.snapshot()
+    }
+
+    /// The clients holding some lock.
+    pub fn lock_holders(&self) -> std::collections::BTreeSet<u64> {
+        self.locks.holders()
+    }
+
+    /// Releases every lock of `client` (it went away); the updates to journal.
+    pub fn drop_locks_of(&mut self, client: u64) -> Vec<Update> {
+        let inodes = self.locks.inodes_of(client);
+        self.locks.drop_client(client);
+        inodes
+            .into_iter()
+            .map(|ino| Update::Locks {
+                ino,
+                held: self.locks.held_on(ino),
+            })
+            .collect()
     }
 
     fn inode(&self, ino: Ino) -> R<&Inode> {
@@ -831,7 +860,9 @@ impl Namespace {
                 {
                     return Err(Stop::Err(errno::EINVAL));
                 }
+                let before = self.locks.held_on(*ino);
                 if self.locks.set(*ino, client, lock) {
+                    self.journal_locks(*ino, before, upd);
                     Ok(Reply::Ok)
                 } else {
                     Err(Stop::Err(errno::EAGAIN))
@@ -840,9 +871,24 @@ impl Namespace {
             // capabilities are the daemon's (caps.rs), never the namespace's
             Op::CapPoll { .. } => Err(Stop::Err(errno::EINVAL)),
             Op::ReleaseLocks { ino, owner } => {
+                let before = self.locks.held_on(*ino);
                 self.locks.release_owner(*ino, client, *owner);
+                self.journal_locks(*ino, before, upd);
                 Ok(Reply::Ok)
             }
+        }
+    }
+
+    /// The locks on `ino` changed from `before`: journal them (nothing when they did not).
+    fn journal_locks(
+        &self,
+        ino: Ino,
+        before: Vec<(u64, crate::locks::Lock)>,
+        upd: &mut Vec<Update>,
+    ) {
+        let held = self.locks.held_on(ino);
+        if held != before {
+            upd.push(Update::Locks { ino, held });
         }
     }
 

@@ -24,6 +24,8 @@ pub const INOTABLE_OBJECT: &str = "mds.inotable";
 pub const STRAY_OBJECT: &str = "mds.stray";
 /// The completed-request table as of the last checkpoint (`core::requests`).
 pub const REQUESTS_OBJECT: &str = "mds.requests";
+/// The advisory locks as of the last checkpoint (`locks::StoredLocks`).
+pub const LOCKS_OBJECT: &str = "mds.locks";
 /// The version of the journal entries this build writes.
 pub const JOURNAL_VERSION: u8 = 2;
 /// The oldest entry version this build still replays.

@@ -30,6 +30,7 @@ use crate::core::requests::{RequestTable, StoredRequests};
 use crate::core::{Namespace, Need, Step, frag};
 use crate::error::{FsError, Result};
 use crate::journal::{self, Entry, Head};
+use crate::locks::{LOCK_SESSION_GRACE, LockTable, StoredLocks};
 use crate::types::*;
 
 /// Where the active MDS of a file system says it listens (an object in the metadata pool),
@@ -52,6 +53,8 @@ pub struct MdsConfig {
     pub cache_inodes: usize,
     /// How often dirty metadata is written back and the journal trimmed.
     pub checkpoint_interval: Duration,
+    /// When directories split into fragments and merge (`core::frag`).
+    pub frag: frag::FragConfig,
 }
 
 impl MdsConfig {
@@ -64,6 +67,7 @@ impl MdsConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             cache_inodes: 100_000,
             checkpoint_interval: Duration::from_secs(2),
+            frag: frag::FragConfig::default(),
         }
     }
 }
@@ -111,6 +115,10 @@ struct Inner {
     revoking: std::sync::Mutex<HashMap<(u64, u64), Vec<u64>>>,
     /// Prometheus metrics (`crate::metrics`), shared with the [`Mds`] handle.
     metrics: Arc<crate::metrics::MdsMetrics>,
+    // locks across a restart
+    /// When each client last sent a request (a lock holder silent for
+    /// [`LOCK_SESSION_GRACE`] loses its locks).
+    last_seen: std::sync::Mutex<HashMap<u64, std::time::Instant>>,
 }
 
 /// The capability table plus what the daemon knows of each client's revoke poll.
@@ -200,9 +208,11 @@ impl Mds {
         // the OSDs' failsafe ratio), so that deletes go on and free space
         meta.set_full_try(true);
         let data = rados.ioctx(&cfg.data_pool).await?;
-        let (segment, next_ino, requests) = replay(&meta).await?;
+        let (segment, next_ino, requests, locks) = replay(&meta).await?;
         let mut ns = Namespace::new(next_ino);
         ns.set_requests(requests);
+        ns.set_locks(locks);
+        ns.set_frag_config(cfg.frag);
         let strays = load_strays(&meta).await?;
         ns.set_strays(strays);
         ns.set_data_pools(data_pools(&rados, &cfg).await?, data.pool_id());
@@ -240,6 +250,7 @@ impl Mds {
             requests: std::sync::atomic::AtomicU64::new(0),
             revoking: std::sync::Mutex::new(HashMap::new()),
             metrics: self.metrics.clone(),
+            last_seen: std::sync::Mutex::new(HashMap::new()),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -321,9 +332,10 @@ impl Mds {
 }
 
 /// Reads the head and every segment after it and writes their updates to the objects;
-/// returns the segment to append to next, the next free inode number and the completed
-/// requests (the checkpointed table plus the journal's records).
-async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable)> {
+/// returns the segment to append to next, the next free inode number, the completed
+/// requests (the checkpointed table plus the journal's records) and the advisory locks
+/// (likewise).
+async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable, LockTable)> {
     let head = match meta.read(journal::HEAD_OBJECT, 0, 0).await {
         Ok(b) => serde_json::from_slice::<Head>(&b).map_err(|e| FsError::Malformed {
             what: "journal head".into(),
@@ -350,10 +362,17 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable)> {
         }
     }
     let mut requests = load_requests(meta).await?;
+    let mut locks = load_locks(meta).await?;
     if !updates.is_empty() {
         updates.iter().for_each(|u| requests.apply(u));
+        for u in &updates {
+            if let Update::Locks { ino, held } = u {
+                locks.restore(*ino, held);
+            }
+        }
         apply_updates(meta, &updates).await?;
         save_requests(meta, &requests).await?;
+        save_locks(meta, &locks.snapshot()).await?;
     }
     if seg != head.first_segment {
         trim(meta, head.first_segment, seg).await?;
@@ -370,7 +389,32 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable)> {
         Err(ClientError::NotFound { .. }) => FIRST_INO,
         Err(e) => return Err(e.into()),
     };
-    Ok((seg, next_ino, requests))
+    Ok((seg, next_ino, requests, locks))
+}
+
+/// The advisory locks as the last checkpoint (or replay) stored them.
+async fn load_locks(meta: &IoCtx) -> Result<LockTable> {
+    match meta.read(journal::LOCKS_OBJECT, 0, 0).await {
+        Ok(b) => {
+            let stored: StoredLocks =
+                serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
+                    what: "lock table".into(),
+                    detail: e.to_string(),
+                })?;
+            Ok(LockTable::from_stored(&stored))
+        }
+        Err(ClientError::NotFound { .. }) => Ok(LockTable::default()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn save_locks(meta: &IoCtx, locks: &StoredLocks) -> Result<()> {
+    meta.write_full(
+        journal::LOCKS_OBJECT,
+        serde_json::to_vec(locks).expect("serializable"),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The completed-request table as the last checkpoint (or replay) stored it.
@@ -561,6 +605,8 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             }
             // the completed-request table is written whole (`save_requests`)
             Update::Request { .. } => {}
+            // the lock table is written whole (`save_locks`)
+            Update::Locks { .. } => {}
         }
     }
     // first the directories that changed layout: their entries move to the new fragments
@@ -724,6 +770,12 @@ impl Inner {
         let client = req.client;
         if self.is_fenced() {
             return (Reply::Err(errno::ESHUTDOWN), None);
+        }
+        if client != 0 {
+            self.last_seen
+                .lock()
+                .expect("last_seen lock")
+                .insert(client, std::time::Instant::now());
         }
         if let Op::SetXattr { name, .. } = op
             && name.ends_with(".layout.pool")
@@ -1124,8 +1176,12 @@ impl Inner {
         }
         let pending = std::mem::take(&mut st.pending);
         let requests = st.ns.requests_snapshot(Time::now());
+        let locks = st.ns.locks_snapshot();
         let written = match apply_updates(&self.meta, &pending).await {
-            Ok(()) => save_requests(&self.meta, &requests).await,
+            Ok(()) => match save_requests(&self.meta, &requests).await {
+                Ok(()) => save_locks(&self.meta, &locks).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = written {
@@ -1175,10 +1231,48 @@ impl Inner {
             }
             // also when nothing changed: reads alone fill the cache too
             self.state.lock().await.ns.evict_to(self.cfg.cache_inodes);
+            if let Err(e) = self.release_silent_lock_holders().await {
+                warn!("releasing the locks of silent clients failed: {e}");
+            }
             if let Err(e) = self.purge().await {
                 warn!("purging strays failed: {e}");
             }
         }
+    }
+
+    /// Releases (journaled) the locks of clients not heard from for [`LOCK_SESSION_GRACE`]
+    /// (counted from the takeover for clients not heard from since).
+    async fn release_silent_lock_holders(&self) -> Result<()> {
+        if self.activated.elapsed() < LOCK_SESSION_GRACE {
+            return Ok(());
+        }
+        let mut st = self.state.lock().await;
+        let silent: Vec<u64> = {
+            let seen = self.last_seen.lock().expect("last_seen lock");
+            st.ns
+                .lock_holders()
+                .into_iter()
+                .filter(|c| {
+                    seen.get(c)
+                        .is_none_or(|t| t.elapsed() >= LOCK_SESSION_GRACE)
+                })
+                .collect()
+        };
+        for client in silent {
+            info!(
+                client,
+                "client silent for {LOCK_SESSION_GRACE:?}: releasing its locks"
+            );
+            let updates = st.ns.drop_locks_of(client);
+            if updates.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.journal(&mut st, updates).await {
+                self.stop_on_journal_failure(&e);
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Removes the data of unlinked, closed files, then their inodes. Not in the first

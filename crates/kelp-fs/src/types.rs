@@ -540,6 +540,12 @@ pub enum Update {
         from: u8,
         to: u8,
     },
+    // locks across a restart
+    /// The advisory locks held on `ino` after a change: (client, lock) (`locks.rs`).
+    Locks {
+        ino: Ino,
+        held: Vec<(u64, crate::locks::Lock)>,
+    },
 }
 
 /// Errno values used by the core (Linux's numbers; the protocol carries them as they are).

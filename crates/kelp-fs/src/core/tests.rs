@@ -13,6 +13,8 @@ struct Store {
     requests: requests::RequestTable,
     /// Every update in order (what the journal holds).
     journal: Vec<Update>,
+    /// The advisory locks a replay rebuilds.
+    locks: crate::locks::StoredLocks,
 }
 
 impl Store {
@@ -45,6 +47,13 @@ impl Store {
                 }
                 Update::NextIno(n) => self.next_ino = self.next_ino.max(*n),
                 Update::Request { .. } => self.requests.apply(u),
+                Update::Locks { ino, held } => {
+                    if held.is_empty() {
+                        self.locks.locks.remove(ino);
+                    } else {
+                        self.locks.locks.insert(*ino, held.clone());
+                    }
+                }
                 _ => {}
             }
         }
@@ -790,6 +799,8 @@ impl Fs {
     fn failover(&mut self) {
         self.ns = Namespace::new(self.store.next_ino);
         self.ns.set_requests(self.store.requests.clone());
+        self.ns
+            .set_locks(crate::locks::LockTable::from_stored(&self.store.locks));
     }
 }
 
@@ -1064,4 +1075,72 @@ fn readdir_across_a_split_neither_skips_nor_repeats() {
         }
         assert_eq!(seen.len(), 138);
     });
+}
+
+// locks across a restart
+
+/// Lock changes are journaled, so the namespace a standby rebuilds from the journal holds the
+/// same locks: another client is still refused until the holder releases, a reconnect keeps
+/// the locks, and a client that went away loses them (journaled too).
+#[test]
+fn locks_are_journaled_and_survive_a_failover() {
+    use crate::locks::{F_RDLCK, F_WRLCK, Lock};
+    let mut fs = Fs::new(true);
+    let f = fs.create(ROOT_INO, "f");
+    let mine = Lock {
+        owner: 1,
+        start: 0,
+        end: u64::MAX,
+        typ: F_WRLCK,
+        pid: 1,
+    };
+    let theirs = Lock {
+        owner: 2,
+        start: 5,
+        end: 5,
+        typ: F_RDLCK,
+        pid: 2,
+    };
+    let other = |fs: &mut Fs| match fs.ns.apply(
+        8,
+        ROOT,
+        &Op::SetLk {
+            ino: f,
+            lock: theirs,
+        },
+        Time::default(),
+    ) {
+        Step::Done { reply, updates, .. } => {
+            fs.store.apply(&updates);
+            reply
+        }
+        s => panic!("{s:?}"),
+    };
+    assert_eq!(fs.run(Op::SetLk { ino: f, lock: mine }), Reply::Ok);
+    assert!(fs.store.journal.iter().any(
+        |u| matches!(u, Update::Locks { ino, held } if *ino == f && held == &vec![(7, mine)])
+    ));
+    fs.failover();
+    assert_eq!(other(&mut fs), Reply::Err(errno::EAGAIN));
+    // the holder reconnects to the new MDS: its locks stay
+    assert_eq!(fs.run(Op::Reconnect { opens: Vec::new() }), Reply::Ok);
+    assert_eq!(other(&mut fs), Reply::Err(errno::EAGAIN));
+    // an unlock that changes nothing journals nothing
+    let before = fs.store.journal.len();
+    assert_eq!(fs.run(Op::ReleaseLocks { ino: f, owner: 99 }), Reply::Ok);
+    assert_eq!(fs.store.journal.len(), before);
+    assert_eq!(fs.run(Op::ReleaseLocks { ino: f, owner: 1 }), Reply::Ok);
+    fs.failover();
+    assert_eq!(other(&mut fs), Reply::Ok);
+    fs.failover();
+    assert_eq!(
+        fs.run(Op::SetLk { ino: f, lock: mine }),
+        Reply::Err(errno::EAGAIN),
+        "client 8's read lock came through the failover"
+    );
+    // client 8 went away: its locks go, and stay gone after a failover
+    let updates = fs.ns.drop_locks_of(8);
+    fs.store.apply(&updates);
+    fs.failover();
+    assert_eq!(fs.run(Op::SetLk { ino: f, lock: mine }), Reply::Ok);
 }
