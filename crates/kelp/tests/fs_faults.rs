@@ -348,7 +348,11 @@ fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
     assert_eq!(std::fs::metadata(m.p("before2")).unwrap().len(), 1000);
     std::fs::create_dir(m.p("gone-soon")).unwrap_err();
     let e = write_synced(&m.p("still-full"), b"new data").unwrap_err();
-    assert_eq!(e, libc::ENOSPC, "a new file on a full cluster gave errno {e}");
+    assert_eq!(
+        e,
+        libc::ENOSPC,
+        "a new file on a full cluster gave errno {e}"
+    );
     let _ = std::fs::remove_file(m.p("still-full"));
     // the MDS goes on serving: stat, list, read what was acknowledged
     assert!(
@@ -584,7 +588,10 @@ fn a_fragmented_directory_survives_kill_of_the_mds_and_lists_right_on_two_mounts
         .lines()
         .filter(|o| o.starts_with(&format!("{ino:x}.dir.")))
         .count();
-    assert!(frags >= 8, "{frags} fragment objects of {ino:x}:\n{objects}");
+    assert!(
+        frags >= 8,
+        "{frags} fragment objects of {ino:x}:\n{objects}"
+    );
     assert!(
         !objects.lines().any(|o| o == format!("{ino:x}.dir")),
         "the one-object directory was left behind"
@@ -657,7 +664,10 @@ fn locks_survive_kill_of_the_active_mds() {
             .unwrap()
             .code()
     };
-    assert!(!try_flock(&b), "flock -n on B took A's flock after the failover");
+    assert!(
+        !try_flock(&b),
+        "flock -n on B took A's flock after the failover"
+    );
     assert_eq!(try_fcntl(&b), Some(7), "B's fcntl lock after the failover");
     std::fs::write(&release, b"").unwrap();
     assert!(holder.child.wait().unwrap().success());
