@@ -487,7 +487,7 @@ async fn load_inode(meta: &IoCtx, ino: Ino) -> Result<Option<Inode>> {
 /// A directory's entries: the union of its `2^bits` fragment objects (`core::frag`).
 async fn load_dir(meta: &IoCtx, ino: Ino, bits: u8) -> Result<BTreeMap<String, Dentry>> {
     let mut out = BTreeMap::new();
-    let reads: Vec<futures::future::BoxFuture<'_, Result<Vec<(String, Vec<u8>)>>>> =
+    let reads: Vec<futures::future::BoxFuture<'_, Result<OmapEntries>>> =
         frag::frag_objects(ino, bits)
             .map(|obj| -> futures::future::BoxFuture<'_, _> {
                 Box::pin(async move { read_omap(meta, &obj).await })
@@ -506,8 +506,11 @@ async fn load_dir(meta: &IoCtx, ino: Ino, bits: u8) -> Result<BTreeMap<String, D
     Ok(out)
 }
 
+/// An object's omap entries: key, value.
+type OmapEntries = Vec<(String, Vec<u8>)>;
+
 /// Every omap entry of `obj` (none if it does not exist).
-async fn read_omap(meta: &IoCtx, obj: &str) -> Result<Vec<(String, Vec<u8>)>> {
+async fn read_omap(meta: &IoCtx, obj: &str) -> Result<OmapEntries> {
     let mut out = Vec::new();
     let mut after = String::new();
     loop {
@@ -658,7 +661,7 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             }
             continue;
         }
-        for (obj, puts, dels) in plan.writes(*dir) {
+        for frag::FragWrite { object, puts, dels } in plan.writes(*dir) {
             jobs.push(Box::pin(async move {
                 let puts: Vec<(&str, Vec<u8>)> = puts
                     .into_iter()
@@ -679,7 +682,7 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
                 if !dels.is_empty() {
                     op = op.omap_rm_keys(&dels);
                 }
-                meta.operate(op, &obj).await?;
+                meta.operate(op, &object).await?;
                 Ok(())
             }));
         }

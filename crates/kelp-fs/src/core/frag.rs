@@ -173,8 +173,8 @@ impl DirPlan {
         layouts.iter().flat_map(|b| frag_objects(dir, *b)).collect()
     }
 
-    /// The entry changes grouped by object of the final layout: `(object, puts, removals)`.
-    pub fn writes(&self, dir: Ino) -> Vec<(String, Vec<(&str, Dentry)>, Vec<&str>)> {
+    /// The entry changes grouped by object of the final layout.
+    pub fn writes(&self, dir: Ino) -> Vec<FragWrite<'_>> {
         type Changes<'a> = (Vec<(&'a str, Dentry)>, Vec<&'a str>);
         let mut by_frag: BTreeMap<u32, Changes<'_>> = BTreeMap::new();
         for (name, d) in &self.entries {
@@ -186,9 +186,22 @@ impl DirPlan {
         }
         by_frag
             .into_iter()
-            .map(|(f, (puts, dels))| (frag_object(dir, self.bits, f), puts, dels))
+            .map(|(f, (puts, dels))| FragWrite {
+                object: frag_object(dir, self.bits, f),
+                puts,
+                dels,
+            })
             .collect()
     }
+}
+
+/// The entry changes of one fragment object ([`DirPlan::writes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FragWrite<'a> {
+    pub object: String,
+    pub puts: Vec<(&'a str, Dentry)>,
+    /// Names removed.
+    pub dels: Vec<&'a str>,
 }
 
 /// The per-directory plans of a run of updates, in journal order (the last change of a name,
@@ -272,12 +285,12 @@ mod tests {
                     }
                     continue;
                 }
-                for (obj, puts, dels) in plan.writes(dir) {
-                    let o = self.0.entry(obj).or_default();
-                    for (n, d) in puts {
+                for w in plan.writes(dir) {
+                    let o = self.0.entry(w.object).or_default();
+                    for (n, d) in w.puts {
                         o.insert(n.to_string(), d);
                     }
-                    for n in dels {
+                    for n in w.dels {
                         o.remove(n);
                     }
                 }

@@ -1017,7 +1017,7 @@ fn directories_split_into_fragments_and_keep_every_entry() {
         let plans = frag::plan_dirs(&fs.store.journal);
         let plan = &plans[&d];
         assert_eq!(plan.bits, bits);
-        let stored: usize = plan.writes(d).iter().map(|(_, p, _)| p.len()).sum();
+        let stored: usize = plan.writes(d).iter().map(|w| w.puts.len()).sum();
         assert_eq!(stored, 300);
         // emptied, it goes back to one object
         for i in 0..300 {
