@@ -27,6 +27,8 @@ pub struct IoCtx {
     snapc: (u64, Vec<u64>),
     /// Reads see the objects as they were at this snapshot; writes are refused.
     read_snap: Option<u64>,
+    /// Writes may go past the full flag, up to the OSDs' failsafe ratio (`set_full_try`).
+    full_try: bool,
 }
 
 /// An object's snapshots, as `rados listsnaps` shows them.
@@ -57,7 +59,22 @@ impl IoCtx {
             namespace: String::new(),
             snapc: (0, Vec::new()),
             read_snap: None,
+            full_try: false,
         }
+    }
+
+    /// Writes through this context from now on may go past the cluster's full flag and the
+    /// OSDs' full ratio, up to their failsafe ratio (Ceph's `FULL_TRY`, librados's
+    /// `set_pool_full_try`). For the few writers that must work on a full cluster so that
+    /// space can be freed (the file system's metadata server: its journal and the removal of
+    /// deleted files' data); everything else keeps getting `Full`.
+    pub fn set_full_try(&mut self, on: bool) {
+        self.full_try = on;
+    }
+
+    /// Whether writes may go past the full flag ([`IoCtx::set_full_try`]).
+    pub fn full_try(&self) -> bool {
+        self.full_try
     }
 
     /// Writes from now on carry this snapshot context: `seq` is the newest snapshot id the
@@ -120,6 +137,9 @@ impl IoCtx {
                         snaps: self.snapc.1.clone(),
                     },
                 );
+            }
+            if self.full_try {
+                ops.push(OpKind::FullTry);
             }
         } else if let Some(snap) = self.read_snap {
             ops.insert(0, OpKind::ReadAtSnap { snap });

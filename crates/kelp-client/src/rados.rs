@@ -455,8 +455,10 @@ impl Rados {
     ) -> Result<(OsdOpReply, Bytes), ClientError> {
         // A full cluster refuses writes at once (Ceph's clients wait; Kelp's fail clearly).
         // Reads and removals go on: they are what frees space.
+        // A write flagged `FullTry` goes on: the OSDs let it pass up to their failsafe ratio.
         if self.osd_map().has_flag(kelp_maps::ClusterFlag::Full)
             && !ops.iter().all(OpKind::allowed_when_full)
+            && !ops.iter().any(OpKind::is_full_try)
         {
             return Err(ClientError::Full(format!(
                 "writing '{}' refused: an OSD is at or past mon_osd_full_ratio (the OSD map's \

@@ -1486,6 +1486,9 @@ impl FsClient {
             }
         }
         if !size.is_multiple_of(os) {
+            // a truncate only frees space: it goes on while the cluster is full
+            let mut data = data;
+            data.set_full_try(true);
             match data
                 .truncate(&data_object(inode.ino, size / os), size % os)
                 .await

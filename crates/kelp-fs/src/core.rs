@@ -70,6 +70,12 @@ pub struct Namespace {
     default_pool: Option<u32>,
     /// Completed client requests, answered again when retried (`requests.rs`).
     requests: requests::RequestTable,
+    // directory fragments
+    /// When directories split into fragments and merge again (`frag.rs`).
+    frag: frag::FragConfig,
+    /// Fragment sizes of the large directories (kept from their first split check on,
+    /// dropped whenever the directory is loaded again or changes layout).
+    frag_sizes: HashMap<Ino, Vec<u32>>,
 }
 
 impl Namespace {
@@ -101,6 +107,7 @@ impl Namespace {
             version: 1,
             dirstat: DirStat::default(),
             layout: Layout::default(),
+            frag_bits: 0,
         };
         self.inodes.insert(ROOT_INO, root.clone());
         self.dirs.insert(ROOT_INO, BTreeMap::new());
@@ -117,8 +124,20 @@ impl Namespace {
 
     pub fn insert_dir(&mut self, ino: Ino, entries: BTreeMap<String, Dentry>) {
         if !self.dirty_dirs.contains(&ino) {
+            self.frag_sizes.remove(&ino);
             self.dirs.insert(ino, entries);
         }
+    }
+
+    /// When directories split into fragments and merge (`frag.rs`).
+    pub fn set_frag_config(&mut self, cfg: frag::FragConfig) {
+        self.frag = cfg;
+    }
+
+    /// The fragment bits of directory `ino`, as its cached inode says (a [`Need::Dir`] is
+    /// only asked once the directory's inode is cached).
+    pub fn frag_bits(&self, ino: Ino) -> u8 {
+        self.inodes.get(&ino).map_or(0, frag::bits_of)
     }
 
     /// The file system's data pools (name -> id), which layouts may name, and the default
@@ -179,17 +198,47 @@ impl Namespace {
             self.inodes.remove(&v);
             if !self.dirty_dirs.contains(&v) {
                 self.dirs.remove(&v);
+                self.frag_sizes.remove(&v);
             }
         }
     }
 
-    /// Forgets every open handle of `client` (it went away); returns strays now purgeable.
+    /// Forgets every open handle of `client` (it reconnected and says which it holds; its
+    /// locks stay: its processes still hold them).
     pub fn drop_client(&mut self, client: u64) {
-        self.locks.drop_client(client);
         self.opens.retain(|_, m| {
             m.remove(&client);
             !m.is_empty()
         });
+    }
+
+    // locks across a restart
+    /// The lock table a replay rebuilt (at activation).
+    pub fn set_locks(&mut self, locks: LockTable) {
+        self.locks = locks;
+    }
+
+    /// The lock table as the checkpoint stores it.
+    pub fn locks_snapshot(&self) -> crate::locks::StoredLocks {
+        self.locks.snapshot()
+    }
+
+    /// The clients holding some lock.
+    pub fn lock_holders(&self) -> std::collections::BTreeSet<u64> {
+        self.locks.holders()
+    }
+
+    /// Releases every lock of `client` (it went away); the updates to journal.
+    pub fn drop_locks_of(&mut self, client: u64) -> Vec<Update> {
+        let inodes = self.locks.inodes_of(client);
+        self.locks.drop_client(client);
+        inodes
+            .into_iter()
+            .map(|ino| Update::Locks {
+                ino,
+                held: self.locks.held_on(ino),
+            })
+            .collect()
     }
 
     fn inode(&self, ino: Ino) -> R<&Inode> {
@@ -197,7 +246,14 @@ impl Namespace {
     }
 
     fn dir(&self, ino: Ino) -> R<&BTreeMap<String, Dentry>> {
-        self.dirs.get(&ino).ok_or(Stop::Need(Need::Dir(ino)))
+        match self.dirs.get(&ino) {
+            Some(d) => Ok(d),
+            None => {
+                // its inode first: it says which fragment objects hold the entries
+                self.inode(ino)?;
+                Err(Stop::Need(Need::Dir(ino)))
+            }
+        }
     }
 
     /// The directory `ino` (an inode that is a directory, still linked) and its entries.
@@ -232,6 +288,16 @@ impl Namespace {
         };
         match self.apply_inner(client, caller, op, now, &mut upd, &mut inval) {
             Ok(reply) => {
+                let touched: std::collections::BTreeSet<Ino> = upd
+                    .iter()
+                    .filter_map(|u| match u {
+                        Update::PutDentry { dir, .. } | Update::DelDentry { dir, .. } => Some(*dir),
+                        _ => None,
+                    })
+                    .collect();
+                for dir in touched {
+                    self.refragment(dir, &mut upd, &mut inval);
+                }
                 for u in &upd {
                     match u {
                         Update::PutInode(i) => {
@@ -243,7 +309,7 @@ impl Namespace {
                         Update::PutDentry { dir, .. } | Update::DelDentry { dir, .. } => {
                             self.dirty_dirs.insert(*dir);
                         }
-                        Update::DelDir(d) => {
+                        Update::DelDir(d) | Update::Fragment { dir: d, .. } => {
                             self.dirty_dirs.insert(*d);
                         }
                         _ => {}
@@ -279,28 +345,81 @@ impl Namespace {
         upd: &mut Vec<Update>,
         inval: &mut Invalidate,
     ) {
-        self.dirs
+        let bits = self.frag_bits(dir);
+        let old = self
+            .dirs
             .get_mut(&dir)
             .expect("callers load the directory first")
             .insert(name.to_string(), d);
+        if old.is_none()
+            && let Some(sizes) = self.frag_sizes.get_mut(&dir)
+            && let Some(n) = sizes.get_mut(frag::frag_of(name, bits) as usize)
+        {
+            *n += 1;
+        }
         inval.entries.push((dir, name.to_string()));
         upd.push(Update::PutDentry {
             dir,
             name: name.to_string(),
             dentry: d,
+            bits,
         });
     }
 
     fn del_dentry(&mut self, dir: Ino, name: &str, upd: &mut Vec<Update>, inval: &mut Invalidate) {
-        self.dirs
+        let bits = self.frag_bits(dir);
+        let old = self
+            .dirs
             .get_mut(&dir)
             .expect("callers load the directory first")
             .remove(name);
+        if old.is_some()
+            && let Some(sizes) = self.frag_sizes.get_mut(&dir)
+            && let Some(n) = sizes.get_mut(frag::frag_of(name, bits) as usize)
+        {
+            *n = n.saturating_sub(1);
+        }
         inval.entries.push((dir, name.to_string()));
         upd.push(Update::DelDentry {
             dir,
             name: name.to_string(),
+            bits,
         });
+    }
+
+    /// After a change of `dir`'s entries: splits it into more fragments when one grew past
+    /// the split size, or merges it back when it shrank (`frag.rs`). The new layout is
+    /// journaled with the change that caused it.
+    fn refragment(&mut self, dir: Ino, upd: &mut Vec<Update>, inval: &mut Invalidate) {
+        let Some(inode) = self.inodes.get(&dir) else {
+            return;
+        };
+        if !inode.is_dir() || inode.nlink == 0 {
+            return;
+        }
+        let Some(entries) = self.dirs.get(&dir) else {
+            return;
+        };
+        let bits = inode.frag_bits;
+        let sizes = &mut self.frag_sizes;
+        let to = self.frag.relayout(bits, entries.len(), || {
+            let s = sizes
+                .entry(dir)
+                .or_insert_with(|| frag::frag_sizes(entries, bits));
+            s.iter().copied().max().unwrap_or(0) as usize
+        });
+        let Some(to) = to.filter(|t| *t != bits) else {
+            return;
+        };
+        let mut i = inode.clone();
+        i.frag_bits = to;
+        self.frag_sizes.remove(&dir);
+        upd.push(Update::Fragment {
+            dir,
+            from: bits,
+            to,
+        });
+        self.put(i, upd, inval);
     }
 
     /// One link of `inode` went away: update it, and remove it (or make it a stray) at zero.
@@ -324,6 +443,15 @@ impl Namespace {
         }
         if inode.is_dir() {
             self.dirs.remove(&ino);
+            self.frag_sizes.remove(&ino);
+            if inode.frag_bits > 0 {
+                // its fragment objects go with it (`DelDir` removes every layout named)
+                upd.push(Update::Fragment {
+                    dir: ino,
+                    from: inode.frag_bits,
+                    to: 0,
+                });
+            }
             upd.push(Update::DelDir(ino));
         }
         if inode.kind() == S_IFREG && (self.opens.contains_key(&ino) || inode.size > 0) {
@@ -368,6 +496,7 @@ impl Namespace {
             version: 0,
             dirstat: DirStat::default(),
             layout: Layout::default(),
+            frag_bits: 0,
         }
     }
 
@@ -747,7 +876,9 @@ impl Namespace {
                 {
                     return Err(Stop::Err(errno::EINVAL));
                 }
+                let before = self.locks.held_on(*ino);
                 if self.locks.set(*ino, client, lock) {
+                    self.journal_locks(*ino, before, upd);
                     Ok(Reply::Ok)
                 } else {
                     Err(Stop::Err(errno::EAGAIN))
@@ -756,7 +887,9 @@ impl Namespace {
             // capabilities are the daemon's (caps.rs), never the namespace's
             Op::CapPoll { .. } => Err(Stop::Err(errno::EINVAL)),
             Op::ReleaseLocks { ino, owner } => {
+                let before = self.locks.held_on(*ino);
                 self.locks.release_owner(*ino, client, *owner);
+                self.journal_locks(*ino, before, upd);
                 Ok(Reply::Ok)
             }
         }
@@ -774,6 +907,19 @@ impl Namespace {
             if m.is_empty() {
                 self.opens.remove(&ino);
             }
+        }
+    }
+
+    /// The locks on `ino` changed from `before`: journal them (nothing when they did not).
+    fn journal_locks(
+        &self,
+        ino: Ino,
+        before: Vec<(u64, crate::locks::Lock)>,
+        upd: &mut Vec<Update>,
+    ) {
+        let held = self.locks.held_on(ino);
+        if held != before {
+            upd.push(Update::Locks { ino, held });
         }
     }
 
@@ -943,6 +1089,7 @@ impl Namespace {
     }
 }
 
+pub mod frag;
 mod layout;
 mod quota;
 pub mod requests;

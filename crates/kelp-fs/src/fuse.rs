@@ -623,6 +623,7 @@ impl Filesystem for KelpFuse {
                             pool,
                             object_size: None,
                         },
+                        frag_bits: 0,
                     }
                 };
                 i.object_size = object_size;

@@ -7,9 +7,11 @@
 //! reported (never a panic). Entries are lists of idempotent [`Update`]s, so replaying a
 //! segment that was already partly checkpointed gives the same state.
 //!
-//! Entry versions: 1, the namespace updates; 2 (this build), also [`Update::Request`], the
-//! record of the client request the entry completes (the completed-request table). Both are
-//! replayed.
+//! Entry versions: 1, the namespace updates; 2, also [`Update::Request`], the record of the
+//! client request the entry completes (the completed-request table); 3 (this build), also
+//! directory fragments ([`Update::Fragment`], the fragment bits of entry updates) and the
+//! advisory locks ([`Update::Locks`]). All are replayed (an older entry's entry updates are
+//! of a one-fragment directory); an older build refuses version 3 rather than misread it.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,8 +26,10 @@ pub const INOTABLE_OBJECT: &str = "mds.inotable";
 pub const STRAY_OBJECT: &str = "mds.stray";
 /// The completed-request table as of the last checkpoint (`core::requests`).
 pub const REQUESTS_OBJECT: &str = "mds.requests";
+/// The advisory locks as of the last checkpoint (`locks::StoredLocks`).
+pub const LOCKS_OBJECT: &str = "mds.locks";
 /// The version of the journal entries this build writes.
-pub const JOURNAL_VERSION: u8 = 2;
+pub const JOURNAL_VERSION: u8 = 3;
 /// The oldest entry version this build still replays.
 pub const OLDEST_JOURNAL_VERSION: u8 = 1;
 /// A segment is closed once it holds this many bytes (a checkpoint closes it sooner).
@@ -133,6 +137,7 @@ mod tests {
                         ino: 300,
                         kind: crate::types::S_IFREG,
                     },
+                    bits: 0,
                 },
                 Update::NextIno(301),
             ]
@@ -142,7 +147,7 @@ mod tests {
     #[test]
     fn version_2_entries_carry_request_records() {
         let e = Entry {
-            v: JOURNAL_VERSION,
+            v: 2,
             seq: 1,
             updates: vec![Update::Request {
                 client: 5,
@@ -151,6 +156,41 @@ mod tests {
                 done: crate::types::Done::Attr(300),
                 at: crate::types::Time { secs: 1, nanos: 2 },
             }],
+        };
+        assert_eq!(decode_segment(&encode(&e)).unwrap(), vec![e]);
+    }
+
+    /// Version 3: fragment changes, entry updates with their fragment bits, lock lists.
+    #[test]
+    fn version_3_entries_carry_fragments_and_locks() {
+        let e = Entry {
+            v: JOURNAL_VERSION,
+            seq: 2,
+            updates: vec![
+                Update::Fragment {
+                    dir: 256,
+                    from: 0,
+                    to: 3,
+                },
+                Update::DelDentry {
+                    dir: 256,
+                    name: "x".into(),
+                    bits: 3,
+                },
+                Update::Locks {
+                    ino: 300,
+                    held: vec![(
+                        5,
+                        crate::locks::Lock {
+                            owner: 1,
+                            start: 0,
+                            end: u64::MAX,
+                            typ: crate::locks::F_WRLCK,
+                            pid: 9,
+                        },
+                    )],
+                },
+            ],
         };
         assert_eq!(decode_segment(&encode(&e)).unwrap(), vec![e]);
     }

@@ -27,9 +27,10 @@ use tracing::{debug, error, info, warn};
 
 use crate::caps::{CAP_ALL, CapTable};
 use crate::core::requests::{RequestTable, StoredRequests};
-use crate::core::{Namespace, Need, Step};
+use crate::core::{Namespace, Need, Step, frag};
 use crate::error::{FsError, Result};
 use crate::journal::{self, Entry, Head};
+use crate::locks::{LOCK_SESSION_GRACE, LockTable, StoredLocks};
 use crate::types::*;
 
 /// Where the active MDS of a file system says it listens (an object in the metadata pool),
@@ -52,6 +53,8 @@ pub struct MdsConfig {
     pub cache_inodes: usize,
     /// How often dirty metadata is written back and the journal trimmed.
     pub checkpoint_interval: Duration,
+    /// When directories split into fragments and merge (`core::frag`).
+    pub frag: frag::FragConfig,
 }
 
 impl MdsConfig {
@@ -64,6 +67,7 @@ impl MdsConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             cache_inodes: 100_000,
             checkpoint_interval: Duration::from_secs(2),
+            frag: frag::FragConfig::default(),
         }
     }
 }
@@ -111,6 +115,10 @@ struct Inner {
     revoking: std::sync::Mutex<HashMap<(u64, u64), Vec<u64>>>,
     /// Prometheus metrics (`crate::metrics`), shared with the [`Mds`] handle.
     metrics: Arc<crate::metrics::MdsMetrics>,
+    // locks across a restart
+    /// When each client last sent a request (a lock holder silent for
+    /// [`LOCK_SESSION_GRACE`] loses its locks).
+    last_seen: std::sync::Mutex<HashMap<u64, std::time::Instant>>,
 }
 
 /// The capability table plus what the daemon knows of each client's revoke poll.
@@ -224,11 +232,16 @@ impl Mds {
     /// Takes the file system of `cfg`: replays its journal, loads (or creates) the root,
     /// publishes this MDS's address in the metadata pool, and serves.
     pub async fn activate(&self, cfg: MdsConfig, rados: Rados) -> Result<()> {
-        let meta = rados.ioctx(&cfg.meta_pool).await?;
+        let mut meta = rados.ioctx(&cfg.meta_pool).await?;
+        // the journal and the metadata objects are written past a full cluster's flag (up to
+        // the OSDs' failsafe ratio), so that deletes go on and free space
+        meta.set_full_try(true);
         let data = rados.ioctx(&cfg.data_pool).await?;
-        let (segment, next_ino, requests) = replay(&meta).await?;
+        let (segment, next_ino, requests, locks) = replay(&meta).await?;
         let mut ns = Namespace::new(next_ino);
         ns.set_requests(requests);
+        ns.set_locks(locks);
+        ns.set_frag_config(cfg.frag);
         let strays = load_strays(&meta).await?;
         ns.set_strays(strays);
         ns.set_data_pools(data_pools(&rados, &cfg).await?, data.pool_id());
@@ -267,6 +280,7 @@ impl Mds {
             requests: std::sync::atomic::AtomicU64::new(0),
             revoking: std::sync::Mutex::new(HashMap::new()),
             metrics: self.metrics.clone(),
+            last_seen: std::sync::Mutex::new(HashMap::new()),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -348,9 +362,10 @@ impl Mds {
 }
 
 /// Reads the head and every segment after it and writes their updates to the objects;
-/// returns the segment to append to next, the next free inode number and the completed
-/// requests (the checkpointed table plus the journal's records).
-async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable)> {
+/// returns the segment to append to next, the next free inode number, the completed
+/// requests (the checkpointed table plus the journal's records) and the advisory locks
+/// (likewise).
+async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable, LockTable)> {
     let head = match meta.read(journal::HEAD_OBJECT, 0, 0).await {
         Ok(b) => serde_json::from_slice::<Head>(&b).map_err(|e| FsError::Malformed {
             what: "journal head".into(),
@@ -377,10 +392,17 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable)> {
         }
     }
     let mut requests = load_requests(meta).await?;
+    let mut locks = load_locks(meta).await?;
     if !updates.is_empty() {
         updates.iter().for_each(|u| requests.apply(u));
+        for u in &updates {
+            if let Update::Locks { ino, held } = u {
+                locks.restore(*ino, held);
+            }
+        }
         apply_updates(meta, &updates).await?;
         save_requests(meta, &requests).await?;
+        save_locks(meta, &locks.snapshot()).await?;
     }
     if seg != head.first_segment {
         trim(meta, head.first_segment, seg).await?;
@@ -397,7 +419,32 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable)> {
         Err(ClientError::NotFound { .. }) => FIRST_INO,
         Err(e) => return Err(e.into()),
     };
-    Ok((seg, next_ino, requests))
+    Ok((seg, next_ino, requests, locks))
+}
+
+/// The advisory locks as the last checkpoint (or replay) stored them.
+async fn load_locks(meta: &IoCtx) -> Result<LockTable> {
+    match meta.read(journal::LOCKS_OBJECT, 0, 0).await {
+        Ok(b) => {
+            let stored: StoredLocks =
+                serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
+                    what: "lock table".into(),
+                    detail: e.to_string(),
+                })?;
+            Ok(LockTable::from_stored(&stored))
+        }
+        Err(ClientError::NotFound { .. }) => Ok(LockTable::default()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn save_locks(meta: &IoCtx, locks: &StoredLocks) -> Result<()> {
+    meta.write_full(
+        journal::LOCKS_OBJECT,
+        serde_json::to_vec(locks).expect("serializable"),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The completed-request table as the last checkpoint (or replay) stored it.
@@ -467,28 +514,76 @@ async fn load_inode(meta: &IoCtx, ino: Ino) -> Result<Option<Inode>> {
     }
 }
 
-async fn load_dir(meta: &IoCtx, ino: Ino) -> Result<BTreeMap<String, Dentry>> {
+/// A directory's entries: the union of its `2^bits` fragment objects (`core::frag`).
+async fn load_dir(meta: &IoCtx, ino: Ino, bits: u8) -> Result<BTreeMap<String, Dentry>> {
     let mut out = BTreeMap::new();
-    let obj = dir_object(ino);
-    let mut after = String::new();
-    loop {
-        let (page, more) = match meta.omap_get_vals(&obj, &after, "", 1000).await {
-            Ok(p) => p,
-            Err(ClientError::NotFound { .. }) => return Ok(out),
-            Err(e) => return Err(e.into()),
-        };
-        for (k, v) in page {
+    let reads: Vec<futures::future::BoxFuture<'_, Result<OmapEntries>>> =
+        frag::frag_objects(ino, bits)
+            .map(|obj| -> futures::future::BoxFuture<'_, _> {
+                Box::pin(async move { read_omap(meta, &obj).await })
+            })
+            .collect();
+    let mut frags = futures::stream::iter(reads).buffer_unordered(16);
+    while let Some(page) = frags.next().await {
+        for (k, v) in page? {
             let d: StoredDentry = serde_json::from_slice(&v).map_err(|e| FsError::Malformed {
                 what: format!("dentry {k} of {ino:x}"),
                 detail: e.to_string(),
             })?;
-            after = k.clone();
             out.insert(k, d.dentry);
         }
+    }
+    Ok(out)
+}
+
+/// An object's omap entries: key, value.
+type OmapEntries = Vec<(String, Vec<u8>)>;
+
+/// Every omap entry of `obj` (none if it does not exist).
+async fn read_omap(meta: &IoCtx, obj: &str) -> Result<OmapEntries> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (page, more) = match meta.omap_get_vals(obj, &after, "", 1000).await {
+            Ok(p) => p,
+            Err(ClientError::NotFound { .. }) => return Ok(out),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some((k, _)) = page.last() {
+            after = k.clone();
+        }
+        out.extend(page.into_iter().map(|(k, v)| (k, v.to_vec())));
         if !more {
             return Ok(out);
         }
     }
+}
+
+/// Moves the stored entries of `old` objects into directory `dir`'s layout of `2^bits`
+/// fragments: each object is copied, then removed, so that a crash at any point leaves
+/// every entry in an old object or in its new one (a replay moves the rest).
+async fn move_fragments(meta: &IoCtx, dir: Ino, bits: u8, old: Vec<String>) -> Result<()> {
+    for obj in old {
+        let entries = read_omap(meta, &obj).await?;
+        if !entries.is_empty() {
+            let mut by_frag: BTreeMap<u32, Vec<(String, Vec<u8>)>> = BTreeMap::new();
+            for (k, v) in entries {
+                by_frag
+                    .entry(frag::frag_of(&k, bits))
+                    .or_default()
+                    .push((k, v));
+            }
+            for (f, puts) in by_frag {
+                let op = WriteOp::new().create(false).omap_set(&puts);
+                meta.operate(op, &frag::frag_object(dir, bits, f)).await?;
+            }
+        }
+        match meta.remove(&obj).await {
+            Ok(()) | Err(ClientError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 async fn load_strays(meta: &IoCtx) -> Result<Vec<Ino>> {
@@ -518,8 +613,8 @@ async fn load_strays(meta: &IoCtx) -> Result<Vec<Ino>> {
 /// Writes a run of updates to the objects, last update per key winning.
 async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
     let mut inodes: HashMap<Ino, Option<&Inode>> = HashMap::new();
-    let mut dirs: HashMap<Ino, BTreeMap<&str, Option<Dentry>>> = HashMap::new();
-    let mut removed_dirs = Vec::new();
+    // directories: their entries, layouts and removal (`core::frag`)
+    let dirs = frag::plan_dirs(updates);
     let mut next_ino = None;
     let mut strays: BTreeMap<Ino, bool> = BTreeMap::new();
     for u in updates {
@@ -530,16 +625,10 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             Update::DelInode(i) => {
                 inodes.insert(*i, None);
             }
-            Update::PutDentry { dir, name, dentry } => {
-                dirs.entry(*dir).or_default().insert(name, Some(*dentry));
-            }
-            Update::DelDentry { dir, name } => {
-                dirs.entry(*dir).or_default().insert(name, None);
-            }
-            Update::DelDir(d) => {
-                dirs.remove(d);
-                removed_dirs.push(*d);
-            }
+            Update::PutDentry { .. }
+            | Update::DelDentry { .. }
+            | Update::DelDir(_)
+            | Update::Fragment { .. } => {}
             Update::NextIno(n) => next_ino = Some(next_ino.unwrap_or(0).max(*n)),
             Update::AddStray(i) => {
                 strays.insert(*i, true);
@@ -549,8 +638,24 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             }
             // the completed-request table is written whole (`save_requests`)
             Update::Request { .. } => {}
+            // the lock table is written whole (`save_locks`)
+            Update::Locks { .. } => {}
         }
     }
+    // first the directories that changed layout: their entries move to the new fragments
+    // before anything is written there
+    let mut moves: Vec<futures::future::BoxFuture<'_, Result<()>>> = Vec::new();
+    for (dir, plan) in &dirs {
+        let old = plan.old_objects(*dir);
+        if !old.is_empty() {
+            moves.push(Box::pin(move_fragments(meta, *dir, plan.bits, old)));
+        }
+    }
+    let mut moves = futures::stream::iter(moves).buffer_unordered(16);
+    while let Some(r) = moves.next().await {
+        r?;
+    }
+    drop(moves);
     let mut jobs: Vec<futures::future::BoxFuture<'_, Result<()>>> = Vec::new();
     for (ino, i) in inodes {
         jobs.push(Box::pin(async move {
@@ -574,43 +679,43 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
             Ok(())
         }));
     }
-    for (dir, names) in dirs {
-        jobs.push(Box::pin(async move {
-            let mut puts = Vec::new();
-            let mut dels = Vec::new();
-            for (n, d) in names {
-                match d {
-                    Some(d) => puts.push((
-                        n,
-                        serde_json::to_vec(&StoredDentry {
+    for (dir, plan) in &dirs {
+        if plan.removed {
+            for obj in plan.all_objects(*dir) {
+                jobs.push(Box::pin(async move {
+                    match meta.remove(&obj).await {
+                        Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(e.into()),
+                    }
+                }));
+            }
+            continue;
+        }
+        for frag::FragWrite { object, puts, dels } in plan.writes(*dir) {
+            jobs.push(Box::pin(async move {
+                let puts: Vec<(&str, Vec<u8>)> = puts
+                    .into_iter()
+                    .map(|(n, d)| {
+                        let rec = StoredDentry {
                             v: RECORD_VERSION,
                             dentry: d,
-                        })
-                        .expect("serializable"),
-                    )),
-                    None => dels.push(n),
+                        };
+                        (n, serde_json::to_vec(&rec).expect("serializable"))
+                    })
+                    .collect();
+                // a directory's entry object may not exist yet (its first entry was added
+                // and removed between two checkpoints): create it rather than fail
+                let mut op = WriteOp::new().create(false);
+                if !puts.is_empty() {
+                    op = op.omap_set(&puts);
                 }
-            }
-            // a directory's entry object may not exist yet (its first entry was added and
-            // removed between two checkpoints): create it rather than fail
-            let mut op = WriteOp::new().create(false);
-            if !puts.is_empty() {
-                op = op.omap_set(&puts);
-            }
-            if !dels.is_empty() {
-                op = op.omap_rm_keys(&dels);
-            }
-            meta.operate(op, &dir_object(dir)).await?;
-            Ok(())
-        }));
-    }
-    for d in removed_dirs {
-        jobs.push(Box::pin(async move {
-            match meta.remove(&dir_object(d)).await {
-                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
-                Err(e) => Err(e.into()),
-            }
-        }));
+                if !dels.is_empty() {
+                    op = op.omap_rm_keys(&dels);
+                }
+                meta.operate(op, &object).await?;
+                Ok(())
+            }));
+        }
     }
     if let Some(n) = next_ino {
         jobs.push(Box::pin(async move {
@@ -699,6 +804,12 @@ impl Inner {
         if self.is_fenced() {
             return (Reply::Err(errno::ESHUTDOWN), None);
         }
+        if client != 0 {
+            self.last_seen
+                .lock()
+                .expect("last_seen lock")
+                .insert(client, std::time::Instant::now());
+        }
         if let Op::SetXattr { name, .. } = op
             && name.ends_with(".layout.pool")
         {
@@ -725,10 +836,10 @@ impl Inner {
         }
         self.requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // A full cluster refuses the journal's appends, and a failed append stops this MDS
-        // (its cache already holds the change): refuse changes up front, before they touch
-        // the cache. Reads, lookups, opens and closes go on.
-        if op.is_mutation() && self.cluster_full() {
+        // A full cluster: changes that would take space are refused up front; deletes and
+        // truncates go on (the journal writes past the full flag, `set_full_try`), so that
+        // users can free space. Reads, lookups, opens and closes go on.
+        if !op.allowed_when_full() && self.cluster_full() {
             return (Reply::Err(errno::ENOSPC), None);
         }
         let (reply, grants, mut revokes, st) = loop {
@@ -841,13 +952,15 @@ impl Inner {
                             }
                             Err(e) => Err(e),
                         },
-                        Need::Dir(ino) => match load_dir(&self.meta, ino).await {
-                            Ok(d) => {
-                                st.ns.insert_dir(ino, d);
-                                Ok(())
+                        Need::Dir(ino) => {
+                            match load_dir(&self.meta, ino, st.ns.frag_bits(ino)).await {
+                                Ok(d) => {
+                                    st.ns.insert_dir(ino, d);
+                                    Ok(())
+                                }
+                                Err(e) => Err(e),
                             }
-                            Err(e) => Err(e),
-                        },
+                        }
                     };
                     if let Err(e) = loaded {
                         warn!("loading {need:?}: {e}");
@@ -1240,8 +1353,12 @@ impl Inner {
         }
         let pending = std::mem::take(&mut st.pending);
         let requests = st.ns.requests_snapshot(Time::now());
+        let locks = st.ns.locks_snapshot();
         let written = match apply_updates(&self.meta, &pending).await {
-            Ok(()) => save_requests(&self.meta, &requests).await,
+            Ok(()) => match save_requests(&self.meta, &requests).await {
+                Ok(()) => save_locks(&self.meta, &locks).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = written {
@@ -1291,10 +1408,48 @@ impl Inner {
             }
             // also when nothing changed: reads alone fill the cache too
             self.state.lock().await.ns.evict_to(self.cfg.cache_inodes);
+            if let Err(e) = self.release_silent_lock_holders().await {
+                warn!("releasing the locks of silent clients failed: {e}");
+            }
             if let Err(e) = self.purge().await {
                 warn!("purging strays failed: {e}");
             }
         }
+    }
+
+    /// Releases (journaled) the locks of clients not heard from for [`LOCK_SESSION_GRACE`]
+    /// (counted from the takeover for clients not heard from since).
+    async fn release_silent_lock_holders(&self) -> Result<()> {
+        if self.activated.elapsed() < LOCK_SESSION_GRACE {
+            return Ok(());
+        }
+        let mut st = self.state.lock().await;
+        let silent: Vec<u64> = {
+            let seen = self.last_seen.lock().expect("last_seen lock");
+            st.ns
+                .lock_holders()
+                .into_iter()
+                .filter(|c| {
+                    seen.get(c)
+                        .is_none_or(|t| t.elapsed() >= LOCK_SESSION_GRACE)
+                })
+                .collect()
+        };
+        for client in silent {
+            info!(
+                client,
+                "client silent for {LOCK_SESSION_GRACE:?}: releasing its locks"
+            );
+            let updates = st.ns.drop_locks_of(client);
+            if updates.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.journal(&mut st, updates).await {
+                self.stop_on_journal_failure(&e);
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Removes the data of unlinked, closed files, then their inodes. Not in the first

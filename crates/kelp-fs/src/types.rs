@@ -122,6 +122,10 @@ pub struct Inode {
     /// data pool and [`DEFAULT_OBJECT_SIZE`]).
     #[serde(default)]
     pub layout: Layout,
+    /// A directory's fragment layout: its entries are spread over `2^frag_bits` omap objects
+    /// by a hash of the name (`core::frag`); 0, one object (older records: always 0).
+    #[serde(default)]
+    pub frag_bits: u8,
 }
 
 /// A file layout (as CephFS's): which data pool a file's objects go to and how big they are.
@@ -379,6 +383,24 @@ impl Op {
     }
 }
 
+impl Op {
+    // full cluster: what goes on while the OSD map's full flag is set
+    /// Whether the MDS performs this mutation while the cluster is full: the ones that free
+    /// space or only record what is already written (unlink, rmdir, a truncate, dropping an
+    /// extended attribute, the size of data already written). Everything else that changes
+    /// the namespace gets ENOSPC. (Its journal and metadata objects are written past the full
+    /// flag, up to the OSDs' failsafe ratio.)
+    pub fn allowed_when_full(&self) -> bool {
+        match self {
+            Op::Unlink { .. } | Op::Rmdir { .. } | Op::RemoveXattr { .. } | Op::Written { .. } => {
+                true
+            }
+            Op::SetAttr { set, .. } => set.size.is_some(),
+            op => !op.is_mutation(),
+        }
+    }
+}
+
 /// The answer to an [`Op`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
@@ -504,10 +526,16 @@ pub enum Update {
         dir: Ino,
         name: String,
         dentry: Dentry,
+        /// The directory's fragment bits when the entry was written (older entries: 0).
+        #[serde(default)]
+        bits: u8,
     },
     DelDentry {
         dir: Ino,
         name: String,
+        /// As [`Update::PutDentry::bits`].
+        #[serde(default)]
+        bits: u8,
     },
     /// A directory was removed: its (empty) entry object goes too.
     DelDir(Ino),
@@ -524,6 +552,21 @@ pub enum Update {
         oldest: u64,
         done: Done,
         at: Time,
+    },
+    // directory fragments
+    /// The directory's entries move from `2^from` fragment objects to `2^to` (a split or a
+    /// merge, `core::frag`); journaled with the change that caused it, and applied to the
+    /// stored objects at the next checkpoint or replay.
+    Fragment {
+        dir: Ino,
+        from: u8,
+        to: u8,
+    },
+    // locks across a restart
+    /// The advisory locks held on `ino` after a change: (client, lock) (`locks.rs`).
+    Locks {
+        ino: Ino,
+        held: Vec<(u64, crate::locks::Lock)>,
     },
 }
 

@@ -180,17 +180,35 @@ pub fn admit_to_pg(
     Ok(())
 }
 
+/// The failsafe ratio (Ceph's `osd_failsafe_full_ratio`), millionths: even a write flagged
+/// `FullTry` is refused on a store this full (or past the full ratio, if that is higher).
+pub const FAILSAFE_FULL_RATIO_PPM: u32 = 970_000;
+
 /// The full-ratio failsafe: why a write must be refused, if it must. `writes` is false for ops
-/// that only read or remove (they always pass); `used_ppm` is this OSD's store usage, if known.
+/// that only read or remove (they always pass); `full_try`: the op may write past the full
+/// flag and the full ratio, up to the failsafe ratio (`OpKind::FullTry`); `used_ppm` is this
+/// OSD's store usage, if known.
 pub fn refuse_full(
     osd: i32,
     writes: bool,
     map_full: bool,
+    full_try: bool,
     used_ppm: Option<u32>,
     full_ratio_ppm: u32,
 ) -> Option<Refusal> {
     if !writes {
         return None;
+    }
+    if full_try {
+        let failsafe = FAILSAFE_FULL_RATIO_PPM.max(full_ratio_ppm);
+        let used = used_ppm?;
+        return (used >= failsafe).then(|| Refusal::Full {
+            why: format!(
+                "osd.{osd} is {:.1}% used, at or past the failsafe ratio {:.1}%",
+                f64::from(used) / 10_000.0,
+                f64::from(failsafe) / 10_000.0
+            ),
+        });
     }
     if map_full {
         return Some(Refusal::Full {
@@ -333,16 +351,43 @@ mod tests {
         );
     }
 
+    /// A `FullTry` write passes the full flag and the full ratio, not the failsafe ratio.
+    #[test]
+    fn full_try_writes_up_to_the_failsafe() {
+        assert_eq!(
+            refuse_full(1, true, true, true, Some(500_000), 50_000),
+            None
+        );
+        assert_eq!(
+            refuse_full(1, true, false, true, Some(960_000), 950_000),
+            None
+        );
+        let r = refuse_full(2, true, true, true, Some(970_000), 950_000).unwrap();
+        assert_eq!(r.code(), ErrorCode::Full);
+        assert!(r.to_string().contains("failsafe"), "{r}");
+        // a full ratio set above the failsafe raises it
+        assert_eq!(
+            refuse_full(1, true, true, true, Some(975_000), 980_000),
+            None
+        );
+    }
+
     #[test]
     fn full_refuses_writes_only() {
-        assert_eq!(refuse_full(1, false, true, Some(990_000), 950_000), None);
+        assert_eq!(
+            refuse_full(1, false, true, false, Some(990_000), 950_000),
+            None
+        );
         assert!(matches!(
-            refuse_full(1, true, true, None, 950_000),
+            refuse_full(1, true, true, false, None, 950_000),
             Some(Refusal::Full { .. })
         ));
-        assert_eq!(refuse_full(1, true, false, Some(940_000), 950_000), None);
-        assert_eq!(refuse_full(1, true, false, None, 950_000), None);
-        let r = refuse_full(3, true, false, Some(950_000), 950_000).unwrap();
+        assert_eq!(
+            refuse_full(1, true, false, false, Some(940_000), 950_000),
+            None
+        );
+        assert_eq!(refuse_full(1, true, false, false, None, 950_000), None);
+        let r = refuse_full(3, true, false, false, Some(950_000), 950_000).unwrap();
         assert_eq!(r.code(), ErrorCode::Full);
         assert_eq!(
             r.to_string(),

@@ -702,6 +702,8 @@ pub async fn plan_write(
                     "an op either reads or writes; split reads and writes into separate ops",
                 );
             }
+            // an op flag, taken out by the primary (harmless if it were left)
+            OpKind::FullTry => {}
             OpKind::SnapContext { .. }
             | OpKind::ReadAtSnap { .. }
             | OpKind::ListSnaps

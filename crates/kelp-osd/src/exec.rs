@@ -518,6 +518,8 @@ pub fn execute(
                 };
                 final_snapset = Some(ss);
             }
+            // an op flag, taken out by the primary (harmless if it were left)
+            OpKind::FullTry => {}
             OpKind::SnapContext { .. }
             | OpKind::ReadAtSnap { .. }
             | OpKind::ListSnaps

@@ -468,13 +468,18 @@ impl OsdService {
 
     /// Handles a client op; returns the reply and its data segment. Writes are refused with
     /// `Full` while the map's `full` flag is set or this OSD's store is past the full ratio
-    /// (removals pass); successful ops are counted for the stats reports.
+    /// (removals pass; a write flagged [`OpKind::FullTry`] passes up to the failsafe ratio);
+    /// successful ops are counted for the stats reports.
     pub async fn client_op(
         self: &Arc<Self>,
         client: &str,
-        op: OsdOp,
+        mut op: OsdOp,
         data: Bytes,
     ) -> (OsdOpReply, Bytes) {
+        let full_try = op.ops.iter().any(kelp_proto::OpKind::is_full_try);
+        if full_try {
+            op.ops.retain(|o| !o.is_full_try());
+        }
         // Fencing first, with a map at least as new as the client's (the blocklisting client
         // sends ops at the epoch that has its entry).
         let mut map = self.map();
@@ -491,9 +496,9 @@ impl OsdService {
                 map = self.map_at_least(op.epoch).await;
             }
             let full = map.has_flag(kelp_maps::ClusterFlag::Full);
-            if let Some(refusal) = self
-                .stats
-                .refuse_full(self.cfg.id, full, &op.ops, &*self.store)
+            if let Some(refusal) =
+                self.stats
+                    .refuse_full(self.cfg.id, full, full_try, &op.ops, &*self.store)
             {
                 return reply_err(refusal.code(), refusal.to_string(), map.epoch);
             }

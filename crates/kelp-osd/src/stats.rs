@@ -267,23 +267,25 @@ impl OsdStats {
     }
 
     /// Why a client op must be refused as full, if it must: the map says the cluster is full,
-    /// or this OSD's store is at or past the full ratio. Ops that only read or remove pass.
+    /// or this OSD's store is at or past the full ratio. Ops that only read or remove pass;
+    /// `full_try` ops (`OpKind::FullTry`) pass up to the failsafe ratio.
     pub fn refuse_full(
         &self,
         osd: i32,
         map_full: bool,
+        full_try: bool,
         ops: &[OpKind],
         store: &dyn ObjectStore,
     ) -> Option<crate::admission::Refusal> {
         // The decision is `admission::refuse_full`; this gathers its inputs (the store's usage
         // only when it matters).
         let writes = !ops.iter().all(OpKind::allowed_when_full);
-        let used = if writes && !map_full {
+        let used = if writes && (!map_full || full_try) {
             self.usage_ppm(store)
         } else {
             None
         };
-        crate::admission::refuse_full(osd, writes, map_full, used, self.full_ratio_ppm())
+        crate::admission::refuse_full(osd, writes, map_full, full_try, used, self.full_ratio_ppm())
     }
 
     fn cached_count(&self, pg: PgId, last_update: (u32, u64)) -> Option<(u64, u64)> {
@@ -763,9 +765,9 @@ mod tests {
         let s = OsdStats::default();
         let write = [OpKind::WriteFull { len: 10 }];
         let delete = [OpKind::Remove];
-        assert!(s.refuse_full(0, false, &write, &store).is_none());
-        assert!(s.refuse_full(0, true, &write, &store).is_some());
-        assert!(s.refuse_full(0, true, &delete, &store).is_none());
+        assert!(s.refuse_full(0, false, false, &write, &store).is_none());
+        assert!(s.refuse_full(0, true, false, &write, &store).is_some());
+        assert!(s.refuse_full(0, true, false, &delete, &store).is_none());
         // Past the ratio of its own store (after the check interval).
         let coll = kelp_store::CollectionId(PgId::new(1, 0));
         let oid = kelp_store::ObjectId::new(1, "", "x", 0);
@@ -774,12 +776,14 @@ mod tests {
         store.submit(t).unwrap().wait().unwrap();
         std::thread::sleep(SPACE_CHECK_EVERY + Duration::from_millis(10));
         let why = s
-            .refuse_full(3, false, &write, &store)
+            .refuse_full(3, false, false, &write, &store)
             .expect("refused")
             .to_string();
         assert!(why.contains("osd.3") && why.contains("96.0%"), "{why}");
-        assert!(s.refuse_full(3, false, &delete, &store).is_none());
+        assert!(s.refuse_full(3, false, false, &delete, &store).is_none());
+        // a FullTry write passes the full flag, but not the failsafe ratio
+        assert!(s.refuse_full(3, true, true, &write, &store).is_none());
         s.set_full_ratio_ppm(990_000);
-        assert!(s.refuse_full(3, false, &write, &store).is_none());
+        assert!(s.refuse_full(3, false, false, &write, &store).is_none());
     }
 }

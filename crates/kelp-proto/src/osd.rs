@@ -145,6 +145,12 @@ pub enum OpKind {
     /// The background snapshot trimmer: drop removed snapshots from the head's set (the
     /// primary resolves it into `SnapSetHead`).
     SnapTrim,
+    // -- op flags (after the older variants: numbered on the wire)
+    /// A modifier anywhere in a write (Ceph's `FULL_TRY`): the write may go past the full
+    /// flag and the full ratio, up to the OSD's failsafe ratio. Sent by clients that must be
+    /// able to free space on a full cluster (the file system's metadata server); the primary
+    /// takes it out before the op runs.
+    FullTry,
 }
 
 impl OpKind {
@@ -181,6 +187,11 @@ impl OpKind {
                 | OpKind::SnapSetHead { .. }
                 | OpKind::SnapTrim
         )
+    }
+
+    /// The [`OpKind::FullTry`] modifier: neither reads nor writes by itself.
+    pub fn is_full_try(&self) -> bool {
+        matches!(self, OpKind::FullTry)
     }
 
     /// The snapshot modifiers of an op (`SnapContext`, `ReadAtSnap`): neither reads nor

@@ -329,6 +329,31 @@ fn a_full_cluster_gives_enospc_and_recovers_when_space_is_freed() {
         errno_of(std::fs::create_dir(m.p("dir-while-full"))),
         libc::ENOSPC
     );
+    // deletes and truncates work while full (the MDS writes its journal past the full flag),
+    // so that users can free space; new data still gets ENOSPC
+    std::fs::remove_file(m.p("before3")).unwrap();
+    assert_eq!(errno_of(std::fs::metadata(m.p("before3"))), libc::ENOENT);
+    written.retain(|(n, _)| n != "before3");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("before2"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    for (n, data) in written.iter_mut() {
+        if n == "before2" {
+            data.truncate(1000);
+        }
+    }
+    assert_eq!(std::fs::metadata(m.p("before2")).unwrap().len(), 1000);
+    std::fs::create_dir(m.p("gone-soon")).unwrap_err();
+    let e = write_synced(&m.p("still-full"), b"new data").unwrap_err();
+    assert_eq!(
+        e,
+        libc::ENOSPC,
+        "a new file on a full cluster gave errno {e}"
+    );
+    let _ = std::fs::remove_file(m.p("still-full"));
     // the MDS goes on serving: stat, list, read what was acknowledged
     assert!(
         mds.child.try_wait().unwrap().is_none(),
@@ -521,4 +546,137 @@ fn malformed_requests_never_crash_the_mds() {
     f.write_all_at(b"y", 0).unwrap();
     f.sync_all().unwrap();
     alive(&mut mds, "the mount's checks");
+}
+
+/// Directory fragments through a failover: a directory of a few hundred files (split size
+/// 50, so it splits more than once, the last entries only in the journal) survives kill -9 of
+/// the active MDS; the standby replays it and both mounts list every entry; its entries are
+/// stored in fragment objects; emptied, it lists nothing.
+#[test]
+fn a_fragmented_directory_survives_kill_of_the_mds_and_lists_right_on_two_mounts() {
+    use std::os::unix::fs::MetadataExt;
+    let c = fs_support::fs_cluster();
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let small = ["--bal-split-size", "50"];
+    let mut daemons = BTreeMap::new();
+    daemons.insert("a".to_string(), start_mds_with(&c, "a", &small));
+    daemons.insert("b".to_string(), start_mds_with(&c, "b", &small));
+    let first = wait_active(&c, None);
+    let a = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
+    let b = Mount::with(&c, "mnt2", &["--fs", "kelpfs"]);
+    a.sh("mkdir big && cd big && for i in $(seq 0 299); do echo $i > f$i; done");
+    std::thread::sleep(Duration::from_millis(1500)); // checkpointed: in fragment objects
+    a.sh("cd big && for i in $(seq 300 449); do echo $i > f$i; done");
+    let ino = std::fs::metadata(a.p("big")).unwrap().ino();
+    daemons.get_mut(&first).unwrap().kill9();
+    let second = wait_active(&c, Some(&first));
+    assert_ne!(first, second);
+    let want: std::collections::BTreeSet<String> = (0..450).map(|i| format!("f{i}")).collect();
+    for m in [&a, &b] {
+        let names: std::collections::BTreeSet<String> = std::fs::read_dir(m.p("big"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, want, "listing of {}", m.dir.display());
+        assert_eq!(m.sh("ls big | wc -l").trim(), "450");
+        assert_eq!(std::fs::read_to_string(m.p("big/f449")).unwrap(), "449\n");
+    }
+    // stored as fragments: no single directory object left for it
+    std::thread::sleep(Duration::from_millis(1500));
+    let objects = c.cli(&["rados", "-p", "fs.meta", "ls"]);
+    let frags = objects
+        .lines()
+        .filter(|o| o.starts_with(&format!("{ino:x}.dir.")))
+        .count();
+    assert!(
+        frags >= 8,
+        "{frags} fragment objects of {ino:x}:\n{objects}"
+    );
+    assert!(
+        !objects.lines().any(|o| o == format!("{ino:x}.dir")),
+        "the one-object directory was left behind"
+    );
+    // emptied from one mount, the other lists nothing
+    a.sh("cd big && for i in $(seq 0 449); do rm f$i; done");
+    assert_eq!(b.sh("ls big | wc -l").trim(), "0");
+    std::fs::remove_dir(b.p("big")).unwrap();
+}
+
+/// Advisory locks survive a failover: mount A holds a flock and an fcntl lock, the active
+/// MDS is killed, the standby takes over, and mount B's non-blocking attempts are still
+/// refused (EWOULDBLOCK / EAGAIN) until A releases; then B gets both.
+#[test]
+fn locks_survive_kill_of_the_active_mds() {
+    let c = fs_support::fs_cluster();
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let mut daemons = BTreeMap::new();
+    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
+    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
+    let first = wait_active(&c, None);
+    let a = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
+    let b = Mount::with(&c, "mnt2", &["--fs", "kelpfs"]);
+    std::fs::write(a.p("flocked"), b"").unwrap();
+    std::fs::write(a.p("fcntled"), b"").unwrap();
+    let release = c.dir.join("release-locks");
+    let hold = "import fcntl, os, sys, time\n\
+        f = open('flocked', 'r+')\n\
+        fcntl.flock(f, fcntl.LOCK_EX)\n\
+        g = open('fcntled', 'r+')\n\
+        fcntl.lockf(g, fcntl.LOCK_EX, 0, 0)\n\
+        print('held', flush=True)\n\
+        while not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\n";
+    let holder = Command::new("python3")
+        .args(["-c", hold])
+        .arg(&release)
+        .current_dir(&a.dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut holder = fs_support::Daemon { child: holder };
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "held");
+    daemons.get_mut(&first).unwrap().kill9();
+    let second = wait_active(&c, Some(&first));
+    assert_ne!(first, second);
+    let try_flock = |m: &Mount| {
+        Command::new("flock")
+            .args(["-n"])
+            .arg(m.p("flocked"))
+            .arg("true")
+            .status()
+            .unwrap()
+            .success()
+    };
+    // exit 7: EAGAIN/EWOULDBLOCK (the lock is held), anything else a failure of its own
+    let try_fcntl = |m: &Mount| {
+        Command::new("python3")
+            .args([
+                "-c",
+                "import errno, fcntl, sys\nf = open('fcntled', 'r+')\ntry:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)\nexcept OSError as e:\n    sys.exit(7 if e.errno in (errno.EAGAIN, errno.EACCES) else 1)",
+            ])
+            .current_dir(&m.dir)
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert!(
+        !try_flock(&b),
+        "flock -n on B took A's flock after the failover"
+    );
+    assert_eq!(try_fcntl(&b), Some(7), "B's fcntl lock after the failover");
+    std::fs::write(&release, b"").unwrap();
+    assert!(holder.child.wait().unwrap().success());
+    let t = Instant::now();
+    while !(try_flock(&b) && try_fcntl(&b) == Some(0)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "B never got the locks A released"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -11,10 +11,15 @@ struct Store {
     /// What a replay of the journal rebuilds: the next inode number, the completed requests.
     next_ino: Ino,
     requests: requests::RequestTable,
+    /// Every update in order (what the journal holds).
+    journal: Vec<Update>,
+    /// The advisory locks a replay rebuilds.
+    locks: crate::locks::StoredLocks,
 }
 
 impl Store {
     fn apply(&mut self, updates: &[Update]) {
+        self.journal.extend_from_slice(updates);
         for u in updates {
             match u {
                 Update::PutInode(i) => {
@@ -26,13 +31,15 @@ impl Store {
                 Update::DelInode(i) => {
                     self.inodes.remove(i);
                 }
-                Update::PutDentry { dir, name, dentry } => {
+                Update::PutDentry {
+                    dir, name, dentry, ..
+                } => {
                     self.dirs
                         .entry(*dir)
                         .or_default()
                         .insert(name.clone(), *dentry);
                 }
-                Update::DelDentry { dir, name } => {
+                Update::DelDentry { dir, name, .. } => {
                     self.dirs.entry(*dir).or_default().remove(name);
                 }
                 Update::DelDir(d) => {
@@ -40,6 +47,13 @@ impl Store {
                 }
                 Update::NextIno(n) => self.next_ino = self.next_ino.max(*n),
                 Update::Request { .. } => self.requests.apply(u),
+                Update::Locks { ino, held } => {
+                    if held.is_empty() {
+                        self.locks.locks.remove(ino);
+                    } else {
+                        self.locks.locks.insert(*ino, held.clone());
+                    }
+                }
                 _ => {}
             }
         }
@@ -830,6 +844,8 @@ impl Fs {
     fn failover(&mut self) {
         self.ns = Namespace::new(self.store.next_ino);
         self.ns.set_requests(self.store.requests.clone());
+        self.ns
+            .set_locks(crate::locks::LockTable::from_stored(&self.store.locks));
     }
 }
 
@@ -1022,4 +1038,192 @@ fn the_table_keeps_at_most_its_bound_per_client() {
     );
     t.forget_below(9, u64::MAX);
     assert!(t.is_empty());
+}
+
+// directory fragments
+
+fn small_fragments(fs: &mut Fs) {
+    fs.ns.set_frag_config(frag::FragConfig {
+        split_size: 20,
+        split_bits: 2,
+        merge_size: 50,
+    });
+}
+
+fn readdir_page(fs: &mut Fs, dir: Ino, after: Option<String>, max: u32) -> (Vec<String>, bool) {
+    match fs.run(Op::ReadDir {
+        ino: dir,
+        after,
+        max,
+    }) {
+        Reply::Entries { entries, more } => (entries.into_iter().map(|(n, _)| n).collect(), more),
+        r => panic!("readdir: {r:?}"),
+    }
+}
+
+/// A directory that grows past the split size splits (journaled, with the inode recording
+/// its fragment bits), keeps every entry through each split, and merges back once emptied.
+#[test]
+fn directories_split_into_fragments_and_keep_every_entry() {
+    both(|fs| {
+        small_fragments(fs);
+        let d = fs.mkdir(ROOT_INO, "big");
+        let mut splits = 0;
+        for i in 0..300 {
+            let before = fs.store.inodes[&d].frag_bits;
+            fs.create(d, &format!("file-{i:03}"));
+            let after = fs.store.inodes[&d].frag_bits;
+            if after != before {
+                splits += 1;
+                assert!(after > before, "a split only grows the layout");
+            }
+        }
+        assert!(splits >= 2, "300 entries, split size 20: {splits} splits");
+        let bits = fs.attr(d).frag_bits;
+        assert!(bits >= 4, "bits {bits}");
+        let names = fs.names(d);
+        assert_eq!(names.len(), 300);
+        assert!(names.windows(2).all(|w| w[0] < w[1]));
+        // every split was journaled as such, with the inode's new layout
+        let journaled: Vec<(u8, u8)> = fs
+            .store
+            .journal
+            .iter()
+            .filter_map(|u| match u {
+                Update::Fragment { dir, from, to } if *dir == d => Some((*from, *to)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(journaled.len(), splits);
+        assert_eq!(journaled.last().map(|j| j.1), Some(bits));
+        // the objects the checkpoint writes hold every entry, each in its fragment
+        let plans = frag::plan_dirs(&fs.store.journal);
+        let plan = &plans[&d];
+        assert_eq!(plan.bits, bits);
+        let stored: usize = plan.writes(d).iter().map(|w| w.puts.len()).sum();
+        assert_eq!(stored, 300);
+        // emptied, it goes back to one object
+        for i in 0..300 {
+            assert_eq!(
+                fs.run(Op::Unlink {
+                    parent: d,
+                    name: format!("file-{i:03}"),
+                }),
+                Reply::Ok
+            );
+        }
+        assert_eq!(fs.attr(d).frag_bits, 0);
+        assert_eq!(
+            fs.run(Op::Rmdir {
+                parent: ROOT_INO,
+                name: "big".into()
+            }),
+            Reply::Ok
+        );
+    });
+}
+
+/// `readdir` continues from its cookie (the last name returned) across a split between two
+/// calls: every entry that was there throughout is returned exactly once, in order.
+#[test]
+fn readdir_across_a_split_neither_skips_nor_repeats() {
+    both(|fs| {
+        small_fragments(fs);
+        let d = fs.mkdir(ROOT_INO, "d");
+        let first: Vec<String> = (0..18).map(|i| format!("a{i:02}")).collect();
+        for n in &first {
+            fs.create(d, n);
+        }
+        assert_eq!(fs.attr(d).frag_bits, 0);
+        let (mut seen, more) = readdir_page(fs, d, None, 7);
+        assert!(more);
+        // the directory splits (twice) between two calls
+        for i in 0..120 {
+            fs.create(d, &format!("b{i:03}"));
+        }
+        assert!(fs.attr(d).frag_bits >= 4);
+        loop {
+            let (page, more) = readdir_page(fs, d, seen.last().cloned(), 7);
+            seen.extend(page);
+            if !more {
+                break;
+            }
+        }
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "order or repeats: {seen:?}"
+        );
+        for n in &first {
+            assert_eq!(seen.iter().filter(|s| *s == n).count(), 1, "{n}");
+        }
+        assert_eq!(seen.len(), 138);
+    });
+}
+
+// locks across a restart
+
+/// Lock changes are journaled, so the namespace a standby rebuilds from the journal holds the
+/// same locks: another client is still refused until the holder releases, a reconnect keeps
+/// the locks, and a client that went away loses them (journaled too).
+#[test]
+fn locks_are_journaled_and_survive_a_failover() {
+    use crate::locks::{F_RDLCK, F_WRLCK, Lock};
+    let mut fs = Fs::new(true);
+    let f = fs.create(ROOT_INO, "f");
+    let mine = Lock {
+        owner: 1,
+        start: 0,
+        end: u64::MAX,
+        typ: F_WRLCK,
+        pid: 1,
+    };
+    let theirs = Lock {
+        owner: 2,
+        start: 5,
+        end: 5,
+        typ: F_RDLCK,
+        pid: 2,
+    };
+    let other = |fs: &mut Fs| match fs.ns.apply(
+        8,
+        ROOT,
+        &Op::SetLk {
+            ino: f,
+            lock: theirs,
+        },
+        Time::default(),
+    ) {
+        Step::Done { reply, updates, .. } => {
+            fs.store.apply(&updates);
+            reply
+        }
+        s => panic!("{s:?}"),
+    };
+    assert_eq!(fs.run(Op::SetLk { ino: f, lock: mine }), Reply::Ok);
+    assert!(fs.store.journal.iter().any(
+        |u| matches!(u, Update::Locks { ino, held } if *ino == f && held == &vec![(7, mine)])
+    ));
+    fs.failover();
+    assert_eq!(other(&mut fs), Reply::Err(errno::EAGAIN));
+    // the holder reconnects to the new MDS: its locks stay
+    assert_eq!(fs.run(Op::Reconnect { opens: Vec::new() }), Reply::Ok);
+    assert_eq!(other(&mut fs), Reply::Err(errno::EAGAIN));
+    // an unlock that changes nothing journals nothing
+    let before = fs.store.journal.len();
+    assert_eq!(fs.run(Op::ReleaseLocks { ino: f, owner: 99 }), Reply::Ok);
+    assert_eq!(fs.store.journal.len(), before);
+    assert_eq!(fs.run(Op::ReleaseLocks { ino: f, owner: 1 }), Reply::Ok);
+    fs.failover();
+    assert_eq!(other(&mut fs), Reply::Ok);
+    fs.failover();
+    assert_eq!(
+        fs.run(Op::SetLk { ino: f, lock: mine }),
+        Reply::Err(errno::EAGAIN),
+        "client 8's read lock came through the failover"
+    );
+    // client 8 went away: its locks go, and stay gone after a failover
+    let updates = fs.ns.drop_locks_of(8);
+    fs.store.apply(&updates);
+    fs.failover();
+    assert_eq!(fs.run(Op::SetLk { ino: f, lock: mine }), Reply::Ok);
 }

@@ -81,6 +81,17 @@ pub struct MdsRunArgs {
     /// Seconds between checkpoints (dirty metadata written back, journal trimmed).
     #[arg(long, default_value_t = 2.0)]
     pub checkpoint_interval: f64,
+    /// A directory fragment with more entries than this splits the directory into more
+    /// fragments (Ceph's mds_bal_split_size).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub bal_split_size: u64,
+    /// Bits a split adds: each fragment becomes 2^bits (Ceph's mds_bal_split_bits).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=24))]
+    pub bal_split_bits: u8,
+    /// A directory merges back one level when it holds fewer entries than this per fragment
+    /// of that level (Ceph's mds_bal_merge_size; capped well below the split size).
+    #[arg(long, default_value_t = 50)]
+    pub bal_merge_size: u64,
     /// Directory where the daemon writes its pid file and `addr`.
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -156,6 +167,11 @@ pub fn run_mds(a: MdsRunArgs, g: &common::Global) -> Result<ExitCode> {
         );
         cfg.bind = a.bind;
         cfg.cache_inodes = a.cache_inodes;
+        cfg.frag = kelp_fs::core::frag::FragConfig {
+            split_size: usize::try_from(a.bal_split_size).unwrap_or(usize::MAX),
+            split_bits: a.bal_split_bits,
+            merge_size: usize::try_from(a.bal_merge_size).unwrap_or(usize::MAX),
+        };
         cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval.max(0.05));
         let mds = Mds::bind(&a.id, a.bind, Arc::new(keys))
             .await
