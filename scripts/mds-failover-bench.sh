@@ -11,7 +11,9 @@
 #   DIR/cluster/run/mds.NAME.pid, its name from `mds stat`) is killed with kill -9; a poller runs
 #   `mds stat` every ~0.2 s until the map shows the other MDS up:active. The killed daemon is
 #   then restarted and must register as the standby before the next rep.
-# Figures per rep: outage (kill to the first client op completed afterwards), map_active (kill
+# Figures per rep: outage (kill to the end of the longest pause between completed client ops
+# around it: the first op completed after the failover; an op answered just before the kill may
+# complete a few ms after it, and is not the resumption), longest_pause, map_active (kill
 # to the first `mds stat` showing the standby up:active; the CLI's own latency, ~0.1-0.5 s, is
 # the resolution), and at the end missing_files (files whose create completed before a kill but
 # are absent from a final listing; must be 0). Then the median of each over the reps.
@@ -144,14 +146,32 @@ for rep in $(seq "$REPS"); do
     sleep 0.2
   done
   [[ -n $T1 ]] || { note "rep $rep: no standby active within $MAX_WAIT s"; break; }
-  # the client's first op completed after the kill
+  # the outage: the longest pause between completed client ops that reaches past the kill
+  # (an op already answered when the kill lands may complete just after it); measured once the
+  # client has completed ops for 2 s past the map's change
+  OUT_T=
   for i in $(seq "$MAX_WAIT"); do
-    T2=$(awk -v t="$T0" '$1 !~ /^#/ && $1 > t {print $1; exit}' "$OUT/ops.log")
-    [[ -n $T2 ]] && break; sleep 1
+    OUT_T=$(python3 - "$OUT/ops.log" "$T0" "$T1" <<'EOF'
+import sys
+log, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+ts = [float(l.split()[0]) for l in open(log) if l.strip() and not l.startswith("#")]
+if not ts or ts[-1] < max(t0, t1) + 2:
+    sys.exit(0)
+prev = max([t for t in ts if t <= t0], default=t0)
+after = [t for t in ts if t > t0]
+best, end = 0.0, after[0]
+for t in after:
+    if t - prev > best and t <= max(t0, t1) + 2:
+        best, end = t - prev, t
+    prev = t
+print(f"{end - t0:.2f} {best:.2f}")
+EOF
+)
+    [[ -n $OUT_T ]] && break; sleep 1
   done
-  [[ -n $T2 ]] || { note "rep $rep: client did not resume within $MAX_WAIT s"; break; }
-  OUTAGE[$rep]=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$T0" "$T2")
-  MAPT[$rep]=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$T0" "$T1")
+  [[ -n $OUT_T ]] || { note "rep $rep: client did not resume within $MAX_WAIT s"; break; }
+  read -r OUTAGE[$rep] STALL <<< "$OUT_T"
+  echo "$rep $T0 $T1" >> "$OUT/kills.log"
   emit "rep${rep}_outage" "${OUTAGE[$rep]}" s
   emit "rep${rep}_map_active" "${MAPT[$rep]}" s
   note "rep $rep: killed mds.$A (pid $PID), now $(active) active"
