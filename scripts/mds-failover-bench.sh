@@ -94,7 +94,7 @@ wait_pair() {
 note "mds failover $SYS $(version | head -1) $(date -u +%FT%TZ) commit=$(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null) host=$(nproc)cpu reps=$REPS grace=${GRACE:-default} load=$(cut -d' ' -f1-3 /proc/loadavg)"
 up || { note "bringing the cluster up failed, see $OUT/up.log"; tail -n 20 "$OUT/up.log"; down; exit 1; }
 CLIENT=
-cleanup() { [[ -n $CLIENT ]] && kill "$CLIENT" 2>/dev/null; wait 2>/dev/null; down; }
+cleanup() { [[ -n $CLIENT ]] && { kill "$CLIENT" 2>/dev/null; wait "$CLIENT" 2>/dev/null; }; down; }
 trap cleanup EXIT
 wait_pair 120 || { note "no active+standby MDS pair: $(mdsstat)"; exit 1; }
 note "map before: $(mdsstat)"

@@ -53,7 +53,7 @@ case $SYS in
     mdspid() { cat "$OUT/mds.pid"; }
     mount_fs() { CLI fs mount "$MNT" > "$OUT/mount.log" 2>&1 & }
     umount_fs() { "$KELP" fs umount "$MNT" >/dev/null 2>&1; }
-    teardown() { [[ -n $MDS ]] && kill "$MDS" 2>/dev/null; wait 2>/dev/null; "$KELP" down --dir "$CD" > "$OUT/down.log" 2>&1; rm -rf "$CD"; }
+    teardown() { [[ -n $MDS ]] && { kill "$MDS" 2>/dev/null; wait "$MDS" 2>/dev/null; }; "$KELP" down --dir "$CD" > "$OUT/down.log" 2>&1; rm -rf "$CD"; }
     version() { "$KELP" --version; }
     stats() { python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], "kelp.mds.stats").decode())' "$MNT"; }
     cached() { stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["cached_inodes"])'; } ;;
