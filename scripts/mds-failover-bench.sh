@@ -21,7 +21,10 @@
 # DIR/out/ops.log (`epoch_seconds index`), the polls DIR/out/poll.N.log.
 # Usage: scripts/mds-failover-bench.sh DIR kelp|ceph
 # Env: REPS=3  GRACE= (Ceph only: `ceph config set global mds_beacon_grace GRACE` before the
-#      first kill, e.g. 5 for Kelp's default; empty keeps Ceph's default, 15 s; Kelp's is 5 s)  SETTLE=8 (seconds of ops before each kill)
+#      first kill, e.g. 5 for Kelp's default; empty keeps Ceph's default, 15 s; Kelp's is 5 s;
+#      with GRACE also mds_beacon_interval=BEACON_INTERVAL (1, Kelp's; Ceph's default 4) and
+#      mon_tick_interval=MON_TICK (1; default 5), without which Ceph's monitor never fails an
+#      MDS at a grace of 5 s)  SETTLE=8 (seconds of ops before each kill)
 #      MAX_WAIT=180 (longest wait for a failover)  KELP=target/release/kelp
 #      CEPH_ANCHOR=../shared/anchors/ceph
 set -uo pipefail
@@ -32,6 +35,8 @@ mkdir -p "$DIR"; DIR=$(cd "$DIR" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPS=${REPS:-3}
 GRACE=${GRACE:-}
+BEACON_INTERVAL=${BEACON_INTERVAL:-1}
+MON_TICK=${MON_TICK:-1}
 SETTLE=${SETTLE:-8}
 MAX_WAIT=${MAX_WAIT:-180}
 CD=$DIR/cluster; OUT=$DIR/out; MNT=$DIR/mnt
@@ -62,7 +67,16 @@ case $SYS in
     CLI() { ceph -c "$CD/ceph.conf" "$@"; }
     up() {
       ENABLE_RGW=0 "$ANCHOR/up.sh" "$CD" > "$OUT/up.log" 2>&1 || return 1
-      [[ -n $GRACE ]] && { CLI config set global mds_beacon_grace "$GRACE" || return 1; }
+      if [[ -n $GRACE ]]; then
+        # Ceph's monitor resets every MDS's beacon timer when its own ticks (mon_tick_interval,
+        # 5 s) are further apart than mds_beacon_grace - mds_beacon_interval (4 s), taking
+        # that for a slow monitor: with grace 5 and the other two at their defaults no MDS is
+        # ever failed. So Kelp's whole set is used: beacons every second, and the monitor
+        # ticks every second.
+        CLI config set global mds_beacon_grace "$GRACE" &&
+          CLI config set global mds_beacon_interval "$BEACON_INTERVAL" &&
+          CLI config set global mon_tick_interval "$MON_TICK" || return 1
+      fi
       CLI fs set cephfs allow_standby_replay false >> "$OUT/up.log" 2>&1
       mkdir -p "$CD/mds.b"
       CLI auth get-or-create mds.b mon 'allow profile mds' osd 'allow rwx' mds 'allow *' \
@@ -91,7 +105,7 @@ wait_pair() {
   return 1
 }
 
-note "mds failover $SYS $(version | head -1) $(date -u +%FT%TZ) commit=$(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null) host=$(nproc)cpu reps=$REPS grace=${GRACE:-default} load=$(cut -d' ' -f1-3 /proc/loadavg)"
+note "mds failover $SYS $(version | head -1) $(date -u +%FT%TZ) commit=$(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null) host=$(nproc)cpu reps=$REPS grace=${GRACE:-default}${GRACE:+ mds_beacon_interval=$BEACON_INTERVAL mon_tick_interval=$MON_TICK} load=$(cut -d' ' -f1-3 /proc/loadavg)"
 up || { note "bringing the cluster up failed, see $OUT/up.log"; tail -n 20 "$OUT/up.log"; down; exit 1; }
 CLIENT=
 cleanup() { [[ -n $CLIENT ]] && { kill "$CLIENT" 2>/dev/null; wait "$CLIENT" 2>/dev/null; }; down; }
