@@ -186,7 +186,9 @@ EOF
   [[ -n $OUT_T ]] || { note "rep $rep: client did not resume within $MAX_WAIT s"; break; }
   read -r OUTAGE[$rep] STALL <<< "$OUT_T"
   echo "$rep $T0 $T1" >> "$OUT/kills.log"
+  MAPT[$rep]=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$T0" "$T1")
   emit "rep${rep}_outage" "${OUTAGE[$rep]}" s
+  emit "rep${rep}_longest_pause" "$STALL" s
   emit "rep${rep}_map_active" "${MAPT[$rep]}" s
   note "rep $rep: killed mds.$A (pid $PID), now $(active) active"
   restart_mds "$A"
