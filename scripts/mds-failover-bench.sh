@@ -18,7 +18,8 @@
 # the resolution), and at the end missing_files (files whose create completed before a kill but
 # are absent from a final listing; must be 0). Then the median of each over the reps.
 # Prints `name value unit` lines; saves them to DIR/out/summary.txt; the client's op log is
-# DIR/out/ops.log (`epoch_seconds index`), the polls DIR/out/poll.N.log.
+# DIR/out/ops.log (`epoch_seconds index`), the polls DIR/out/poll.N.log, per kill `rep kill_time
+# map_time` in DIR/out/kills.log.
 # Usage: scripts/mds-failover-bench.sh DIR kelp|ceph
 # Env: REPS=3  GRACE= (Ceph only: `ceph config set global mds_beacon_grace GRACE` before the
 #      first kill, e.g. 5 for Kelp's default; empty keeps Ceph's default, 15 s; Kelp's is 5 s;
