@@ -252,6 +252,8 @@ pub struct PeeringMachine {
     ec_shards: BTreeMap<i32, u32>,
     /// Members in step whose shard position changed (see [`Lagging::donor`]).
     donors: BTreeSet<i32>,
+    /// Members whose recorded shard position is not the one they are to hold.
+    moved: BTreeSet<i32>,
 }
 
 impl PeeringMachine {
@@ -300,6 +302,7 @@ impl PeeringMachine {
             outcome: None,
             ec_shards: Default::default(),
             donors: Default::default(),
+            moved: Default::default(),
         };
         if let Some(shard) = m.start.primary_ec_shard {
             m.ec_shards.insert(me, shard);
@@ -308,6 +311,11 @@ impl PeeringMachine {
         let mut all: Vec<Action> = actions;
         all.extend(more);
         (m, all)
+    }
+
+    /// Erasure-coded pools: the members found holding another position's shard (backfilled).
+    pub fn moved(&self) -> &BTreeSet<i32> {
+        &self.moved
     }
 
     /// The outcome, once reached.
@@ -484,7 +492,8 @@ impl PeeringMachine {
                 lagging: Vec::new(),
             });
         };
-        self.donors = moved_shards(&mut plan, &self.start.ec_positions, &self.ec_shards);
+        (self.moved, self.donors) =
+            moved_shards(&mut plan, &self.start.ec_positions, &self.ec_shards);
         self.plan = Some(plan);
         self.primary_first()
     }
@@ -796,14 +805,14 @@ pub fn member_report(osd: i32, r: PgQueryReply, primary: &MemberReport) -> Membe
 /// Erasure-coded pools: members whose recorded shard position is not the one they are to
 /// hold now (CRUSH moved a survivor to another position; or a backfill to a position was
 /// interrupted) hold the wrong shard for their position, however complete their history:
-/// they are backfilled. Returns those that were otherwise in step (their objects are whole
-/// shards of another position, readable for that shard until rewritten).
+/// they are backfilled. Returns them, and those of them that were otherwise in step (their
+/// objects are whole shards of another position, readable for that shard until rewritten).
 fn moved_shards(
     plan: &mut PeeringPlan,
     positions: &BTreeMap<i32, u32>,
     recorded: &BTreeMap<i32, u32>,
-) -> BTreeSet<i32> {
-    let mut donors = BTreeSet::new();
+) -> (BTreeSet<i32>, BTreeSet<i32>) {
+    let (mut moved, mut donors) = (BTreeSet::new(), BTreeSet::new());
     for (osd, member) in plan.members.iter_mut() {
         let (Some(want), Some(held)) = (positions.get(osd), recorded.get(osd)) else {
             continue;
@@ -814,9 +823,10 @@ fn moved_shards(
         if *member == MemberPlan::UpToDate && *held != EC_SHARD_MIXED {
             donors.insert(*osd);
         }
+        moved.insert(*osd);
         *member = MemberPlan::Backfill;
     }
-    donors
+    (moved, donors)
 }
 
 /// The shard-position record of an erasure-coded member whose backfill is under way: its

@@ -553,13 +553,6 @@ async fn peer_now<H: RecoveryHost>(host: Arc<H>, pg: PgId, epoch: u32, authority
                 let flags = recovery_flags(&map);
                 let left: Vec<i32> = lagging.iter().map(|l| l.osd).collect();
                 let donors: Vec<i32> = lagging.iter().filter(|l| l.donor).map(|l| l.osd).collect();
-                if !donors.is_empty() {
-                    info!(
-                        %pg, epoch, ?donors,
-                        "members moved to another shard position: backfilling them, \
-                         reading the shards they hold meanwhile"
-                    );
-                }
                 let members = Members {
                     acting: &m.acting,
                     up: &m.up,
@@ -815,6 +808,12 @@ async fn try_peer<H: RecoveryHost>(
         }
         let event = perform(host, &map, pg, epoch, action).await;
         queue.extend(machine.handle(event));
+    }
+    if !machine.moved().is_empty() {
+        info!(
+            %pg, epoch, moved = ?machine.moved(),
+            "members moved to another shard position: backfilling them"
+        );
     }
     machine.into_outcome().unwrap_or_else(|| {
         Outcome::Failed(OsdError::PgBusy {
