@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use heal_support::{Cluster, all_active_clean, content, wait_until};
+use bytes::Bytes;
+use heal_support::{Cluster, all_active_clean, content, read_back, wait_until};
 use kelp_types::PgId;
 
 const POOL: &str = "ecremap";
@@ -53,15 +54,7 @@ fn moved_by(map: &kelp_maps::OsdMap, pool: u32, out: i32) -> Vec<PgId> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ec_members_crush_moves_to_other_positions_lose_nothing() {
     let c = Cluster::up(7, 8);
-    c.cli(&[
-        "osd",
-        "erasure-code-profile",
-        "set",
-        "p42",
-        "k=4",
-        "m=2",
-        "crush-failure-domain=osd",
-    ]);
+    c.ec_profile("p42", 4, 2);
     c.cli(&["pool", "create", POOL, &PGS.to_string(), "--erasure", "p42"]);
     wait_until(
         "the EC pool's PGs are active+clean",
@@ -141,23 +134,15 @@ async fn ec_members_crush_moves_to_other_positions_lose_nothing() {
     let acked = writer.await.unwrap();
     assert!(acked > 20, "only {acked} overwrites were acknowledged");
 
-    let model = model.lock().unwrap().clone();
     let uncertain = uncertain.lock().unwrap().clone();
-    for (name, want) in &model {
-        if uncertain.contains(name) {
-            continue;
-        }
-        let got = io
-            .read(name, 0, 0)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            got[..] == want[..],
-            "{name}: {} bytes read do not match the {} acknowledged",
-            got.len(),
-            want.len()
-        );
-    }
+    let acknowledged: BTreeMap<String, Bytes> = model
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| !uncertain.contains(*name))
+        .map(|(name, data)| (name.clone(), Bytes::from(data.clone())))
+        .collect();
+    read_back(&io, &acknowledged).await;
     // The OSDs saw members holding another position's shard, and backfilled them.
     let saw = (0..7).filter(|&o| o != out).any(|o| {
         c.log(&format!("osd.{o}"))
@@ -168,14 +153,6 @@ async fn ec_members_crush_moves_to_other_positions_lose_nothing() {
         "no primary reported members moved to another shard position"
     );
     for pg in &moved {
-        let pgid = format!("{}.{:x}", pg.pool.0, pg.seed);
-        c.cli(&["pg", "deep-scrub", &pgid, "--wait"]);
-        let report = c.cli(&["pg", "list-inconsistent", &pgid, "--format", "json"]);
-        let report: serde_json::Value = serde_json::from_str(&report).unwrap();
-        assert_eq!(
-            report["inconsistents"].as_array().map(Vec::len),
-            Some(0),
-            "{pgid}: {report:#}"
-        );
+        c.deep_scrub_is_clean(&format!("{}.{:x}", pg.pool.0, pg.seed));
     }
 }

@@ -96,13 +96,30 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Makes the erasure-code profile `profile` (`k` + `m`, one shard per OSD) and the pool
-    /// `pool` of 8 PGs on it.
-    pub fn ec_pool(&self, pool: &str, profile: &str, k: u32, m: u32) {
+    /// Makes the erasure-code profile `profile` (`k` + `m`, one shard per OSD).
+    pub fn ec_profile(&self, profile: &str, k: u32, m: u32) {
         let (k, m) = (format!("k={k}"), format!("m={m}"));
         let set = ["osd", "erasure-code-profile", "set", profile, &k, &m];
         self.cli(&[&set[..], &["crush-failure-domain=osd"]].concat());
+    }
+
+    /// Makes the erasure-code profile `profile` (`k` + `m`, one shard per OSD) and the pool
+    /// `pool` of 8 PGs on it.
+    pub fn ec_pool(&self, pool: &str, profile: &str, k: u32, m: u32) {
+        self.ec_profile(profile, k, m);
         self.cli(&["pool", "create", pool, "8", "--erasure", profile]);
+    }
+
+    /// Deep-scrubs PG `pgid` (`POOL.SEED` in hex) and asserts it found nothing inconsistent.
+    pub fn deep_scrub_is_clean(&self, pgid: &str) {
+        self.cli(&["pg", "deep-scrub", pgid, "--wait"]);
+        let report = self.cli(&["pg", "list-inconsistent", pgid, "--format", "json"]);
+        let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+        assert_eq!(
+            report["inconsistents"].as_array().map(Vec::len),
+            Some(0),
+            "{pgid}: {report:#}"
+        );
     }
 
     pub fn pid(&self, name: &str) -> i32 {
