@@ -17,6 +17,10 @@
 //! Chromium (`chromium`, Debian's package) is required: the test fails naming it if missing.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod heal_support;
+
+use heal_support::wait;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -169,21 +173,6 @@ fn json(r: &HttpResponse) -> serde_json::Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
 }
 
-/// Polls `f` every 500 ms until it returns `Some`, for at most `timeout`.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?}: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
@@ -245,7 +234,7 @@ fn dashboard_api_progress_log_and_failover() {
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     let key = std::fs::read_to_string(c.dir.join("dashboard.key")).unwrap();
     let admin = format!("admin:{}", key.trim());
-    let summary = wait_for(
+    let summary = wait(
         "the active manager's first look",
         Duration::from_secs(30),
         || {
@@ -263,7 +252,7 @@ fn dashboard_api_progress_log_and_failover() {
             .starts_with("HEALTH_")
     );
     // the standby redirects to the active dashboard
-    let (standby_addr, r) = wait_for("the standby redirects", Duration::from_secs(20), || {
+    let (standby_addr, r) = wait("the standby redirects", Duration::from_secs(20), || {
         let addr = std::fs::read_to_string(c.dir.join("mgr.y").join("addr")).ok()?;
         let r = http("GET", &format!("http://{}/api/summary", addr.trim()), None);
         (r.status == 307).then_some((addr, r))
@@ -459,7 +448,7 @@ fn dashboard_api_progress_log_and_failover() {
         rados_out.lines().last().unwrap_or("")
     ));
     c.kill9("osd.3");
-    wait_for("osd.3 marked down", Duration::from_secs(60), || {
+    wait("osd.3 marked down", Duration::from_secs(60), || {
         let v: serde_json::Value =
             serde_json::from_str(&c.cli(&["osd", "ls", "--format", "json"])).ok()?;
         v["osds"]
@@ -470,7 +459,7 @@ fn dashboard_api_progress_log_and_failover() {
     });
     c.cli(&["osd", "out", "3"]);
     t("osd.3 down and out");
-    let item = wait_for("a recovery progress item", Duration::from_secs(60), || {
+    let item = wait("a recovery progress item", Duration::from_secs(60), || {
         let v: serde_json::Value =
             serde_json::from_str(&c.cli(&["progress", "--format", "json"])).ok()?;
         v.as_array()?
@@ -499,7 +488,7 @@ fn dashboard_api_progress_log_and_failover() {
             "--window-size=1280,900",
         ],
     );
-    let log = wait_for(
+    let log = wait(
         "osd.3 down and out in the cluster log",
         Duration::from_secs(20),
         || {
@@ -521,7 +510,7 @@ fn dashboard_api_progress_log_and_failover() {
     t(&format!("mgr.x {rss}"));
     c.kill9("mgr.x");
     let killed = Instant::now();
-    let new_url = wait_for("the standby takes over", Duration::from_secs(20), || {
+    let new_url = wait("the standby takes over", Duration::from_secs(20), || {
         let u = c.dashboard();
         (!u.is_empty() && u != url).then_some(u)
     });
@@ -533,7 +522,7 @@ fn dashboard_api_progress_log_and_failover() {
         new_url.contains(standby_addr.trim()),
         "{new_url} vs {standby_addr}"
     );
-    let s = wait_for(
+    let s = wait(
         "the new active manager serves",
         Duration::from_secs(20),
         || {
@@ -542,7 +531,7 @@ fn dashboard_api_progress_log_and_failover() {
         },
     );
     assert_eq!(s["mgr"]["active"], "y", "{s}");
-    let log = wait_for(
+    let log = wait(
         "the failover in the cluster log",
         Duration::from_secs(20),
         || {
