@@ -38,13 +38,29 @@ use crate::exec::{ExecError, Limits, StatDelta};
 /// The shard `osd` holds of `pg` if its pool is erasure-coded (its position in the acting
 /// set, else in the up set).
 pub fn shard_of(map: &kelp_maps::OsdMap, pg: kelp_types::PgId, osd: i32) -> Option<u32> {
-    map.pools.get(&pg.pool.0)?.ec()?;
-    let m = map.pg_mapping(pg).ok()?;
-    m.acting_shards()
-        .iter()
-        .position(|&o| o == osd)
-        .or_else(|| m.up_shards().iter().position(|&o| o == osd))
-        .map(|p| p as u32)
+    shard_positions(map, pg).get(&osd).copied()
+}
+
+/// The shard position each member of `pg` is to hold if its pool is erasure-coded — its place
+/// in the acting set, or in the up set for a backfill target outside it. Empty for replicated
+/// pools.
+pub fn shard_positions(
+    map: &kelp_maps::OsdMap,
+    pg: kelp_types::PgId,
+) -> std::collections::BTreeMap<i32, u32> {
+    let mut out = std::collections::BTreeMap::new();
+    let ec = map.pools.get(&pg.pool.0).and_then(|p| p.ec()).is_some();
+    let Some(m) = map.pg_mapping(pg).ok().filter(|_| ec) else {
+        return out;
+    };
+    for shards in [m.acting_shards(), m.up_shards()] {
+        for (i, &osd) in shards.iter().enumerate() {
+            if osd >= 0 && osd != kelp_maps::ITEM_NONE {
+                out.entry(osd).or_insert(i as u32);
+            }
+        }
+    }
+    out
 }
 
 /// The store attribute holding an EC shard's [`EcMeta`].

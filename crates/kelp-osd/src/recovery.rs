@@ -792,7 +792,7 @@ async fn try_peer<H: RecoveryHost>(
             && map.pools.get(&pg.pool.0).is_none_or(|p| p.ec().is_none()),
         parallel: host.recovery().config().max_active as u32,
         primary,
-        ec_positions: ec_positions(&map, pg),
+        ec_positions: crate::ec::shard_positions(&map, pg),
         primary_ec_shard,
     };
     let (mut machine, first) = PeeringMachine::new(start);
@@ -821,24 +821,6 @@ async fn try_peer<H: RecoveryHost>(
             reason: "peering stopped without an outcome".into(),
         })
     })
-}
-
-/// Erasure-coded pools: the shard position each member is to hold — its place in the acting
-/// set, or in the up set for a backfill target outside it. Empty for replicated pools.
-fn ec_positions(map: &kelp_maps::OsdMap, pg: PgId) -> BTreeMap<i32, u32> {
-    let mut out = BTreeMap::new();
-    let ec = map.pools.get(&pg.pool.0).and_then(|p| p.ec()).is_some();
-    let Some(m) = map.pg_mapping(pg).ok().filter(|_| ec) else {
-        return out;
-    };
-    for shards in [m.acting_shards(), m.up_shards()] {
-        for (i, &osd) in shards.iter().enumerate() {
-            if osd >= 0 && osd != kelp_maps::ITEM_NONE {
-                out.entry(osd).or_insert(i as u32);
-            }
-        }
-    }
-    out
 }
 
 /// Performs one of peering's actions; returns what happened.
