@@ -27,7 +27,7 @@
 //! the kernel (`FOPEN_CACHE_DIR`) and kept across opens while that lease stays held; its
 //! revoke drops the kernel's copy.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kelp_client::{ClientConfig, ClientError, IoCtx, Rados};
 use kelp_msgr::{Connection, Messenger, MsgrError};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::error::{FsError, Result};
 use crate::mds::{ADDR_OBJECT, MdsAddr};
@@ -111,7 +111,16 @@ pub struct FsClient {
     calls: AtomicU64,
     // completed requests (idempotent retries)
     tids: std::sync::Mutex<Tids>,
+    // early replies (unsafe until journaled)
+    /// Changes the MDS answered before journaling them, by tid (their tids stay
+    /// unanswered): sent again to an MDS that takes over, until an [`Op::Sync`] answers.
+    unjournaled: std::sync::Mutex<BTreeMap<u64, Envelope>>,
 }
+
+// early replies (unsafe until journaled)
+/// Most unjournaled changes a client keeps: past it, the next request first waits for the
+/// journal ([`FsClient::sync_mds`]).
+pub const MAX_UNJOURNALED: usize = 1024;
 
 // completed requests (idempotent retries)
 /// The tids of one client's MDS requests: a new one per request (a retry keeps its
@@ -139,6 +148,13 @@ impl Tids {
 
 /// Ends a request's tid when its call returns (or is dropped).
 struct Unanswered<'a>(&'a FsClient, u64);
+
+impl Unanswered<'_> {
+    /// The request stays unanswered (its tid stays open) after the call returns.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
@@ -257,6 +273,7 @@ impl FsClient {
             invalidator: std::sync::OnceLock::new(),
             calls: AtomicU64::new(0),
             tids: std::sync::Mutex::new(Tids::default()),
+            unjournaled: std::sync::Mutex::new(BTreeMap::new()),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
         // While files are open, a call every KEEPALIVE notices a failed-over MDS even when the
@@ -292,6 +309,10 @@ impl FsClient {
                 c.renew_exclusive().await;
                 if let Err(e) = c.send_closes(CLOSE_DELAY).await {
                     warn!("sending closes to the MDS: {e}");
+                }
+                // changes answered early are in the MDS's journal within a tick
+                if let Err(e) = c.sync_mds().await {
+                    warn!("waiting for the MDS's journal: {e}");
                 }
             }
         });
@@ -336,11 +357,7 @@ impl FsClient {
     /// One revoke poll on the current connection (no retries: a failure means the session
     /// may be gone).
     async fn poll_revokes(&self, ack: &[u64]) -> Result<Vec<CapRevoke>> {
-        let (conn, fresh) = self.connection().await?;
-        if fresh {
-            self.reregister(&conn).await;
-            self.drop_all_leases();
-        }
+        let (conn, _) = self.connection().await?;
         let env = Envelope {
             v: PROTOCOL_VERSION,
             client: self.id,
@@ -348,6 +365,7 @@ impl FsClient {
             op: Op::CapPoll { ack: ack.to_vec() },
             tid: 0,
             oldest_tid: 0,
+            ino_hint: None,
         };
         let meta = serde_json::to_vec(&env).expect("requests serialize");
         let resp = match conn
@@ -619,6 +637,9 @@ impl FsClient {
     /// the same request with the same tid, so that a mutation the MDS completed but whose
     /// reply was lost is answered from its completed-request table, not applied twice.
     pub async fn call(&self, caller: Caller, op: Op) -> Result<Reply> {
+        if self.unjournaled.lock().expect("unjournaled lock").len() >= MAX_UNJOURNALED {
+            self.sync_mds().await?;
+        }
         // a change of a directory's entries by this mount: its cached listing is read again
         let dirs: Vec<Ino> = match &op {
             Op::Mknod { parent, .. }
@@ -647,11 +668,7 @@ impl FsClient {
         loop {
             let conn = self.connection().await;
             let err = match conn {
-                Ok((conn, fresh)) => {
-                    if fresh {
-                        self.reregister(&conn).await;
-                        self.drop_all_leases();
-                    }
+                Ok((conn, _)) => {
                     let epoch = self.caps.lock().expect("caps lock").epoch;
                     let sent = Instant::now();
                     match conn
@@ -675,6 +692,11 @@ impl FsClient {
                                 self.caps.lock().expect("caps lock").overlay(i);
                             }
                             self.take_grants(&env.op, &reply, &resp.data, epoch, sent);
+                            if resp.msg_type == MSG_MDS_UNSAFE && !matches!(reply, Reply::Err(_)) {
+                                self.keep_unjournaled(env, &reply);
+                                _unanswered.keep();
+                                return Ok(reply);
+                            }
                             match reply {
                                 Reply::Err(e) if e == errno::ESHUTDOWN => {
                                     // a fenced MDS: find the one that replaced it
@@ -720,11 +742,14 @@ impl FsClient {
             op,
             tid,
             oldest_tid,
+            ino_hint: None,
         };
         (env, Unanswered(self, tid))
     }
 
-    /// The MDS connection; `true` when it was (re)made now.
+    /// The MDS connection; `true` when it was (re)made now. A new one first drops every
+    /// lease, sends the changes not known to be journaled again (the MDS may be a new one
+    /// that lacks them) and re-registers the open files, before any other request uses it.
     async fn connection(&self) -> Result<(Connection, bool)> {
         let mut c = self.conn.lock().await;
         if let Some(conn) = &*c {
@@ -734,8 +759,104 @@ impl FsClient {
         self.msgr.disconnect(addr);
         let conn = self.msgr.connect(addr).await?;
         info!(%addr, "connected to the MDS");
+        self.drop_all_leases();
+        self.replay_unjournaled(&conn).await?;
+        self.reregister(&conn).await;
         *c = Some(conn.clone());
         Ok((conn, true))
+    }
+
+    // early replies (unsafe until journaled)
+    /// Keeps a change the MDS answered before journaling it (a create with the inode
+    /// number it was given, which an MDS that takes over reuses).
+    fn keep_unjournaled(&self, mut env: Envelope, reply: &Reply) {
+        if let (Op::Mknod { .. } | Op::Mkdir { .. } | Op::Symlink { .. }, Reply::Attr(i)) =
+            (&env.op, reply)
+        {
+            env.ino_hint = Some(i.ino);
+        }
+        self.unjournaled
+            .lock()
+            .expect("unjournaled lock")
+            .insert(env.tid, env);
+    }
+
+    /// Forgets kept changes (journaled, or refused when sent again): their tids end.
+    fn forget_unjournaled(&self, tids: &[u64]) {
+        let mut u = self.unjournaled.lock().expect("unjournaled lock");
+        let mut t = self.tids.lock().expect("tids lock");
+        for tid in tids {
+            u.remove(tid);
+            t.end(*tid);
+        }
+    }
+
+    /// Waits until every change the MDS has answered this client so far is in its journal
+    /// in RADOS (`fsync`, the periodic sync, unmount).
+    pub async fn sync_mds(&self) -> Result<()> {
+        let tids: Vec<u64> = self
+            .unjournaled
+            .lock()
+            .expect("unjournaled lock")
+            .keys()
+            .copied()
+            .collect();
+        if tids.is_empty() {
+            return Ok(());
+        }
+        match self.call_once(Caller::default(), Op::Sync).await? {
+            Reply::Ok => {
+                self.forget_unjournaled(&tids);
+                Ok(())
+            }
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Sends the kept changes again, oldest first, on a new connection: an MDS that has them
+    /// (journaled, or the same MDS) answers from its completed-request table; one that took
+    /// over without them makes them again. One it refuses is logged and forgotten (as if the
+    /// MDS had failed before answering it the first time).
+    async fn replay_unjournaled(&self, conn: &Connection) -> Result<()> {
+        let kept: Vec<Envelope> = self
+            .unjournaled
+            .lock()
+            .expect("unjournaled lock")
+            .values()
+            .cloned()
+            .collect();
+        if kept.is_empty() {
+            return Ok(());
+        }
+        warn!(
+            changes = kept.len(),
+            "sending changes not known to be journaled to the MDS again"
+        );
+        for env in kept {
+            let meta = Bytes::from(serde_json::to_vec(&env).expect("requests serialize"));
+            let resp = conn
+                .call(MSG_MDS_REQUEST, meta, Bytes::new(), self.opts.call_timeout)
+                .await?;
+            let reply: Reply = serde_json::from_slice(&resp.meta).map_err(|e| FsError::Malformed {
+                what: "MDS reply".into(),
+                detail: e.to_string(),
+            })?;
+            match reply {
+                Reply::Err(e) if e == errno::ESHUTDOWN => return Err(FsError::Errno(e)),
+                Reply::Err(e) => {
+                    error!(
+                        tid = env.tid,
+                        op = ?env.op,
+                        errno = e,
+                        "a change the previous MDS answered could not be made again after the takeover"
+                    );
+                    self.forget_unjournaled(&[env.tid]);
+                }
+                _ if resp.msg_type != MSG_MDS_UNSAFE => self.forget_unjournaled(&[env.tid]),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Tells a (new) MDS which files this client holds open.
@@ -753,6 +874,7 @@ impl FsClient {
             op: Op::Reconnect { opens },
             tid: 0,
             oldest_tid: 0,
+            ino_hint: None,
         };
         let meta = serde_json::to_vec(&env).expect("requests serialize");
         if let Err(e) = conn

@@ -22,6 +22,10 @@ use quota::{Acct, home, weight};
 pub enum Need {
     Inode(Ino),
     Dir(Ino),
+    // early replies (unsafe until journaled)
+    /// Whether the inode exists at all: load it if it does ([`Namespace::insert_inode`]),
+    /// else say so with [`Namespace::note_absent`] (a replayed create's inode-number hint).
+    Probe(Ino),
 }
 
 /// The outcome of one step: answered, or blocked on a load. (Short-lived: returned and
@@ -58,6 +62,11 @@ pub struct Namespace {
     dirs: HashMap<Ino, BTreeMap<String, Dentry>>,
     dirty_inodes: HashSet<Ino>,
     dirty_dirs: HashSet<Ino>,
+    /// Inodes and directories whose changes a checkpoint is writing back now
+    /// ([`Namespace::begin_writeback`]): their stored objects may still be older, so they
+    /// stay cached (and are never loaded over) until [`Namespace::end_writeback`].
+    flushing_inodes: HashSet<Ino>,
+    flushing_dirs: HashSet<Ino>,
     /// Open handles per inode: client id -> count.
     opens: HashMap<Ino, HashMap<u64, u32>>,
     strays: HashSet<Ino>,
@@ -76,7 +85,26 @@ pub struct Namespace {
     /// Fragment sizes of the large directories (kept from their first split check on,
     /// dropped whenever the directory is loaded again or changes layout).
     frag_sizes: HashMap<Ino, Vec<u32>>,
+    // early replies (unsafe until journaled)
+    /// Starts of the inode-number ranges ([`REPLAY_INO_GAP`] long) that recent MDS
+    /// incarnations skipped when they took over: a create answered unsafe by an MDS that
+    /// died before journaling it holds a number in one of them, and only such creates, sent
+    /// again with [`RequestId::ino_hint`], are given numbers there.
+    replay_zones: Vec<Ino>,
+    /// The hint of the request being applied (taken by [`Namespace::new_inode`]).
+    ino_hint: Option<Ino>,
+    /// Inode numbers in the replay zones found unused in the metadata pool (by a
+    /// [`Need::Probe`]) and not given since.
+    probed_absent: HashSet<Ino>,
 }
+
+// early replies (unsafe until journaled)
+/// How far past the journaled next inode number an MDS starts allocating when it takes over.
+/// More than the inode numbers the changes not yet journaled can hold when an MDS dies (each
+/// takes at most one, and the daemon answers early only while fewer than
+/// `mds::MAX_UNSAFE_ENTRIES` are unjournaled), so a number an unsafe reply gave is never
+/// given to another file.
+pub const REPLAY_INO_GAP: Ino = 1 << 20;
 
 impl Namespace {
     pub fn new(next_ino: Ino) -> Namespace {
@@ -85,6 +113,41 @@ impl Namespace {
             default_object_size: DEFAULT_OBJECT_SIZE,
             ..Namespace::default()
         }
+    }
+
+    // early replies (unsafe until journaled)
+    /// The inode-number ranges a replayed create may reuse a number from (see
+    /// [`Namespace::replay_zones`]).
+    pub fn set_replay_zones(&mut self, zones: Vec<Ino>) {
+        self.replay_zones = zones;
+    }
+
+    /// Whether inode number `h` lies in a range a takeover skipped (no journaled change
+    /// allocated there: only replayed creates are given numbers from it).
+    fn in_replay_zone(&self, h: Ino) -> bool {
+        h < self.next_ino
+            && self
+                .replay_zones
+                .iter()
+                .any(|z| (*z..z.saturating_add(REPLAY_INO_GAP)).contains(&h))
+    }
+
+    /// What a replayed create's hint `h` needs first: whether an inode has the number.
+    pub(crate) fn hint_needs_probe(&self, h: Ino) -> bool {
+        self.in_replay_zone(h) && !self.inodes.contains_key(&h) && !self.probed_absent.contains(&h)
+    }
+
+    /// A [`Need::Probe`] found no inode `ino` in the metadata pool.
+    pub fn note_absent(&mut self, ino: Ino) {
+        if self.in_replay_zone(ino) && !self.inodes.contains_key(&ino) {
+            self.probed_absent.insert(ino);
+        }
+    }
+
+    /// Whether a replayed create may be given inode number `h`: in a skipped range, and
+    /// known to be unused (probed, and not given since).
+    fn hint_allowed(&self, h: Ino) -> bool {
+        self.in_replay_zone(h) && !self.inodes.contains_key(&h) && self.probed_absent.contains(&h)
     }
 
     /// A fresh file system's root directory (owned by root, mode 0755) and its updates.
@@ -117,13 +180,13 @@ impl Namespace {
     }
 
     pub fn insert_inode(&mut self, inode: Inode) {
-        if !self.dirty_inodes.contains(&inode.ino) {
+        if !self.dirty_inodes.contains(&inode.ino) && !self.flushing_inodes.contains(&inode.ino) {
             self.inodes.insert(inode.ino, inode);
         }
     }
 
     pub fn insert_dir(&mut self, ino: Ino, entries: BTreeMap<String, Dentry>) {
-        if !self.dirty_dirs.contains(&ino) {
+        if !self.dirty_dirs.contains(&ino) && !self.flushing_dirs.contains(&ino) {
             self.frag_sizes.remove(&ino);
             self.dirs.insert(ino, entries);
         }
@@ -174,8 +237,27 @@ impl Namespace {
 
     /// The checkpoint has written every dirty object: they may be evicted again.
     pub fn mark_clean(&mut self) {
-        self.dirty_inodes.clear();
-        self.dirty_dirs.clear();
+        self.begin_writeback();
+        self.end_writeback();
+    }
+
+    /// A checkpoint starts writing back every change so far: what is dirty now is being
+    /// flushed (changes from now on mark their objects dirty again).
+    pub fn begin_writeback(&mut self) {
+        self.flushing_inodes.extend(self.dirty_inodes.drain());
+        self.flushing_dirs.extend(self.dirty_dirs.drain());
+    }
+
+    /// The write-back begun last is in the stored objects.
+    pub fn end_writeback(&mut self) {
+        self.flushing_inodes.clear();
+        self.flushing_dirs.clear();
+    }
+
+    /// The write-back begun last failed: its objects are dirty again.
+    pub fn abort_writeback(&mut self) {
+        self.dirty_inodes.extend(self.flushing_inodes.drain());
+        self.dirty_dirs.extend(self.flushing_dirs.drain());
     }
 
     /// Drops clean cached objects until at most `budget` inodes are cached (open and dirty
@@ -190,13 +272,16 @@ impl Namespace {
             .keys()
             .copied()
             .filter(|i| {
-                *i != ROOT_INO && !self.dirty_inodes.contains(i) && !self.opens.contains_key(i)
+                *i != ROOT_INO
+                    && !self.dirty_inodes.contains(i)
+                    && !self.flushing_inodes.contains(i)
+                    && !self.opens.contains_key(i)
             })
             .take(excess)
             .collect();
         for v in victims {
             self.inodes.remove(&v);
-            if !self.dirty_dirs.contains(&v) {
+            if !self.dirty_dirs.contains(&v) && !self.flushing_dirs.contains(&v) {
                 self.dirs.remove(&v);
                 self.frag_sizes.remove(&v);
             }
@@ -467,8 +552,17 @@ impl Namespace {
     }
 
     fn new_inode(&mut self, parent: &Inode, caller: Caller, mode: u32, now: Time) -> Inode {
-        let ino = self.next_ino;
-        self.next_ino += 1;
+        let ino = match self.ino_hint.take() {
+            Some(h) if self.hint_allowed(h) => {
+                self.probed_absent.remove(&h);
+                h
+            }
+            _ => {
+                let ino = self.next_ino;
+                self.next_ino += 1;
+                ino
+            }
+        };
         let mut mode = mode;
         let gid = if parent.mode & S_ISGID != 0 {
             if mode & S_IFMT == S_IFDIR {
@@ -858,6 +952,8 @@ impl Namespace {
                 inos.iter().for_each(|ino| self.close_for(client, *ino));
                 Ok(Reply::Ok)
             }
+            // the daemon answers it once the journal has caught up: nothing to apply
+            Op::Sync => Ok(Reply::Ok),
             Op::Reconnect { opens } => {
                 self.drop_client(client);
                 for (ino, n) in opens {

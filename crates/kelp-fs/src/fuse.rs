@@ -763,11 +763,24 @@ impl Filesystem for KelpFuse {
 
     fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _ds: bool, reply: ReplyEmpty) {
         // data is durable when a write is acknowledged; the size (and mtime) kept under the
-        // exclusive capability is journaled by the MDS before this returns
+        // exclusive capability, and every change the MDS answered early (the file's create
+        // among them), are in the MDS's journal before this returns
         let (c, _, _) = self.ctx();
         let ino = self.ino_in(ino);
         self.spawn(async move {
-            match c.flush(ino).await {
+            match async { c.flush(ino).await.and(c.sync_mds().await) }.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e.errno()),
+            }
+        });
+    }
+
+    fn fsyncdir(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _ds: bool, reply: ReplyEmpty) {
+        // the directory's entries are durable once the MDS's journal holds every change it
+        // answered this mount early
+        let (c, _, _) = self.ctx();
+        self.spawn(async move {
+            match c.sync_mds().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e.errno()),
             }
@@ -858,7 +871,8 @@ impl Filesystem for KelpFuse {
             // bounded: an unreachable MDS must not hold the unmount up for long
             tokio::time::timeout(Duration::from_secs(10), async {
                 c.flush_all().await?;
-                c.send_closes(Duration::ZERO).await
+                c.send_closes(Duration::ZERO).await?;
+                c.sync_mds().await
             })
             .await
         });

@@ -1,5 +1,8 @@
 //! The metadata journal: every namespace mutation is appended to a journal object in the
-//! metadata pool before the client gets its reply.
+//! metadata pool. The MDS appends the entries of many changes at once (one RADOS append per
+//! batch: whatever accumulated while the previous append was in flight); a change's client
+//! gets an early, "unsafe" reply before its entry is in RADOS, and keeps the request until it
+//! is (see `mds.rs`).
 //!
 //! Layout: segments `mds.journal.<seg 16 hex>` hold entries, each a little-endian u32 length
 //! and a JSON [`Entry`]; `mds.journal.head` names the first segment not yet checkpointed.
@@ -28,6 +31,20 @@ pub const STRAY_OBJECT: &str = "mds.stray";
 pub const REQUESTS_OBJECT: &str = "mds.requests";
 /// The advisory locks as of the last checkpoint (`locks::StoredLocks`).
 pub const LOCKS_OBJECT: &str = "mds.locks";
+// early replies (unsafe until journaled)
+/// The inode-number ranges recent MDS incarnations skipped when they took over
+/// ([`StoredZones`]; `core::REPLAY_INO_GAP`).
+pub const ZONES_OBJECT: &str = "mds.inozones";
+/// How many takeovers' skipped ranges [`ZONES_OBJECT`] remembers.
+pub const ZONES_KEPT: usize = 4;
+
+/// The stored [`ZONES_OBJECT`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredZones {
+    pub v: u8,
+    pub zones: Vec<crate::types::Ino>,
+}
+
 /// The version of the journal entries this build writes.
 pub const JOURNAL_VERSION: u8 = 3;
 /// The oldest entry version this build still replays.

@@ -4,7 +4,12 @@
 //!   and checked before it reaches the core, and a malformed one gets an error reply, never a
 //!   panic.
 //! - Operations run one at a time against the cache (simple and obviously serializable); a
-//!   mutation's updates are appended to the journal in RADOS before the reply is sent.
+//!   mutation's updates are queued for the journal, and one writer appends whatever has
+//!   queued in a single RADOS append (group commit). A client mutation gets an early
+//!   ("unsafe") reply at once: the client keeps the request until an [`Op::Sync`] says it is
+//!   journaled, and sends it again to an MDS that takes over meanwhile (see
+//!   docs/FILESYSTEM.md "Early replies"). Every other reply that changed something, and any
+//!   reply showing another client's change not yet journaled, waits for the journal.
 //! - A checkpoint every `checkpoint_interval` writes the dirty state to the inode and
 //!   directory objects, moves the journal head and removes the old segments, so a restart
 //!   replays at most a few seconds of journal.
@@ -84,14 +89,84 @@ pub struct MdsAddr {
 
 struct State {
     ns: Namespace,
-    seq: u64,
+    /// Updates queued for the journal since the last checkpoint, in order.
+    pending: Vec<Update>,
+}
+
+// early replies (unsafe until journaled)
+/// Most changes applied but not yet journaled for which the MDS still replies early; past
+/// it, replies wait for the journal (which bounds what a takeover must skip, see
+/// `core::REPLAY_INO_GAP`).
+pub const MAX_UNSAFE_ENTRIES: u64 = 4096;
+/// Most bytes of entries one journal append carries.
+const MAX_APPEND_BYTES: usize = 4 << 20;
+
+/// Journal entries encoded and waiting for the writer.
+#[derive(Default)]
+struct JournalQueue {
+    /// (seq, encoded entry), in seq order.
+    entries: Vec<(u64, Vec<u8>)>,
+    /// The last seq given to an entry.
+    assigned: u64,
+    /// Inodes changed by entries not yet in RADOS: (client that changed it, seq). A reply to
+    /// another client that shows one waits until that seq is journaled.
+    unjournaled: HashMap<Ino, (u64, u64)>,
+}
+
+/// The journal's write side (one append at a time).
+struct JournalWriter {
     /// Segment appended to now.
     segment: u64,
     segment_bytes: u64,
     /// First segment not yet checkpointed (the head).
     first_segment: u64,
-    /// Updates journaled since the last checkpoint, in order.
-    pending: Vec<Update>,
+}
+
+/// The inodes a journal entry's updates change.
+fn updated_inos(updates: &[Update]) -> impl Iterator<Item = Ino> + '_ {
+    updates.iter().filter_map(|u| match u {
+        Update::PutInode(i) => Some(i.ino),
+        Update::DelInode(i) | Update::DelDir(i) | Update::AddStray(i) | Update::DelStray(i) => {
+            Some(*i)
+        }
+        Update::PutDentry { dir, .. }
+        | Update::DelDentry { dir, .. }
+        | Update::Fragment { dir, .. } => Some(*dir),
+        Update::Locks { ino, .. } => Some(*ino),
+        Update::NextIno(_) | Update::Request { .. } => None,
+    })
+}
+
+/// The inodes a request names (what its reply may show besides the inode it answers with).
+fn named_inos(op: &Op) -> Vec<Ino> {
+    match op {
+        Op::Lookup { parent, .. }
+        | Op::Mknod { parent, .. }
+        | Op::Mkdir { parent, .. }
+        | Op::Symlink { parent, .. }
+        | Op::Unlink { parent, .. }
+        | Op::Rmdir { parent, .. } => vec![*parent],
+        Op::Link { ino, parent, .. } => vec![*ino, *parent],
+        Op::Rename {
+            parent, new_parent, ..
+        } => vec![*parent, *new_parent],
+        Op::GetAttr { ino }
+        | Op::SetAttr { ino, .. }
+        | Op::ReadDir { ino, .. }
+        | Op::SetXattr { ino, .. }
+        | Op::GetXattr { ino, .. }
+        | Op::ListXattr { ino }
+        | Op::RemoveXattr { ino, .. }
+        | Op::Written { ino, .. }
+        | Op::Open { ino, .. }
+        | Op::Close { ino }
+        | Op::GetLk { ino, .. }
+        | Op::SetLk { ino, .. }
+        | Op::ReleaseLocks { ino, .. } => vec![*ino],
+        Op::CloseMany { inos } => inos.clone(),
+        Op::Reconnect { opens } => opens.iter().map(|(i, _)| *i).collect(),
+        Op::CapPoll { .. } | Op::Sync => Vec::new(),
+    }
 }
 
 struct Inner {
@@ -115,6 +190,17 @@ struct Inner {
     revoking: std::sync::Mutex<HashMap<(u64, u64), Vec<u64>>>,
     /// Prometheus metrics (`crate::metrics`), shared with the [`Mds`] handle.
     metrics: Arc<crate::metrics::MdsMetrics>,
+    // early replies (unsafe until journaled)
+    /// Entries applied to the cache, waiting for the journal writer.
+    queue: std::sync::Mutex<JournalQueue>,
+    /// The journal's write side.
+    writer: Mutex<JournalWriter>,
+    /// The last seq in RADOS.
+    committed: watch::Sender<u64>,
+    /// Wakes the journal writer.
+    kick: tokio::sync::Notify,
+    /// Held by the checkpoint running (one at a time).
+    checkpointing: Mutex<()>,
     // locks across a restart
     /// When each client last sent a request (a lock holder silent for
     /// [`LOCK_SESSION_GRACE`] loses its locks).
@@ -141,8 +227,19 @@ struct CapState {
 /// box.)
 #[allow(clippy::large_enum_variant)]
 enum Applied {
-    Done(Reply, Option<CapGrants>, Vec<u64>),
+    /// The reply, its grants, the revokes it waits for, and the seq of its journal entry
+    /// (`None`: it changed nothing).
+    Done(Reply, Option<CapGrants>, Vec<u64>, Option<u64>),
     Excl(Ino, Vec<u64>),
+}
+
+/// What [`Inner::handle_safe`] gives: the reply, the seq of the journal entry it queued
+/// (`None`: it changed nothing), and whether it was answered from the completed-request
+/// table.
+struct Handled {
+    reply: Reply,
+    seq: Option<u64>,
+    retried: bool,
 }
 
 /// The inode an operation reads or changes the size or times of, named in the request:
@@ -238,7 +335,17 @@ impl Mds {
         meta.set_full_try(true);
         let data = rados.ioctx(&cfg.data_pool).await?;
         let (segment, next_ino, requests, locks) = replay(&meta).await?;
-        let mut ns = Namespace::new(next_ino);
+        // unsafe replies of an MDS that died may have given numbers from `next_ino` on:
+        // allocate past them, and let only their replays have them
+        let mut zones = load_zones(&meta).await?;
+        zones.push(next_ino);
+        let skip = zones.len().saturating_sub(journal::ZONES_KEPT);
+        zones.drain(..skip);
+        save_zones(&meta, &zones).await?;
+        let start = next_ino.saturating_add(crate::core::REPLAY_INO_GAP);
+        apply_updates(&meta, &[Update::NextIno(start)]).await?;
+        let mut ns = Namespace::new(start);
+        ns.set_replay_zones(zones);
         ns.set_requests(requests);
         ns.set_locks(locks);
         ns.set_frag_config(cfg.frag);
@@ -247,10 +354,6 @@ impl Mds {
         ns.set_data_pools(data_pools(&rados, &cfg).await?, data.pool_id());
         let mut st = State {
             ns,
-            seq: 0,
-            segment,
-            segment_bytes: 0,
-            first_segment: segment,
             pending: Vec::new(),
         };
         match load_inode(&meta, ROOT_INO).await? {
@@ -281,6 +384,15 @@ impl Mds {
             revoking: std::sync::Mutex::new(HashMap::new()),
             metrics: self.metrics.clone(),
             last_seen: std::sync::Mutex::new(HashMap::new()),
+            queue: std::sync::Mutex::new(JournalQueue::default()),
+            writer: Mutex::new(JournalWriter {
+                segment,
+                segment_bytes: 0,
+                first_segment: segment,
+            }),
+            committed: watch::channel(0).0,
+            kick: tokio::sync::Notify::new(),
+            checkpointing: Mutex::new(()),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -302,6 +414,8 @@ impl Mds {
             ));
         }
         info!(addr = %self.addr, "mds.{} serving", cfg.name);
+        let writer = inner.clone();
+        tokio::spawn(async move { writer.journal_writer().await });
         tokio::spawn(async move { inner.background().await });
         Ok(())
     }
@@ -498,6 +612,34 @@ async fn trim(meta: &IoCtx, from: u64, to: u64) -> Result<()> {
 struct InoTable {
     v: u8,
     next_ino: Ino,
+}
+
+// early replies (unsafe until journaled)
+/// The inode-number ranges recent takeovers skipped (`journal::ZONES_OBJECT`).
+async fn load_zones(meta: &IoCtx) -> Result<Vec<Ino>> {
+    match meta.read(journal::ZONES_OBJECT, 0, 0).await {
+        Ok(b) => Ok(serde_json::from_slice::<journal::StoredZones>(&b)
+            .map_err(|e| FsError::Malformed {
+                what: "inode-number zones".into(),
+                detail: e.to_string(),
+            })?
+            .zones),
+        Err(ClientError::NotFound { .. }) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn save_zones(meta: &IoCtx, zones: &[Ino]) -> Result<()> {
+    let rec = journal::StoredZones {
+        v: RECORD_VERSION,
+        zones: zones.to_vec(),
+    };
+    meta.write_full(
+        journal::ZONES_OBJECT,
+        serde_json::to_vec(&rec).expect("serializable"),
+    )
+    .await?;
+    Ok(())
 }
 
 async fn load_inode(meta: &IoCtx, ino: Ino) -> Result<Option<Inode>> {
@@ -798,11 +940,73 @@ impl Inner {
             .any(|f| f.name() == "full")
     }
 
-    /// Runs one client operation to its reply, with the capabilities the reply grants.
-    async fn handle(&self, req: RequestId, caller: Caller, op: &Op) -> (Reply, Option<CapGrants>) {
+    /// Runs one client operation to its reply, with the capabilities the reply grants and
+    /// whether it is unsafe (applied, and answered before its journal entry is in RADOS).
+    async fn handle(
+        &self,
+        req: RequestId,
+        caller: Caller,
+        op: &Op,
+    ) -> (Reply, Option<CapGrants>, bool) {
+        let (
+            Handled {
+                reply,
+                seq,
+                retried,
+            },
+            grants,
+        ) = match self.handle_safe(req, caller, op).await {
+            Ok(r) => r,
+            Err(reply) => return (reply, None, false),
+        };
+        // early replies (unsafe until journaled)
+        let client = req.client;
+        let early = req.tid != 0 && op.is_mutation();
+        let mut wait = match seq {
+            Some(s) if !early || s > self.committed() + MAX_UNSAFE_ENTRIES => Some(s),
+            // a retry answered from the table: what it answers may not be journaled yet
+            None if retried => Some(self.assigned()),
+            _ => None,
+        };
+        // what the reply shows of another client's change waits for that change's entry
+        wait = wait.max(self.unjournaled_dependency(client, op, &reply));
+        if let Some(s) = wait
+            && !self.wait_committed(s).await
+        {
+            return (Reply::Err(errno::ESHUTDOWN), None, false);
+        }
+        let unsafe_reply = seq.is_some_and(|s| s > self.committed());
+        (reply, grants, unsafe_reply)
+    }
+
+    /// [`Inner::handle`] up to the journal: the reply, its grants, the seq of the entry
+    /// it queued and whether it was answered from the completed-request table; `Err`: a
+    /// reply to send as it is.
+    async fn handle_safe(
+        &self,
+        req: RequestId,
+        caller: Caller,
+        op: &Op,
+    ) -> std::result::Result<(Handled, Option<CapGrants>), Reply> {
         let client = req.client;
         if self.is_fenced() {
-            return (Reply::Err(errno::ESHUTDOWN), None);
+            return Err(Reply::Err(errno::ESHUTDOWN));
+        }
+        if let Op::Sync = op {
+            // every change applied before this request arrived is journaled on return
+            let s = self.assigned();
+            return Ok((
+                Handled {
+                    reply: if self.wait_committed(s).await {
+                        Reply::Ok
+                    } else {
+                        Reply::Err(errno::ESHUTDOWN)
+                    },
+                    seq: None,
+                    retried: false,
+                },
+                None,
+            ));
         }
         if client != 0 {
             self.last_seen
@@ -823,16 +1027,15 @@ impl Inner {
             }
         }
         if let Op::CapPoll { ack } = op {
-            return (self.cap_poll(client, ack).await, None);
+            return Err(self.cap_poll(client, ack).await);
         }
         if let Op::GetXattr { name, .. } = op
             && name == STATS_XATTR
         {
             let stats = self.stats().await;
-            return (
-                Reply::Xattr(serde_json::to_vec(&stats).expect("serializable")),
-                None,
-            );
+            return Err(Reply::Xattr(
+                serde_json::to_vec(&stats).expect("serializable"),
+            ));
         }
         self.requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -840,14 +1043,15 @@ impl Inner {
         // truncates go on (the journal writes past the full flag, `set_full_try`), so that
         // users can free space. Reads, lookups, opens and closes go on.
         if !op.allowed_when_full() && self.cluster_full() {
-            return (Reply::Err(errno::ENOSPC), None);
+            return Err(Reply::Err(errno::ENOSPC));
         }
-        let (reply, grants, mut revokes, st) = loop {
+        let (reply, grants, mut revokes, seq, retried, st) = loop {
             let mut st = self.state.lock().await;
             if self.is_fenced() {
                 // stopped while this op waited for the lock
-                return (Reply::Err(errno::ESHUTDOWN), None);
+                return Err(Reply::Err(errno::ESHUTDOWN));
             }
+            let retried = req.tid != 0 && op.is_mutation() && st.ns.completed(client, req.tid);
             // Another client's exclusive capability on the inode is settled first: its
             // holder flushes the size and mtime it deferred before it acknowledges.
             let (ino, wait) = match excl_target(op) {
@@ -856,7 +1060,9 @@ impl Inner {
             };
             if wait.is_empty() {
                 match self.apply_locked(&mut st, req, caller, op).await {
-                    Applied::Done(reply, grants, revokes) => break (reply, grants, revokes, st),
+                    Applied::Done(reply, grants, revokes, seq) => {
+                        break (reply, grants, revokes, seq, retried, st);
+                    }
                     Applied::Excl(ino, wait) => {
                         drop(st);
                         self.wait_excl(client, ino, &wait).await;
@@ -887,7 +1093,66 @@ impl Inner {
         if tracked {
             self.revoking.lock().expect("revoking lock").remove(&key);
         }
-        (reply, grants)
+        Ok((
+            Handled {
+                reply,
+                seq,
+                retried,
+            },
+            grants,
+        ))
+    }
+
+    // early replies (unsafe until journaled)
+    /// The last seq given to a journal entry.
+    fn assigned(&self) -> u64 {
+        self.queue.lock().expect("journal queue lock").assigned
+    }
+
+    /// The last seq in RADOS.
+    fn committed(&self) -> u64 {
+        *self.committed.borrow()
+    }
+
+    /// Waits until the entry `seq` is in RADOS; `false` if the MDS stopped first (its
+    /// journal failed or it was fenced).
+    async fn wait_committed(&self, seq: u64) -> bool {
+        let mut done = self.committed.subscribe();
+        let mut fenced = self.fenced.subscribe();
+        loop {
+            if *done.borrow_and_update() >= seq {
+                return true;
+            }
+            if fenced.borrow_and_update().is_some() {
+                return false;
+            }
+            tokio::select! {
+                r = done.changed() => if r.is_err() { return false },
+                r = fenced.changed() => if r.is_err() { return false },
+            }
+        }
+    }
+
+    /// The latest unjournaled entry of another client that changed an inode `op` names or
+    /// `reply` answers with (the reply waits for it: no client sees a change that a takeover
+    /// could lose while the client that made it is not there to send it again).
+    fn unjournaled_dependency(&self, client: u64, op: &Op, reply: &Reply) -> Option<u64> {
+        let q = self.queue.lock().expect("journal queue lock");
+        if q.unjournaled.is_empty() {
+            return None;
+        }
+        let committed = self.committed();
+        let answered = match reply {
+            Reply::Attr(i) => Some(i.ino),
+            _ => None,
+        };
+        named_inos(op)
+            .into_iter()
+            .chain(answered)
+            .filter_map(|i| q.unjournaled.get(&i))
+            .filter(|(c, s)| *c != client && *s > committed)
+            .map(|(_, s)| *s)
+            .max()
     }
 
     /// Revokes other clients' exclusive capability on `ino` (see `CapTable::revoke_excl`);
@@ -948,7 +1213,23 @@ impl Inner {
                                 Ok(())
                             }
                             Ok(None) => {
-                                return Applied::Done(Reply::Err(errno::ENOENT), None, Vec::new());
+                                return Applied::Done(
+                                    Reply::Err(errno::ENOENT),
+                                    None,
+                                    Vec::new(),
+                                    None,
+                                );
+                            }
+                            Err(e) => Err(e),
+                        },
+                        Need::Probe(ino) => match load_inode(&self.meta, ino).await {
+                            Ok(Some(i)) => {
+                                st.ns.insert_inode(i);
+                                Ok(())
+                            }
+                            Ok(None) => {
+                                st.ns.note_absent(ino);
+                                Ok(())
                             }
                             Err(e) => Err(e),
                         },
@@ -964,7 +1245,7 @@ impl Inner {
                     };
                     if let Err(e) = loaded {
                         warn!("loading {need:?}: {e}");
-                        return Applied::Done(Reply::Err(e.errno()), None, Vec::new());
+                        return Applied::Done(Reply::Err(e.errno()), None, Vec::new(), None);
                     }
                 }
                 Step::Done {
@@ -974,6 +1255,7 @@ impl Inner {
                 } => {
                     let mut revokes = Vec::new();
                     let mut changed = Vec::new();
+                    let mut seq = None;
                     if updates.is_empty()
                         && let Reply::Attr(i) = &reply
                     {
@@ -992,10 +1274,7 @@ impl Inner {
                                 _ => None,
                             })
                             .collect();
-                        if let Err(e) = self.journal(st, updates).await {
-                            self.stop_on_journal_failure(&e);
-                            return Applied::Done(Reply::Err(errno::EIO), None, Vec::new());
-                        }
+                        seq = Some(self.journal(st, client, updates));
                         (revokes, changed) = self.revoke_changed(client, op, &invalidate, &deleted);
                         if let Op::SetXattr { name, .. } | Op::RemoveXattr { name, .. } = op
                             && name == XATTR_QUOTA_MAX_BYTES
@@ -1028,11 +1307,11 @@ impl Inner {
                         _ => false,
                     };
                     let grants = self.grant_for_reply(client, op, &reply, changed, excl_ok);
-                    return Applied::Done(reply, grants, revokes);
+                    return Applied::Done(reply, grants, revokes, seq);
                 }
             }
         }
-        Applied::Done(Reply::Err(errno::EIO), None, Vec::new())
+        Applied::Done(Reply::Err(errno::EIO), None, Vec::new(), None)
     }
 
     fn now_ms(&self) -> u64 {
@@ -1311,49 +1590,129 @@ impl Inner {
         }
     }
 
-    /// Appends one entry to the journal (durable when this returns).
-    async fn journal(&self, st: &mut State, updates: Vec<Update>) -> Result<()> {
-        st.seq += 1;
+    /// Queues one entry of `client`'s updates for the journal and returns its seq (the
+    /// writer appends it soon, with whatever else has queued; [`Inner::wait_committed`]
+    /// waits for it). Called with the state locked, so seqs follow the order the changes
+    /// were applied in.
+    fn journal(&self, st: &mut State, client: u64, updates: Vec<Update>) -> u64 {
+        let mut q = self.queue.lock().expect("journal queue lock");
+        q.assigned += 1;
+        let seq = q.assigned;
         let entry = Entry {
             v: journal::JOURNAL_VERSION,
-            seq: st.seq,
+            seq,
             updates,
         };
         let bytes = journal::encode(&entry);
-        let len = bytes.len() as u64;
-        self.meta
-            .append(&journal::segment_object(st.segment), bytes)
-            .await
-            .map_err(|e| self.check_fenced(e))?;
-        st.segment_bytes += len;
-        st.pending.extend(entry.updates);
-        if st.segment_bytes >= journal::SEGMENT_BYTES {
-            st.segment += 1;
-            st.segment_bytes = 0;
-            self.metrics.journal_segments.inc();
+        for ino in updated_inos(&entry.updates) {
+            q.unjournaled.insert(ino, (client, seq));
         }
-        // metrics
-        self.metrics.journal_appends.inc();
-        self.metrics.journal_bytes.inc_by(len);
-        self.note_open_segments(st);
-        Ok(())
+        q.entries.push((seq, bytes));
+        drop(q);
+        st.pending.extend(entry.updates);
+        self.kick.notify_one();
+        seq
     }
 
-    /// Writes back what is dirty, then trims the journal.
+    /// Queues `updates` and waits until they are in RADOS (the daemon's own changes).
+    async fn journal_now(&self, st: &mut State, updates: Vec<Update>) -> Result<()> {
+        self.journal(st, 0, updates);
+        self.flush_journal().await
+    }
+
+    /// Appends everything queued, in order, a batch per RADOS append. A failed append stops
+    /// the MDS (the cache holds changes the journal lacks).
+    async fn flush_journal(&self) -> Result<()> {
+        let mut w = self.writer.lock().await;
+        loop {
+            let (bytes, last) = {
+                let mut q = self.queue.lock().expect("journal queue lock");
+                if q.entries.is_empty() {
+                    return Ok(());
+                }
+                let mut size = 0;
+                let n = q
+                    .entries
+                    .iter()
+                    .take_while(|(_, b)| {
+                        size += b.len();
+                        size <= MAX_APPEND_BYTES
+                    })
+                    .count()
+                    .max(1);
+                let batch: Vec<(u64, Vec<u8>)> = q.entries.drain(..n).collect();
+                let last = batch.last().map(|(s, _)| *s).unwrap_or_default();
+                (batch.into_iter().flat_map(|(_, b)| b).collect::<Vec<u8>>(), last)
+            };
+            let len = bytes.len() as u64;
+            if let Err(e) = self
+                .meta
+                .append(&journal::segment_object(w.segment), bytes)
+                .await
+            {
+                let e = self.check_fenced(e);
+                self.stop_on_journal_failure(&e);
+                return Err(e);
+            }
+            w.segment_bytes += len;
+            if w.segment_bytes >= journal::SEGMENT_BYTES {
+                w.segment += 1;
+                w.segment_bytes = 0;
+                self.metrics.journal_segments.inc();
+            }
+            self.queue
+                .lock()
+                .expect("journal queue lock")
+                .unjournaled
+                .retain(|_, (_, s)| *s > last);
+            self.committed.send_replace(last);
+            // metrics
+            self.metrics.journal_appends.inc();
+            self.metrics.journal_bytes.inc_by(len);
+            self.note_open_segments(&w);
+        }
+    }
+
+    /// The journal writer: appends whatever has queued each time it is woken, until the MDS
+    /// stops.
+    async fn journal_writer(self: Arc<Self>) {
+        loop {
+            self.kick.notified().await;
+            if self.is_fenced() {
+                return;
+            }
+            if let Err(e) = self.flush_journal().await {
+                warn!("journal writer stopped: {e}");
+                return;
+            }
+        }
+    }
+
+    /// Writes back what is dirty, then trims the journal. Requests go on meanwhile: the
+    /// state is locked only to journal everything applied, close the segment and take the
+    /// updates to write (whose objects stay cached until they are written).
     async fn checkpoint(&self) -> Result<()> {
-        let mut st = self.state.lock().await;
-        if st.pending.is_empty() && st.first_segment == st.segment {
-            return Ok(());
-        }
-        // later appends go to a new segment; everything before it is in `pending`
-        if st.segment_bytes > 0 {
-            st.segment += 1;
-            st.segment_bytes = 0;
-            self.metrics.journal_segments.inc();
-        }
-        let pending = std::mem::take(&mut st.pending);
-        let requests = st.ns.requests_snapshot(Time::now());
-        let locks = st.ns.locks_snapshot();
+        let _one = self.checkpointing.lock().await;
+        let (pending, requests, locks, from, to) = {
+            let mut st = self.state.lock().await;
+            // everything applied is journaled first (the state lock keeps new changes out)
+            self.flush_journal().await?;
+            let mut w = self.writer.lock().await;
+            if st.pending.is_empty() && w.first_segment == w.segment {
+                return Ok(());
+            }
+            // later appends go to a new segment; everything before it is in `pending`
+            if w.segment_bytes > 0 {
+                w.segment += 1;
+                w.segment_bytes = 0;
+                self.metrics.journal_segments.inc();
+            }
+            st.ns.begin_writeback();
+            let pending = std::mem::take(&mut st.pending);
+            let requests = st.ns.requests_snapshot(Time::now());
+            let locks = st.ns.locks_snapshot();
+            (pending, requests, locks, w.first_segment, w.segment)
+        };
         let written = match apply_updates(&self.meta, &pending).await {
             Ok(()) => match save_requests(&self.meta, &requests).await {
                 Ok(()) => save_locks(&self.meta, &locks).await,
@@ -1361,34 +1720,37 @@ impl Inner {
             },
             Err(e) => Err(e),
         };
+        let mut st = self.state.lock().await;
         if let Err(e) = written {
-            st.pending = pending;
+            // the next checkpoint writes them again, before what came since
+            let newer = std::mem::replace(&mut st.pending, pending);
+            st.pending.extend(newer);
+            st.ns.abort_writeback();
             return Err(match e {
                 FsError::Rados(c) => self.check_fenced(c),
                 e => e,
             });
         }
-        let to = st.segment;
-        trim(&self.meta, st.first_segment, to)
-            .await
-            .map_err(|e| match e {
-                FsError::Rados(c) => self.check_fenced(c),
-                e => e,
-            })?;
-        st.first_segment = to;
-        st.ns.mark_clean();
+        st.ns.end_writeback();
         st.ns.evict_to(self.cfg.cache_inodes);
+        self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
+        drop(st);
+        trim(&self.meta, from, to).await.map_err(|e| match e {
+            FsError::Rados(c) => self.check_fenced(c),
+            e => e,
+        })?;
+        let mut w = self.writer.lock().await;
+        w.first_segment = to;
         debug!(updates = pending.len(), segment = to, "checkpoint");
         // metrics
         self.metrics.checkpoints.inc();
-        self.note_open_segments(&st);
-        self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
+        self.note_open_segments(&w);
         Ok(())
     }
 
     /// Metrics: the journal segments a restart would replay now.
-    fn note_open_segments(&self, st: &State) {
-        let open = st.segment.saturating_sub(st.first_segment) + u64::from(st.segment_bytes > 0);
+    fn note_open_segments(&self, w: &JournalWriter) {
+        let open = w.segment.saturating_sub(w.first_segment) + u64::from(w.segment_bytes > 0);
         self.metrics.journal_segments_open.set(open as i64);
     }
 
@@ -1444,10 +1806,7 @@ impl Inner {
             if updates.is_empty() {
                 continue;
             }
-            if let Err(e) = self.journal(&mut st, updates).await {
-                self.stop_on_journal_failure(&e);
-                return Err(e);
-            }
+            self.journal_now(&mut st, updates).await?;
         }
         Ok(())
     }
@@ -1496,10 +1855,7 @@ impl Inner {
                 continue; // opened again meanwhile
             }
             let updates = st.ns.purged(ino);
-            if let Err(e) = self.journal(&mut st, updates).await {
-                self.stop_on_journal_failure(&e);
-                return Err(e);
-            }
+            self.journal_now(&mut st, updates).await?;
         }
         Ok(())
     }
@@ -1663,16 +2019,17 @@ impl kelp_msgr::Dispatcher for Dispatcher {
         }
         let env = decode_request(&req.meta)?;
         let timer = self.metrics.start(&env.op);
-        let (reply, grants) = match self.slot.get() {
+        let (reply, grants, unsafe_reply) = match self.slot.get() {
             Some(inner) => {
                 let req = RequestId {
                     client: env.client,
                     tid: env.tid,
                     oldest: env.oldest_tid,
+                    ino_hint: env.ino_hint,
                 };
                 inner.handle(req, env.caller, &env.op).await
             }
-            None => (Reply::Err(errno::ESHUTDOWN), None),
+            None => (Reply::Err(errno::ESHUTDOWN), None, false),
         };
         timer.finish(!matches!(reply, Reply::Err(_)));
         let meta = serde_json::to_vec(&reply).expect("replies serialize");
@@ -1681,7 +2038,12 @@ impl kelp_msgr::Dispatcher for Dispatcher {
             Some(g) => Bytes::from(serde_json::to_vec(&g).expect("grants serialize")),
             None => Bytes::new(),
         };
-        Ok(Response::new(MSG_MDS_REQUEST, meta, data))
+        let kind = if unsafe_reply {
+            MSG_MDS_UNSAFE
+        } else {
+            MSG_MDS_REQUEST
+        };
+        Ok(Response::new(kind, meta, data))
     }
 }
 
@@ -1698,6 +2060,7 @@ mod tests {
             op: Op::GetAttr { ino: 1 },
             tid: 1,
             oldest_tid: 1,
+            ino_hint: None,
         })
         .unwrap();
         assert!(decode_request(&good).is_ok());

@@ -29,6 +29,11 @@ pub const DEFAULT_OBJECT_SIZE: u64 = 4 << 20;
 pub const MSG_MDS_REQUEST: u16 = 0x4d01;
 /// msgr message type of an MDS push to a client (invalidations).
 pub const MSG_MDS_PUSH: u16 = 0x4d02;
+// early replies (unsafe until journaled)
+/// msgr message type of an "unsafe" reply: the change is applied and visible, but its
+/// journal entry may not be in RADOS yet. The client keeps the request until an
+/// [`Op::Sync`] answers, and sends it again to an MDS that takes over meanwhile.
+pub const MSG_MDS_UNSAFE: u16 = 0x4d03;
 
 /// The file-type bits of a mode (`S_IFMT`).
 pub const S_IFMT: u32 = 0o170000;
@@ -359,6 +364,10 @@ pub enum Op {
     CloseMany {
         inos: Vec<Ino>,
     },
+    // early replies (unsafe until journaled)
+    /// Answered once every change the MDS had applied when it arrived is in the journal in
+    /// RADOS (what `fsync` and the client's periodic sync wait for).
+    Sync,
 }
 
 impl Op {
@@ -379,6 +388,7 @@ impl Op {
                 | Op::ReleaseLocks { .. }
                 | Op::CapPoll { .. }
                 | Op::CloseMany { .. }
+                | Op::Sync
         )
     }
 }
@@ -475,6 +485,12 @@ pub struct Envelope {
     /// forgets their completions.
     #[serde(default)]
     pub oldest_tid: u64,
+    // early replies (unsafe until journaled)
+    /// A create sent again to an MDS that took over after an unsafe reply: the inode number
+    /// that reply gave, which the new MDS reuses if it is one a lost journal entry held
+    /// (`core::Namespace::new_inode`).
+    #[serde(default)]
+    pub ino_hint: Option<Ino>,
 }
 
 // completed requests (idempotent retries)
@@ -486,6 +502,8 @@ pub struct RequestId {
     pub tid: u64,
     /// The client's oldest unanswered tid.
     pub oldest: u64,
+    /// [`Envelope::ino_hint`].
+    pub ino_hint: Option<Ino>,
 }
 
 /// What a completed mutation answered, as the completed-request table keeps it: enough to

@@ -680,3 +680,73 @@ fn locks_survive_kill_of_the_active_mds() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Early replies: with the OSDs stalled, the MDS applies and answers changes it cannot
+/// journal yet (creates, a mkdir, a symlink, a rename, a chmod); it is then killed -9 before
+/// its journal holds them. The mount sends them again to the standby that takes over, which
+/// gives every created file its inode number back: a second mount sees exactly what the
+/// first one was answered, and the first mount's log shows the changes were sent again.
+#[test]
+fn changes_answered_before_the_journal_held_them_survive_kill_of_the_mds() {
+    let c = fs_support::fs_cluster();
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let mut daemons = BTreeMap::new();
+    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
+    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
+    let first = wait_active(&c, None);
+    let a = Mount::with(&c, "mnt-a", &["--fs", "kelpfs"]);
+    std::fs::create_dir(a.p("d")).unwrap();
+    write_synced(&a.p("d/old"), b"written before the stall").unwrap();
+    let listing = "cd d && stat -c '%n %i %a %F' * | sort";
+    let before = a.sh(listing);
+
+    // the OSDs stall: the MDS can apply and answer changes, but not journal them
+    let osds: Vec<String> = (0..3).map(|o| format!("osd.{o}")).collect();
+    osds.iter().for_each(|o| {
+        c.sigstop(o);
+    });
+    let changed = std::panic::catch_unwind(|| {
+        a.sh(
+            "cd d && python3 -c 'import os\nfor i in range(40): os.close(os.open(f\"f{i}\", \
+             os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))' && mkdir sub && ln -s f1 link \
+             && mv old renamed && chmod 600 f3",
+        );
+        a.sh(listing)
+    });
+    daemons.get_mut(&first).unwrap().kill9();
+    osds.iter().for_each(|o| c.sigcont(o));
+    let expected = changed.unwrap();
+    assert_ne!(expected, before);
+    assert!(expected.contains("d/renamed") || expected.contains("renamed "));
+    let second = wait_active(&c, Some(&first));
+    assert_ne!(first, second);
+
+    // a mount made after the takeover sees every change, with the same inode numbers
+    let b = Mount::with(&c, "mnt-b", &["--fs", "kelpfs"]);
+    let t = Instant::now();
+    loop {
+        let seen = b.sh(listing);
+        if seen == expected {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(90) {
+            print_fs_logs(&c);
+            panic!("after the takeover mount B sees\n{seen}\nnot what mount A was answered\n{expected}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(a.sh(listing), expected, "mount A after the takeover");
+    let log = std::fs::read_to_string(c.dir.join("mnt-a.log")).unwrap_or_default();
+    assert!(
+        log.contains("not known to be journaled"),
+        "mount A never had to send a change again (the test did not stall the journal):\n{log}"
+    );
+    assert_eq!(
+        std::fs::read(b.p("d/renamed")).unwrap(),
+        b"written before the stall"
+    );
+    // new files after the takeover get inode numbers of their own
+    std::fs::write(b.p("d/after"), b"x").unwrap();
+    let inos = b.sh("cd d && stat -c '%i' * | sort | uniq -d");
+    assert_eq!(inos.trim(), "", "two files share an inode number");
+}

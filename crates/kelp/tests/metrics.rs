@@ -491,11 +491,13 @@ fn every_daemon_is_scraped_by_prometheus() {
         Duration::from_secs(30),
         |v| v >= mds_before + 30.0,
     );
+    // (one append carries the entries of every change made while the previous one was in
+    // flight, so ~30 changes take fewer appends)
     prom.wait_for(
         "MDS journal appends",
         "sum(kelp_mds_journal_appends_total)",
         Duration::from_secs(30),
-        |v| v >= 20.0,
+        |v| v >= 5.0,
     );
     prom.wait_for(
         "MDS request latency observed",

@@ -144,7 +144,14 @@ impl Namespace {
                 },
             };
         }
+        if let Some(h) = req.ino_hint
+            && self.hint_needs_probe(h)
+        {
+            return Step::Need(Need::Probe(h));
+        }
+        self.ino_hint = req.ino_hint;
         let mut step = self.apply(req.client, caller, op, now);
+        self.ino_hint = None;
         if let Step::Done { reply, updates, .. } = &mut step
             && !updates.is_empty()
             && let Some(done) = Done::of(reply)
@@ -166,6 +173,11 @@ impl Namespace {
     pub fn requests_snapshot(&mut self, now: Time) -> RequestTable {
         self.requests.expire(now);
         self.requests.clone()
+    }
+
+    /// Whether `client`'s request `tid` is in the completed-request table.
+    pub fn completed(&self, client: u64, tid: u64) -> bool {
+        self.requests.get(client, tid).is_some()
     }
 
     /// The table a replay rebuilt (at activation).

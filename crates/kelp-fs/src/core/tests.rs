@@ -476,6 +476,7 @@ impl Fs {
                     let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
                     self.ns.insert_dir(d, entries);
                 }
+                Step::Need(Need::Probe(i)) => self.probe(i),
             }
         }
         panic!("op never completed: {op:?}");
@@ -808,10 +809,24 @@ fn layouts_pass_down_to_new_files_and_only_empty_files_change_theirs() {
 impl Fs {
     /// Runs `op` as request `tid` of client 7 (its oldest unanswered tid: `oldest`).
     fn run_req(&mut self, tid: u64, oldest: u64, op: &Op) -> Reply {
+        self.run_req_full(tid, oldest, None, op, true)
+    }
+
+    /// As [`Fs::run_req`], with an inode-number hint; `journaled: false` drops the
+    /// updates (answered early, then the MDS died before its journal held them).
+    fn run_req_full(
+        &mut self,
+        tid: u64,
+        oldest: u64,
+        ino_hint: Option<Ino>,
+        op: &Op,
+        journaled: bool,
+    ) -> Reply {
         let req = RequestId {
             client: 7,
             tid,
             oldest,
+            ino_hint,
         };
         for _ in 0..100 {
             match self
@@ -819,7 +834,9 @@ impl Fs {
                 .apply_request(req, ROOT, op, Time { secs: 5, nanos: 0 })
             {
                 Step::Done { reply, updates, .. } => {
-                    self.store.apply(&updates);
+                    if journaled {
+                        self.store.apply(&updates);
+                    }
                     if self.evict {
                         self.ns.mark_clean();
                         self.ns.evict_to(0);
@@ -834,9 +851,27 @@ impl Fs {
                     let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
                     self.ns.insert_dir(d, entries);
                 }
+                Step::Need(Need::Probe(i)) => self.probe(i),
             }
         }
         panic!("op never completed: {op:?}");
+    }
+
+    /// Answers a [`Need::Probe`] from the store.
+    fn probe(&mut self, i: Ino) {
+        match self.store.inodes.get(&i).cloned() {
+            Some(inode) => self.ns.insert_inode(inode),
+            None => self.ns.note_absent(i),
+        }
+    }
+
+    /// A takeover as the daemon does it: allocation resumes [`REPLAY_INO_GAP`] past the
+    /// journaled next inode number (stored), and the skipped range is a replay zone.
+    fn failover_skipping(&mut self) {
+        let next = self.store.next_ino;
+        self.store.next_ino = next + REPLAY_INO_GAP;
+        self.failover();
+        self.ns.set_replay_zones(vec![next]);
     }
 
     /// The MDS died; a standby replayed the journal: an empty cache over the stored objects,
@@ -1226,4 +1261,41 @@ fn locks_are_journaled_and_survive_a_failover() {
     fs.store.apply(&updates);
     fs.failover();
     assert_eq!(fs.run(Op::SetLk { ino: f, lock: mine }), Reply::Ok);
+}
+
+// ---- early replies: creates sent again after a takeover ----
+
+#[test]
+fn a_create_answered_early_and_lost_with_the_mds_is_made_again_with_its_inode_number() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        fs.failover_skipping();
+        // answered early; the MDS dies before its journal holds the create
+        let lost = match fs.run_req_full(10, 10, None, &mknod(d, "f"), false) {
+            Reply::Attr(i) => i.ino,
+            r => panic!("{r:?}"),
+        };
+        fs.failover_skipping();
+        assert!(fs.names(d).is_empty(), "the create was lost with the MDS");
+        // another client creates meanwhile: never the number the lost create was given
+        let other = fs.create(d, "g");
+        assert_ne!(other, lost);
+        // the client sends its create again with that number: it gets it back
+        match fs.run_req_full(10, 10, Some(lost), &mknod(d, "f"), true) {
+            Reply::Attr(i) => assert_eq!(i.ino, lost, "the kernel's inode number is kept"),
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(fs.ino(d, "f"), lost);
+        // a hint of an inode that exists, or outside the skipped ranges, gets a new number
+        for (tid, hint, name) in [(11, lost, "h"), (12, other, "k"), (13, 3, "m")] {
+            match fs.run_req_full(tid, tid, Some(hint), &mknod(d, name), true) {
+                Reply::Attr(i) => {
+                    assert_ne!(i.ino, hint, "{name} took inode {hint}");
+                    assert_ne!(i.ino, lost);
+                }
+                r => panic!("{r:?}"),
+            }
+        }
+        assert_eq!(fs.attr(lost).ino, lost);
+    });
 }
