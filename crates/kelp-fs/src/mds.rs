@@ -101,11 +101,20 @@ pub const MAX_UNSAFE_ENTRIES: u64 = 4096;
 /// Most bytes of entries one journal append carries.
 const MAX_APPEND_BYTES: usize = 4 << 20;
 
+/// What waits for the journal writer.
+enum Queued {
+    /// An encoded entry and its seq.
+    Entry(u64, Vec<u8>),
+    /// A checkpoint's request to close the segment after the entries before it: answered
+    /// with (the first segment not yet checkpointed, the segment appended to from now on).
+    Roll(tokio::sync::oneshot::Sender<(u64, u64)>),
+}
+
 /// Journal entries encoded and waiting for the writer.
 #[derive(Default)]
 struct JournalQueue {
-    /// (seq, encoded entry), in seq order.
-    entries: Vec<(u64, Vec<u8>)>,
+    /// In seq order.
+    entries: Vec<Queued>,
     /// The last seq given to an entry.
     assigned: u64,
     /// Inodes changed by entries not yet in RADOS: (client that changed it, seq). A reply to
@@ -1607,42 +1616,56 @@ impl Inner {
         for ino in updated_inos(&entry.updates) {
             q.unjournaled.insert(ino, (client, seq));
         }
-        q.entries.push((seq, bytes));
+        q.entries.push(Queued::Entry(seq, bytes));
         drop(q);
         st.pending.extend(entry.updates);
         self.kick.notify_one();
         seq
     }
 
-    /// Queues `updates` and waits until they are in RADOS (the daemon's own changes).
-    async fn journal_now(&self, st: &mut State, updates: Vec<Update>) -> Result<()> {
-        self.journal(st, 0, updates);
-        self.flush_journal().await
-    }
-
-    /// Appends everything queued, in order, a batch per RADOS append. A failed append stops
-    /// the MDS (the cache holds changes the journal lacks).
+    /// Appends everything queued, in order, a batch per RADOS append, and closes the segment
+    /// where a checkpoint asked. A failed append stops the MDS (the cache holds changes the
+    /// journal lacks).
     async fn flush_journal(&self) -> Result<()> {
         let mut w = self.writer.lock().await;
         loop {
             let (bytes, last) = {
                 let mut q = self.queue.lock().expect("journal queue lock");
-                if q.entries.is_empty() {
-                    return Ok(());
+                if let Some(Queued::Roll(_)) = q.entries.first()
+                    && let Queued::Roll(tx) = q.entries.remove(0)
+                {
+                    drop(q);
+                    if w.segment_bytes > 0 {
+                        w.segment += 1;
+                        w.segment_bytes = 0;
+                        self.metrics.journal_segments.inc();
+                    }
+                    let _ = tx.send((w.first_segment, w.segment));
+                    continue;
                 }
                 let mut size = 0;
-                let n = q
-                    .entries
-                    .iter()
-                    .take_while(|(_, b)| {
-                        size += b.len();
-                        size <= MAX_APPEND_BYTES
-                    })
-                    .count()
-                    .max(1);
-                let batch: Vec<(u64, Vec<u8>)> = q.entries.drain(..n).collect();
-                let last = batch.last().map(|(s, _)| *s).unwrap_or_default();
-                (batch.into_iter().flat_map(|(_, b)| b).collect::<Vec<u8>>(), last)
+                let mut n = 0;
+                for item in &q.entries {
+                    match item {
+                        Queued::Entry(_, b) if n == 0 || size + b.len() <= MAX_APPEND_BYTES => {
+                            size += b.len();
+                            n += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                if n == 0 {
+                    return Ok(());
+                }
+                let mut bytes = Vec::with_capacity(size);
+                let mut last = 0;
+                for item in q.entries.drain(..n) {
+                    if let Queued::Entry(seq, b) = item {
+                        bytes.extend_from_slice(&b);
+                        last = seq;
+                    }
+                }
+                (bytes, last)
             };
             let len = bytes.len() as u64;
             if let Err(e) = self
@@ -1689,48 +1712,54 @@ impl Inner {
     }
 
     /// Writes back what is dirty, then trims the journal. Requests go on meanwhile: the
-    /// state is locked only to journal everything applied, close the segment and take the
-    /// updates to write (whose objects stay cached until they are written).
+    /// state is locked only to take the updates to write (whose inodes and directories stay
+    /// cached until they are written) and to queue the segment's close right after their
+    /// entries, so the journal never blocks the MDS here.
     async fn checkpoint(&self) -> Result<()> {
         let _one = self.checkpointing.lock().await;
-        let (pending, requests, locks, from, to) = {
+        let (pending, requests, locks, rolled) = {
             let mut st = self.state.lock().await;
-            // everything applied is journaled first (the state lock keeps new changes out)
-            self.flush_journal().await?;
-            let mut w = self.writer.lock().await;
-            if st.pending.is_empty() && w.first_segment == w.segment {
+            if st.pending.is_empty() {
                 return Ok(());
             }
-            // later appends go to a new segment; everything before it is in `pending`
-            if w.segment_bytes > 0 {
-                w.segment += 1;
-                w.segment_bytes = 0;
-                self.metrics.journal_segments.inc();
-            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.queue
+                .lock()
+                .expect("journal queue lock")
+                .entries
+                .push(Queued::Roll(tx));
+            self.kick.notify_one();
             st.ns.begin_writeback();
             let pending = std::mem::take(&mut st.pending);
             let requests = st.ns.requests_snapshot(Time::now());
             let locks = st.ns.locks_snapshot();
-            (pending, requests, locks, w.first_segment, w.segment)
+            (pending, requests, locks, rx)
         };
-        let written = match apply_updates(&self.meta, &pending).await {
-            Ok(()) => match save_requests(&self.meta, &requests).await {
-                Ok(()) => save_locks(&self.meta, &locks).await,
+        // the entries of `pending` are journaled once the segment is closed after them
+        let written = match rolled.await {
+            Ok(segments) => match apply_updates(&self.meta, &pending).await {
+                Ok(()) => match save_requests(&self.meta, &requests).await {
+                    Ok(()) => save_locks(&self.meta, &locks).await.map(|()| segments),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
-            Err(e) => Err(e),
+            Err(_) => Err(FsError::Fenced("the journal writer stopped".into())),
         };
         let mut st = self.state.lock().await;
-        if let Err(e) = written {
-            // the next checkpoint writes them again, before what came since
-            let newer = std::mem::replace(&mut st.pending, pending);
-            st.pending.extend(newer);
-            st.ns.abort_writeback();
-            return Err(match e {
-                FsError::Rados(c) => self.check_fenced(c),
-                e => e,
-            });
-        }
+        let (from, to) = match written {
+            Ok(segments) => segments,
+            Err(e) => {
+                // the next checkpoint writes them again, before what came since
+                let newer = std::mem::replace(&mut st.pending, pending);
+                st.pending.extend(newer);
+                st.ns.abort_writeback();
+                return Err(match e {
+                    FsError::Rados(c) => self.check_fenced(c),
+                    e => e,
+                });
+            }
+        };
         st.ns.end_writeback();
         st.ns.evict_to(self.cfg.cache_inodes);
         self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
@@ -1806,7 +1835,8 @@ impl Inner {
             if updates.is_empty() {
                 continue;
             }
-            self.journal_now(&mut st, updates).await?;
+            // journaled with the next append (the release is made again if it is lost)
+            self.journal(&mut st, 0, updates);
         }
         Ok(())
     }
@@ -1855,7 +1885,8 @@ impl Inner {
                 continue; // opened again meanwhile
             }
             let updates = st.ns.purged(ino);
-            self.journal_now(&mut st, updates).await?;
+            // journaled with the next append (a purge lost with the MDS is made again)
+            self.journal(&mut st, 0, updates);
         }
         Ok(())
     }
