@@ -837,10 +837,11 @@ impl FsClient {
             let resp = conn
                 .call(MSG_MDS_REQUEST, meta, Bytes::new(), self.opts.call_timeout)
                 .await?;
-            let reply: Reply = serde_json::from_slice(&resp.meta).map_err(|e| FsError::Malformed {
-                what: "MDS reply".into(),
-                detail: e.to_string(),
-            })?;
+            let reply: Reply =
+                serde_json::from_slice(&resp.meta).map_err(|e| FsError::Malformed {
+                    what: "MDS reply".into(),
+                    detail: e.to_string(),
+                })?;
             match reply {
                 Reply::Err(e) if e == errno::ESHUTDOWN => return Err(FsError::Errno(e)),
                 Reply::Err(e) => {

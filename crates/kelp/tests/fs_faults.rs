@@ -731,7 +731,9 @@ fn changes_answered_before_the_journal_held_them_survive_kill_of_the_mds() {
         }
         if t.elapsed() > Duration::from_secs(90) {
             print_fs_logs(&c);
-            panic!("after the takeover mount B sees\n{seen}\nnot what mount A was answered\n{expected}");
+            panic!(
+                "after the takeover mount B sees\n{seen}\nnot what mount A was answered\n{expected}"
+            );
         }
         std::thread::sleep(Duration::from_millis(300));
     }
