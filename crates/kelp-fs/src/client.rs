@@ -385,19 +385,15 @@ impl FsClient {
                 return Err(e.into());
             }
         };
-        match serde_json::from_slice::<Reply>(&resp.meta) {
-            Ok(Reply::Revokes(r)) => Ok(r),
-            Ok(Reply::Err(e)) => {
+        match decode_reply(&resp.meta)? {
+            Reply::Revokes(r) => Ok(r),
+            Reply::Err(e) => {
                 if e == errno::ESHUTDOWN {
                     *self.conn.lock().await = None;
                 }
                 Err(FsError::Errno(e))
             }
-            Ok(r) => Err(unexpected(r)),
-            Err(e) => Err(FsError::Malformed {
-                what: "MDS reply".into(),
-                detail: e.to_string(),
-            }),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -681,13 +677,7 @@ impl FsClient {
                         .await
                     {
                         Ok(resp) => {
-                            let mut reply: Reply =
-                                serde_json::from_slice(&resp.meta).map_err(|e| {
-                                    FsError::Malformed {
-                                        what: "MDS reply".into(),
-                                        detail: e.to_string(),
-                                    }
-                                })?;
+                            let mut reply = decode_reply(&resp.meta)?;
                             if let Reply::Attr(i) = &mut reply {
                                 self.caps.lock().expect("caps lock").overlay(i);
                             }
@@ -837,12 +827,7 @@ impl FsClient {
             let resp = conn
                 .call(MSG_MDS_REQUEST, meta, Bytes::new(), self.opts.call_timeout)
                 .await?;
-            let reply: Reply =
-                serde_json::from_slice(&resp.meta).map_err(|e| FsError::Malformed {
-                    what: "MDS reply".into(),
-                    detail: e.to_string(),
-                })?;
-            match reply {
+            match decode_reply(&resp.meta)? {
                 Reply::Err(e) if e == errno::ESHUTDOWN => return Err(FsError::Errno(e)),
                 Reply::Err(e) => {
                     error!(
@@ -1681,6 +1666,14 @@ impl FsClient {
             }),
         }
     }
+}
+
+/// An MDS reply's meta segment, decoded.
+fn decode_reply(meta: &[u8]) -> Result<Reply> {
+    serde_json::from_slice(meta).map_err(|e| FsError::Malformed {
+        what: "MDS reply".into(),
+        detail: e.to_string(),
+    })
 }
 
 fn unexpected(r: Reply) -> FsError {
