@@ -94,6 +94,18 @@ impl Exports for RbdExports {
             None => self.rbd.open(&pool, &image).await,
         }
         .map_err(|e| open_error(name, e))?;
+        if !img.is_read_only() && img.header().parent.is_some() {
+            // The lock holder reads the objects a clone lacks from its parent directly after
+            // the first lookup; without the lock every such read asks the clone's OSD first.
+            // Best effort, in the background (a holder may take a while to hand it over, and
+            // other exports must not wait): the first write takes the lock anyway.
+            let (img, key) = (img.clone(), key.clone());
+            tokio::spawn(async move {
+                if let Err(e) = img.acquire_lock().await {
+                    tracing::warn!(export = %key, "taking the exclusive lock at open: {e}");
+                }
+            });
+        }
         let dev = Arc::new(RbdDevice {
             description: format!("Kelp image {key}"),
             image: img,

@@ -11,6 +11,7 @@ use kelp_client::{ClientError, IoCtx, Rados, ReadOp, ReadResult, WriteOp};
 use crate::RbdError;
 use crate::header::{self, ChildRef, FORMAT, ImageHeader, ParentSpec, SnapInfo};
 use crate::layout::{Layout, ObjectExtent};
+use crate::objmap::{ExistenceMap, Ticket};
 
 const DIRECTORY: &str = "rbd_directory";
 const HEADER_KEY: &str = "header";
@@ -281,6 +282,7 @@ impl Rbd {
                     snap: snap_info,
                     parent,
                     known: std::sync::Mutex::default(),
+                    head_map: std::sync::Mutex::default(),
                     lock: tokio::sync::Mutex::default(),
                     acquiring: tokio::sync::Mutex::default(),
                     io_gate: Arc::default(),
@@ -606,6 +608,9 @@ pub(crate) struct Inner {
     /// A snapshot view never changes: which of its objects exist, once looked up (reads of a
     /// deep clone chain then go straight to the level that holds the data).
     known: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
+    /// The head's objects known absent while this client holds the exclusive lock
+    /// (`crate::objmap`).
+    pub(crate) head_map: std::sync::Mutex<ExistenceMap>,
     /// The exclusive lock (`crate::lock`): whether this client holds it.
     pub(crate) lock: tokio::sync::Mutex<crate::lock::LockState>,
     /// Held by the one acquisition of the lock under way.
@@ -845,21 +850,62 @@ impl Image {
     }
 
     async fn read_extent(&self, e: ObjectExtent) -> Result<Bytes, RbdError> {
-        if self.known(e.object) == Some(false) {
-            return self.read_parent(e.image_offset, e.len).await;
+        // Down the levels known to lack the object, to the first that may have it, without
+        // asking any OSD. A clone has its parent's layout, so the extent is the same object
+        // range at every level; only the overlap cuts it shorter.
+        let mut level = self;
+        let mut len = e.len;
+        let ticket = loop {
+            let (absent, ticket) = level.absent_here(e.object);
+            if !absent {
+                break ticket;
+            }
+            let overlap = level.overlap();
+            match &level.inner.parent {
+                Some(parent) if e.image_offset < overlap && parent.layout() == level.layout() => {
+                    len = len.min(overlap - e.image_offset);
+                    level = parent;
+                }
+                Some(_) if e.image_offset < overlap => {
+                    let b = level.read_parent(e.image_offset, len).await?;
+                    return Ok(pad_to(b, e.len));
+                }
+                _ => return Ok(Bytes::from(vec![0u8; e.len as usize])),
+            }
+        };
+        let here = ObjectExtent { len, ..e };
+        let b = level.read_object_extent(here, ticket).await?;
+        Ok(pad_to(b, e.len))
+    }
+
+    /// Whether this level is known to lack `object`, and (for the head) the ticket under which
+    /// a lookup may learn that it does.
+    fn absent_here(&self, object: u64) -> (bool, Option<Ticket>) {
+        if self.inner.snap.is_some() {
+            (self.known(object) == Some(false), None)
+        } else {
+            let map = self.head_map();
+            (map.known_absent(object), map.ticket())
         }
+    }
+
+    /// Reads the extent from this level's object, or from the parent if it does not exist.
+    async fn read_object_extent(
+        &self,
+        e: ObjectExtent,
+        ticket: Option<Ticket>,
+    ) -> Result<Bytes, RbdError> {
         let io = self.data_io();
         match io.read(&self.object_name(e.object), e.offset, e.len).await {
             Ok(b) => {
                 self.learn(e.object, true);
-                Ok(if b.len() as u64 == e.len {
-                    b
-                } else {
-                    pad(b, e.len)
-                })
+                Ok(pad_to(b, e.len))
             }
             Err(err) if is_not_found(&err) => {
                 self.learn(e.object, false);
+                if ticket.is_some() {
+                    self.head_map().learn_absent(e.object, ticket);
+                }
                 self.read_parent(e.image_offset, e.len).await
             }
             Err(err) => Err(err.into()),
@@ -875,6 +921,23 @@ impl Image {
             .expect("cache lock is never poisoned")
             .get(&object)
             .copied()
+    }
+
+    pub(crate) fn head_map(&self) -> std::sync::MutexGuard<'_, ExistenceMap> {
+        self.inner
+            .head_map
+            .lock()
+            .expect("map lock is never poisoned")
+    }
+
+    /// `object` of the head is about to be changed: it may exist from now on.
+    pub(crate) fn will_change(&self, object: u64) {
+        self.head_map().will_change(object);
+    }
+
+    /// How many of the head's objects this client knows to be absent (it holds the lock).
+    pub fn known_absent_objects(&self) -> usize {
+        self.head_map().absent_count()
     }
 
     fn learn(&self, object: u64, exists: bool) {
@@ -924,6 +987,7 @@ impl Image {
     /// Applies one mutation to one object extent, copying the parent's object up first when
     /// the object does not exist yet but reads through to the parent.
     async fn mutate(&self, layout: Layout, e: ObjectExtent, m: Mutation) -> Result<(), RbdError> {
+        self.will_change(e.object);
         let io = self.data_io();
         let name = self.object_name(e.object);
         let overlap = self.overlap();
@@ -1053,6 +1117,7 @@ impl Image {
         object: u64,
         overlap: u64,
     ) -> Result<(), RbdError> {
+        self.will_change(object);
         let io = self.data_io();
         let name = self.object_name(object);
         if self.reads_parent(&layout, object, overlap) {
@@ -1248,6 +1313,7 @@ impl Image {
                 let name = self.object_name(object);
                 let content = self.parent_object(layout, object, overlap).await?;
                 if !content.is_empty() {
+                    self.will_change(object);
                     match io
                         .operate(WriteOp::new().create(true).write_full(&content), &name)
                         .await
@@ -1335,6 +1401,15 @@ impl Image {
             out.push((c.pool.clone(), name, snap));
         }
         Ok(out)
+    }
+}
+
+/// `b` itself if it has `len` bytes, else cut or padded with zeros to `len`.
+fn pad_to(b: Bytes, len: u64) -> Bytes {
+    if b.len() as u64 == len {
+        b
+    } else {
+        pad(b, len)
     }
 }
 

@@ -26,6 +26,7 @@ mod header;
 mod image;
 mod layout;
 mod lock;
+mod objmap;
 mod snap;
 
 pub use error::RbdError;

@@ -193,8 +193,23 @@ impl Image {
             }
         }
         inner.lock.lock().await.held = true;
+        // Changes sent under an earlier turn (a watch lost while they were in flight) land
+        // before absence is learned again.
+        drop(inner.io_gate.write().await);
+        self.head_map().lock_taken();
         // Another client may have changed the image while it held the lock.
         self.refresh().await
+    }
+
+    /// Takes the exclusive lock now rather than at the first change. While it holds the lock,
+    /// this client remembers which of the head's objects are absent, so reads of a clone's
+    /// objects go straight to the parent after the first lookup (`crate::objmap`).
+    pub async fn acquire_lock(&self) -> Result<(), RbdError> {
+        self.check_writable()?;
+        if !self.holds_lock().await {
+            self.acquire().await?;
+        }
+        Ok(())
     }
 
     /// Gives the lock up (after the writes in flight), if held.
@@ -267,6 +282,11 @@ pub(crate) async fn release(inner: &Inner) -> Result<(), RbdError> {
             return Ok(());
         }
         state.held = false;
+        inner
+            .head_map
+            .lock()
+            .expect("map lock is never poisoned")
+            .lock_lost();
         LockOwner {
             instance: inner.rbd.rados().instance(),
             cookie: state.cookie,
@@ -360,7 +380,15 @@ async fn watch_loop(
                     // Another client may now take the lock as from a dead holder (and fence
                     // this one): stop counting on it.
                     tracing::warn!(image = %inner.name, "header watch lost: {e}");
-                    inner.lock.lock().await.held = false;
+                    {
+                        let mut state = inner.lock.lock().await;
+                        state.held = false;
+                        inner
+                            .head_map
+                            .lock()
+                            .expect("map lock is never poisoned")
+                            .lock_lost();
+                    }
                     if matches!(e, ClientError::Blocklisted(_)) {
                         return;
                     }

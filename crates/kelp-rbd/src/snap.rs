@@ -193,6 +193,7 @@ impl Image {
             let name = self.object_name(object);
             let (done, progress) = (&done, &progress);
             async move {
+                self.will_change(object);
                 match io.rollback(&name, s.id).await {
                     Ok(()) => {}
                     Err(ClientError::NotFound { .. }) => {}

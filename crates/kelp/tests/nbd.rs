@@ -454,3 +454,82 @@ fn two_servers_share_an_image_under_its_exclusive_lock() {
         ],
     );
 }
+
+/// A read-write export of a clone: the server takes the image's exclusive lock when it opens
+/// it (before any write) and then skips the clone's missing objects; once another client has
+/// taken the lock and written, the server's reads see that write (no stale knowledge).
+#[test]
+fn a_clone_export_forgets_absent_objects_when_the_lock_moves() {
+    tools();
+    let c = Cluster::up(3, 16);
+    c.cli(&["rbd", "create", "gold", "--size", "16M"]);
+    let gold = c.nbd_uri("rbd/gold");
+    qemu_io(&gold, &["write -P 0x5a 0 8M".into()]);
+    c.cli(&["rbd", "snap", "create", "gold@s"]);
+    c.cli(&["rbd", "snap", "protect", "gold@s"]);
+    c.cli(&["rbd", "clone", "gold@s", "work"]);
+    let uri = c.nbd_uri("rbd/work");
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    // A reader that keeps the export open (the server keeps the image and its lock).
+    let _reader = Reaped(
+        Command::new("nbdsh")
+            .env("PATH", nbd_tools::path_for_nbdsh())
+            .args([
+                "-u",
+                &uri,
+                "-c",
+                "import time\nh.pread(4096, 0)\ntime.sleep(600)",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let lock_owner = || -> Option<String> {
+        let v: serde_json::Value =
+            serde_json::from_str(&c.cli(&["rbd", "lock", "ls", "work", "--format", "json"]))
+                .unwrap();
+        v["instance"].as_str().map(str::to_string)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while lock_owner().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not take the clone's lock at open"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The server learns that the clone lacks object 0 (it reads the parent's bytes)…
+    qemu_io(&uri, &["read -P 0x5a 0 4M".into()]);
+    // …then another client takes the lock and writes 4 KiB at offset 0 (the bench's pattern,
+    // byte i = (i mod 256) × 31).
+    c.cli(&[
+        "rbd",
+        "bench",
+        "work",
+        "--io-type",
+        "write",
+        "--io-size",
+        "4K",
+        "--io-total",
+        "4K",
+    ]);
+    let check = "want = bytes(((i % 256) * 31) % 256 for i in range(4096))\n\
+                 got = h.pread(4096, 0)\n\
+                 assert got == want, 'stale: %r' % got[:8]\n\
+                 assert h.pread(4096, 4096) == bytes([0x5a]) * 4096";
+    run_ok(
+        Command::new("nbdsh")
+            .env("PATH", nbd_tools::path_for_nbdsh())
+            .args(["-u", &uri, "-c", check]),
+        LIMIT,
+    );
+    // The parent is unchanged.
+    qemu_io(&gold, &["read -P 0x5a 0 8M".into()]);
+}

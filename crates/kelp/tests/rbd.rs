@@ -445,3 +445,111 @@ async fn snapshots_and_clone_chains() {
     base.refresh().await.unwrap();
     assert_eq!(base.children().await.unwrap().len(), 1);
 }
+
+/// The lock holder's knowledge of which objects a clone lacks: used while it holds the lock,
+/// never after another client has written in between (a clone of a clone, two clients taking
+/// turns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absent_objects_are_forgotten_when_the_lock_moves() {
+    let c = Cluster::up(3, 16);
+    let mb = 1u64 << 20;
+    let rbd_a = Rbd::new(c.connect().await);
+    let rbd_b = Rbd::new(c.connect().await);
+    rbd_a
+        .create(
+            "rbd",
+            "base",
+            &CreateOptions {
+                size: 8 * mb,
+                order: Some(20),
+                ..CreateOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let base = rbd_a.open("rbd", "base").await.unwrap();
+    let v1 = heal_support::content(1, 8 * mb as usize);
+    base.write(0, v1.clone()).await.unwrap();
+    base.snap_create("s").await.unwrap();
+    base.snap_set_protected("s", true).await.unwrap();
+    rbd_a
+        .clone_image("rbd", "base", "s", "rbd", "mid", None)
+        .await
+        .unwrap();
+    let mid = rbd_a.open("rbd", "mid").await.unwrap();
+    mid.snap_create("p").await.unwrap();
+    mid.snap_set_protected("p", true).await.unwrap();
+    rbd_a
+        .clone_image("rbd", "mid", "p", "rbd", "leaf", None)
+        .await
+        .unwrap();
+
+    let a = rbd_a.open("rbd", "leaf").await.unwrap();
+    let b = rbd_b.open("rbd", "leaf").await.unwrap();
+    // Without the lock nothing is learned.
+    assert!(a.read(0, 8 * mb).await.unwrap() == v1);
+    assert_eq!(a.known_absent_objects(), 0);
+    // The holder learns that the clone has none of its 8 objects.
+    a.acquire_lock().await.unwrap();
+    assert!(a.holds_lock().await);
+    assert!(a.read(0, 8 * mb).await.unwrap() == v1);
+    assert_eq!(a.known_absent_objects(), 8);
+    // Its own write of a known-absent object is read back (copy-up, then the change).
+    let mut expect = v1.to_vec();
+    let patch = heal_support::content(2, 4096);
+    a.write(mb + 100, patch.clone()).await.unwrap();
+    expect[mb as usize + 100..mb as usize + 100 + 4096].copy_from_slice(&patch);
+    assert!(a.read(0, 8 * mb).await.unwrap()[..] == expect[..]);
+    assert_eq!(a.known_absent_objects(), 7);
+
+    // The other client writes objects `a` knew absent (it asks for the lock; `a` hands it
+    // over), discards one, writes zeros into another.
+    let other = heal_support::content(3, 2 * mb as usize);
+    b.write(3 * mb, other.clone()).await.unwrap();
+    b.discard(6 * mb, mb).await.unwrap();
+    b.write_zeroes(7 * mb + 512, 4096, false).await.unwrap();
+    assert!(b.holds_lock().await);
+    assert!(!a.holds_lock().await, "the lock was not handed over");
+    assert_eq!(
+        a.known_absent_objects(),
+        0,
+        "knowledge kept without the lock"
+    );
+    expect[3 * mb as usize..5 * mb as usize].copy_from_slice(&other);
+    expect[6 * mb as usize..7 * mb as usize].fill(0);
+    expect[7 * mb as usize + 512..7 * mb as usize + 512 + 4096].fill(0);
+    assert!(b.read(0, 8 * mb).await.unwrap()[..] == expect[..]);
+    assert!(
+        a.read(0, 8 * mb).await.unwrap()[..] == expect[..],
+        "a reader without the lock missed the other client's writes"
+    );
+    // `a` takes the lock back: nothing from its earlier turn is used.
+    a.acquire_lock().await.unwrap();
+    assert!(!b.holds_lock().await);
+    assert!(
+        a.read(0, 8 * mb).await.unwrap()[..] == expect[..],
+        "stale absence used after the lock came back"
+    );
+    // Objects 0, 2 and 5 are still only in the parents.
+    assert_eq!(a.known_absent_objects(), 3);
+    assert!(a.read(0, 8 * mb).await.unwrap()[..] == expect[..]);
+
+    // Once more with the turns the other way round, `b` having learned before.
+    b.acquire_lock().await.unwrap();
+    assert!(b.read(0, 8 * mb).await.unwrap()[..] == expect[..]);
+    assert_eq!(b.known_absent_objects(), 3);
+    let last = heal_support::content(4, 4096);
+    a.write(5 * mb, last.clone()).await.unwrap();
+    expect[5 * mb as usize..5 * mb as usize + 4096].copy_from_slice(&last);
+    assert_eq!(b.known_absent_objects(), 0);
+    b.acquire_lock().await.unwrap();
+    assert!(
+        b.read(0, 8 * mb).await.unwrap()[..] == expect[..],
+        "stale absence used by the second client"
+    );
+    // The parents never changed.
+    let mid_p = rbd_b.open_snap("rbd", "mid", "p").await.unwrap();
+    assert!(mid_p.read(0, 8 * mb).await.unwrap() == v1);
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

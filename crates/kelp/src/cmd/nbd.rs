@@ -47,11 +47,15 @@ pub struct NbdArgs {
     pub id: Option<String>,
     #[command(flatten)]
     pub metrics: common::MetricsArgs,
+    /// Async worker threads (default: one per CPU). With one, the requests that become ready
+    /// together are sent to the OSDs in one socket write.
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 pub fn run(a: NbdArgs, g: &crate::cmd::common::Global) -> Result<ExitCode> {
     common::init_logging("info");
-    let rt = common::runtime()?;
+    let rt = common::runtime_with_threads(a.threads)?;
     rt.block_on(async {
         let rados = g.conf.connect().await?;
         let exports = Arc::new(RbdExports::new(Rbd::new(rados.clone()), &a.pool));

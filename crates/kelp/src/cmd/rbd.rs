@@ -120,7 +120,8 @@ pub enum RbdCommand {
     /// Which clients have the image open (watchers of its header).
     Status { image: String },
     /// Load generator like `rbd bench`: per-second progress, then totals with latency
-    /// percentiles.
+    /// percentiles. It takes the image's exclusive lock first (also for reads), as the image's
+    /// one user; another writer gets it back on request.
     Bench(BenchArgs),
 }
 
@@ -915,6 +916,9 @@ async fn bench(img: &Image, b: &BenchArgs) -> Result<()> {
         b.io_type, io_size, b.io_threads, b.io_total.0, b.io_pattern
     );
     println!("  SEC       OPS   OPS/SEC   BYTES/SEC");
+    // The lock holder remembers which of a clone's objects are absent and reads those from the
+    // parent directly; taking the lock up front makes reads measure that steady state.
+    img.acquire_lock().await?;
     let started = Instant::now();
     let reporter = {
         let done_ops = done_ops.clone();
