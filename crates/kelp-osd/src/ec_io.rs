@@ -153,6 +153,38 @@ pub fn read_local_shard(
     ))
 }
 
+/// Whether a read of `ranges` of a shard is worth trying on the async worker first
+/// (`kelp_store::nowait::attempt`): a range larger than the store serves without blocking is
+/// always refused there, after the object's lookup for nothing (a 4 MiB read of a 4+2 pool
+/// asks each shard for 1 MiB), so such a read goes straight to a blocking thread.
+pub(crate) fn try_without_blocking(ranges: &[(u64, u64)]) -> bool {
+    ranges
+        .iter()
+        .all(|&(_, len)| kelp_store::nowait::may_read(len))
+}
+
+/// [`read_local_shard`] from async code: on the calling worker when the store can answer
+/// from memory ([`try_without_blocking`], then `kelp_store::nowait::attempt`), else on a
+/// blocking thread.
+pub async fn read_local_shard_async(
+    store: Arc<dyn ObjectStore>,
+    coll: CollectionId,
+    oid: ObjectId,
+    ranges: Vec<(u64, u64)>,
+) -> Result<(EcReadReply, Bytes), ExecError> {
+    let small = try_without_blocking(&ranges);
+    let read = move || read_local_shard(&*store, coll, &oid, &ranges);
+    if small && let Some(r) = kelp_store::nowait::attempt(read.clone()) {
+        return r;
+    }
+    tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|e| ExecError {
+            code: ErrorCode::Io,
+            message: format!("shard read task failed: {e}"),
+        })?
+}
+
 /// Splits a shard read's data segment into its ranges (views of it, no copy).
 fn split_ranges(data: &Bytes, ranges: &[(u64, u64)]) -> Result<Vec<Bytes>, ExecError> {
     let total: u64 = ranges.iter().map(|r| r.1).sum();
@@ -208,23 +240,13 @@ impl ShardIo for PgShardIo {
             });
         };
         let (reply, data) = if *osd == self.me {
-            let (store, coll, oid, ranges) = (
+            read_local_shard_async(
                 self.store.clone(),
                 self.coll,
                 self.oid.clone(),
                 ranges.to_vec(),
-            );
-            let read = move || read_local_shard(&*store, coll, &oid, &ranges);
-            let (reply, data) = match kelp_store::nowait::attempt(read.clone()) {
-                Some(r) => r?,
-                None => tokio::task::spawn_blocking(read)
-                    .await
-                    .map_err(|e| ExecError {
-                        code: ErrorCode::Io,
-                        message: format!("shard read task failed: {e}"),
-                    })??,
-            };
-            (reply, data)
+            )
+            .await?
         } else {
             let Some(addr) = addr else {
                 return Err(ExecError {
@@ -279,5 +301,21 @@ pub fn reply_bytes(result: Result<(EcReadReply, Bytes), ExecError>) -> (EcReadRe
             },
             Bytes::new(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_shard_reads_skip_the_non_blocking_attempt() {
+        let max = kelp_store::nowait::READ_MAX;
+        assert!(try_without_blocking(&[]));
+        assert!(try_without_blocking(&[(0, 4096)]));
+        assert!(try_without_blocking(&[(0, max), (1 << 20, 4096)]));
+        // 1 MiB: the shard of a 4 MiB read of a 4+2 pool.
+        assert!(!try_without_blocking(&[(0, 1 << 20)]));
+        assert!(!try_without_blocking(&[(0, 4096), (8192, max + 1)]));
     }
 }

@@ -1360,20 +1360,10 @@ impl OsdService {
                 );
             }
         };
-        let store = self.store.clone();
-        let coll = state.meta.coll;
         let oid = crate::exec::object_id(&r.object);
-        let ranges = r.extents;
-        let read = move || ec_io::read_local_shard(&*store, coll, &oid, &ranges);
-        let result = match kelp_store::nowait::attempt(read.clone()) {
-            Some(r) => r,
-            None => tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| {
-                Err(ExecError {
-                    code: ErrorCode::Io,
-                    message: format!("shard read task failed: {e}"),
-                })
-            }),
-        };
+        let result =
+            ec_io::read_local_shard_async(self.store.clone(), state.meta.coll, oid, r.extents)
+                .await;
         drop(state);
         ec_io::reply_bytes(result)
     }

@@ -28,6 +28,17 @@ use std::cell::Cell;
 
 use crate::error::StoreError;
 
+/// The largest data read the store may serve inside [`attempt`]: a read of more bytes is
+/// always refused (it goes to the device, or through the page cache only on a thread that may
+/// wait). A caller that knows its read is larger skips the attempt and goes straight to a
+/// blocking thread (the attempt would only look the object up to be refused).
+pub const READ_MAX: u64 = 64 << 10;
+
+/// Whether a read of `len` bytes may be served inside [`attempt`] (see [`READ_MAX`]).
+pub fn may_read(len: u64) -> bool {
+    len <= READ_MAX
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Off,
@@ -103,5 +114,14 @@ mod tests {
         });
         assert!(outer.is_none());
         assert!(!active());
+    }
+
+    #[test]
+    fn only_small_reads_are_worth_an_attempt() {
+        assert!(may_read(0));
+        assert!(may_read(4096));
+        assert!(may_read(READ_MAX));
+        assert!(!may_read(READ_MAX + 1));
+        assert!(!may_read(1 << 20));
     }
 }

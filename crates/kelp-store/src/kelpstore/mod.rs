@@ -95,8 +95,9 @@ const DIO_ALIGN: usize = 4096;
 /// Reads of at most this many bytes go through the page cache (deferred write-back fills it
 /// too): the kernel's cache is the store's data cache, outside the store's own memory budget
 /// and reclaimed under pressure. Larger reads go straight to the device (`O_DIRECT`) unless
-/// they are hot ([`HotReads`]).
-const CACHED_READ_MAX: u64 = 64 << 10;
+/// they are hot ([`HotReads`]). Also the largest read served in non-blocking mode
+/// ([`nowait::READ_MAX`]).
+const CACHED_READ_MAX: u64 = nowait::READ_MAX;
 
 /// Where a read may take its data from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
