@@ -578,6 +578,13 @@ impl FsClient {
             e.0 |= c;
             e.1 = until;
         }
+        // the change's other inodes as they are now (a create's directory), where this client
+        // may cache them
+        for i in &g.updated {
+            if caps.valid(i.ino, CAP_SHARED).is_some() {
+                caps.inodes.insert(i.ino, i.clone());
+            }
+        }
         let shared = |ino: Ino| g.caps.iter().any(|(i, c)| *i == ino && c & CAP_SHARED != 0);
         if let Reply::Attr(i) = reply
             && shared(i.ino)

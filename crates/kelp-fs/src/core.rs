@@ -231,6 +231,11 @@ impl Namespace {
         vec![Update::DelInode(ino), Update::DelStray(ino)]
     }
 
+    /// The cached inode `ino`, if cached.
+    pub fn cached(&self, ino: Ino) -> Option<&Inode> {
+        self.inodes.get(&ino)
+    }
+
     pub fn cached_inodes(&self) -> usize {
         self.inodes.len()
     }

@@ -1315,7 +1315,17 @@ impl Inner {
                         ) => st.ns.byte_quota_above(i.ino) == Some(false),
                         _ => false,
                     };
-                    let grants = self.grant_for_reply(client, op, &reply, changed, excl_ok);
+                    let answered = match &reply {
+                        Reply::Attr(i) => i.ino,
+                        _ => 0,
+                    };
+                    let updated: Vec<Inode> = changed
+                        .iter()
+                        .filter(|i| **i != answered)
+                        .filter_map(|i| st.ns.cached(*i).cloned())
+                        .collect();
+                    let grants =
+                        self.grant_for_reply(client, op, &reply, changed, updated, excl_ok);
                     return Applied::Done(reply, grants, revokes, seq);
                 }
             }
@@ -1391,6 +1401,7 @@ impl Inner {
         op: &Op,
         reply: &Reply,
         changed: Vec<Ino>,
+        updated: Vec<Inode>,
         excl_ok: bool,
     ) -> Option<CapGrants> {
         let mut want: Vec<(Ino, u8)> = Vec::new();
@@ -1482,6 +1493,7 @@ impl Inner {
             lease_ms: CAP_LEASE.as_millis() as u64,
             caps: granted,
             changed,
+            updated,
         })
     }
 

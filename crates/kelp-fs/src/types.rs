@@ -466,6 +466,11 @@ pub struct CapGrants {
     /// Inodes this request changed: the requester drops its own cached copies of them.
     #[serde(default)]
     pub changed: Vec<Ino>,
+    /// Those of them (besides the one the reply carries) as they are after the change: the
+    /// requester caches them where it holds the shared capability (a create's directory, so
+    /// that the kernel's next look at its attributes needs no request).
+    #[serde(default)]
+    pub updated: Vec<Inode>,
 }
 
 /// A request on the wire: version, who the client is, who asks, what.
