@@ -666,3 +666,45 @@ fn the_kernel_caches_listings_while_the_directory_is_unchanged() {
     assert_eq!(ls(&b), "101");
     assert_eq!(mds_ops(&b, "readdir") - before, 0);
 }
+
+/// A change's reply carries the directory it changed as it is now: after each create or mkdir
+/// in a directory this mount holds a lease on, `stat` of the directory shows the new link count
+/// and a current mtime without a GETATTR reaching the MDS, and another mount agrees.
+#[test]
+fn a_change_brings_its_directory_s_new_attributes_along() {
+    use std::os::unix::fs::MetadataExt;
+    let c = fs_cluster();
+    let _mds = start_mds(&c, "a");
+    let a = Mount::new(&c, "mnt-a");
+    let b = Mount::new(&c, "mnt-b");
+    std::thread::sleep(Duration::from_secs(1));
+    std::fs::create_dir(a.p("d")).unwrap();
+    std::fs::metadata(a.p("d")).unwrap();
+    let getattrs = mds_ops(&a, "getattr");
+    let mut last_mtime = (0, 0);
+    for i in 0..20 {
+        std::fs::create_dir(a.p(&format!("d/sub{i}"))).unwrap();
+        std::fs::write(a.p(&format!("d/f{i}")), b"x").unwrap();
+        let m = std::fs::metadata(a.p("d")).unwrap();
+        assert_eq!(
+            m.nlink(),
+            2 + i + 1,
+            "link count of d after {} subdirectories",
+            i + 1
+        );
+        let mtime = (m.mtime(), m.mtime_nsec());
+        assert!(mtime >= last_mtime, "d's mtime went back");
+        last_mtime = mtime;
+    }
+    let asked = mds_ops(&a, "getattr") - getattrs;
+    assert!(
+        asked < 10,
+        "{asked} GETATTRs reached the MDS for 40 changes in a directory this mount holds a lease on"
+    );
+    let mb = std::fs::metadata(b.p("d")).unwrap();
+    let ma = std::fs::metadata(a.p("d")).unwrap();
+    assert_eq!(
+        (mb.nlink(), mb.mtime(), mb.mtime_nsec()),
+        (ma.nlink(), ma.mtime(), ma.mtime_nsec())
+    );
+}
