@@ -273,6 +273,17 @@ async fn read_owner(inner: &Inner) -> Result<Option<(LockOwner, Bytes)>, RbdErro
     Ok(Some((owner, raw)))
 }
 
+/// This client no longer holds the lock: what it learned of the head's objects under it is
+/// forgotten with it.
+fn lost(inner: &Inner, state: &mut LockState) {
+    state.held = false;
+    inner
+        .head_map
+        .lock()
+        .expect("map lock is never poisoned")
+        .lock_lost();
+}
+
 pub(crate) async fn release(inner: &Inner) -> Result<(), RbdError> {
     // No change runs while the gate is held for writing.
     let _gate = inner.io_gate.write().await;
@@ -281,12 +292,7 @@ pub(crate) async fn release(inner: &Inner) -> Result<(), RbdError> {
         if !state.held {
             return Ok(());
         }
-        state.held = false;
-        inner
-            .head_map
-            .lock()
-            .expect("map lock is never poisoned")
-            .lock_lost();
+        lost(inner, &mut state);
         LockOwner {
             instance: inner.rbd.rados().instance(),
             cookie: state.cookie,
@@ -382,12 +388,7 @@ async fn watch_loop(
                     tracing::warn!(image = %inner.name, "header watch lost: {e}");
                     {
                         let mut state = inner.lock.lock().await;
-                        state.held = false;
-                        inner
-                            .head_map
-                            .lock()
-                            .expect("map lock is never poisoned")
-                            .lock_lost();
+                        lost(&inner, &mut state);
                     }
                     if matches!(e, ClientError::Blocklisted(_)) {
                         return;

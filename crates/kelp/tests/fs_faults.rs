@@ -53,14 +53,21 @@ fn print_fs_logs(c: &Cluster) {
     }
 }
 
+/// A file system `kelpfs` with an active and a standby MDS (`a`, `b`, started with `extra`):
+/// the daemons by name, and the active one's.
+fn active_and_standby(c: &Cluster, extra: &[&str]) -> (BTreeMap<String, Daemon>, String) {
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let mut daemons = BTreeMap::new();
+    daemons.insert("a".to_string(), start_mds_with(c, "a", extra));
+    daemons.insert("b".to_string(), start_mds_with(c, "b", extra));
+    let first = wait_active(c, None);
+    (daemons, first)
+}
+
 #[test]
 fn mds_failover_during_an_untar_while_another_mount_lists() {
     let c = fs_cluster();
-    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
-    let mut daemons = BTreeMap::new();
-    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
-    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
-    let first = wait_active(&c, None);
+    let (mut daemons, first) = active_and_standby(&c, &[]);
     let a = Mount::with(&c, "mnt-a", &["--fs", "kelpfs"]);
     let b = Mount::with(&c, "mnt-b", &["--fs", "kelpfs"]);
 
@@ -556,12 +563,7 @@ fn malformed_requests_never_crash_the_mds() {
 fn a_fragmented_directory_survives_kill_of_the_mds_and_lists_right_on_two_mounts() {
     use std::os::unix::fs::MetadataExt;
     let c = fs_support::fs_cluster();
-    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
-    let small = ["--bal-split-size", "50"];
-    let mut daemons = BTreeMap::new();
-    daemons.insert("a".to_string(), start_mds_with(&c, "a", &small));
-    daemons.insert("b".to_string(), start_mds_with(&c, "b", &small));
-    let first = wait_active(&c, None);
+    let (mut daemons, first) = active_and_standby(&c, &["--bal-split-size", "50"]);
     let a = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
     let b = Mount::with(&c, "mnt2", &["--fs", "kelpfs"]);
     a.sh("mkdir big && cd big && for i in $(seq 0 299); do echo $i > f$i; done");
@@ -608,11 +610,7 @@ fn a_fragmented_directory_survives_kill_of_the_mds_and_lists_right_on_two_mounts
 #[test]
 fn locks_survive_kill_of_the_active_mds() {
     let c = fs_support::fs_cluster();
-    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
-    let mut daemons = BTreeMap::new();
-    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
-    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
-    let first = wait_active(&c, None);
+    let (mut daemons, first) = active_and_standby(&c, &[]);
     let a = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
     let b = Mount::with(&c, "mnt2", &["--fs", "kelpfs"]);
     std::fs::write(a.p("flocked"), b"").unwrap();
@@ -689,11 +687,7 @@ fn locks_survive_kill_of_the_active_mds() {
 #[test]
 fn changes_answered_before_the_journal_held_them_survive_kill_of_the_mds() {
     let c = fs_support::fs_cluster();
-    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
-    let mut daemons = BTreeMap::new();
-    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
-    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
-    let first = wait_active(&c, None);
+    let (mut daemons, first) = active_and_standby(&c, &[]);
     let a = Mount::with(&c, "mnt-a", &["--fs", "kelpfs"]);
     std::fs::create_dir(a.p("d")).unwrap();
     write_synced(&a.p("d/old"), b"written before the stall").unwrap();
