@@ -196,6 +196,26 @@ fn rbd_cli_manages_images() {
 }
 
 /// A random workload on an image, checked against an in-memory model after every step.
+/// Image `rbd/base`: 8 MiB in objects of 1 MiB, written in full; with what it holds.
+async fn written_base(rbd: &Rbd) -> (kelp_rbd::Image, Bytes) {
+    let mb = 1u64 << 20;
+    rbd.create(
+        "rbd",
+        "base",
+        &CreateOptions {
+            size: 8 * mb,
+            order: Some(20),
+            ..CreateOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let base = rbd.open("rbd", "base").await.unwrap();
+    let v1 = heal_support::content(1, 8 * mb as usize);
+    base.write(0, v1.clone()).await.unwrap();
+    (base, v1)
+}
+
 async fn workload(rbd: &Rbd, name: &str, opts: CreateOptions, seed: u64) {
     rbd.create("rbd", name, &opts).await.unwrap();
     let img = rbd.open("rbd", name).await.unwrap();
@@ -324,20 +344,7 @@ async fn snapshots_and_clone_chains() {
     let rados = c.connect().await;
     let rbd = Rbd::new(rados);
     let mb = 1u64 << 20;
-    rbd.create(
-        "rbd",
-        "base",
-        &CreateOptions {
-            size: 8 * mb,
-            order: Some(20),
-            ..CreateOptions::default()
-        },
-    )
-    .await
-    .unwrap();
-    let base = rbd.open("rbd", "base").await.unwrap();
-    let v1 = heal_support::content(1, 8 * mb as usize);
-    base.write(0, v1.clone()).await.unwrap();
+    let (base, v1) = written_base(&rbd).await;
     base.snap_create("s1").await.unwrap();
     assert!(matches!(
         base.snap_create("s1").await,
@@ -455,21 +462,7 @@ async fn absent_objects_are_forgotten_when_the_lock_moves() {
     let mb = 1u64 << 20;
     let rbd_a = Rbd::new(c.connect().await);
     let rbd_b = Rbd::new(c.connect().await);
-    rbd_a
-        .create(
-            "rbd",
-            "base",
-            &CreateOptions {
-                size: 8 * mb,
-                order: Some(20),
-                ..CreateOptions::default()
-            },
-        )
-        .await
-        .unwrap();
-    let base = rbd_a.open("rbd", "base").await.unwrap();
-    let v1 = heal_support::content(1, 8 * mb as usize);
-    base.write(0, v1.clone()).await.unwrap();
+    let (base, v1) = written_base(&rbd_a).await;
     base.snap_create("s").await.unwrap();
     base.snap_set_protected("s", true).await.unwrap();
     rbd_a
