@@ -854,16 +854,7 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
                         (n, serde_json::to_vec(&rec).expect("serializable"))
                     })
                     .collect();
-                // a directory's entry object may not exist yet (its first entry was added
-                // and removed between two checkpoints): create it rather than fail
-                let mut op = WriteOp::new().create(false);
-                if !puts.is_empty() {
-                    op = op.omap_set(&puts);
-                }
-                if !dels.is_empty() {
-                    op = op.omap_rm_keys(&dels);
-                }
-                meta.operate(op, &object).await?;
+                meta.operate(omap_change(&puts, &dels), &object).await?;
                 Ok(())
             }));
         }
@@ -894,14 +885,8 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
                 .filter(|(_, a)| !**a)
                 .map(|(i, _)| format!("{i:x}"))
                 .collect();
-            let mut op = WriteOp::new().create(false);
-            if !add.is_empty() {
-                op = op.omap_set(&add);
-            }
-            if !del.is_empty() {
-                op = op.omap_rm_keys(&del);
-            }
-            meta.operate(op, journal::STRAY_OBJECT).await?;
+            meta.operate(omap_change(&add, &del), journal::STRAY_OBJECT)
+                .await?;
             Ok(())
         }));
     }
@@ -910,6 +895,22 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
         r?;
     }
     Ok(())
+}
+
+/// One write of an omap object: creates it if missing (an object whose first key was added
+/// and removed between two checkpoints may not exist yet), sets `puts`, removes `dels`.
+fn omap_change<K: AsRef<str>, V: AsRef<[u8]>, D: AsRef<str>>(
+    puts: &[(K, V)],
+    dels: &[D],
+) -> WriteOp {
+    let mut op = WriteOp::new().create(false);
+    if !puts.is_empty() {
+        op = op.omap_set(puts);
+    }
+    if !dels.is_empty() {
+        op = op.omap_rm_keys(dels);
+    }
+    op
 }
 
 impl Inner {
