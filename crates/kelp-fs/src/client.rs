@@ -357,16 +357,8 @@ impl FsClient {
     /// One revoke poll on the current connection (no retries: a failure means the session
     /// may be gone).
     async fn poll_revokes(&self, ack: &[u64]) -> Result<Vec<CapRevoke>> {
-        let (conn, _) = self.connection().await?;
-        let env = Envelope {
-            v: PROTOCOL_VERSION,
-            client: self.id,
-            caller: Caller::default(),
-            op: Op::CapPoll { ack: ack.to_vec() },
-            tid: 0,
-            oldest_tid: 0,
-            ino_hint: None,
-        };
+        let conn = self.connection().await?;
+        let env = self.untracked(Op::CapPoll { ack: ack.to_vec() });
         let meta = serde_json::to_vec(&env).expect("requests serialize");
         let resp = match conn
             .call(
@@ -671,7 +663,7 @@ impl FsClient {
         loop {
             let conn = self.connection().await;
             let err = match conn {
-                Ok((conn, _)) => {
+                Ok(conn) => {
                     let epoch = self.caps.lock().expect("caps lock").epoch;
                     let sent = Instant::now();
                     match conn
@@ -744,13 +736,26 @@ impl FsClient {
         (env, Unanswered(self, tid))
     }
 
-    /// The MDS connection; `true` when it was (re)made now. A new one first drops every
-    /// lease, sends the changes not known to be journaled again (the MDS may be a new one
-    /// that lacks them) and re-registers the open files, before any other request uses it.
-    async fn connection(&self) -> Result<(Connection, bool)> {
+    /// A request that is not tracked in the completed-request table (no tid).
+    fn untracked(&self, op: Op) -> Envelope {
+        Envelope {
+            v: PROTOCOL_VERSION,
+            client: self.id,
+            caller: Caller::default(),
+            op,
+            tid: 0,
+            oldest_tid: 0,
+            ino_hint: None,
+        }
+    }
+
+    /// The MDS connection. A new one first drops every lease, sends the changes not known
+    /// to be journaled again (the MDS may be a new one that lacks them) and re-registers the
+    /// open files, before any other request uses it.
+    async fn connection(&self) -> Result<Connection> {
         let mut c = self.conn.lock().await;
         if let Some(conn) = &*c {
-            return Ok((conn.clone(), false));
+            return Ok(conn.clone());
         }
         let addr = self.mds_addr().await?;
         self.msgr.disconnect(addr);
@@ -760,7 +765,7 @@ impl FsClient {
         self.replay_unjournaled(&conn).await?;
         self.reregister(&conn).await;
         *c = Some(conn.clone());
-        Ok((conn, true))
+        Ok(conn)
     }
 
     // early replies (unsafe until journaled)
@@ -860,15 +865,7 @@ impl FsClient {
             *counts.entry(*ino).or_default() += n;
         }
         let opens: Vec<(Ino, u32)> = counts.into_iter().collect();
-        let env = Envelope {
-            v: PROTOCOL_VERSION,
-            client: self.id,
-            caller: Caller::default(),
-            op: Op::Reconnect { opens },
-            tid: 0,
-            oldest_tid: 0,
-            ino_hint: None,
-        };
+        let env = self.untracked(Op::Reconnect { opens });
         let meta = serde_json::to_vec(&env).expect("requests serialize");
         if let Err(e) = conn
             .call(MSG_MDS_REQUEST, meta, Bytes::new(), self.opts.call_timeout)

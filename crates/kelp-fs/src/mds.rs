@@ -924,6 +924,14 @@ impl Inner {
         e.into()
     }
 
+    /// [`Inner::check_fenced`] for a RADOS error inside an [`FsError`].
+    fn fenced_error(&self, e: FsError) -> FsError {
+        match e {
+            FsError::Rados(c) => self.check_fenced(c),
+            e => e,
+        }
+    }
+
     /// The cache already holds an update whose journal entry failed: later ops would build
     /// on a change that replay cannot know of. So the MDS stops serving (as if fenced): it
     /// exits, and a standby or a restart replays the journal, which holds only what was
@@ -1004,19 +1012,11 @@ impl Inner {
         }
         if let Op::Sync = op {
             // every change applied before this request arrived is journaled on return
-            let s = self.assigned();
-            return Ok((
-                Handled {
-                    reply: if self.wait_committed(s).await {
-                        Reply::Ok
-                    } else {
-                        Reply::Err(errno::ESHUTDOWN)
-                    },
-                    seq: None,
-                    retried: false,
-                },
-                None,
-            ));
+            return Err(if self.wait_committed(self.assigned()).await {
+                Reply::Ok
+            } else {
+                Reply::Err(errno::ESHUTDOWN)
+            });
         }
         if client != 0 {
             self.last_seen
@@ -1649,9 +1649,7 @@ impl Inner {
                 {
                     drop(q);
                     if w.segment_bytes > 0 {
-                        w.segment += 1;
-                        w.segment_bytes = 0;
-                        self.metrics.journal_segments.inc();
+                        self.close_segment(&mut w);
                     }
                     let _ = tx.send((w.first_segment, w.segment));
                     continue;
@@ -1692,9 +1690,7 @@ impl Inner {
             }
             w.segment_bytes += len;
             if w.segment_bytes >= journal::SEGMENT_BYTES {
-                w.segment += 1;
-                w.segment_bytes = 0;
-                self.metrics.journal_segments.inc();
+                self.close_segment(&mut w);
             }
             self.queue
                 .lock()
@@ -1707,6 +1703,13 @@ impl Inner {
             self.metrics.journal_bytes.inc_by(len);
             self.note_open_segments(&w);
         }
+    }
+
+    /// Later appends go to a new segment.
+    fn close_segment(&self, w: &mut JournalWriter) {
+        w.segment += 1;
+        w.segment_bytes = 0;
+        self.metrics.journal_segments.inc();
     }
 
     /// The journal writer: appends whatever has queued each time it is woken, until the MDS
@@ -1767,20 +1770,16 @@ impl Inner {
                 let newer = std::mem::replace(&mut st.pending, pending);
                 st.pending.extend(newer);
                 st.ns.abort_writeback();
-                return Err(match e {
-                    FsError::Rados(c) => self.check_fenced(c),
-                    e => e,
-                });
+                return Err(self.fenced_error(e));
             }
         };
         st.ns.end_writeback();
         st.ns.evict_to(self.cfg.cache_inodes);
         self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
         drop(st);
-        trim(&self.meta, from, to).await.map_err(|e| match e {
-            FsError::Rados(c) => self.check_fenced(c),
-            e => e,
-        })?;
+        trim(&self.meta, from, to)
+            .await
+            .map_err(|e| self.fenced_error(e))?;
         let mut w = self.writer.lock().await;
         w.first_segment = to;
         debug!(updates = pending.len(), segment = to, "checkpoint");
@@ -1812,9 +1811,7 @@ impl Inner {
             }
             // also when nothing changed: reads alone fill the cache too
             self.state.lock().await.ns.evict_to(self.cfg.cache_inodes);
-            if let Err(e) = self.release_silent_lock_holders().await {
-                warn!("releasing the locks of silent clients failed: {e}");
-            }
+            self.release_silent_lock_holders().await;
             if let Err(e) = self.purge().await {
                 warn!("purging strays failed: {e}");
             }
@@ -1823,9 +1820,9 @@ impl Inner {
 
     /// Releases (journaled) the locks of clients not heard from for [`LOCK_SESSION_GRACE`]
     /// (counted from the takeover for clients not heard from since).
-    async fn release_silent_lock_holders(&self) -> Result<()> {
+    async fn release_silent_lock_holders(&self) {
         if self.activated.elapsed() < LOCK_SESSION_GRACE {
-            return Ok(());
+            return;
         }
         let mut st = self.state.lock().await;
         let silent: Vec<u64> = {
@@ -1851,7 +1848,6 @@ impl Inner {
             // journaled with the next append (the release is made again if it is lost)
             self.journal(&mut st, 0, updates);
         }
-        Ok(())
     }
 
     /// Removes the data of unlinked, closed files, then their inodes. Not in the first

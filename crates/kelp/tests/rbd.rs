@@ -196,6 +196,15 @@ fn rbd_cli_manages_images() {
 }
 
 /// A random workload on an image, checked against an in-memory model after every step.
+/// Snapshot `snap` of `rbd/parent` (open as `img`), protected, and a clone `rbd/child` of it.
+async fn clone_at(rbd: &Rbd, img: &kelp_rbd::Image, parent: &str, snap: &str, child: &str) {
+    img.snap_create(snap).await.unwrap();
+    img.snap_set_protected(snap, true).await.unwrap();
+    rbd.clone_image("rbd", parent, snap, "rbd", child, None)
+        .await
+        .unwrap();
+}
+
 /// Image `rbd/base`: 8 MiB in objects of 1 MiB, written in full; with what it holds.
 async fn written_base(rbd: &Rbd) -> (kelp_rbd::Image, Bytes) {
     let mb = 1u64 << 20;
@@ -463,19 +472,9 @@ async fn absent_objects_are_forgotten_when_the_lock_moves() {
     let rbd_a = Rbd::new(c.connect().await);
     let rbd_b = Rbd::new(c.connect().await);
     let (base, v1) = written_base(&rbd_a).await;
-    base.snap_create("s").await.unwrap();
-    base.snap_set_protected("s", true).await.unwrap();
-    rbd_a
-        .clone_image("rbd", "base", "s", "rbd", "mid", None)
-        .await
-        .unwrap();
+    clone_at(&rbd_a, &base, "base", "s", "mid").await;
     let mid = rbd_a.open("rbd", "mid").await.unwrap();
-    mid.snap_create("p").await.unwrap();
-    mid.snap_set_protected("p", true).await.unwrap();
-    rbd_a
-        .clone_image("rbd", "mid", "p", "rbd", "leaf", None)
-        .await
-        .unwrap();
+    clone_at(&rbd_a, &mid, "mid", "p", "leaf").await;
 
     let a = rbd_a.open("rbd", "leaf").await.unwrap();
     let b = rbd_b.open("rbd", "leaf").await.unwrap();
