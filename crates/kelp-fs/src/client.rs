@@ -15,13 +15,18 @@
 //! A broken poll or a new MDS connection drops every lease (the MDS may have dropped them).
 //!
 //! Write-back: while this client holds a file's exclusive capability (granted with an open
-//! for writing when no other client caches the file and no byte quota is above it), a write
-//! stores its data in RADOS and keeps the new size and mtime here (dirty) instead of telling
-//! the MDS. They are flushed (`Op::Written`) by `fsync`, by the kernel's flush at each
-//! `close`, by the revoke of the capability (before it is acknowledged: the MDS answers no
-//! other client about the file until then), at least every [`FLUSH_INTERVAL`], and at
-//! unmount. A client killed with a dirty size loses only the size of writes never fsynced
-//! or closed; their data is in RADOS.
+//! for writing when no other client caches the file and no byte quota is above it), a
+//! buffered write is answered once its data is on its way to RADOS (`behind.rs`), and the new
+//! size, the times, mode and owner stay here (dirty) instead of going to the MDS. They are
+//! flushed (`Op::Written`) by `fsync` (after the writes are stored), by the kernel's flush at
+//! each `close` (without waiting for them), by the revoke of the capability (after they are
+//! stored, before it is acknowledged: the MDS answers no other client about the file until
+//! then), at least every [`FLUSH_INTERVAL`], and at unmount. A client killed with dirty state
+//! loses what it kept of files never fsynced or closed.
+//!
+//! Complete directories: a directory this client made, or listed whole, under its shared
+//! lease has every name known here while the lease holds; a lookup of another name is
+//! answered `ENOENT` without the MDS.
 //!
 //! Directory listings: a listing read under the directory's shared lease may be cached by
 //! the kernel (`FOPEN_CACHE_DIR`) and kept across opens while that lease stays held; its
@@ -38,6 +43,7 @@ use kelp_client::{ClientConfig, ClientError, IoCtx, Rados};
 use kelp_msgr::{Connection, Messenger, MsgrError};
 use tracing::{debug, error, info, warn};
 
+use crate::behind::WriteBehind;
 use crate::error::{FsError, Result};
 use crate::mds::{ADDR_OBJECT, MdsAddr};
 use crate::types::*;
@@ -115,6 +121,35 @@ pub struct FsClient {
     /// Changes the MDS answered before journaling them, by tid (their tids stay
     /// unanswered): sent again to an MDS that takes over, until an [`Op::Sync`] answers.
     unjournaled: std::sync::Mutex<BTreeMap<u64, Envelope>>,
+    // write-back (exclusive capability)
+    /// Held per inode from reading a dirty size to the MDS's answer, and across a truncate:
+    /// a flush that read the size before a truncate must not reach the MDS after it (the MDS
+    /// keeps the larger of the file's size and a written end). Per inode, never shared
+    /// between inodes: a revoke's flush waits only for a change to the same file, which
+    /// never waits for a revoke of this client's own capability on it.
+    size_locks: std::sync::Mutex<HashMap<Ino, Arc<tokio::sync::Mutex<()>>>>,
+    /// Data writes in flight (see `behind.rs`).
+    behind: Arc<WriteBehind>,
+}
+
+/// A file's size lock (see [`FsClient::size_locks`]); forgotten with its last holder.
+struct SizeLock<'a> {
+    client: &'a FsClient,
+    ino: Ino,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for SizeLock<'_> {
+    fn drop(&mut self) {
+        let mut locks = self.client.size_locks.lock().expect("size locks");
+        drop(self.guard.take());
+        if locks
+            .get(&self.ino)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            locks.remove(&self.ino);
+        }
+    }
 }
 
 // early replies (unsafe until journaled)
@@ -180,28 +215,127 @@ struct CapCache {
     /// Sizes and mtimes written under the exclusive capability that the MDS has not
     /// acknowledged yet (kept until it has, so replies in between never show less).
     dirty: HashMap<Ino, Dirty>,
+    /// The MDS's answer to each recent flush of a dirty record, with the last tid sent
+    /// before it: a reply to an earlier request may arrive after the flush took the dirty
+    /// record away, and must not show the file as it was before the flush.
+    flushed: HashMap<Ino, (Inode, u64)>,
     /// Directories whose listing the kernel may keep cached: read under the shared lease
     /// that is still held, with no revoke since.
     listed: HashSet<Ino>,
+    // complete directories (negative lookups answered here)
+    /// Every name of a directory, known while this client holds the directory's shared
+    /// lease with no revoke since: made by its own `mkdir` (empty) or a whole listing, kept
+    /// up to date by its own changes. A lookup of a name not in it needs no MDS request.
+    complete: HashMap<Ino, HashSet<String>>,
+    /// Bumped by each change of directory entries this client makes: a listing read while
+    /// one ran may miss its name, so it does not make its directory complete.
+    entry_changes: u64,
 }
 
-/// A file's size and mtime not yet known to the MDS.
-#[derive(Debug, Clone, Copy)]
+/// A file's size, times and attributes not yet known to the MDS.
+#[derive(Debug, Clone)]
 struct Dirty {
     end: u64,
     mtime: Time,
-    /// Bumped by every write: a flush removes the entry only if nothing was written since.
+    ctime: Time,
+    /// Mode, owner and atime set here (never size or mtime: those are `end` and `mtime`).
+    attrs: SetAttr,
+    /// Bumped by every change: a flush removes the entry only if nothing changed since.
     generation: u64,
+}
+
+impl Dirty {
+    /// What the MDS is told of it: the end written, the times, the attributes set.
+    fn written(&self, ino: Ino, end: u64, renew: bool) -> Op {
+        Op::Written {
+            ino,
+            end: self.end.max(end),
+            mtime: self.mtime,
+            renew,
+            ctime: Some(self.ctime),
+            set: (self.attrs != SetAttr::default()).then(|| self.attrs.clone()),
+        }
+    }
 }
 
 impl CapCache {
     /// Shows what this client wrote and the MDS has not acknowledged yet in `i`.
     fn overlay(&self, i: &mut Inode) {
+        if let Some((newer, _)) = self.flushed.get(&i.ino)
+            && newer.version > i.version
+        {
+            *i = newer.clone();
+        }
         if let Some(d) = self.dirty.get(&i.ino) {
             i.size = i.size.max(d.end);
             i.mtime = d.mtime;
-            i.ctime = d.mtime;
+            i.ctime = d.ctime;
+            d.attrs.apply_attrs(i, d.ctime);
         }
+    }
+
+    /// The dirty record of `i` (as this client shows it), made if there is none.
+    fn dirty_of(&mut self, i: &Inode) -> &mut Dirty {
+        self.dirty.entry(i.ino).or_insert_with(|| Dirty {
+            end: 0,
+            mtime: i.mtime,
+            ctime: i.ctime,
+            attrs: SetAttr::default(),
+            generation: 0,
+        })
+    }
+
+    // complete directories (negative lookups answered here)
+    /// This client's change of directory entries `op` ended (`ok`: the MDS made it): the
+    /// complete directories it touched learn the names it made and removed; a failed one
+    /// leaves them unknown (they are asked of the MDS again).
+    fn entries_changed(&mut self, op: &Op, ok: bool) {
+        self.entry_changes += 1;
+        // (directory, name, whether the change made it)
+        let names: Vec<(Ino, &str, bool)> = match op {
+            Op::Mknod { parent, name, .. }
+            | Op::Mkdir { parent, name, .. }
+            | Op::Symlink { parent, name, .. }
+            | Op::Link { parent, name, .. } => vec![(*parent, name, true)],
+            Op::Unlink { parent, name } | Op::Rmdir { parent, name } => {
+                vec![(*parent, name, false)]
+            }
+            Op::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => {
+                let mut v = vec![(*new_parent, new_name.as_str(), true)];
+                // an exchange keeps both names
+                if *flags & RENAME_EXCHANGE == 0 {
+                    v.insert(0, (*parent, name.as_str(), false));
+                }
+                v
+            }
+            _ => return,
+        };
+        for (dir, name, made) in names {
+            if !ok {
+                self.complete.remove(&dir);
+            } else if let Some(names) = self.complete.get_mut(&dir) {
+                if made {
+                    names.insert(name.to_string());
+                } else {
+                    names.remove(name);
+                }
+            }
+        }
+    }
+
+    /// Whether `name` is known to be absent from `dir` (complete, lease still held).
+    fn known_absent(&self, dir: Ino, name: &str) -> bool {
+        self.valid(dir, CAP_SHARED).is_some()
+            && self
+                .complete
+                .get(&dir)
+                .is_some_and(|names| !names.contains(name))
     }
 
     fn valid(&self, ino: Ino, cap: u8) -> Option<Instant> {
@@ -274,6 +408,8 @@ impl FsClient {
             calls: AtomicU64::new(0),
             tids: std::sync::Mutex::new(Tids::default()),
             unjournaled: std::sync::Mutex::new(BTreeMap::new()),
+            size_locks: std::sync::Mutex::new(HashMap::new()),
+            behind: Arc::default(),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
         // While files are open, a call every KEEPALIVE notices a failed-over MDS even when the
@@ -306,6 +442,7 @@ impl FsClient {
                 if let Err(e) = c.flush_all().await {
                     warn!("flushing file sizes to the MDS: {e}");
                 }
+                c.forget_flushed();
                 c.renew_exclusive().await;
                 if let Err(e) = c.send_closes(CLOSE_DELAY).await {
                     warn!("sending closes to the MDS: {e}");
@@ -398,11 +535,14 @@ impl FsClient {
             let mut caps = self.caps.lock().expect("caps lock");
             caps.epoch += 1;
             for r in &mut revokes {
-                if r.caps & CAP_EXCL != 0 && caps.dirty.contains_key(&r.ino) {
+                if r.caps & CAP_EXCL != 0
+                    && (caps.dirty.contains_key(&r.ino) || self.behind.busy(r.ino))
+                {
                     flush.push(r.ino);
                 }
                 if r.caps & CAP_SHARED != 0 {
                     caps.inodes.remove(&r.ino);
+                    caps.complete.remove(&r.ino);
                     if let Some(names) = caps.names.remove(&r.ino) {
                         r.names.extend(names);
                     }
@@ -452,6 +592,7 @@ impl FsClient {
             caps.inodes.clear();
             // dirty sizes stay: they are flushed without a lease
             caps.listed.clear();
+            caps.complete.clear();
             let leases = std::mem::take(&mut caps.leases);
             let mut inos: HashSet<Ino> = leases.into_keys().collect();
             inos.extend(names.keys().copied());
@@ -562,6 +703,7 @@ impl FsClient {
             if caps.valid(*ino, CAP_SHARED).is_none() {
                 // a listing cached under an earlier lease may have missed revokes
                 caps.listed.remove(ino);
+                caps.complete.remove(ino);
             }
             let e = caps.leases.entry(*ino).or_insert((0, until));
             if e.1 <= Instant::now() {
@@ -574,7 +716,9 @@ impl FsClient {
         // may cache them
         for i in &g.updated {
             if caps.valid(i.ino, CAP_SHARED).is_some() {
-                caps.inodes.insert(i.ino, i.clone());
+                let mut i = i.clone();
+                caps.overlay(&mut i);
+                caps.inodes.insert(i.ino, i);
             }
         }
         let shared = |ino: Ino| g.caps.iter().any(|(i, c)| *i == ino && c & CAP_SHARED != 0);
@@ -582,6 +726,10 @@ impl FsClient {
             && shared(i.ino)
         {
             caps.inodes.insert(i.ino, i.clone());
+            if matches!(op, Op::Mkdir { .. }) {
+                // made just now by this client, under the lease: no entries yet
+                caps.complete.insert(i.ino, HashSet::new());
+            }
         }
         let entry = match op {
             Op::Lookup { parent, name }
@@ -649,8 +797,15 @@ impl FsClient {
             _ => Vec::new(),
         };
         dirs.iter().for_each(|d| self.dir_changed(*d));
+        let names = (!dirs.is_empty()).then(|| op.clone());
         let r = self.call_once(caller, op).await;
         dirs.iter().for_each(|d| self.dir_changed(*d));
+        if let Some(op) = names {
+            self.caps
+                .lock()
+                .expect("caps lock")
+                .entries_changed(&op, r.is_ok());
+        }
         r
     }
 
@@ -890,6 +1045,14 @@ impl FsClient {
     }
 
     pub async fn lookup(&self, caller: Caller, parent: Ino, name: &str) -> Result<Inode> {
+        if self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .known_absent(parent, name)
+        {
+            return Err(FsError::Errno(errno::ENOENT));
+        }
         self.attr_call(
             caller,
             Op::Lookup {
@@ -931,11 +1094,19 @@ impl FsClient {
     }
 
     /// Changes attributes; a size change also cuts (or leaves sparse) the data objects.
+    ///
+    /// Under the exclusive capability a change of mode, owner or times is made here and
+    /// sent with the size at the next flush (the kernel has checked the caller may make it,
+    /// as for every setattr: `default_permissions`).
     pub async fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Inode> {
-        if set.size.is_some() || set.mtime.is_some() {
-            // a deferred size or mtime must not come after this change and undo it
-            self.flush(ino).await?;
+        if set.size.is_none()
+            && let Some(i) = self.set_locally(ino, &set)
+        {
+            return Ok(i);
         }
+        // what this client kept of the file must not come after this change and undo it
+        let _sizes = self.size_lock(ino).await;
+        self.flush_locked(ino, true).await?;
         if let Some(size) = set.size {
             let old = self.getattr(caller, ino).await?;
             if size < old.size {
@@ -943,6 +1114,32 @@ impl FsClient {
             }
         }
         self.attr_call(caller, Op::SetAttr { ino, set }).await
+    }
+
+    /// [`FsClient::setattr`] under the exclusive capability: the new attributes, or `None`
+    /// when the capability (or the cached inode) is not here.
+    fn set_locally(&self, ino: Ino, set: &SetAttr) -> Option<Inode> {
+        let mut caps = self.caps.lock().expect("caps lock");
+        caps.valid(ino, CAP_EXCL)?;
+        let mut shown = caps.inodes.get(&ino)?.clone();
+        caps.overlay(&mut shown);
+        let now = Time::now();
+        let d = caps.dirty_of(&shown);
+        d.attrs.mode = set.mode.or(d.attrs.mode);
+        d.attrs.uid = set.uid.or(d.attrs.uid);
+        d.attrs.gid = set.gid.or(d.attrs.gid);
+        d.attrs.atime = set.atime.map(|t| SetTime::At(t.at(now))).or(d.attrs.atime);
+        if let Some(t) = set.mtime {
+            d.mtime = t.at(now);
+        }
+        d.ctime = now;
+        d.generation += 1;
+        let mtime = d.mtime;
+        set.apply_attrs(&mut shown, now);
+        shown.mtime = mtime;
+        shown.ctime = now;
+        caps.inodes.insert(ino, shown.clone());
+        Some(shown)
     }
 
     pub async fn mknod(
@@ -1248,6 +1445,45 @@ impl FsClient {
         }
     }
 
+    /// Whether this client keeps a size, time or attribute of `ino` the MDS has not
+    /// acknowledged, or has writes of it in flight.
+    pub fn has_dirty(&self, ino: Ino) -> bool {
+        self.behind.busy(ino)
+            || self
+                .caps
+                .lock()
+                .expect("caps lock")
+                .dirty
+                .contains_key(&ino)
+    }
+
+    /// The errno of a buffered write of `ino` that failed in the background (reported once:
+    /// by the file's next `write`, `fsync` or `close`).
+    pub fn write_error(&self, ino: Ino) -> Option<i32> {
+        self.behind.take_error(ino)
+    }
+
+    /// Whether the monitors have marked the cluster full (writes are refused).
+    fn cluster_full(&self) -> bool {
+        self.rados
+            .osd_map()
+            .flags
+            .iter()
+            .any(|f| f.name() == "full")
+    }
+
+    /// Closes a handle at once when that needs no MDS request (nothing kept to flush):
+    /// `false` leaves it to [`FsClient::close`].
+    pub fn close_quick(&self, ino: Ino) -> bool {
+        if self.has_dirty(ino) {
+            return false;
+        }
+        if self.forget_open(ino) {
+            self.closed_later(ino);
+        }
+        true
+    }
+
     /// Closes a handle; the last one's close reaches the MDS [`CLOSE_DELAY`] later, batched.
     pub async fn close(&self, ino: Ino) -> Result<()> {
         if self.forget_open(ino) {
@@ -1285,6 +1521,10 @@ impl FsClient {
         if inos.is_empty() {
             return Ok(());
         }
+        // the MDS may purge a closed, unlinked file's objects: its writes are stored first
+        for ino in &inos {
+            self.behind.settle(*ino).await;
+        }
         self.ok_call(Caller::default(), Op::CloseMany { inos })
             .await
     }
@@ -1293,44 +1533,68 @@ impl FsClient {
     /// Sends the size and mtime written under the exclusive capability (if any) to the MDS,
     /// journaled when this returns (`fsync`, `close`, a revoke, the periodic flush).
     pub async fn flush(&self, ino: Ino) -> Result<()> {
+        let _held = self.size_lock(ino).await;
+        self.flush_locked(ino, true).await
+    }
+
+    /// [`FsClient::flush`] at a close: the MDS gets the size, times and attributes kept here
+    /// before the close returns (so another client, also one served by an MDS that takes
+    /// over, sees them), without waiting for the writes in flight to be stored (they are
+    /// before the MDS answers another client about the file: it revokes the capability).
+    pub async fn flush_at_close(&self, ino: Ino) -> Result<()> {
+        let _held = self.size_lock(ino).await;
+        self.flush_locked(ino, false).await
+    }
+
+    async fn size_lock(&self, ino: Ino) -> SizeLock<'_> {
+        let lock = Arc::clone(
+            self.size_locks
+                .lock()
+                .expect("size locks")
+                .entry(ino)
+                .or_default(),
+        );
+        SizeLock {
+            client: self,
+            ino,
+            guard: Some(lock.lock_owned().await),
+        }
+    }
+
+    /// [`FsClient::flush`] with the inode's size lock held by the caller; `settle`: once the
+    /// writes in flight are stored.
+    async fn flush_locked(&self, ino: Ino, settle: bool) -> Result<()> {
+        if settle {
+            self.behind.settle(ino).await;
+        }
+        let failed = self.behind.take_error(ino);
         let (d, renew) = {
             let caps = self.caps.lock().expect("caps lock");
             match caps.dirty.get(&ino) {
-                Some(d) => (*d, caps.valid(ino, CAP_EXCL).is_some()),
-                None => return Ok(()),
+                Some(d) => (d.clone(), caps.valid(ino, CAP_EXCL).is_some()),
+                None => return failed.map_or(Ok(()), |e| Err(FsError::Errno(e))),
             }
         };
         let r = self
-            .attr_call(
-                Caller::default(),
-                Op::Written {
-                    ino,
-                    end: d.end,
-                    mtime: d.mtime,
-                    renew,
-                },
-            )
+            .attr_call(Caller::default(), d.written(ino, 0, renew))
             .await;
         let refused = matches!(r, Err(FsError::Errno(errno::EDQUOT)));
         if r.is_ok() || refused {
-            let mut caps = self.caps.lock().expect("caps lock");
-            if caps
-                .dirty
-                .get(&ino)
-                .is_some_and(|now| now.generation == d.generation)
-            {
-                caps.dirty.remove(&ino);
-            }
+            self.dirty_sent(ino, d.generation, r.as_ref().ok());
         }
         if refused {
             // over a quota set since: the bytes past the recorded end never show
             self.take_back(ino, 0, d.end).await;
+        }
+        if let Some(e) = failed {
+            return Err(FsError::Errno(e));
         }
         r.map(drop)
     }
 
     /// Flushes every dirty size (the periodic flush, and unmount).
     pub async fn flush_all(&self) -> Result<()> {
+        self.behind.settle_all().await;
         let inos: Vec<Ino> = self
             .caps
             .lock()
@@ -1346,6 +1610,36 @@ impl FsClient {
             }
         }
         out
+    }
+
+    /// The MDS took the dirty record of `ino` at `generation` (answering `reply`): it goes
+    /// unless changed since, and the answer shows in replies to requests sent before it.
+    fn dirty_sent(&self, ino: Ino, generation: u64, reply: Option<&Inode>) {
+        let sent = self.tids.lock().expect("tids lock").last;
+        let mut caps = self.caps.lock().expect("caps lock");
+        if caps
+            .dirty
+            .get(&ino)
+            .is_some_and(|now| now.generation == generation)
+        {
+            caps.dirty.remove(&ino);
+        }
+        if let Some(i) = reply {
+            caps.flushed.insert(ino, (i.clone(), sent));
+        }
+    }
+
+    /// Forgets the flushes every request sent before has had its answer to.
+    fn forget_flushed(&self) {
+        let oldest = {
+            let tids = self.tids.lock().expect("tids lock");
+            tids.unanswered.first().copied().unwrap_or(tids.last + 1)
+        };
+        self.caps
+            .lock()
+            .expect("caps lock")
+            .flushed
+            .retain(|_, (_, sent)| *sent >= oldest);
     }
 
     /// Renews the exclusive leases of open files that are about to run out (a `GetAttr`
@@ -1397,12 +1691,20 @@ impl FsClient {
         caller: Caller,
         dir: Ino,
     ) -> Result<(Vec<(String, Dentry)>, bool)> {
-        let epoch = self.caps.lock().expect("caps lock").epoch;
+        let (epoch, changes) = {
+            let caps = self.caps.lock().expect("caps lock");
+            (caps.epoch, caps.entry_changes)
+        };
         let entries = self.readdir(caller, dir).await?;
         let mut caps = self.caps.lock().expect("caps lock");
         let keep = caps.epoch == epoch && caps.valid(dir, CAP_SHARED).is_some();
         if keep {
             caps.listed.insert(dir);
+            if caps.entry_changes == changes {
+                // no change of this client's ran meanwhile: the listing is every name
+                let names = entries.iter().map(|(n, _)| n.clone()).collect();
+                caps.complete.insert(dir, names);
+            }
         } else {
             caps.listed.remove(&dir);
         }
@@ -1454,6 +1756,8 @@ impl FsClient {
 
     /// Reads up to `len` bytes at `off` of the file (short at its end).
     pub async fn read(&self, inode: &Inode, off: u64, len: u64) -> Result<Vec<u8>> {
+        // this client's buffered writes are stored before it reads what they cover
+        self.behind.settle(inode.ino).await;
         if off >= inode.size {
             return Ok(Vec::new());
         }
@@ -1489,12 +1793,21 @@ impl FsClient {
     /// Writes `data` at `off` straight to the data objects (durable when it returns: RADOS
     /// acknowledges a write once it is stored), then tells the MDS the new end and mtime,
     /// or, under the exclusive capability, keeps them to flush later (write-back).
-    pub async fn write(&self, inode: &Inode, off: u64, data: &[u8]) -> Result<()> {
+    pub async fn write(&self, inode: &Inode, off: u64, data: &[u8], buffered: bool) -> Result<()> {
+        let ino = inode.ino;
+        if let Some(e) = self.behind.take_error(ino) {
+            return Err(FsError::Errno(e));
+        }
         let os = inode.object_size.max(1);
         let end = off
             .checked_add(data.len() as u64)
             .ok_or(FsError::Errno(libc::EFBIG))?;
-        let data_io = &self.data_for(inode)?;
+        let data_io = self.data_for(inode)?;
+        // Write-behind: answered once the data is on its way, under the exclusive capability
+        // (no other client reads the file until the revoke, which waits for it) and while
+        // the cluster has room (a full one refuses it here, not later).
+        let behind = buffered && self.has_exclusive(ino) && !self.cluster_full();
+        let mut claim = self.behind.claim(ino, off, end, behind).await;
         let mut jobs = Vec::new();
         let mut pos = off;
         while pos < end {
@@ -1503,64 +1816,91 @@ impl FsClient {
             let n = (os - in_obj).min(end - pos);
             let start = (pos - off) as usize;
             let piece = Bytes::copy_from_slice(&data[start..start + n as usize]);
-            let name = data_object(inode.ino, idx);
-            jobs.push(async move { data_io.write(&name, in_obj, piece).await });
+            let name = data_object(ino, idx);
+            let io = data_io.clone();
+            jobs.push(async move { io.write(&name, in_obj, piece).await });
             pos += n;
         }
-        for r in futures::future::join_all(jobs).await {
-            r?;
+        let stored = async move {
+            let failed = futures::future::join_all(jobs)
+                .await
+                .into_iter()
+                .find_map(|r| r.err())
+                .map(FsError::from);
+            if let Some(e) = &failed {
+                claim.failed(e.errno());
+            }
+            failed
+        };
+        if behind {
+            tokio::spawn(async move {
+                if let Some(e) = stored.await {
+                    error!(
+                        ino,
+                        off,
+                        end,
+                        "a buffered write failed: {e} (the file's next write, fsync or close reports it)"
+                    );
+                }
+            });
+        } else if let Some(e) = stored.await {
+            return Err(e);
         }
         let mtime = Time::now();
         let kept = {
             let mut caps = self.caps.lock().expect("caps lock");
-            if caps.valid(inode.ino, CAP_EXCL).is_some() {
-                let d = caps.dirty.entry(inode.ino).or_insert(Dirty {
-                    end,
-                    mtime,
-                    generation: 0,
-                });
+            if caps.valid(ino, CAP_EXCL).is_some() {
+                let mut shown = caps
+                    .inodes
+                    .get(&ino)
+                    .cloned()
+                    .unwrap_or_else(|| inode.clone());
+                let d = caps.dirty_of(&shown);
                 d.end = d.end.max(end);
                 d.mtime = mtime;
+                d.ctime = mtime;
                 d.generation += 1;
                 let size = d.end;
-                if let Some(i) = caps.inodes.get_mut(&inode.ino) {
-                    i.size = i.size.max(size);
-                    i.mtime = mtime;
-                    i.ctime = mtime;
+                shown.size = shown.size.max(size);
+                shown.mtime = mtime;
+                shown.ctime = mtime;
+                if let Some(i) = caps.inodes.get_mut(&ino) {
+                    *i = shown;
                 }
                 return Ok(());
             }
-            caps.dirty.get(&inode.ino).copied()
+            caps.dirty.get(&ino).cloned()
         };
         // Without the capability the size goes to the MDS now (with what an earlier
-        // exclusive holding kept, if that is not flushed yet).
-        let written = self
-            .attr_call(
-                Caller::default(),
-                Op::Written {
-                    ino: inode.ino,
-                    end: kept.map_or(end, |d| d.end.max(end)),
-                    mtime,
-                    renew: false,
-                },
-            )
-            .await;
+        // exclusive holding kept, if that is not flushed yet), once every earlier buffered
+        // write of the file is stored.
+        self.behind.settle(ino).await;
+        let op = match &kept {
+            Some(d) => {
+                let mut d = d.clone();
+                d.mtime = mtime;
+                d.ctime = mtime;
+                d.written(ino, end, false)
+            }
+            None => Op::Written {
+                ino,
+                end,
+                mtime,
+                renew: false,
+                ctime: None,
+                set: None,
+            },
+        };
+        let written = self.attr_call(Caller::default(), op).await;
         match written {
-            Ok(_) => {
+            Ok(i) => {
                 if let Some(d) = kept {
-                    let mut caps = self.caps.lock().expect("caps lock");
-                    if caps
-                        .dirty
-                        .get(&inode.ino)
-                        .is_some_and(|now| now.generation == d.generation)
-                    {
-                        caps.dirty.remove(&inode.ino);
-                    }
+                    self.dirty_sent(ino, d.generation, Some(&i));
                 }
                 Ok(())
             }
             Err(FsError::Errno(errno::EDQUOT)) => {
-                self.take_back(inode.ino, off, end).await;
+                self.take_back(ino, off, end).await;
                 Err(FsError::Errno(errno::EDQUOT))
             }
             Err(e) => Err(e),
@@ -1587,6 +1927,7 @@ impl FsClient {
 
     /// Cuts the data objects of `inode` down to `size` bytes.
     pub async fn truncate_data(&self, inode: &Inode, size: u64) -> Result<()> {
+        self.behind.settle(inode.ino).await;
         let os = inode.object_size.max(1);
         let last = inode.size.div_ceil(os);
         let keep = size.div_ceil(os);
@@ -1614,6 +1955,7 @@ impl FsClient {
 
     /// Zeroes `[off, off+len)` of the data (punching holes).
     pub async fn zero(&self, inode: &Inode, off: u64, len: u64) -> Result<()> {
+        self.behind.settle(inode.ino).await;
         let os = inode.object_size.max(1);
         let end = (off + len).min(inode.size);
         let data = self.data_for(inode)?;
@@ -1705,5 +2047,108 @@ mod tests {
         t.end(4);
         // nothing open: a new request is its own oldest
         assert_eq!(t.begin(), (5, 5));
+    }
+
+    fn leased(caps: &mut CapCache, ino: Ino, cap: u8) {
+        caps.leases
+            .insert(ino, (cap, Instant::now() + Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_complete_directory_answers_for_missing_names_until_it_is_not_known() {
+        let mut caps = CapCache::default();
+        let d: Ino = 0x10;
+        leased(&mut caps, d, CAP_SHARED);
+        assert!(!caps.known_absent(d, "a"), "not complete: asks the MDS");
+        caps.complete.insert(d, HashSet::new());
+        assert!(caps.known_absent(d, "a"));
+        let mknod = |name: &str| Op::Mknod {
+            parent: d,
+            name: name.into(),
+            mode: S_IFREG | 0o644,
+            rdev: 0,
+            exclusive: true,
+            open: true,
+            write: true,
+        };
+        caps.entries_changed(&mknod("a"), true);
+        assert!(!caps.known_absent(d, "a"), "made here");
+        let rename = |name: &str, new_name: &str, flags: u32| Op::Rename {
+            parent: d,
+            name: name.into(),
+            new_parent: d,
+            new_name: new_name.into(),
+            flags,
+        };
+        caps.entries_changed(&rename("a", "b", 0), true);
+        assert!(caps.known_absent(d, "a") && !caps.known_absent(d, "b"));
+        caps.entries_changed(&mknod("c"), true);
+        caps.entries_changed(&rename("b", "c", RENAME_EXCHANGE), true);
+        assert!(!caps.known_absent(d, "b") && !caps.known_absent(d, "c"));
+        caps.entries_changed(
+            &Op::Unlink {
+                parent: d,
+                name: "c".into(),
+            },
+            true,
+        );
+        assert!(caps.known_absent(d, "c"));
+        // a change that failed leaves the directory unknown
+        caps.entries_changed(&mknod("b"), false);
+        assert!(!caps.known_absent(d, "zzz"));
+        // so does a lapsed lease
+        caps.complete.insert(d, HashSet::new());
+        caps.leases.insert(d, (CAP_SHARED, Instant::now()));
+        assert!(!caps.known_absent(d, "zzz"));
+    }
+
+    #[test]
+    fn a_reply_older_than_a_flush_shows_the_flushed_file() {
+        let mut caps = CapCache::default();
+        let mut old = Inode {
+            ino: 5,
+            mode: S_IFREG | 0o666,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 1,
+            atime: Time::default(),
+            mtime: Time::default(),
+            ctime: Time::default(),
+            rdev: 0,
+            parent: 1,
+            target: String::new(),
+            xattrs: Default::default(),
+            object_size: 1 << 22,
+            version: 3,
+            dirstat: Default::default(),
+            layout: Default::default(),
+            frag_bits: 0,
+        };
+        // dirty here: a size and a mode the MDS has not taken yet
+        let now = Time { secs: 9, nanos: 0 };
+        let d = caps.dirty_of(&old);
+        d.end = 5;
+        d.attrs.mode = Some(0o644);
+        d.ctime = now;
+        let mut shown = old.clone();
+        caps.overlay(&mut shown);
+        assert_eq!((shown.size, shown.mode & 0o7777), (5, 0o644));
+        // flushed: the MDS answered version 5; a reply to an earlier request (version 4)
+        // arrives afterwards
+        let mut flushed = shown.clone();
+        flushed.version = 5;
+        caps.dirty.remove(&5);
+        caps.flushed.insert(5, (flushed, 7));
+        old.version = 4;
+        old.nlink = 2;
+        let mut late = old.clone();
+        caps.overlay(&mut late);
+        assert_eq!((late.size, late.mode & 0o7777, late.version), (5, 0o644, 5));
+        // a newer reply is shown as it is
+        let mut newer = old.clone();
+        newer.version = 6;
+        caps.overlay(&mut newer);
+        assert_eq!((newer.size, newer.nlink), (0, 2));
     }
 }

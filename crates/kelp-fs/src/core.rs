@@ -634,15 +634,7 @@ impl Namespace {
             Op::GetAttr { ino } => Ok(Reply::Attr(self.inode(*ino)?.clone())),
             Op::SetAttr { ino, set } => {
                 let mut i = self.inode(*ino)?.clone();
-                if let Some(m) = set.mode {
-                    i.mode = (i.mode & S_IFMT) | (m & !S_IFMT);
-                }
-                if let Some(u) = set.uid {
-                    i.uid = u;
-                }
-                if let Some(g) = set.gid {
-                    i.gid = g;
-                }
+                set.apply_attrs(&mut i, now);
                 let mut acct = Acct::default();
                 if let Some(s) = set.size {
                     if i.is_dir() {
@@ -657,15 +649,8 @@ impl Namespace {
                     i.size = s;
                     i.mtime = now;
                 }
-                let pick = |t: SetTime| match t {
-                    SetTime::Now => now,
-                    SetTime::At(t) => t,
-                };
-                if let Some(t) = set.atime {
-                    i.atime = pick(t);
-                }
                 if let Some(t) = set.mtime {
-                    i.mtime = pick(t);
+                    i.mtime = t.at(now);
                 }
                 i.ctime = now;
                 self.put(i.clone(), upd, inval);
@@ -908,10 +893,19 @@ impl Namespace {
                 Ok(Reply::Ok)
             }
             Op::Written {
-                ino, end, mtime, ..
+                ino,
+                end,
+                mtime,
+                ctime,
+                set,
+                ..
             } => {
                 let mut i = self.inode(*ino)?.clone();
-                if i.kind() != S_IFREG {
+                if i.kind() != S_IFREG
+                    || set
+                        .as_ref()
+                        .is_some_and(|s| s.size.is_some() || s.mtime.is_some())
+                {
                     return Err(Stop::Err(errno::EINVAL));
                 }
                 let mut acct = Acct::default();
@@ -923,7 +917,10 @@ impl Namespace {
                 }
                 i.size = i.size.max(*end);
                 i.mtime = *mtime;
-                i.ctime = *mtime;
+                i.ctime = ctime.unwrap_or(*mtime);
+                if let Some(set) = set {
+                    set.apply_attrs(&mut i, now);
+                }
                 self.put(i, upd, inval);
                 self.commit_acct(acct, upd);
                 Ok(Reply::Attr(self.inode(*ino)?.clone()))

@@ -628,7 +628,7 @@ impl Filesystem for KelpFuse {
                 };
                 i.object_size = object_size;
                 let off = if append { i.size } else { offset.max(0) as u64 };
-                c.write(&i, off, &data).await?;
+                c.write(&i, off, &data, !direct).await?;
                 if direct {
                     // pages cached before the write are stale now
                     c.direct_written(ino, cached_opens).await;
@@ -644,19 +644,26 @@ impl Filesystem for KelpFuse {
     }
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
-        // data is stored in RADOS before a write is acknowledged; a size kept under the
-        // exclusive capability goes to the MDS here (every close), and a close drops the
-        // closing owner's POSIX locks
+        // A close: it reports a buffered write of the file that failed, drops the closing
+        // owner's POSIX locks, and sends the MDS what this mount kept of the file (size,
+        // times, attributes) without waiting for the writes in flight to be stored.
         let ino = self.ino_in(ino);
         let locked = self.locked.lock().expect("locks").remove(&(ino, owner));
         let (c, _, _) = self.ctx();
+        let failed = c.write_error(ino);
+        if failed.is_none() && !locked && !c.has_dirty(ino) {
+            // nothing to send: answered here, without a trip through the runtime
+            return reply.ok();
+        }
         self.spawn(async move {
             let r = async {
-                c.flush(ino).await?;
+                if failed.is_none() {
+                    c.flush_at_close(ino).await?;
+                }
                 if locked {
                     c.release_locks(ino, owner).await?;
                 }
-                Ok::<_, FsError>(())
+                failed.map_or(Ok(()), |e| Err(FsError::Errno(e)))
             }
             .await;
             match r {
@@ -746,6 +753,10 @@ impl Filesystem for KelpFuse {
             h.as_ref()
                 .is_some_and(|h| self.locked.lock().expect("locks").remove(&(h.ino, *o)))
         });
+        if owner.is_none() && h.as_ref().is_none_or(|h| c.close_quick(h.ino)) {
+            // no lock to drop and nothing to flush
+            return reply.ok();
+        }
         self.spawn(async move {
             if let (Some(h), Some(o)) = (&h, owner)
                 && let Err(e) = c.release_locks(h.ino, o).await

@@ -10,10 +10,13 @@
 //! - [`mds`]: the daemon around the core: RADOS I/O, the journal, checkpoints, the messenger;
 //! - [`metrics`]: the MDS's Prometheus metrics (requests by operation, journal, capabilities);
 //! - [`client`]: the MDS session and the file data path (striping over data objects);
+//! - [`behind`]: the client's data writes in flight (write-behind under the exclusive
+//!   capability);
 //! - [`fuse`]: the thin FUSE adapter on `fuser`.
 //!
 //! See `docs/FILESYSTEM.md` for the metadata layout, the journal and what is POSIX.
 
+pub mod behind;
 pub mod caps;
 pub mod client;
 pub mod core;

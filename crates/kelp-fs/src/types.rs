@@ -218,6 +218,31 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
+impl SetAttr {
+    /// Applies the mode, owner and atime it sets to `i` (`SetTime::Now` as `now`); size and
+    /// mtime are the caller's (they come with other rules).
+    pub fn apply_attrs(&self, i: &mut Inode, now: Time) {
+        if let Some(m) = self.mode {
+            i.mode = (i.mode & S_IFMT) | (m & !S_IFMT);
+        }
+        i.uid = self.uid.unwrap_or(i.uid);
+        i.gid = self.gid.unwrap_or(i.gid);
+        if let Some(t) = self.atime {
+            i.atime = t.at(now);
+        }
+    }
+}
+
+impl SetTime {
+    /// The time it names (`Now` as `now`).
+    pub fn at(self, now: Time) -> Time {
+        match self {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        }
+    }
+}
+
 /// `rename` flags (Linux's values).
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
@@ -317,6 +342,13 @@ pub enum Op {
         /// renewed); a flush answering a revoke asks nothing.
         #[serde(default)]
         renew: bool,
+        /// The change time (default: `mtime`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ctime: Option<Time>,
+        /// Mode, owner and atime set under the exclusive capability (size and mtime are
+        /// refused here: they are `end` and `mtime`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        set: Option<SetAttr>,
     },
     /// A client opened the file (it stays readable after its last unlink until closed).
     Open {

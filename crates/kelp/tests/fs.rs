@@ -708,3 +708,115 @@ fn a_change_brings_its_directory_s_new_attributes_along() {
         (ma.nlink(), ma.mtime(), ma.mtime_nsec())
     );
 }
+
+/// Under the exclusive capability a file's writes are answered once on their way and its
+/// mode, owner and times are set by the mount itself (the way `tar x` restores each file):
+/// no setattr reaches the MDS; another mount sees the data and every attribute at once (its
+/// look revokes the capability, whose holder stores the writes and sends what it kept first);
+/// an fsync sends them too, so they survive kill -9 of the writing mount. Lookups of names a
+/// directory this mount made does not hold are answered by the mount, until another mount
+/// changes the directory.
+#[test]
+fn a_file_s_writes_and_attributes_stay_with_its_writer_until_someone_looks() {
+    use std::os::unix::fs::MetadataExt;
+    let c = fs_cluster();
+    let _mds = start_mds(&c, "a");
+    let a = Mount::new(&c, "mnt-a");
+    let b = Mount::new(&c, "mnt-b");
+    std::thread::sleep(Duration::from_secs(1));
+
+    // a tree written the way tar writes it
+    std::fs::create_dir(a.p("t")).unwrap();
+    let (setattrs0, lookups0) = (mds_ops(&a, "setattr"), mds_ops(&a, "lookup"));
+    // run outside the mount (an interpreter looks for modules in its working directory)
+    let tar_like = Command::new("python3")
+        .current_dir("/")
+        .arg("-c")
+        .arg(
+            "import os, sys
+for i in range(50):
+    p = sys.argv[1] + '/f%d' % i
+    fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.write(fd, bytes([i]) * (1000 + i))
+    os.utime(fd, ns=(1_000_000_000 * (i + 1), 2_000_000_000 * (i + 1)))
+    os.fchown(fd, 1000 + i, 2000 + i)
+    os.fchmod(fd, 0o640 | (i % 8))
+    os.close(fd)",
+        )
+        .arg(a.p("t"))
+        .status()
+        .unwrap();
+    assert!(tar_like.success());
+    assert_eq!(
+        mds_ops(&a, "setattr") - setattrs0,
+        0,
+        "times, owner and mode went to the MDS one by one"
+    );
+    assert_eq!(
+        mds_ops(&a, "lookup") - lookups0,
+        0,
+        "names never made in a directory this mount made were asked of the MDS"
+    );
+    for i in 0..50u64 {
+        let p = format!("t/f{i}");
+        let m = std::fs::metadata(b.p(&p)).unwrap();
+        assert_eq!(m.len(), 1000 + i, "{p}: size");
+        assert_eq!(
+            (m.uid(), m.gid()),
+            (1000 + i as u32, 2000 + i as u32),
+            "{p}"
+        );
+        assert_eq!(m.mode() & 0o7777, 0o640 | (i as u32 % 8), "{p}: mode");
+        assert_eq!(
+            (m.atime(), m.mtime()),
+            (i as i64 + 1, 2 * (i as i64 + 1)),
+            "{p}"
+        );
+        let data = std::fs::read(b.p(&p)).unwrap();
+        assert!(
+            data.len() == 1000 + i as usize && data.iter().all(|x| u64::from(*x) == i),
+            "{p}: data"
+        );
+    }
+    // a name this mount answered as missing, made by the other mount: found at once
+    let lookups = mds_ops(&a, "lookup");
+    assert!(!a.p("t/none").exists());
+    assert_eq!(mds_ops(&a, "lookup"), lookups, "answered by the mount");
+    std::fs::write(b.p("t/none"), b"late").unwrap();
+    assert_eq!(std::fs::read(a.p("t/none")).unwrap(), b"late");
+    std::fs::remove_file(b.p("t/f3")).unwrap();
+    assert!(!a.p("t/f3").exists());
+
+    // chmod and a write, fsync, kill -9 of the writing mount: the other mount has both
+    let mut writer = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+os.pwrite(fd, b'k' * 5000, 0)
+os.fchmod(fd, 0o604)
+os.fsync(fd)
+print('synced', flush=True)
+time.sleep(60)",
+        )
+        .arg(a.p("k"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(writer.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "synced");
+    let mut a = a;
+    let mut child = a.child.take().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = writer.kill();
+    let _ = writer.wait();
+    let m = std::fs::metadata(b.p("k")).unwrap();
+    assert_eq!((m.len(), m.mode() & 0o7777), (5000, 0o604));
+    assert_eq!(std::fs::read(b.p("k")).unwrap(), vec![b'k'; 5000]);
+}

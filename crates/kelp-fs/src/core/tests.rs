@@ -493,6 +493,8 @@ impl Fs {
             end,
             mtime: Time { secs: 6, nanos: 0 },
             renew: false,
+            ctime: None,
+            set: None,
         })
     }
 
