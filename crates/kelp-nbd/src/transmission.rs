@@ -10,6 +10,12 @@
 //!
 //! Replies may go out in any order (the protocol allows it); each is written whole by the one
 //! writer, so chunks of different replies never interleave mid-message.
+//!
+//! Hot path: every request's reply passes through the writer. It sends whatever replies are
+//! ready in one system call, and while other requests of the connection are still being
+//! worked on it first lets them run (one scheduler pass), so that replies finishing together
+//! share a send (on loopback a send also runs the receiver's TCP processing, so each one saved
+//! is worth several microseconds).
 
 use std::sync::Arc;
 
@@ -58,8 +64,16 @@ where
     W: AsyncWrite + Unpin,
 {
     let (tx, rx) = mpsc::channel::<Outgoing>(limits.max_in_flight.max(1));
-    let reader = read_requests(r, session, limits, tx, stopping, metrics);
-    let writer = write_replies(w, rx);
+    let slots = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
+    let reader = read_requests(r, session, limits, slots.clone(), tx, stopping, metrics);
+    let writer = write_replies(
+        w,
+        rx,
+        InFlight {
+            slots,
+            max: limits.max_in_flight.max(1),
+        },
+    );
     tokio::pin!(writer);
     tokio::select! {
         res = reader => {
@@ -73,20 +87,50 @@ where
     }
 }
 
+/// The connection's request slots, to tell whether requests are still being worked on.
+struct InFlight {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl InFlight {
+    /// Requests holding a slot: being worked on, or with a reply not yet written.
+    fn count(&self) -> usize {
+        self.max - self.slots.available_permits()
+    }
+}
+
 async fn write_replies<W: AsyncWrite + Unpin>(
     w: W,
     mut rx: mpsc::Receiver<Outgoing>,
+    in_flight: InFlight,
 ) -> Result<(), ConnError> {
     let mut w = BufWriter::with_capacity(256 << 10, w);
     while let Some(first) = rx.recv().await {
+        let mut written = 0;
         let mut next = Some(first);
-        while let Some(out) = next {
-            w.write_all(&out.head).await?;
-            if !out.data.is_empty() {
-                w.write_all(&out.data).await?;
+        loop {
+            while let Some(out) = next {
+                w.write_all(&out.head).await?;
+                if !out.data.is_empty() {
+                    w.write_all(&out.data).await?;
+                }
+                drop(out);
+                written += 1;
+                next = rx.try_recv().ok();
             }
-            drop(out);
+            // Other requests still hold slots (the replies just written have released
+            // theirs): let them run once, so replies that are about to be ready go out in
+            // this send rather than each in one of their own. Only once per send, so a
+            // request waiting for the cluster delays the others by one scheduler pass at most.
+            if written > 1 || in_flight.count() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
             next = rx.try_recv().ok();
+            if next.is_none() {
+                break;
+            }
         }
         w.flush().await?;
     }
@@ -105,11 +149,11 @@ async fn read_requests<R: AsyncRead + Unpin>(
     r: &mut R,
     session: Session,
     limits: Limits,
+    slots: Arc<Semaphore>,
     tx: mpsc::Sender<Outgoing>,
     mut stopping: watch::Receiver<bool>,
     metrics: &Arc<crate::metrics::NbdMetrics>,
 ) -> Result<(), ConnError> {
-    let slots = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     let bytes = Arc::new(Semaphore::new(limits.max_in_flight_bytes as usize));
     let n = session.negotiated;
     let structured = n.structured;

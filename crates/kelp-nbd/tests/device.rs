@@ -36,6 +36,10 @@ impl BlockDevice for Faulty {
                 tokio::time::sleep(std::time::Duration::from_secs(60)).await;
                 self.inner.read(offset, len).await
             }
+            11 => {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                self.inner.read(offset, len).await
+            }
             9 => {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                 self.inner.read(offset, len).await
@@ -142,6 +146,36 @@ fn requests_of_one_connection_run_concurrently() {
         Some(&100),
         "the slow read must not hold up the others: {order:?}"
     );
+}
+
+#[test]
+fn replies_go_out_while_other_requests_are_still_in_the_device() {
+    // The reply writer lets requests still being worked on run before it sends, so that
+    // replies finishing together share a send; a request that never finishes must not keep
+    // back the replies of the others, batch after batch.
+    let dev = Arc::new(Faulty {
+        inner: MemDevice::new(1 << 20),
+    });
+    let srv = TestServer::start_exports(Arc::new(One(dev)), Default::default());
+    let mut c = Raw::connect(srv.addr);
+    c.go("faulty", true, false);
+    c.request(0, 0, 1, 11, 16, &[]); // in the device for 3 s
+    let started = std::time::Instant::now();
+    for round in 0..5u64 {
+        let handles: Vec<u64> = (0..20).map(|i| 100 + round * 20 + i).collect();
+        for &h in &handles {
+            c.request(0, 0, h, 4096 * (h % 200), 512, &[]);
+        }
+        let mut seen: Vec<u64> = (0..handles.len()).map(|_| c.reply(0).handle).collect();
+        seen.sort();
+        assert_eq!(seen, handles, "round {round}");
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "replies waited for the slow request: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(c.reply(0).handle, 1, "the slow request is answered too");
 }
 
 #[test]
