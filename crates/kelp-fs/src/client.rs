@@ -1045,12 +1045,7 @@ impl FsClient {
     }
 
     pub async fn lookup(&self, caller: Caller, parent: Ino, name: &str) -> Result<Inode> {
-        if self
-            .caps
-            .lock()
-            .expect("caps lock")
-            .known_absent(parent, name)
-        {
+        if self.known_absent(parent, name) {
             return Err(FsError::Errno(errno::ENOENT));
         }
         self.attr_call(
@@ -1063,6 +1058,21 @@ impl FsClient {
         .await
     }
 
+    /// Whether `name` is known here to be absent from `parent` (a complete directory).
+    pub fn known_absent(&self, parent: Ino, name: &str) -> bool {
+        self.caps
+            .lock()
+            .expect("caps lock")
+            .known_absent(parent, name)
+    }
+
+    /// This client's copy of `ino`, while it holds the shared lease on it.
+    pub fn cached_attr(&self, ino: Ino) -> Option<Inode> {
+        let caps = self.caps.lock().expect("caps lock");
+        caps.valid(ino, CAP_SHARED)?;
+        caps.inodes.get(&ino).cloned()
+    }
+
     /// `f` of this client's copy of `ino`, while it holds the shared lease on it.
     fn cached<T>(&self, ino: Ino, f: impl FnOnce(&Inode) -> T) -> Option<T> {
         let caps = self.caps.lock().expect("caps lock");
@@ -1072,13 +1082,8 @@ impl FsClient {
 
     /// The inode's attributes: this client's copy while it holds a shared lease on it.
     pub async fn getattr(&self, caller: Caller, ino: Ino) -> Result<Inode> {
-        {
-            let caps = self.caps.lock().expect("caps lock");
-            if caps.valid(ino, CAP_SHARED).is_some()
-                && let Some(i) = caps.inodes.get(&ino)
-            {
-                return Ok(i.clone());
-            }
+        if let Some(i) = self.cached_attr(ino) {
+            return Ok(i);
         }
         self.attr_call(caller, Op::GetAttr { ino }).await
     }
@@ -1099,9 +1104,7 @@ impl FsClient {
     /// sent with the size at the next flush (the kernel has checked the caller may make it,
     /// as for every setattr: `default_permissions`).
     pub async fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Inode> {
-        if set.size.is_none()
-            && let Some(i) = self.set_locally(ino, &set)
-        {
+        if let Some(i) = self.set_locally(ino, &set) {
             return Ok(i);
         }
         // what this client kept of the file must not come after this change and undo it
@@ -1117,8 +1120,11 @@ impl FsClient {
     }
 
     /// [`FsClient::setattr`] under the exclusive capability: the new attributes, or `None`
-    /// when the capability (or the cached inode) is not here.
-    fn set_locally(&self, ino: Ino, set: &SetAttr) -> Option<Inode> {
+    /// when the capability (or the cached inode) is not here, or the size changes.
+    pub fn set_locally(&self, ino: Ino, set: &SetAttr) -> Option<Inode> {
+        if set.size.is_some() {
+            return None;
+        }
         let mut caps = self.caps.lock().expect("caps lock");
         caps.valid(ino, CAP_EXCL)?;
         let mut shown = caps.inodes.get(&ino)?.clone();
@@ -1341,11 +1347,23 @@ impl FsClient {
 
     /// An inode's extended attribute: from this client's copy while it holds the shared
     /// lease (a change of them revokes it), except the MDS's virtual `kelp.` ones.
+    /// An extended attribute from this client's copy of `ino` (not Kelp's virtual `kelp.`
+    /// ones), while it holds the shared lease: `None` when the MDS must be asked.
+    pub fn cached_xattr(&self, ino: Ino, name: &str) -> Option<Result<Vec<u8>>> {
+        if name.starts_with("kelp.") {
+            return None;
+        }
+        self.cached(ino, |i| {
+            i.xattrs
+                .get(name)
+                .cloned()
+                .ok_or(FsError::Errno(errno::ENODATA))
+        })
+    }
+
     pub async fn getxattr(&self, caller: Caller, ino: Ino, name: &str) -> Result<Vec<u8>> {
-        if !name.starts_with("kelp.")
-            && let Some(x) = self.cached(ino, |i| i.xattrs.get(name).cloned())
-        {
-            return x.ok_or(FsError::Errno(errno::ENODATA));
+        if let Some(x) = self.cached_xattr(ino, name) {
+            return x;
         }
         match self
             .call(

@@ -213,6 +213,10 @@ impl Filesystem for KelpFuse {
         let (c, root, ttl) = self.ctx();
         let (who, parent) = (caller(req), self.ino_in(parent));
         let name = name_of(name);
+        if name.as_ref().is_ok_and(|n| c.known_absent(parent, n)) {
+            // a complete directory: answered here, without a trip through the runtime
+            return reply.error(libc::ENOENT);
+        }
         self.spawn(async move {
             let r = async { c.lookup(who, parent, &name?).await }.await;
             match r {
@@ -228,6 +232,13 @@ impl Filesystem for KelpFuse {
     fn getattr(&mut self, req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         let (c, root, ttl) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
+        {
+            let _g = c.begin_reply();
+            if let Some(i) = c.cached_attr(ino) {
+                // under the shared lease: answered here, without a trip through the runtime
+                return reply.attr(&ttl.attr(&c, i.ino), &Self::attr(root, &i));
+            }
+        }
         self.spawn(async move {
             match c.getattr(who, ino).await {
                 Ok(i) => {
@@ -267,6 +278,13 @@ impl Filesystem for KelpFuse {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
         };
+        {
+            let _g = c.begin_reply();
+            if let Some(i) = c.set_locally(ino, &set) {
+                // under the exclusive capability: made here
+                return reply.attr(&ttl.attr(&c, i.ino), &Self::attr(root, &i));
+            }
+        }
         self.spawn(async move {
             match c.setattr(who, ino, set).await {
                 Ok(i) => {
@@ -949,14 +967,18 @@ impl Filesystem for KelpFuse {
         let (c, _, _) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
         let name = name_of(name);
-        self.spawn(async move {
-            match async { c.getxattr(who, ino, &name?).await }.await {
-                Ok(v) if size == 0 => reply.size(v.len() as u32),
-                Ok(v) if v.len() > size as usize => reply.error(libc::ERANGE),
-                Ok(v) => reply.data(&v),
-                Err(e) => reply.error(e.errno()),
-            }
-        });
+        let answer = move |r: Result<Vec<u8>>| match r {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(libc::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(e.errno()),
+        };
+        if let Some(x) = name.as_ref().ok().and_then(|n| c.cached_xattr(ino, n)) {
+            // from the cached inode (the kernel asks for security.capability before every
+            // write): answered here, without a trip through the runtime
+            return answer(x);
+        }
+        self.spawn(async move { answer(async { c.getxattr(who, ino, &name?).await }.await) });
     }
 
     fn listxattr(&mut self, req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr) {
