@@ -2126,22 +2126,11 @@ mod tests {
         let mut old = Inode {
             ino: 5,
             mode: S_IFREG | 0o666,
-            uid: 0,
-            gid: 0,
-            size: 0,
             nlink: 1,
-            atime: Time::default(),
-            mtime: Time::default(),
-            ctime: Time::default(),
-            rdev: 0,
             parent: 1,
-            target: String::new(),
-            xattrs: Default::default(),
             object_size: 1 << 22,
             version: 3,
-            dirstat: Default::default(),
-            layout: Default::default(),
-            frag_bits: 0,
+            ..Inode::default()
         };
         // dirty here: a size and a mode the MDS has not taken yet
         let now = Time { secs: 9, nanos: 0 };

@@ -623,25 +623,12 @@ impl Filesystem for KelpFuse {
                     Inode {
                         ino,
                         mode: S_IFREG,
-                        uid: 0,
-                        gid: 0,
-                        size: 0,
                         nlink: 1,
-                        atime: Time::default(),
-                        mtime: Time::default(),
-                        ctime: Time::default(),
-                        rdev: 0,
-                        parent: 0,
-                        target: String::new(),
-                        xattrs: Default::default(),
-                        object_size,
-                        version: 0,
-                        dirstat: Default::default(),
                         layout: Layout {
                             pool,
                             object_size: None,
                         },
-                        frag_bits: 0,
+                        ..Inode::default()
                     }
                 };
                 i.object_size = object_size;

@@ -92,7 +92,7 @@ impl Time {
 }
 
 /// An inode: what `stat` shows, plus a symlink's target and the extended attributes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Inode {
     pub ino: Ino,
     /// Type and permission bits (`st_mode`).

@@ -525,6 +525,30 @@ fn mds_cache_budget_is_enforced() {
 }
 
 /// `kelp.mds.stats`' count of requests of one operation (`readdir`, `written`, ...).
+/// Runs the Python `script` with `m`'s `file` as its argument until it prints `synced`, then
+/// kills the mount (kill -9) and the script.
+fn kill_mount_once_synced(mut m: Mount, script: &str, file: &str) {
+    let mut writer = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(m.p(file))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(writer.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "synced");
+    let mut child = m.child.take().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = writer.kill();
+    let _ = writer.wait();
+}
+
 fn mds_ops(m: &Mount, op: &str) -> u64 {
     mds_stats(m)["ops"][op].as_u64().unwrap_or(0)
 }
@@ -594,10 +618,9 @@ os.close(fd)
 
     // fsync, then more writes without it, then kill -9 of the writing mount: the fsynced
     // size is kept (the later one may be lost)
-    let mut writer = Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import os, sys, time
+    kill_mount_once_synced(
+        a,
+        "import os, sys, time
 fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
 for i in range(256):
     os.pwrite(fd, b'z' * 4096, i * 4096)
@@ -605,24 +628,8 @@ os.fsync(fd)
 print('synced', flush=True)
 os.pwrite(fd, b'w' * 4096, 256 * 4096)
 time.sleep(60)",
-        )
-        .arg(a.p("h"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(writer.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "synced");
-    let mut a = a;
-    let mut child = a.child.take().unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = writer.kill();
-    let _ = writer.wait();
+        "h",
+    );
     let size = std::fs::metadata(b.p("h")).unwrap().len();
     assert!(size >= 256 * 4096, "the fsynced size was lost: {size}");
     let data = std::fs::read(b.p("h")).unwrap();
@@ -788,34 +795,17 @@ for i in range(50):
     assert!(!a.p("t/f3").exists());
 
     // chmod and a write, fsync, kill -9 of the writing mount: the other mount has both
-    let mut writer = Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import os, sys, time
+    kill_mount_once_synced(
+        a,
+        "import os, sys, time
 fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
 os.pwrite(fd, b'k' * 5000, 0)
 os.fchmod(fd, 0o604)
 os.fsync(fd)
 print('synced', flush=True)
 time.sleep(60)",
-        )
-        .arg(a.p("k"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(writer.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "synced");
-    let mut a = a;
-    let mut child = a.child.take().unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = writer.kill();
-    let _ = writer.wait();
+        "k",
+    );
     let m = std::fs::metadata(b.p("k")).unwrap();
     assert_eq!((m.len(), m.mode() & 0o7777), (5000, 0o604));
     assert_eq!(std::fs::read(b.p("k")).unwrap(), vec![b'k'; 5000]);
