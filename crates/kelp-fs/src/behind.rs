@@ -11,7 +11,9 @@
 //!
 //! In-flight writes are tracked by byte range: two writes to overlapping bytes never run at
 //! once (the second waits for the first), so RADOS applies them in the program's order,
-//! while writes to distinct bytes go out together.
+//! while writes to distinct bytes go out together. Waiting for writes to be stored waits for
+//! those claimed before the wait began, never for later ones (a file written without pause
+//! still gets its size flushed and its `fsync` answered).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +28,8 @@ pub const MAX_BEHIND_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Default)]
 struct Pending {
-    /// Byte ranges `[start, end)` being written.
-    ranges: Vec<(u64, u64)>,
+    /// Byte ranges `[start, end)` being written, each with its claim's sequence number.
+    ranges: Vec<(u64, u64, u64)>,
     /// The errno of a background write that failed, not yet reported.
     error: Option<i32>,
 }
@@ -38,6 +40,8 @@ pub struct WriteBehind {
     pending: Mutex<HashMap<Ino, Pending>>,
     changed: Notify,
     bytes: AtomicU64,
+    /// The sequence number of the last claim.
+    claims: AtomicU64,
 }
 
 /// A claimed byte range of one inode: released (and waiters woken) when dropped.
@@ -45,7 +49,7 @@ pub struct WriteBehind {
 pub struct Claim {
     behind: Arc<WriteBehind>,
     ino: Ino,
-    range: (u64, u64),
+    range: (u64, u64, u64),
     /// Bytes counted against [`MAX_BEHIND_BYTES`] (buffered writes only).
     counted: u64,
     error: Option<i32>,
@@ -79,7 +83,7 @@ impl Drop for Claim {
     }
 }
 
-fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+fn overlaps(a: (u64, u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
@@ -104,27 +108,28 @@ impl WriteBehind {
     /// `buffered`: the caller will not wait for the write (it counts against
     /// [`MAX_BEHIND_BYTES`], waiting for room first).
     pub async fn claim(self: &Arc<Self>, ino: Ino, off: u64, end: u64, buffered: bool) -> Claim {
-        let range = (off, end);
         let len = end - off;
         let counted = if buffered { len } else { 0 };
-        self.wait_for(|pending| {
-            if pending
-                .get(&ino)
-                .is_some_and(|p| p.ranges.iter().any(|r| overlaps(*r, range)))
-            {
-                return None;
-            }
-            if counted > 0 {
-                let now = self.bytes.load(Ordering::SeqCst);
-                if now > 0 && now + counted > MAX_BEHIND_BYTES {
+        let range = self
+            .wait_for(|pending| {
+                if pending
+                    .get(&ino)
+                    .is_some_and(|p| p.ranges.iter().any(|r| overlaps(*r, (off, end))))
+                {
                     return None;
                 }
-                self.bytes.fetch_add(counted, Ordering::SeqCst);
-            }
-            pending.entry(ino).or_default().ranges.push(range);
-            Some(())
-        })
-        .await;
+                if counted > 0 {
+                    let now = self.bytes.load(Ordering::SeqCst);
+                    if now > 0 && now + counted > MAX_BEHIND_BYTES {
+                        return None;
+                    }
+                    self.bytes.fetch_add(counted, Ordering::SeqCst);
+                }
+                let range = (off, end, self.claims.fetch_add(1, Ordering::SeqCst) + 1);
+                pending.entry(ino).or_default().ranges.push(range);
+                Some(range)
+            })
+            .await;
         Claim {
             behind: Arc::clone(self),
             ino,
@@ -142,24 +147,32 @@ impl WriteBehind {
             .contains_key(&ino)
     }
 
-    /// Waits until `ino` has no write in flight.
+    /// Waits until the writes of `ino` claimed so far are stored (not later ones).
     pub async fn settle(&self, ino: Ino) {
         if !self.busy(ino) {
             return;
         }
+        let upto = self.claims.load(Ordering::SeqCst);
         self.wait_for(|pending| {
             pending
                 .get(&ino)
-                .is_none_or(|p| p.ranges.is_empty())
+                .is_none_or(|p| p.ranges.iter().all(|r| r.2 > upto))
                 .then_some(())
         })
         .await;
     }
 
-    /// Waits until no inode has a write in flight (unmount).
+    /// Waits until the writes claimed so far, of every inode, are stored (the periodic
+    /// flush, unmount).
     pub async fn settle_all(&self) {
-        self.wait_for(|pending| pending.values().all(|p| p.ranges.is_empty()).then_some(()))
-            .await;
+        let upto = self.claims.load(Ordering::SeqCst);
+        self.wait_for(|pending| {
+            pending
+                .values()
+                .all(|p| p.ranges.iter().all(|r| r.2 > upto))
+                .then_some(())
+        })
+        .await;
     }
 
     /// The errno of a background write of `ino` that failed, reported once.
@@ -225,6 +238,31 @@ mod tests {
         assert_eq!(wb.take_error(7), None);
         assert!(!wb.busy(7));
         wb.settle_all().await;
+    }
+
+    #[tokio::test]
+    async fn settling_waits_for_earlier_writes_never_for_later_ones() {
+        let wb = Arc::new(WriteBehind::default());
+        let earlier = wb.claim(1, 0, 10, true).await;
+        let w = wb.clone();
+        let settled = tokio::spawn(async move { w.settle(1).await });
+        let w = wb.clone();
+        let all = tokio::spawn(async move { w.settle_all().await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // a later write, still in flight, holds up neither
+        let later = wb.claim(1, 20, 30, true).await;
+        drop(earlier);
+        tokio::time::timeout(Duration::from_secs(5), settled)
+            .await
+            .expect("settles without the later write")
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .expect("settles without the later write")
+            .unwrap();
+        assert!(wb.busy(1));
+        drop(later);
+        assert!(!wb.busy(1));
     }
 
     #[tokio::test]

@@ -1345,8 +1345,6 @@ impl FsClient {
         .await
     }
 
-    /// An inode's extended attribute: from this client's copy while it holds the shared
-    /// lease (a change of them revokes it), except the MDS's virtual `kelp.` ones.
     /// An extended attribute from this client's copy of `ino` (not Kelp's virtual `kelp.`
     /// ones), while it holds the shared lease: `None` when the MDS must be asked.
     pub fn cached_xattr(&self, ino: Ino, name: &str) -> Option<Result<Vec<u8>>> {
@@ -1361,6 +1359,8 @@ impl FsClient {
         })
     }
 
+    /// An inode's extended attribute: from this client's copy while it holds the shared
+    /// lease (a change of them revokes it), except the MDS's virtual `kelp.` ones.
     pub async fn getxattr(&self, caller: Caller, ino: Ino, name: &str) -> Result<Vec<u8>> {
         if let Some(x) = self.cached_xattr(ino, name) {
             return x;
