@@ -329,9 +329,11 @@ impl CapCache {
         }
     }
 
-    /// Whether `name` is known to be absent from `dir` (complete, lease still held).
+    /// Whether `name` is known to be absent from `dir` (complete, lease still held). A name
+    /// longer than `NAME_MAX` is left to the MDS, which answers `ENAMETOOLONG`.
     fn known_absent(&self, dir: Ino, name: &str) -> bool {
-        self.valid(dir, CAP_SHARED).is_some()
+        name.len() <= NAME_MAX
+            && self.valid(dir, CAP_SHARED).is_some()
             && self
                 .complete
                 .get(&dir)
@@ -2080,6 +2082,10 @@ mod tests {
         assert!(!caps.known_absent(d, "a"), "not complete: asks the MDS");
         caps.complete.insert(d, HashSet::new());
         assert!(caps.known_absent(d, "a"));
+        assert!(
+            !caps.known_absent(d, &"n".repeat(NAME_MAX + 1)),
+            "too long: the MDS says so"
+        );
         let mknod = |name: &str| Op::Mknod {
             parent: d,
             name: name.into(),

@@ -276,6 +276,15 @@ fn posix_semantics_on_a_mount() {
         errno_of(std::fs::rename(m.p(&max), m.p(&too_long))),
         libc::ENAMETOOLONG
     );
+    // also in a directory the mount made (it answers lookups of missing names itself)
+    std::fs::create_dir(m.p("made")).unwrap();
+    let in_made = m.p(&format!("made/{too_long}"));
+    assert_eq!(errno_of(std::fs::metadata(&in_made)), libc::ENAMETOOLONG);
+    assert_eq!(errno_of(std::fs::write(&in_made, b"")), libc::ENAMETOOLONG);
+    assert_eq!(
+        errno_of(std::fs::metadata(m.p(&format!("made/{max}")))),
+        libc::ENOENT
+    );
 
     // --- rename rules
     m.sh("mkdir -p rn/a/b rn/e && echo 1 > rn/f1 && echo 2 > rn/f2 && ln rn/f1 rn/f1h");
