@@ -103,6 +103,12 @@ impl Rados {
         self.inner.map_rx.borrow().clone()
     }
 
+    /// Whether the OSD map's `full` flag is set: writes other than removals (and `FullTry`
+    /// ones) are refused.
+    pub fn cluster_full(&self) -> bool {
+        self.osd_map().has_flag(ClusterFlag::Full)
+    }
+
     /// Waits until the client has a map of at least `epoch` (bounded by the op timeout).
     pub async fn wait_for_epoch(&self, epoch: u32) -> Result<Arc<OsdMap>, ClientError> {
         self.inner
@@ -456,7 +462,7 @@ impl Rados {
         // A full cluster refuses writes at once (Ceph's clients wait; Kelp's fail clearly).
         // Reads and removals go on: they are what frees space.
         // A write flagged `FullTry` goes on: the OSDs let it pass up to their failsafe ratio.
-        if self.osd_map().has_flag(kelp_maps::ClusterFlag::Full)
+        if self.cluster_full()
             && !ops.iter().all(OpKind::allowed_when_full)
             && !ops.iter().any(OpKind::is_full_try)
         {

@@ -1070,9 +1070,7 @@ impl FsClient {
 
     /// This client's copy of `ino`, while it holds the shared lease on it.
     pub fn cached_attr(&self, ino: Ino) -> Option<Inode> {
-        let caps = self.caps.lock().expect("caps lock");
-        caps.valid(ino, CAP_SHARED)?;
-        caps.inodes.get(&ino).cloned()
+        self.cached(ino, Inode::clone)
     }
 
     /// `f` of this client's copy of `ino`, while it holds the shared lease on it.
@@ -1483,15 +1481,6 @@ impl FsClient {
         self.behind.take_error(ino)
     }
 
-    /// Whether the monitors have marked the cluster full (writes are refused).
-    fn cluster_full(&self) -> bool {
-        self.rados
-            .osd_map()
-            .flags
-            .iter()
-            .any(|f| f.name() == "full")
-    }
-
     /// Closes a handle at once when that needs no MDS request (nothing kept to flush):
     /// `false` leaves it to [`FsClient::close`].
     pub fn close_quick(&self, ino: Ino) -> bool {
@@ -1826,7 +1815,7 @@ impl FsClient {
         // Write-behind: answered once the data is on its way, under the exclusive capability
         // (no other client reads the file until the revoke, which waits for it) and while
         // the cluster has room (a full one refuses it here, not later).
-        let behind = buffered && self.has_exclusive(ino) && !self.cluster_full();
+        let behind = buffered && self.has_exclusive(ino) && !self.rados.cluster_full();
         let mut claim = self.behind.claim(ino, off, end, behind).await;
         let mut jobs = Vec::new();
         let mut pos = off;
@@ -1870,22 +1859,17 @@ impl FsClient {
         let kept = {
             let mut caps = self.caps.lock().expect("caps lock");
             if caps.valid(ino, CAP_EXCL).is_some() {
-                let mut shown = caps
-                    .inodes
-                    .get(&ino)
-                    .cloned()
-                    .unwrap_or_else(|| inode.clone());
-                let d = caps.dirty_of(&shown);
+                // both times are set here: the record needs no copy of the inode to start
+                let d = caps.dirty_of(inode);
                 d.end = d.end.max(end);
                 d.mtime = mtime;
                 d.ctime = mtime;
                 d.generation += 1;
                 let size = d.end;
-                shown.size = shown.size.max(size);
-                shown.mtime = mtime;
-                shown.ctime = mtime;
                 if let Some(i) = caps.inodes.get_mut(&ino) {
-                    *i = shown;
+                    i.size = i.size.max(size);
+                    i.mtime = mtime;
+                    i.ctime = mtime;
                 }
                 return Ok(());
             }

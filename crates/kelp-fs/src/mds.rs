@@ -948,16 +948,6 @@ impl Inner {
         self.fenced.borrow().is_some()
     }
 
-    /// Whether the OSD map's `full` flag is set (writes other than removals are refused).
-    fn cluster_full(&self) -> bool {
-        self.meta
-            .rados()
-            .osd_map()
-            .flags
-            .iter()
-            .any(|f| f.name() == "full")
-    }
-
     /// Runs one client operation to its reply, with the capabilities the reply grants and
     /// whether it is unsafe (applied, and answered before its journal entry is in RADOS).
     async fn handle(
@@ -1052,7 +1042,7 @@ impl Inner {
         // A full cluster: changes that would take space are refused up front; deletes and
         // truncates go on (the journal writes past the full flag, `set_full_try`), so that
         // users can free space. Reads, lookups, opens and closes go on.
-        if !op.allowed_when_full() && self.cluster_full() {
+        if !op.allowed_when_full() && self.meta.rados().cluster_full() {
             return Err(Reply::Err(errno::ENOSPC));
         }
         let (reply, grants, mut revokes, seq, retried, st) = loop {
