@@ -10,6 +10,7 @@
 //! | `overwrite_4k_qd1` / `_qd16` | overwrite whole existing 4 KiB objects (random) |
 //! | `write_4m_qd4` | create 4 MiB objects (names cycle over 3/4 of the free space, so a fast device does not fill the store) |
 //! | `randread_4k_qd16_cold` | 4 KiB reads at random offsets of the 4 MiB objects, after a remount and dropping the data file from the page cache |
+//! | `overwrite_4k_in_4m_qd16` | 4 KiB writes at random aligned offsets of the 4 MiB objects (what a block image's random writes ask of each OSD) |
 //! | `create_1m_4k_qd16` | create `objects` (default 1 000 000) 4 KiB objects; reports the rate per 100 000 and metadata bytes per object |
 //! | `index_ingest_qd16` | what an S3 ingest of `objects` 1 KiB objects asks of each OSD (see `IndexSim`); reports the rate per 100 000 |
 
@@ -42,13 +43,14 @@ pub struct BenchOptions {
 }
 
 /// Names of all tests, in the order they run.
-pub const TESTS: [&str; 8] = [
+pub const TESTS: [&str; 9] = [
     "write_4k_new_qd1",
     "write_4k_new_qd16",
     "overwrite_4k_qd1",
     "overwrite_4k_qd16",
     "write_4m_qd4",
     "randread_4k_qd16_cold",
+    "overwrite_4k_in_4m_qd16",
     "create_1m_4k_qd16",
     "index_ingest_qd16",
 ];
@@ -295,7 +297,7 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
         big_objects = o.ops.min(big_slots);
         report(summarize("write_4m_qd4", 4, o), &mut results);
     }
-    if want("randread_4k_qd16_cold") && big_objects == 0 {
+    if (want("randread_4k_qd16_cold") || want("overwrite_4k_in_4m_qd16")) && big_objects == 0 {
         let o = drive(4, 1e7, 512.min(big_slots), |_, i| {
             write_new(&store, colls[1], "m", i, &big)
         })?;
@@ -315,6 +317,18 @@ pub fn run_bench(dir: &Path, opts: &BenchOptions, progress: &dyn Fn(&str)) -> Re
             Ok(d.len() as u64)
         })?;
         report(summarize("randread_4k_qd16_cold", 16, o), &mut results);
+    }
+    if want("overwrite_4k_in_4m_qd16") {
+        let o = drive(16, secs, u64::MAX, |t, i| {
+            let mut r = Rng::new(i.wrapping_mul(37) ^ ((t as u64) << 48) ^ 0xdef);
+            let which = r.below(big_objects.max(1));
+            let off = r.below(1024) * 4096;
+            let mut tx = Transaction::new();
+            tx.write(colls[1], &obj("m", which), off, block4k.clone());
+            store.submit(tx)?.wait()?;
+            Ok(4096)
+        })?;
+        report(summarize("overwrite_4k_in_4m_qd16", 16, o), &mut results);
     }
 
     // Metadata-heavy ingests, each in a store of its own so that compaction of the earlier

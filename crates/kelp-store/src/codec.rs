@@ -9,12 +9,24 @@ use std::collections::BTreeMap;
 
 use crate::error::{Result, StoreError};
 
-/// Version 2 adds inline data ([`Inline`]) after the xattrs. A record without inline data is
-/// still written as version 1, byte for byte as before, so stores written before inline data
-/// existed read the same and records of objects in extents keep their size.
-pub const ONODE_VERSION: u8 = 2;
+/// The newest object-record version this code reads. Version 2 adds inline data ([`Inline`])
+/// after the xattrs. A record without inline data is still written as version 1, byte for byte
+/// as before, so stores written before inline data existed read the same and records of objects
+/// in extents keep their size. Version 3 ([`ONODE_VERSION_SHARDED`]) leaves the checksums out.
+pub const ONODE_VERSION: u8 = 3;
 /// The version written for a record without inline data.
 pub const ONODE_VERSION_PLAIN: u8 = 1;
+/// The version written for a record with inline data.
+pub const ONODE_VERSION_INLINE: u8 = 2;
+/// The version written for an object with more than [`CSUM_SHARD_BLOCKS`] checksum blocks
+/// mapped: version 1's layout without the checksums, which live in shard records of their own
+/// (`keys::csum_shard_key`), so that a 4 KiB overwrite inside a 4 MiB object rewrites one
+/// 257-byte shard and a ~20-byte record instead of a 4 KiB record.
+pub const ONODE_VERSION_SHARDED: u8 = 3;
+/// Checksum blocks per shard record: shard `i` of an object holds the checksums of its mapped
+/// logical blocks `[i * CSUM_SHARD_BLOCKS, (i + 1) * CSUM_SHARD_BLOCKS)`, in order.
+pub const CSUM_SHARD_BLOCKS: u64 = 64;
+pub const CSUM_SHARD_VERSION: u8 = 1;
 pub const DEFERRED_VERSION: u8 = 1;
 pub const BITMAP_VERSION: u8 = 1;
 pub const COLL_VERSION: u8 = 1;
@@ -238,6 +250,9 @@ pub struct Onode {
     pub xattrs: Xattrs,
     /// The content of a small object kept in the record (then `extents` is empty).
     pub inline: Option<Inline>,
+    /// The stored record keeps its checksums in shard records (version 3): set by decoding,
+    /// for the writer to know which shard records exist.
+    pub csums_sharded: bool,
 }
 
 impl Onode {
@@ -262,12 +277,115 @@ impl Onode {
                 .map_or(0, |i| heap_alloc(i.data.capacity()))
     }
 
+    /// The record with its checksums in it (version 1, or 2 with inline data).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(false)
+    }
+
+    /// Whether this object's record is stored with its checksums in shard records: more than
+    /// [`CSUM_SHARD_BLOCKS`] checksum blocks mapped.
+    pub fn wants_sharded_csums(&self, bpu: u64) -> bool {
+        self.inline.is_none()
+            && self.extents.iter().map(|e| e.units).sum::<u64>() * bpu > CSUM_SHARD_BLOCKS
+    }
+
+    /// The record without its checksums (version 3): they go to [`Onode::csum_shards`].
+    pub fn encode_sharded(&self) -> Vec<u8> {
+        debug_assert!(self.inline.is_none());
+        self.encode_as(true)
+    }
+
+    /// The checksum shard records of this object, `(shard index, value)` in index order: the
+    /// checksums of the mapped blocks of each shard's range, in block order.
+    pub fn csum_shards(&self, bpu: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut out: Vec<(u64, Vec<u8>)> = Vec::new();
+        for e in &self.extents {
+            let mut block = e.lunit * bpu;
+            let mut rest = &e.csums[..];
+            while !rest.is_empty() {
+                let shard = block / CSUM_SHARD_BLOCKS;
+                let n = ((shard + 1) * CSUM_SHARD_BLOCKS - block).min(rest.len() as u64) as usize;
+                let (these, tail) = rest.split_at(n);
+                if out.last().is_none_or(|(i, _)| *i != shard) {
+                    let mut v = Vec::with_capacity(1 + 4 * CSUM_SHARD_BLOCKS as usize);
+                    v.push(CSUM_SHARD_VERSION);
+                    out.push((shard, v));
+                }
+                if let Some((_, v)) = out.last_mut() {
+                    for c in these {
+                        v.extend_from_slice(&c.to_le_bytes());
+                    }
+                }
+                block += n as u64;
+                rest = tail;
+            }
+        }
+        out
+    }
+
+    /// Indices of the checksum shards whose content differs from `other`'s, if both map the
+    /// same units (an in-place overwrite's case: a comparison of the checksum vectors, with no
+    /// shard built); `None` if their extent maps differ.
+    pub fn changed_csum_shards(&self, other: &Onode, bpu: u64) -> Option<Vec<u64>> {
+        if self.extents.len() != other.extents.len()
+            || self
+                .extents
+                .iter()
+                .zip(&other.extents)
+                .any(|(a, b)| (a.lunit, a.punit, a.units) != (b.lunit, b.punit, b.units))
+        {
+            return None;
+        }
+        let mut changed: Vec<u64> = Vec::new();
+        for (a, b) in self.extents.iter().zip(&other.extents) {
+            let first = a.lunit * bpu;
+            let mut k = 0;
+            while k < a.csums.len() {
+                let shard = (first + k as u64) / CSUM_SHARD_BLOCKS;
+                let end = (((shard + 1) * CSUM_SHARD_BLOCKS - first) as usize).min(a.csums.len());
+                if a.csums[k..end] != b.csums[k..end] && changed.last() != Some(&shard) {
+                    changed.push(shard);
+                }
+                k = end;
+            }
+        }
+        Some(changed)
+    }
+
+    /// Checksum shard `i` (as in [`Onode::csum_shards`]), `None` if it covers no mapped block.
+    pub fn csum_shard(&self, i: u64, bpu: u64) -> Option<Vec<u8>> {
+        let (lo, hi) = (i * CSUM_SHARD_BLOCKS, (i + 1) * CSUM_SHARD_BLOCKS);
+        let mut v: Option<Vec<u8>> = None;
+        let from = self
+            .extents
+            .partition_point(|e| (e.lunit + e.units) * bpu <= lo);
+        for e in &self.extents[from..] {
+            let first = e.lunit * bpu;
+            if first >= hi {
+                break;
+            }
+            let a = (lo.max(first) - first) as usize;
+            let b = (hi.min(first + e.units * bpu) - first) as usize;
+            let out = v.get_or_insert_with(|| {
+                let mut v = Vec::with_capacity(1 + 4 * CSUM_SHARD_BLOCKS as usize);
+                v.push(CSUM_SHARD_VERSION);
+                v
+            });
+            for c in &e.csums[a..b] {
+                out.extend_from_slice(&c.to_le_bytes());
+            }
+        }
+        v
+    }
+
+    fn encode_as(&self, sharded: bool) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(
             24 + self.extents.len() * 16 + self.inline_len() as usize,
         ));
-        w.u8(if self.inline.is_some() {
-            ONODE_VERSION
+        w.u8(if sharded {
+            ONODE_VERSION_SHARDED
+        } else if self.inline.is_some() {
+            ONODE_VERSION_INLINE
         } else {
             ONODE_VERSION_PLAIN
         });
@@ -280,8 +398,10 @@ impl Onode {
             w.var(e.lunit - next);
             w.var(e.punit);
             w.var(e.units);
-            for c in &e.csums {
-                w.0.extend_from_slice(&c.to_le_bytes());
+            if !sharded {
+                for c in &e.csums {
+                    w.0.extend_from_slice(&c.to_le_bytes());
+                }
             }
             next = e.lunit + e.units;
         }
@@ -297,11 +417,28 @@ impl Onode {
         w.0
     }
 
-    /// `blocks_per_unit` is a store constant (min_alloc_size / csum_block_size).
+    #[cfg(test)]
+    /// Decode a record whose checksums are in it (versions 1 and 2); a version-3 record is
+    /// refused as corrupt (its shards are needed: [`Onode::decode_with`]).
     pub fn decode(b: &[u8], blocks_per_unit: u64) -> Result<Onode> {
+        Self::decode_with(b, blocks_per_unit, |nid, _| -> Result<Option<&[u8]>> {
+            Err(StoreError::corrupt(format!(
+                "record of object nid {nid} keeps its checksums in shard records, none given"
+            )))
+        })
+    }
+
+    /// Decode a record; `shard(nid, i)` fetches checksum shard `i` of a version-3 record.
+    /// `blocks_per_unit` is a store constant (min_alloc_size / csum_block_size).
+    pub fn decode_with<V: AsRef<[u8]>>(
+        b: &[u8],
+        blocks_per_unit: u64,
+        mut shard: impl FnMut(u64, u64) -> Result<Option<V>>,
+    ) -> Result<Onode> {
         let mut r = Reader::new(b, "object record");
         r.version(ONODE_VERSION, "object record")?;
         let version = b[0];
+        let sharded = version == ONODE_VERSION_SHARDED;
         let nid = r.var()?;
         let size = r.var()?;
         let has_omap = r.u8()? != 0;
@@ -319,8 +456,10 @@ impl Onode {
                 .filter(|&n| n <= 1 << 32)
                 .ok_or_else(|| StoreError::corrupt("extent length overflow"))?;
             let mut csums = Vec::with_capacity(ncsum as usize);
-            for _ in 0..ncsum {
-                csums.push(r.u32le()?);
+            if !sharded {
+                for _ in 0..ncsum {
+                    csums.push(r.u32le()?);
+                }
             }
             next = lunit
                 .checked_add(units)
@@ -340,7 +479,7 @@ impl Onode {
             let v = r.bytes()?.to_vec();
             xattrs.insert(k, v);
         }
-        let inline = if version >= 2 {
+        let inline = if version == ONODE_VERSION_INLINE {
             let data = r.bytes()?.to_vec();
             let csum = r.u32le()?;
             if data.is_empty() || data.len() as u64 != size || !extents.is_empty() {
@@ -355,6 +494,9 @@ impl Onode {
             None
         };
         r.finish()?;
+        if sharded {
+            fill_csums(nid, &mut extents, blocks_per_unit, &mut shard)?;
+        }
         Ok(Onode {
             nid,
             size,
@@ -362,6 +504,7 @@ impl Onode {
             extents,
             xattrs,
             inline,
+            csums_sharded: sharded,
         })
     }
 
@@ -456,6 +599,62 @@ impl Onode {
     }
 }
 
+/// Fill the (empty) checksum vectors of a version-3 record's extents from its shard records.
+/// Every shard the extents cover must be there and hold exactly their blocks' checksums.
+fn fill_csums<V: AsRef<[u8]>>(
+    nid: u64,
+    extents: &mut [Extent],
+    bpu: u64,
+    shard: &mut impl FnMut(u64, u64) -> Result<Option<V>>,
+) -> Result<()> {
+    let corrupt = |i: u64, what: &str| {
+        StoreError::corrupt(format!("checksum shard {i} of object nid {nid}: {what}"))
+    };
+    // The shard being read (index, value) and how many of its checksums are used so far.
+    let mut cur: Option<(u64, V)> = None;
+    let mut used = 0usize;
+    let finish = |cur: &Option<(u64, V)>, used: usize| -> Result<()> {
+        match cur {
+            Some((i, v)) if v.as_ref().len() != 1 + 4 * used => Err(corrupt(
+                *i,
+                "holds more checksums than the blocks it covers",
+            )),
+            _ => Ok(()),
+        }
+    };
+    for e in extents.iter_mut() {
+        for k in 0..e.units * bpu {
+            let i = (e.lunit * bpu + k) / CSUM_SHARD_BLOCKS;
+            if cur.as_ref().is_none_or(|c| c.0 != i) {
+                finish(&cur, used)?;
+                let v = shard(nid, i)?.ok_or_else(|| corrupt(i, "missing"))?;
+                match v.as_ref().first() {
+                    Some(&CSUM_SHARD_VERSION) => {}
+                    Some(&other) => {
+                        return Err(StoreError::UnsupportedVersion {
+                            what: "checksum shard",
+                            found: u32::from(other),
+                            supported: u32::from(CSUM_SHARD_VERSION),
+                        });
+                    }
+                    None => return Err(corrupt(i, "empty")),
+                }
+                cur = Some((i, v));
+                used = 0;
+            }
+            if let Some((i, v)) = &cur {
+                let at = 1 + 4 * used;
+                let c = v.as_ref().get(at..at + 4).ok_or_else(|| {
+                    corrupt(*i, "holds fewer checksums than the blocks it covers")
+                })?;
+                e.csums.push(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                used += 1;
+            }
+        }
+    }
+    finish(&cur, used)
+}
+
 /// Deferred writes of one commit batch: whole allocation units to be written at `punit`.
 pub fn encode_deferred(writes: &[(u64, &[u8])]) -> Vec<u8> {
     let size: usize = writes.iter().map(|(_, d)| d.len() + 12).sum();
@@ -504,6 +703,7 @@ mod tests {
             extents: vec![ext(0, 10, 2), ext(5, 100, 1)],
             xattrs: [("a", b"1".to_vec())].into_iter().collect(),
             inline: None,
+            csums_sharded: false,
         };
         let b = o.encode();
         assert_eq!(Onode::decode(&b, 1).unwrap(), o);
@@ -525,6 +725,118 @@ mod tests {
         assert_eq!(o.lookup(3, 1).unwrap().0, 13);
         o.insert(ext(1, 11, 2));
         assert_eq!(o.extents.len(), 1, "re-inserting the same run merges back");
+    }
+
+    /// Shards of a version-3 record, as the store keeps them (nid, index) -> value.
+    fn shard_map(o: &Onode, bpu: u64) -> BTreeMap<(u64, u64), Vec<u8>> {
+        o.csum_shards(bpu)
+            .into_iter()
+            .map(|(i, v)| ((o.nid, i), v))
+            .collect()
+    }
+
+    #[test]
+    fn large_objects_keep_their_checksums_in_shards_and_read_them_back() {
+        // 2 blocks per unit: units 0..40 (80 blocks: shards 0 and 1), a hole, then units
+        // 100..110 (blocks 200..220: shards 3); shard 2 is not needed.
+        let bpu = 2;
+        let wide = |lunit: u64, punit: u64, units: u64| Extent {
+            lunit,
+            punit,
+            units,
+            csums: (0..(units * bpu) as u32)
+                .map(|i| i ^ (punit as u32) << 12)
+                .collect(),
+        };
+        let o = Onode {
+            nid: 42,
+            size: 110 * 8192,
+            extents: vec![wide(0, 500, 40), wide(100, 900, 10)],
+            ..Onode::default()
+        };
+        assert!(o.wants_sharded_csums(bpu));
+        let shards = shard_map(&o, bpu);
+        assert_eq!(
+            shards.keys().map(|k| k.1).collect::<Vec<_>>(),
+            vec![0, 1, 3]
+        );
+        assert_eq!(shards[&(42, 0)].len(), 1 + 4 * 64);
+        assert_eq!(shards[&(42, 1)].len(), 1 + 4 * 16);
+        assert_eq!(shards[&(42, 3)].len(), 1 + 4 * 20);
+        let b = o.encode_sharded();
+        assert_eq!(b[0], ONODE_VERSION_SHARDED);
+        assert!(
+            b.len() < 20,
+            "no checksums in the record: {} bytes",
+            b.len()
+        );
+        let get = |m: &BTreeMap<(u64, u64), Vec<u8>>| {
+            let m = m.clone();
+            move |nid: u64, i: u64| -> Result<Option<Vec<u8>>> { Ok(m.get(&(nid, i)).cloned()) }
+        };
+        let d = Onode::decode_with(&b, bpu, get(&shards)).unwrap();
+        assert!(d.csums_sharded);
+        assert_eq!(
+            Onode {
+                csums_sharded: false,
+                ..d.clone()
+            },
+            o
+        );
+        for i in 0..5 {
+            assert_eq!(
+                o.csum_shard(i, bpu),
+                shards.get(&(42, i)).cloned(),
+                "shard {i}"
+            );
+        }
+        // The same units with checksums changed in shards 1 and 3 (units 35 and 105).
+        let mut changed = o.clone();
+        changed.extents[0].csums[70] ^= 1;
+        changed.extents[1].csums[10] ^= 1;
+        assert_eq!(changed.changed_csum_shards(&o, bpu), Some(vec![1, 3]));
+        assert_eq!(o.changed_csum_shards(&o, bpu), Some(vec![]));
+        let mut moved = o.clone();
+        moved.extents[1].punit += 1;
+        assert_eq!(moved.changed_csum_shards(&o, bpu), None);
+        // Without its shards the record is refused, never read with missing checksums.
+        assert!(Onode::decode(&b, bpu).is_err());
+        let mut missing = shards.clone();
+        missing.remove(&(42, 1));
+        let e = Onode::decode_with(&b, bpu, get(&missing)).unwrap_err();
+        assert!(e.to_string().contains("shard 1 of object nid 42"), "{e}");
+        let mut long = shards.clone();
+        long.get_mut(&(42, 3))
+            .unwrap()
+            .extend_from_slice(&[1, 2, 3, 4]);
+        assert!(Onode::decode_with(&b, bpu, get(&long)).is_err());
+        let mut short = shards.clone();
+        short.get_mut(&(42, 0)).unwrap().truncate(1 + 4 * 63);
+        assert!(Onode::decode_with(&b, bpu, get(&short)).is_err());
+        let mut future = shards.clone();
+        future.get_mut(&(42, 0)).unwrap()[0] = 9;
+        assert!(matches!(
+            Onode::decode_with(&b, bpu, get(&future)),
+            Err(StoreError::UnsupportedVersion { found: 9, .. })
+        ));
+        for cut in 0..b.len() {
+            assert!(Onode::decode_with(&b[..cut], bpu, get(&shards)).is_err());
+        }
+        // 64 blocks or fewer stay in the record.
+        let small = Onode {
+            nid: 1,
+            size: 32 * 8192,
+            extents: vec![wide(0, 7, 32)],
+            ..Onode::default()
+        };
+        assert!(!small.wants_sharded_csums(bpu));
+        assert!(
+            Onode {
+                extents: vec![wide(0, 7, 33)],
+                ..small
+            }
+            .wants_sharded_csums(bpu)
+        );
     }
 
     /// A v1 onode as written by the first release: must keep decoding.
@@ -591,6 +903,7 @@ mod tests {
             extents: vec![ext(0, 1_000_000, 1)],
             xattrs: Xattrs::default(),
             inline: None,
+            csums_sharded: false,
         };
         assert!(o.encode().len() <= 20, "{}", o.encode().len());
     }

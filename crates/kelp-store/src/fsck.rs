@@ -5,7 +5,7 @@
 //! referenced unit marked free is *used-but-free* (it could be handed out again and overwrite
 //! live data), an allocated unit nobody references is a *leak*. It also decodes every record
 //! (keys and values), checks extents against the object size and device, and finds omap data
-//! whose object is gone, and sums the inline data of small objects against the store's counter
+//! whose object is gone (and checksum shards no record uses), and sums the inline data of small objects against the store's counter
 //! of it. `deep` additionally reads every mapped block and verifies its crc32c (and every
 //! object's inline data against its own), naming the object and offset of each mismatch.
 //!
@@ -29,7 +29,8 @@ use crate::store::ObjectStore;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FsckProblem {
     /// Stable name: `corrupt-record`, `orphan-object`, `bad-extent`, `double-allocation`,
-    /// `used-but-free`, `leaked`, `checksum`, `orphan-omap`, `nid`, `inline-bytes`.
+    /// `used-but-free`, `leaked`, `checksum`, `orphan-omap`, `orphan-csum-shard`, `nid`,
+    /// `inline-bytes`.
     pub kind: &'static str,
     pub detail: String,
 }
@@ -101,6 +102,8 @@ impl KelpStore {
 
         let mut used = Bitmap::new(geo.units);
         let mut nids = BTreeSet::new();
+        // (nid, index) of every checksum shard a record needs.
+        let mut shards = BTreeSet::new();
         let mut max_nid = 0;
         for r in inner.meta.prefix([keys::OBJ]) {
             let (k, v) = r.map_err(kv_err)?;
@@ -118,13 +121,22 @@ impl KelpStore {
                     format!("{oid} is in collection {coll}, which does not exist"),
                 );
             }
-            let on = match Onode::decode(&v, geo.bpu) {
+            let on = match Onode::decode_with(&v, geo.bpu, |nid, i| {
+                inner.meta.get(keys::csum_shard_key(nid, i)).map_err(kv_err)
+            }) {
                 Ok(o) => o,
                 Err(e) => {
                     rep.problem("corrupt-record", format!("object {oid}: {e}"));
                     continue;
                 }
             };
+            if on.csums_sharded {
+                shards.extend(
+                    on.csum_shards(geo.bpu)
+                        .into_iter()
+                        .map(|(i, _)| (on.nid, i)),
+                );
+            }
             if !nids.insert(on.nid) {
                 rep.problem("nid", format!("object {oid} reuses nid {}", on.nid));
             }
@@ -266,6 +278,21 @@ impl KelpStore {
             rep.problem(
                 "orphan-omap",
                 format!("{n} omap entries belong to nid {nid}, which no object has"),
+            );
+        }
+        let mut orphan_shards: BTreeMap<u64, u64> = BTreeMap::new();
+        for r in inner.meta.prefix([keys::CSUM_SHARD]) {
+            let (k, _) = r.map_err(kv_err)?;
+            match keys::decode_csum_shard_key(&k) {
+                Some(id) if shards.contains(&id) => {}
+                Some((nid, _)) => *orphan_shards.entry(nid).or_default() += 1,
+                None => rep.problem("corrupt-record", format!("bad checksum shard key {k:02x?}")),
+            }
+        }
+        for (nid, n) in orphan_shards {
+            rep.problem(
+                "orphan-csum-shard",
+                format!("{n} checksum shards belong to nid {nid}, whose record does not use them"),
             );
         }
         let counted = match inner.meta.get(keys::INLINE_BYTES).map_err(kv_err)? {

@@ -9,6 +9,7 @@
 //! | `O` pool:u32 seed:u32 objkey | object record / onode (`codec::Onode`) |
 //! | `M` nid:u64 `0x00` | omap header |
 //! | `M` nid:u64 `0x01` key | omap value |
+//! | `K` nid:u64 shard:u64 | checksums of an object's blocks `[shard * 64, shard * 64 + 64)` (`codec::CSUM_SHARD_BLOCKS`), for a version-3 object record |
 //! | `B` chunk:u32 | allocation bitmap chunk (`codec::BITMAP_CHUNK_UNITS` units) |
 //! | `D` seq:u64 | deferred writes of one commit batch, not yet known to be on the data device |
 //!
@@ -29,6 +30,7 @@ pub const INLINE_BYTES: &[u8] = b"I";
 pub const COLL: u8 = b'C';
 pub const OBJ: u8 = b'O';
 pub const OMAP: u8 = b'M';
+pub const CSUM_SHARD: u8 = b'K';
 pub const BITMAP: u8 = b'B';
 pub const DEFERRED: u8 = b'D';
 
@@ -184,6 +186,31 @@ pub fn omap_key_nid(k: &[u8]) -> Option<u64> {
         return None;
     }
     Some(u64::from_be_bytes(k.get(1..9)?.try_into().ok()?))
+}
+
+/// Prefix of every checksum shard key of object `nid`.
+pub fn csum_shard_prefix(nid: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(CSUM_SHARD);
+    k.extend_from_slice(&nid.to_be_bytes());
+    k
+}
+
+pub fn csum_shard_key(nid: u64, shard: u64) -> Vec<u8> {
+    let mut k = csum_shard_prefix(nid);
+    k.extend_from_slice(&shard.to_be_bytes());
+    k
+}
+
+/// `(nid, shard)` of a `K` key.
+pub fn decode_csum_shard_key(k: &[u8]) -> Option<(u64, u64)> {
+    if k.len() != 17 || k[0] != CSUM_SHARD {
+        return None;
+    }
+    Some((
+        u64::from_be_bytes(k[1..9].try_into().ok()?),
+        u64::from_be_bytes(k[9..17].try_into().ok()?),
+    ))
 }
 
 pub fn bitmap_key(chunk: u32) -> Vec<u8> {

@@ -230,6 +230,9 @@ struct Prepared {
     data_done: Option<Arc<DataDone>>,
     bytes: u64,
     done: oneshot::Sender<Result<()>>,
+    /// The records this transaction writes, decoded: they go into the onode cache when it
+    /// is published, so the next write of a busy object finds its record there.
+    onodes: Vec<(Vec<u8>, Arc<Onode>)>,
 }
 
 #[derive(Default)]
@@ -696,9 +699,17 @@ impl Inner {
 
     fn onode_for_read(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
         match self.get(&keys::obj_key(coll, oid))? {
-            Some(v) => Onode::decode(&v, self.geo.bpu),
+            Some(v) => self.decode_onode(&v),
             None => Err(self.absent(coll, oid)?),
         }
+    }
+
+    /// Decode a record as published (overlay, then database), checksum shards included. The
+    /// caller holds `reuse` shared, so the record and its shards are of one transaction.
+    fn decode_onode(&self, raw: &[u8]) -> Result<Onode> {
+        Onode::decode_with(raw, self.geo.bpu, |nid, i| {
+            self.get(&keys::csum_shard_key(nid, i))
+        })
     }
 
     /// The error for an object that is not there: its collection's, if that is missing too.
@@ -734,7 +745,7 @@ impl Inner {
             ov.get(&key).map(|(_, v)| v.clone())
         };
         match pending {
-            Some(Some(v)) => Ok(Arc::new(Onode::decode(&v, self.geo.bpu)?)),
+            Some(Some(v)) => Ok(Arc::new(self.decode_onode(&v)?)),
             Some(None) => self.onode_for_read(coll, oid).map(Arc::new),
             None => match self
                 .meta
@@ -742,7 +753,7 @@ impl Inner {
                 .map_err(|e| StoreError::kv("reading metadata", e))?
             {
                 Some(v) => {
-                    let on = Arc::new(Onode::decode(&v, self.geo.bpu)?);
+                    let on = Arc::new(self.decode_onode(&v)?);
                     self.onode_cache.insert(key, Some(on.clone()));
                     Ok(on)
                 }
@@ -870,6 +881,9 @@ impl KelpStore {
         let inner = &*self.inner;
         let mut txc = Txc {
             inner,
+            first_new_nid: st.next_nid,
+            before: HashMap::new(),
+            saved: HashMap::new(),
             staged: BTreeMap::new(),
             allocated: Vec::new(),
             freed: Vec::new(),
@@ -941,6 +955,7 @@ impl KelpStore {
                 data_done: None,
                 bytes: txc.bytes + 256,
                 done,
+                onodes: txc.saved.into_iter().collect(),
             },
             cow,
         ))
@@ -1063,6 +1078,10 @@ impl ObjectStore for KelpStore {
                     lock(&inner.known_colls).remove(k);
                 }
                 ov.insert(k.clone(), (p.seq, v.clone()));
+            }
+            // The newest published records (as `invalidate` above leaves none older).
+            for (k, on) in std::mem::take(&mut p.onodes) {
+                inner.onode_cache.insert(k, Some(on));
             }
             inner.inline_bytes.store(st.inline_bytes, Ordering::Release);
         }

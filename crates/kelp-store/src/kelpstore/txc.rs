@@ -19,6 +19,13 @@ pub(super) struct Txc<'a> {
     pub(super) pre: Option<PreCopied>,
     pub(super) next_nid: u64,
     pub(super) nid_used: bool,
+    /// nids from this one on were allocated by this transaction (no stored record).
+    pub(super) first_new_nid: u64,
+    /// Each existing object's record as it was before this transaction (the first time the
+    /// transaction loaded it), by nid: which checksum shard records are stored for it.
+    pub(super) before: HashMap<u64, Arc<Onode>>,
+    /// The records this transaction wrote (last save of each key), for the onode cache.
+    pub(super) saved: HashMap<Vec<u8>, Arc<Onode>>,
     /// Change of the store's inline data bytes made by this transaction.
     pub(super) inline_delta: i64,
     pub(super) bytes: u64,
@@ -34,6 +41,9 @@ impl Txc<'_> {
 
     pub(super) fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
         self.bytes += (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64;
+        if key.first() == Some(&keys::OBJ) {
+            self.saved.remove(&key);
+        }
         self.staged.insert(key, value.map(Value::from));
     }
 
@@ -59,15 +69,44 @@ impl Txc<'_> {
     /// The object's record as this transaction sees it. An object exists only in an existing
     /// collection (removing a collection requires it empty), so the collection is looked up
     /// only when the object is not found.
-    pub(super) fn onode(&self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Onode>> {
+    pub(super) fn onode(&mut self, coll: CollectionId, oid: &ObjectId) -> Result<Option<Onode>> {
+        let found = self.load_onode(coll, oid)?;
+        if let Some((on, shared)) = &found
+            && on.nid < self.first_new_nid
+            && !self.before.contains_key(&on.nid)
+        {
+            let prior = shared.clone().unwrap_or_else(|| Arc::new(on.clone()));
+            self.before.insert(on.nid, prior);
+        }
+        Ok(found.map(|(on, _)| on))
+    }
+
+    /// Decode a record as this transaction sees it: checksum shards through the same layers.
+    fn decode(&self, raw: &[u8]) -> Result<Onode> {
+        Onode::decode_with(raw, self.inner.geo.bpu, |nid, i| {
+            self.get(&keys::csum_shard_key(nid, i))
+        })
+    }
+
+    /// The record, and the cache's shared copy of it if it came from there.
+    fn load_onode(
+        &self,
+        coll: CollectionId,
+        oid: &ObjectId,
+    ) -> Result<Option<(Onode, Option<Arc<Onode>>)>> {
         let key = keys::obj_key(coll, oid);
+        // Saved by this transaction: its decoded copy (decoding the staged record would fetch
+        // the shards it did not change from the database).
+        if let Some(on) = self.saved.get(&key) {
+            return Ok(Some((on.as_ref().clone(), Some(on.clone()))));
+        }
         let raw = match self.staged.get(&key) {
             Some(v) => v.clone(),
             None => match self.inner.onode_cache.get(&key) {
                 // The cache holds only the newest published record: publishing invalidates it,
                 // and readers fill it (holding `reuse` shared) only from the database when the
                 // overlay has nothing newer.
-                Some(Some(on)) => return Ok(Some(on.as_ref().clone())),
+                Some(Some(on)) => return Ok(Some((on.as_ref().clone(), Some(on)))),
                 Some(None) => None,
                 None => {
                     let pending = {
@@ -85,11 +124,10 @@ impl Txc<'_> {
                             let v = self.inner.kv_get(&key)?;
                             match &v {
                                 Some(b) => {
-                                    let on = Onode::decode(b, self.inner.geo.bpu)?;
-                                    self.inner
-                                        .onode_cache
-                                        .insert(key, Some(Arc::new(on.clone())));
-                                    return Ok(Some(on));
+                                    let on = self.decode(b)?;
+                                    let shared = Arc::new(on.clone());
+                                    self.inner.onode_cache.insert(key, Some(shared.clone()));
+                                    return Ok(Some((on, Some(shared))));
                                 }
                                 None => self.inner.onode_cache.insert(key, None),
                             }
@@ -100,7 +138,7 @@ impl Txc<'_> {
             },
         };
         match raw {
-            Some(v) => Onode::decode(&v, self.inner.geo.bpu).map(Some),
+            Some(v) => Ok(Some((self.decode(&v)?, None))),
             None => {
                 self.require_coll(coll)?;
                 Ok(None)
@@ -108,7 +146,7 @@ impl Txc<'_> {
         }
     }
 
-    pub(super) fn existing(&self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
+    pub(super) fn existing(&mut self, coll: CollectionId, oid: &ObjectId) -> Result<Onode> {
         self.onode(coll, oid)?
             .ok_or_else(|| StoreError::ObjectNotFound {
                 coll,
@@ -134,7 +172,73 @@ impl Txc<'_> {
     }
 
     pub(super) fn save(&mut self, coll: CollectionId, oid: &ObjectId, on: &Onode) {
-        self.put(keys::obj_key(coll, oid), Some(on.encode()));
+        let bpu = self.inner.geo.bpu;
+        let key = keys::obj_key(coll, oid);
+        let sharded = on.wants_sharded_csums(bpu);
+        if sharded {
+            self.put(key.clone(), Some(on.encode_sharded()));
+            let same_units = match self.before.get(&on.nid) {
+                Some(b) if b.csums_sharded => on.changed_csum_shards(b, bpu),
+                _ => None,
+            };
+            match same_units {
+                // Only the changed shards are built and put.
+                Some(changed) => {
+                    self.drop_staged_csum_shards(on.nid);
+                    for i in changed {
+                        self.put(keys::csum_shard_key(on.nid, i), on.csum_shard(i, bpu));
+                    }
+                }
+                None => self.set_csum_shards(on.nid, on.csum_shards(bpu)),
+            }
+        } else {
+            self.put(key.clone(), Some(on.encode()));
+            self.set_csum_shards(on.nid, Vec::new());
+        }
+        let mut cached = on.clone();
+        cached.csums_sharded = sharded;
+        self.saved.insert(key, Arc::new(cached));
+    }
+
+    /// Make object `nid`'s checksum shard records `new` (sorted by index): put the shards that
+    /// differ from those stored before this transaction, delete those no longer wanted, and
+    /// drop staged ones that an earlier save of this transaction put and that now match what
+    /// is stored. A 4 KiB overwrite inside a 4 MiB object so writes one shard.
+    /// Forget the shards an earlier save of this transaction staged for `nid` (the caller
+    /// puts again those that still differ from the stored ones).
+    fn drop_staged_csum_shards(&mut self, nid: u64) {
+        let prefix = keys::csum_shard_prefix(nid);
+        let stale: Vec<Vec<u8>> = self
+            .staged
+            .range(prefix.clone()..keys::prefix_end(&prefix))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            self.staged.remove(&k);
+        }
+    }
+
+    fn set_csum_shards(&mut self, nid: u64, new: Vec<(u64, Vec<u8>)>) {
+        let bpu = self.inner.geo.bpu;
+        let old = match self.before.get(&nid) {
+            Some(b) if b.csums_sharded => b.csum_shards(bpu),
+            _ => Vec::new(),
+        };
+        self.drop_staged_csum_shards(nid);
+        // Both lists are sorted by index: walk them together.
+        let mut old = old.into_iter().peekable();
+        for (i, v) in new {
+            while let Some((j, _)) = old.next_if(|(j, _)| *j < i) {
+                self.put(keys::csum_shard_key(nid, j), None);
+            }
+            match old.next_if(|(j, _)| *j == i) {
+                Some((_, stored)) if stored == v => {}
+                _ => self.put(keys::csum_shard_key(nid, i), Some(v)),
+            }
+        }
+        for (j, _) in old {
+            self.put(keys::csum_shard_key(nid, j), None);
+        }
     }
 
     pub(super) fn allocate(&mut self, units: u64) -> Result<Vec<(u64, u64)>> {
@@ -469,6 +573,7 @@ impl Txc<'_> {
         if on.has_omap {
             self.omap_clear(on.nid)?;
         }
+        self.set_csum_shards(on.nid, Vec::new());
         self.put(keys::obj_key(coll, oid), None);
         Ok(())
     }
@@ -734,8 +839,8 @@ mod tests {
     const U: usize = 4096;
 
     fn record(s: &KelpStore, coll: CollectionId, oid: &ObjectId) -> Onode {
-        let raw = s.inner.get(&keys::obj_key(coll, oid)).unwrap().unwrap();
-        Onode::decode(&raw, s.inner.geo.bpu).unwrap()
+        let _g = s.inner.reuse_shared().unwrap();
+        s.inner.onode_for_read(coll, oid).unwrap()
     }
 
     fn write(s: &KelpStore, coll: CollectionId, oid: &ObjectId, off: usize, data: &[u8]) {
@@ -798,5 +903,236 @@ mod tests {
         assert_eq!(s.read(coll, &oid, 0, 17 * U as u64).unwrap(), model);
         let report = s.fsck(true).unwrap();
         assert!(report.problems.is_empty(), "{report:?}");
+    }
+
+    fn fresh(mib: u64) -> (tempfile::TempDir, KelpStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = MkfsOptions {
+            size: kelp_types::ByteSize(mib << 20),
+            ..MkfsOptions::default()
+        };
+        crate::mkfs(dir.path(), &opts).unwrap();
+        let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+        for c in &CRASH_COLLS[..2] {
+            s.submit(Transaction::new().create_collection(*c).clone())
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        (dir, s)
+    }
+
+    fn run(s: &KelpStore, t: &mut Transaction) {
+        s.submit(t.clone()).unwrap().wait().unwrap();
+    }
+
+    /// The metadata a transaction would write, prepared as the store does but not published.
+    fn staged_by(s: &KelpStore, t: Transaction) -> BTreeMap<Vec<u8>, Option<Value>> {
+        let inner = &*s.inner;
+        let mut txc = Txc {
+            inner,
+            staged: BTreeMap::new(),
+            allocated: Vec::new(),
+            freed: Vec::new(),
+            deferred: BTreeMap::new(),
+            cow: Vec::new(),
+            new_runs: Vec::new(),
+            pre: None,
+            next_nid: 1 << 40,
+            nid_used: false,
+            first_new_nid: 1 << 40,
+            before: HashMap::new(),
+            saved: HashMap::new(),
+            inline_delta: 0,
+            bytes: 0,
+        };
+        let _g = inner.reuse_shared().unwrap();
+        for op in t.ops {
+            txc.apply(op).unwrap();
+        }
+        std::mem::take(&mut txc.staged)
+    }
+
+    /// Checksum shard records stored for `nid` (index, value).
+    fn shards(s: &KelpStore, nid: u64) -> Vec<(u64, Value)> {
+        let p = keys::csum_shard_prefix(nid);
+        s.inner
+            .scan(None, &p, &keys::prefix_end(&p), usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (keys::decode_csum_shard_key(&k).unwrap().1, v))
+            .collect()
+    }
+
+    fn stored_version(s: &KelpStore, coll: CollectionId, oid: &ObjectId) -> u8 {
+        s.inner.get(&keys::obj_key(coll, oid)).unwrap().unwrap()[0]
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i / 4096) as u8 ^ seed ^ i as u8)
+            .collect()
+    }
+
+    #[test]
+    fn a_small_overwrite_of_a_large_object_rewrites_one_checksum_shard() {
+        let (dir, s) = fresh(64);
+        let coll = CRASH_COLLS[0];
+        let oid = ObjectId::new(1, "", "img.0", test_hash("img.0"));
+        let mut model = pattern(256 * U, 1);
+        run(&s, Transaction::new().write(coll, &oid, 0, model.clone()));
+        let nid = record(&s, coll, &oid).nid;
+        assert_eq!(stored_version(&s, coll, &oid), codec::ONODE_VERSION_SHARDED);
+        assert_eq!(
+            shards(&s, nid).iter().map(|x| x.0).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3]
+        );
+        // A 4 KiB overwrite of unit 100 (shard 1): the record without checksums and one shard.
+        let staged = staged_by(
+            &s,
+            Transaction::new()
+                .write(coll, &oid, 100 * U as u64, vec![7u8; U])
+                .clone(),
+        );
+        let staged_shards: Vec<_> = staged
+            .keys()
+            .filter_map(|k| keys::decode_csum_shard_key(k))
+            .collect();
+        assert_eq!(staged_shards, vec![(nid, 1)]);
+        let rec = staged[&keys::obj_key(coll, &oid)].as_ref().unwrap();
+        assert!(rec.len() < 32, "record of {} bytes", rec.len());
+        let meta_bytes: usize = staged
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
+            .sum();
+        assert!(
+            meta_bytes < 600,
+            "{meta_bytes} bytes of metadata for a 4 KiB write"
+        );
+        // Written for real: read back (the cache is bypassed by a remount below).
+        run(
+            &s,
+            Transaction::new().write(coll, &oid, 100 * U as u64, vec![7u8; U]),
+        );
+        model[100 * U..101 * U].fill(7);
+        assert_eq!(s.read(coll, &oid, 0, 256 * U as u64).unwrap(), model);
+        // Two saves in one transaction: the second undoes the first's shard change.
+        let old = model[10 * U..11 * U].to_vec();
+        run(
+            &s,
+            Transaction::new()
+                .write(coll, &oid, 10 * U as u64, vec![9u8; U])
+                .write(coll, &oid, 10 * U as u64, old),
+        );
+        // A clone gets shards of its own; overwriting it leaves the source alone.
+        let copy = ObjectId::new(1, "", "img.copy", test_hash("img.copy"));
+        run(&s, Transaction::new().clone_object(coll, &oid, &copy));
+        run(
+            &s,
+            Transaction::new().write(coll, &copy, 200 * U as u64, vec![3u8; 2 * U]),
+        );
+        let mut copy_model = model.clone();
+        copy_model[200 * U..202 * U].fill(3);
+        // Truncated below 64 blocks: checksums back in the record, shards deleted.
+        run(&s, Transaction::new().truncate(coll, &oid, 50 * U as u64));
+        model.truncate(50 * U);
+        assert_eq!(stored_version(&s, coll, &oid), codec::ONODE_VERSION_PLAIN);
+        assert!(shards(&s, nid).is_empty());
+        // Grown again, moved by a split, then removed.
+        run(
+            &s,
+            Transaction::new().write(coll, &oid, 50 * U as u64, pattern(100 * U, 5)),
+        );
+        model.extend(pattern(100 * U, 5));
+        assert_eq!(shards(&s, nid).len(), 3);
+        let dest = CRASH_COLLS[1];
+        run(
+            &s,
+            Transaction::new().split_collection(coll, dest, 32, oid.hash),
+        );
+        assert_eq!(s.read(dest, &oid, 0, 150 * U as u64).unwrap(), model);
+        run(
+            &s,
+            Transaction::new().write(dest, &oid, 140 * U as u64, vec![4u8; U]),
+        );
+        model[140 * U..141 * U].fill(4);
+        drop(s);
+        let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+        assert_eq!(s.read(dest, &oid, 0, 150 * U as u64).unwrap(), model);
+        assert_eq!(s.read(coll, &copy, 0, 256 * U as u64).unwrap(), copy_model);
+        let report = s.fsck(true).unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+        let copy_nid = record(&s, coll, &copy).nid;
+        run(
+            &s,
+            Transaction::new().remove(dest, &oid).remove(coll, &copy),
+        );
+        assert!(shards(&s, nid).is_empty());
+        assert!(shards(&s, copy_nid).is_empty());
+        let report = s.fsck(true).unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+    }
+
+    /// Records written before checksum shards existed (version 1, all checksums inside) read
+    /// as before and are rewritten as version 3 by their next change; fsck names a shard no
+    /// record uses.
+    #[test]
+    fn large_records_with_their_checksums_inside_still_read_and_convert() {
+        let (dir, s) = fresh(64);
+        let coll = CRASH_COLLS[0];
+        let oid = ObjectId::new(1, "", "old", test_hash("old"));
+        let mut model = pattern(128 * U, 2);
+        run(&s, Transaction::new().write(coll, &oid, 0, model.clone()));
+        drop(s);
+        // Rewrite the record as an older release would have: version 1, no shard records.
+        {
+            let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+            let inner = &*s.inner;
+            let on = record(&s, coll, &oid);
+            let mut b = inner.kv.batch().durability(Some(PersistMode::SyncAll));
+            b.insert(&inner.meta, keys::obj_key(coll, &oid), on.encode());
+            for (i, _) in shards(&s, on.nid) {
+                b.remove(&inner.meta, keys::csum_shard_key(on.nid, i));
+            }
+            b.commit().unwrap();
+            s.close().unwrap();
+        }
+        let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+        assert_eq!(stored_version(&s, coll, &oid), codec::ONODE_VERSION_PLAIN);
+        assert_eq!(s.read(coll, &oid, 0, 128 * U as u64).unwrap(), model);
+        run(
+            &s,
+            Transaction::new().write(coll, &oid, 70 * U as u64, vec![8u8; U]),
+        );
+        model[70 * U..71 * U].fill(8);
+        assert_eq!(stored_version(&s, coll, &oid), codec::ONODE_VERSION_SHARDED);
+        let nid = record(&s, coll, &oid).nid;
+        assert_eq!(shards(&s, nid).len(), 2);
+        drop(s);
+        let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+        assert_eq!(s.read(coll, &oid, 0, 128 * U as u64).unwrap(), model);
+        let report = s.fsck(true).unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+        s.close().unwrap();
+        // A stray shard (of an object that has none) is reported.
+        {
+            let s = KelpStore::mount(dir.path(), StoreConfig::default()).unwrap();
+            let inner = &*s.inner;
+            let mut b = inner.kv.batch().durability(Some(PersistMode::SyncAll));
+            b.insert(
+                &inner.meta,
+                keys::csum_shard_key(nid + 1000, 0),
+                vec![1u8; 5],
+            );
+            b.commit().unwrap();
+            let report = s.fsck(false).unwrap();
+            assert!(
+                report
+                    .problems
+                    .iter()
+                    .any(|p| p.kind == "orphan-csum-shard" && p.detail.contains("nid")),
+                "{report:?}"
+            );
+        }
     }
 }

@@ -98,7 +98,8 @@ pub struct BenchArgs {
     pub keep: bool,
     /// Run only these tests (comma-separated): write_4k_new_qd1, write_4k_new_qd16,
     /// overwrite_4k_qd1, overwrite_4k_qd16, write_4m_qd4, randread_4k_qd16_cold,
-    /// create_1m_4k_qd16, index_ingest_qd16 (what an S3 ingest of --objects 1 KiB objects into
+    /// overwrite_4k_in_4m_qd16 (4 KiB writes at random offsets of 4 MiB objects, as a block
+    /// image's), create_1m_4k_qd16, index_ingest_qd16 (what an S3 ingest of --objects 1 KiB objects into
     /// one bucket asks of each OSD: index-shard omap updates with their guard reads, the data
     /// object, a PG-log entry per transaction; reports the rate per 100 000). Default: all.
     #[arg(long, value_delimiter = ',')]
