@@ -18,6 +18,7 @@
 # Prints `name value unit` lines; saves them to DIR/out/summary.txt.
 # Usage: scripts/mds-memory-bench.sh DIR [kelp|ceph]
 # Env: STEPS="100000 250000 500000 1000000"  PROCS=32  CACHE=1100000  MAX_SECS=1500
+#      TERM_SECS=120 (Kelp: how long the stopped MDS may take to exit before it is killed)
 #      KELP=target/release/kelp  CEPH_ANCHOR=../shared/anchors/ceph
 set -uo pipefail
 {
@@ -29,6 +30,7 @@ STEPS=${STEPS:-100000 250000 500000 1000000}
 PROCS=${PROCS:-32}
 CACHE=${CACHE:-1100000}
 MAX_SECS=${MAX_SECS:-1500}
+TERM_SECS=${TERM_SECS:-120}
 CD=$DIR/cluster; OUT=$DIR/out; MNT=$DIR/mnt
 rm -rf "$OUT"; mkdir -p "$OUT" "$MNT"
 SUM=$OUT/summary.txt; : > "$SUM"
@@ -53,7 +55,20 @@ case $SYS in
     mdspid() { cat "$OUT/mds.pid"; }
     mount_fs() { CLI fs mount "$MNT" > "$OUT/mount.log" 2>&1 & }
     umount_fs() { "$KELP" fs umount "$MNT" >/dev/null 2>&1; }
-    teardown() { [[ -n $MDS ]] && { kill "$MDS" 2>/dev/null; wait "$MDS" 2>/dev/null; }; "$KELP" down --dir "$CD" > "$OUT/down.log" 2>&1; rm -rf "$CD"; }
+    teardown() {
+      if [[ -n $MDS ]]; then
+        # SIGTERM makes the MDS write a final checkpoint; past TERM_SECS it is killed (noted)
+        local i t0; t0=$(date +%s); kill "$MDS" 2>/dev/null
+        for i in $(seq "$TERM_SECS"); do kill -0 "$MDS" 2>/dev/null || break; sleep 1; done
+        if kill -0 "$MDS" 2>/dev/null; then
+          note "the MDS had not exited $TERM_SECS s after SIGTERM: killed (see $OUT/mds.log)"; kill -9 "$MDS"
+        else
+          note "the MDS exited $(( $(date +%s) - t0 )) s after SIGTERM"
+        fi
+        wait "$MDS" 2>/dev/null
+      fi
+      "$KELP" down --dir "$CD" > "$OUT/down.log" 2>&1; rm -rf "$CD"
+    }
     version() { "$KELP" --version; }
     stats() { python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], "kelp.mds.stats").decode())' "$MNT"; }
     cached() { stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["cached_inodes"])'; } ;;
