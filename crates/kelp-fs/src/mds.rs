@@ -42,6 +42,10 @@ use crate::types::*;
 /// until the monitors' file-system map records it.
 pub const ADDR_OBJECT: &str = "mds.addr";
 
+/// Default [`MdsConfig::max_backlog`]: about 20 000 file creates (a create journals ~5
+/// updates), which a checkpoint writes back in a few seconds on a small cluster.
+pub const DEFAULT_MAX_BACKLOG: usize = 100_000;
+
 /// Settings of one MDS.
 #[derive(Debug, Clone)]
 pub struct MdsConfig {
@@ -58,6 +62,10 @@ pub struct MdsConfig {
     pub cache_inodes: usize,
     /// How often dirty metadata is written back and the journal trimmed.
     pub checkpoint_interval: Duration,
+    /// Most journaled updates not yet written back to their objects. When reached, changes
+    /// wait while a checkpoint (started at once) writes them back: this bounds the memory
+    /// they hold and the journal a restart or a takeover replays, whatever the change rate.
+    pub max_backlog: usize,
     /// When directories split into fragments and merge (`core::frag`).
     pub frag: frag::FragConfig,
 }
@@ -72,6 +80,7 @@ impl MdsConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             cache_inodes: 100_000,
             checkpoint_interval: Duration::from_secs(2),
+            max_backlog: DEFAULT_MAX_BACKLOG,
             frag: frag::FragConfig::default(),
         }
     }
@@ -120,6 +129,8 @@ struct JournalQueue {
     /// Inodes changed by entries not yet in RADOS: (client that changed it, seq). A reply to
     /// another client that shows one waits until that seq is journaled.
     unjournaled: HashMap<Ino, (u64, u64)>,
+    /// The journal writer has stopped (fenced, or an append failed).
+    writer_stopped: bool,
 }
 
 /// The journal's write side (one append at a time).
@@ -210,6 +221,13 @@ struct Inner {
     kick: tokio::sync::Notify,
     /// Held by the checkpoint running (one at a time).
     checkpointing: Mutex<()>,
+    /// Journaled (or queued) updates not yet written back, those of a running checkpoint
+    /// included ([`MdsConfig::max_backlog`]).
+    backlog: std::sync::atomic::AtomicUsize,
+    /// Bumped when a checkpoint ends (wakes changes waiting for the backlog to shrink).
+    written_back: watch::Sender<u64>,
+    /// Starts a checkpoint before the next interval (the backlog is full).
+    checkpoint_now: tokio::sync::Notify,
     // locks across a restart
     /// When each client last sent a request (a lock holder silent for
     /// [`LOCK_SESSION_GRACE`] loses its locks).
@@ -285,6 +303,9 @@ pub struct MdsStats {
     /// Requests served, by operation (`readdir`, `written`, `open`, ...).
     #[serde(default)]
     pub ops: BTreeMap<String, u64>,
+    /// Journaled updates not yet written back by a checkpoint (bounded by `--max-backlog`).
+    #[serde(default)]
+    pub unwritten_updates: usize,
 }
 
 /// How long after taking over an MDS leaves strays alone, so that every client with open
@@ -402,6 +423,9 @@ impl Mds {
             committed: watch::channel(0).0,
             kick: tokio::sync::Notify::new(),
             checkpointing: Mutex::new(()),
+            backlog: std::sync::atomic::AtomicUsize::new(0),
+            written_back: watch::channel(0).0,
+            checkpoint_now: tokio::sync::Notify::new(),
         });
         let published = MdsAddr {
             v: RECORD_VERSION,
@@ -1045,6 +1069,9 @@ impl Inner {
         if !op.allowed_when_full() && self.meta.rados().cluster_full() {
             return Err(Reply::Err(errno::ENOSPC));
         }
+        if op.is_mutation() && !self.wait_for_backlog().await {
+            return Err(Reply::Err(errno::ESHUTDOWN));
+        }
         let (reply, grants, mut revokes, seq, retried, st) = loop {
             let mut st = self.state.lock().await;
             if self.is_fenced() {
@@ -1583,6 +1610,7 @@ impl Inner {
             cache_budget: self.cfg.cache_inodes,
             cap_inodes,
             ops: self.metrics.op_counts(),
+            unwritten_updates: self.backlog.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -1621,6 +1649,8 @@ impl Inner {
         }
         q.entries.push(Queued::Entry(seq, bytes));
         drop(q);
+        self.backlog
+            .fetch_add(entry.updates.len(), std::sync::atomic::Ordering::Relaxed);
         st.pending.extend(entry.updates);
         self.kick.notify_one();
         seq
@@ -1708,12 +1738,38 @@ impl Inner {
         loop {
             self.kick.notified().await;
             if self.is_fenced() {
-                return;
+                break;
             }
             if let Err(e) = self.flush_journal().await {
                 warn!("journal writer stopped: {e}");
-                return;
+                break;
             }
+        }
+        // A checkpoint waiting for its segment to close (a stop's last one, say) learns
+        // that it never will, instead of waiting forever; later ones are refused.
+        let mut q = self.queue.lock().expect("journal queue lock");
+        q.writer_stopped = true;
+        q.entries.retain(|e| !matches!(e, Queued::Roll(_)));
+    }
+
+    /// Waits while the backlog of updates not yet written back is at `max_backlog`, having
+    /// asked for a checkpoint; `false` if the MDS stopped meanwhile.
+    async fn wait_for_backlog(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.backlog.load(Relaxed) < self.cfg.max_backlog {
+            return true;
+        }
+        let mut done = self.written_back.subscribe();
+        loop {
+            if self.is_fenced() {
+                return false;
+            }
+            if self.backlog.load(Relaxed) < self.cfg.max_backlog {
+                return true;
+            }
+            self.checkpoint_now.notify_one();
+            // woken when a checkpoint ends; the second bounds a missed wake-up
+            let _ = tokio::time::timeout(Duration::from_secs(1), done.changed()).await;
         }
     }
 
@@ -1729,11 +1785,13 @@ impl Inner {
                 return Ok(());
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
-            self.queue
-                .lock()
-                .expect("journal queue lock")
-                .entries
-                .push(Queued::Roll(tx));
+            {
+                let mut q = self.queue.lock().expect("journal queue lock");
+                if q.writer_stopped {
+                    return Err(FsError::Fenced("the journal writer stopped".into()));
+                }
+                q.entries.push(Queued::Roll(tx));
+            }
             self.kick.notify_one();
             st.ns.begin_writeback();
             let pending = std::mem::take(&mut st.pending);
@@ -1760,10 +1818,14 @@ impl Inner {
                 let newer = std::mem::replace(&mut st.pending, pending);
                 st.pending.extend(newer);
                 st.ns.abort_writeback();
+                self.written_back.send_modify(|n| *n += 1);
                 return Err(self.fenced_error(e));
             }
         };
         st.ns.end_writeback();
+        self.backlog
+            .fetch_sub(pending.len(), std::sync::atomic::Ordering::Relaxed);
+        self.written_back.send_modify(|n| *n += 1);
         st.ns.evict_to(self.cfg.cache_inodes);
         self.metrics.cached_inodes.set(st.ns.cached_inodes() as i64);
         drop(st);
@@ -1790,7 +1852,10 @@ impl Inner {
         let mut tick = tokio::time::interval(self.cfg.checkpoint_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.checkpoint_now.notified() => {}
+            }
             if self.is_fenced() {
                 return;
             }

@@ -524,6 +524,60 @@ fn mds_cache_budget_is_enforced() {
     assert_eq!(a.sh("ls d | wc -l").trim(), "300");
 }
 
+/// `--max-backlog` bounds the journaled updates not yet written back: with checkpoints a
+/// minute apart and a backlog of 200 updates, 400 creates still go on (a full backlog starts a
+/// checkpoint at once instead of waiting for the interval), the MDS never holds much more
+/// than the bound, and after kill -9 of the MDS its successor finds every file.
+#[test]
+fn the_backlog_of_updates_not_yet_written_back_is_bounded() {
+    let c = fs_cluster();
+    let args = [
+        "--meta-pool",
+        "fs.meta",
+        "--data-pool",
+        "fs.data",
+        "--checkpoint-interval",
+        "60",
+        "--max-backlog",
+        "200",
+    ];
+    let mut mds = start_mds_with(&c, "a", &args);
+    let a = Mount::new(&c, "mnt");
+    std::thread::sleep(Duration::from_secs(1));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let start = Instant::now();
+    let most = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = mds_stats(&a)["unwritten_updates"].as_u64().unwrap();
+                most = most.max(n);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            most
+        });
+        a.sh("mkdir d && for i in $(seq 1 400); do : > d/f$i; done");
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    });
+    let took = start.elapsed();
+    // A create journals ~5 updates: 400 of them are ~2 000, ten times the bound.
+    assert!(most > 0, "the backlog was never seen");
+    assert!(
+        most <= 260,
+        "{most} updates waited to be written back (bound 200)"
+    );
+    assert!(
+        took < Duration::from_secs(50),
+        "400 creates took {took:?}: a full backlog waited for the 60 s checkpoint interval"
+    );
+    drop(a);
+    mds.kill9();
+    let _mds = start_mds_with(&c, "b", &args);
+    let b = Mount::new(&c, "mnt-b");
+    assert_eq!(b.sh("ls d | wc -l").trim(), "400");
+}
+
 /// `kelp.mds.stats`' count of requests of one operation (`readdir`, `written`, ...).
 /// Runs the Python `script` with `m`'s `file` as its argument until it prints `synced`, then
 /// kills the mount (kill -9) and the script.

@@ -81,6 +81,12 @@ pub struct MdsRunArgs {
     /// Seconds between checkpoints (dirty metadata written back, journal trimmed).
     #[arg(long, default_value_t = 2.0)]
     pub checkpoint_interval: f64,
+    /// Most journaled metadata updates not yet written back (a file create is about 5).
+    /// When reached, changes wait while a checkpoint, started at once, writes them back:
+    /// this bounds the memory they hold and the journal a restart or takeover replays.
+    #[arg(long, default_value_t = kelp_fs::mds::DEFAULT_MAX_BACKLOG,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_backlog: usize,
     /// A directory fragment with more entries than this splits the directory into more
     /// fragments (Ceph's mds_bal_split_size).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -173,6 +179,7 @@ pub fn run_mds(a: MdsRunArgs, g: &common::Global) -> Result<ExitCode> {
             merge_size: usize::try_from(a.bal_merge_size).unwrap_or(usize::MAX),
         };
         cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval.max(0.05));
+        cfg.max_backlog = a.max_backlog;
         let mds = Mds::bind(&a.id, a.bind, Arc::new(keys))
             .await
             .context("starting the metadata server")?;

@@ -37,9 +37,15 @@ pub fn start_mds(c: &Cluster, id: &str) -> Daemon {
 
 pub fn start_mds_with(c: &Cluster, id: &str, extra: &[&str]) -> Daemon {
     let log = std::fs::File::create(c.dir.join(format!("mds.{id}.test.log"))).unwrap();
+    // checkpoints every half second unless `extra` says otherwise
+    let interval: &[&str] = if extra.contains(&"--checkpoint-interval") {
+        &[]
+    } else {
+        &["--checkpoint-interval", "0.5"]
+    };
     let child = Command::new(KELP)
         .args(["mds", "run", "--id", id, "-c", &c.conf()])
-        .args(["--checkpoint-interval", "0.5"])
+        .args(interval)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
