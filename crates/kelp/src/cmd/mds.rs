@@ -25,7 +25,7 @@ pub enum MdsCommand {
     /// given rank 0 of a file system, replays that file system's journal and serves its
     /// namespace, journaling every change before answering and checkpointing every few
     /// seconds. It exits when fenced or when its role goes to another MDS.
-    Run(crate::cmd::filesystem::MdsRunArgs),
+    Run(Box<crate::cmd::filesystem::MdsRunArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -77,7 +77,7 @@ pub fn mds_summary(fsmap: &FsMap) -> String {
 
 pub fn run(cmd: MdsCommand, g: &common::Global) -> Result<ExitCode> {
     let cmd = match cmd {
-        MdsCommand::Run(a) => return crate::cmd::filesystem::run_mds(a, g),
+        MdsCommand::Run(a) => return crate::cmd::filesystem::run_mds(*a, g),
         c => c,
     };
     let rt = common::runtime()?;
