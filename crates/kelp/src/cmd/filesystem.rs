@@ -224,13 +224,24 @@ pub fn run_mds(a: MdsRunArgs, g: &common::Global) -> Result<ExitCode> {
                 kelp_fs::mds::run_in_fsmap(&mds, &rados, cfg, a.fs.clone()).await
             }
         };
+        tokio::pin!(serve);
         tokio::select! {
             _ = common::shutdown_signal() => {
-                mds.shutdown().await.context("final checkpoint")?;
+                // The daemon keeps beaconing while its last checkpoint writes back (the
+                // monitors would otherwise fail it and fence it midway); fenced meanwhile,
+                // it stops at once and the standby replays the journal.
+                tokio::select! {
+                    r = mds.shutdown() => r.context("final checkpoint")?,
+                    r = &mut serve => {
+                        let why: String = r.context("metadata server")?;
+                        eprintln!("kelp mds: {why} while stopping; exiting");
+                        return Ok(ExitCode::from(3));
+                    }
+                }
                 eprintln!("kelp mds: stopped");
                 Ok(ExitCode::SUCCESS)
             }
-            r = serve => {
+            r = &mut serve => {
                 let why: String = r.context("metadata server")?;
                 eprintln!("kelp mds: {why}; exiting");
                 Ok(ExitCode::from(3))
