@@ -573,9 +573,35 @@ fn the_backlog_of_updates_not_yet_written_back_is_bounded() {
     );
     drop(a);
     mds.kill9();
-    let _mds = start_mds_with(&c, "b", &args);
+    let mut mds_b = start_mds_with(&c, "b", &args);
     let b = Mount::new(&c, "mnt-b");
     assert_eq!(b.sh("ls d | wc -l").trim(), "400");
+    // A stop (SIGTERM) writes the backlog back and exits cleanly; nothing is lost.
+    b.sh("for i in $(seq 401 450); do : > d/f$i; done");
+    let pid = mds_b.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = mds_b.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the MDS did not stop within a minute of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "the stopped MDS exited with {status}");
+    drop(b);
+    let _mds_c = start_mds_with(&c, "c", &args);
+    let m = Mount::new(&c, "mnt-c");
+    assert_eq!(m.sh("ls d | wc -l").trim(), "450");
 }
 
 /// `kelp.mds.stats`' count of requests of one operation (`readdir`, `written`, ...).
