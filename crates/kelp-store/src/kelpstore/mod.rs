@@ -879,23 +879,7 @@ impl KelpStore {
         pre: Vec<Option<PreCopied>>,
     ) -> Result<(Prepared, Vec<CowWrite>)> {
         let inner = &*self.inner;
-        let mut txc = Txc {
-            inner,
-            first_new_nid: st.next_nid,
-            before: HashMap::new(),
-            saved: HashMap::new(),
-            staged: BTreeMap::new(),
-            allocated: Vec::new(),
-            freed: Vec::new(),
-            deferred: BTreeMap::new(),
-            cow: Vec::new(),
-            new_runs: Vec::new(),
-            pre: None,
-            next_nid: st.next_nid,
-            nid_used: false,
-            inline_delta: 0,
-            bytes: 0,
-        };
+        let mut txc = Txc::new(inner, st.next_nid);
         let applied = {
             let _g = inner.reuse_shared()?;
             let mut pre = pre.into_iter();

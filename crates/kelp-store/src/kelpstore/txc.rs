@@ -31,7 +31,28 @@ pub(super) struct Txc<'a> {
     pub(super) bytes: u64,
 }
 
-impl Txc<'_> {
+impl<'a> Txc<'a> {
+    /// An empty transaction whose new objects get nids from `next_nid` on.
+    pub(super) fn new(inner: &'a Inner, next_nid: u64) -> Self {
+        Txc {
+            inner,
+            staged: BTreeMap::new(),
+            allocated: Vec::new(),
+            freed: Vec::new(),
+            deferred: BTreeMap::new(),
+            cow: Vec::new(),
+            new_runs: Vec::new(),
+            pre: None,
+            next_nid,
+            nid_used: false,
+            first_new_nid: next_nid,
+            before: HashMap::new(),
+            saved: HashMap::new(),
+            inline_delta: 0,
+            bytes: 0,
+        }
+    }
+
     pub(super) fn get(&self, key: &[u8]) -> Result<Option<Value>> {
         match self.staged.get(key) {
             Some(v) => Ok(v.clone()),
@@ -929,23 +950,7 @@ mod tests {
     /// The metadata a transaction would write, prepared as the store does but not published.
     fn staged_by(s: &KelpStore, t: Transaction) -> BTreeMap<Vec<u8>, Option<Value>> {
         let inner = &*s.inner;
-        let mut txc = Txc {
-            inner,
-            staged: BTreeMap::new(),
-            allocated: Vec::new(),
-            freed: Vec::new(),
-            deferred: BTreeMap::new(),
-            cow: Vec::new(),
-            new_runs: Vec::new(),
-            pre: None,
-            next_nid: 1 << 40,
-            nid_used: false,
-            first_new_nid: 1 << 40,
-            before: HashMap::new(),
-            saved: HashMap::new(),
-            inline_delta: 0,
-            bytes: 0,
-        };
+        let mut txc = Txc::new(inner, 1 << 40);
         let _g = inner.reuse_shared().unwrap();
         for op in t.ops {
             txc.apply(op).unwrap();
