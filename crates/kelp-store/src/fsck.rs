@@ -4,9 +4,9 @@
 //! committed allocation bitmap: a unit referenced by two extents is a *double allocation*, a
 //! referenced unit marked free is *used-but-free* (it could be handed out again and overwrite
 //! live data), an allocated unit nobody references is a *leak*. It also decodes every record
-//! (keys and values), checks extents against the object size and device, and finds omap data
-//! whose object is gone (and checksum shards no record uses), and sums the inline data of small objects against the store's counter
-//! of it. `deep` additionally reads every mapped block and verifies its crc32c (and every
+//! (keys and values), checks extents against the object size and device, finds omap data
+//! whose object is gone and checksum shards no record uses, and sums the inline data of small
+//! objects against the store's counter of it. `deep` additionally reads every mapped block and verifies its crc32c (and every
 //! object's inline data against its own), naming the object and offset of each mismatch.
 //!
 //! Run it on an idle store: it flushes, then reads the committed metadata.

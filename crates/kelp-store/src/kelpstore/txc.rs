@@ -221,10 +221,6 @@ impl<'a> Txc<'a> {
         self.saved.insert(key, Arc::new(cached));
     }
 
-    /// Make object `nid`'s checksum shard records `new` (sorted by index): put the shards that
-    /// differ from those stored before this transaction, delete those no longer wanted, and
-    /// drop staged ones that an earlier save of this transaction put and that now match what
-    /// is stored. A 4 KiB overwrite inside a 4 MiB object so writes one shard.
     /// Forget the shards an earlier save of this transaction staged for `nid` (the caller
     /// puts again those that still differ from the stored ones).
     fn drop_staged_csum_shards(&mut self, nid: u64) {
@@ -239,6 +235,10 @@ impl<'a> Txc<'a> {
         }
     }
 
+    /// Make object `nid`'s checksum shard records `new` (sorted by index): put the shards that
+    /// differ from those stored before this transaction, delete those no longer wanted, and
+    /// drop staged ones that an earlier save of this transaction put and that now match what
+    /// is stored.
     fn set_csum_shards(&mut self, nid: u64, new: Vec<(u64, Vec<u8>)>) {
         let bpu = self.inner.geo.bpu;
         let old = match self.before.get(&nid) {
