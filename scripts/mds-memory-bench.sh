@@ -10,9 +10,12 @@
 #   create per file, no open/release) through the mount (each in
 #   its own directories of 10 000 files) until the file system holds each count of STEPS; after
 #   each step the creators stop, the script waits one checkpoint interval plus a second, then
-#   records the MDS's VmRSS (/proc/PID/status) and its cached-inode count (the virtual xattr
-#   `kelp.mds.stats` on the mount's root).
+#   records the MDS's VmRSS (/proc/PID/status), its cached-inode count and its backlog of
+#   journaled updates not yet written back (`cached_inodes` and `unwritten_updates` of the
+#   virtual xattr `kelp.mds.stats` on the mount's root; the MDS runs with its default
+#   `--max-backlog`).
 # Figures per step: rss_at_N (MiB), cached_at_N (inodes the MDS reports cached),
+# unwritten_at_N (Kelp only: updates journaled and not yet written back by a checkpoint),
 # bytes_per_inode_at_N ((RSS(N) - RSS(0)) / (cached(N) - cached(0))), create_rate_N (files/s of
 # that step). Steps that would start after MAX_SECS seconds of creating are skipped (and said so).
 # Prints `name value unit` lines; saves them to DIR/out/summary.txt.
@@ -71,7 +74,8 @@ case $SYS in
     }
     version() { "$KELP" --version; }
     stats() { python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], "kelp.mds.stats").decode())' "$MNT"; }
-    cached() { stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["cached_inodes"])'; } ;;
+    cached() { stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["cached_inodes"])'; }
+    unwritten() { stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["unwritten_updates"])'; } ;;
   ceph)
     ANCHOR=${CEPH_ANCHOR:-$HERE/../../shared/anchors/ceph}
     [[ -x $ANCHOR/up.sh ]] || { echo "no Ceph anchor at $ANCHOR (set CEPH_ANCHOR)"; exit 1; }
@@ -89,7 +93,8 @@ case $SYS in
     version() { ceph --version; }
     perf() { ceph --admin-daemon "$(ls "$CD"/run/mds.a*.asok | head -1)" perf dump 2>/dev/null; }
     stats() { perf | python3 -c 'import json,sys; j=json.load(sys.stdin); print(json.dumps({"mds.inodes": j["mds"]["inodes"], "mds_mem.ino": j["mds_mem"]["ino"], "mds_mem.dn": j["mds_mem"]["dn"], "mds_mem.cap": j["mds_mem"]["cap"]}))'; }
-    cached() { perf | python3 -c 'import json,sys; print(json.load(sys.stdin)["mds"]["inodes"])'; } ;;
+    cached() { perf | python3 -c 'import json,sys; print(json.load(sys.stdin)["mds"]["inodes"])'; }
+    unwritten() { :; } ;;   # no such figure: nothing emitted
   *) echo "usage: mds-memory-bench.sh DIR [kelp|ceph]" >&2; exit 2 ;;
 esac
 down() { umount_fs; sleep 1; teardown; }
@@ -108,6 +113,7 @@ sleep 3
 R0=$(rss_mib); C0=$(cached)
 emit rss_at_0 "$R0" MiB
 emit cached_at_0 "$C0" inodes
+U=$(unwritten); [[ -z $U ]] || emit unwritten_at_0 "$U" updates
 note "stats at 0: $(stats)"
 
 HAVE=0; T_START=$(date +%s)
@@ -134,6 +140,7 @@ EOF
   R=$(rss_mib); C=$(cached)
   emit "rss_at_$N" "$R" MiB
   emit "cached_at_$N" "$C" inodes
+  U=$(unwritten); [[ -z $U ]] || emit "unwritten_at_$N" "$U" updates
   emit "create_rate_$N" "$rate" files/s
   python3 -c "import sys; r0,r,c0,c=map(float,sys.argv[1:]); print(f'bytes_per_inode_at_$N {(r-r0)*1048576/max(c-c0,1):.0f} B')" "$R0" "$R" "$C0" "$C" | tee -a "$SUM"
   note "after $N: $(date -u +%T) load=$(cut -d' ' -f1-3 /proc/loadavg)"
