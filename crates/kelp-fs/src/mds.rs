@@ -1914,7 +1914,17 @@ impl Inner {
             return Ok(());
         }
         let ready = self.state.lock().await.ns.purgeable();
+        let started = std::time::Instant::now();
         for ino in ready {
+            // A pass is bounded, so that checkpoints (and changes waiting for the backlog to
+            // shrink) are not held up by a large purge: the rest goes on at once after the
+            // next checkpoint.
+            if started.elapsed() >= self.cfg.checkpoint_interval
+                || self.backlog.load(std::sync::atomic::Ordering::Relaxed) >= self.cfg.max_backlog
+            {
+                self.checkpoint_now.notify_one();
+                break;
+            }
             let inode = match self
                 .handle(
                     RequestId::default(),
