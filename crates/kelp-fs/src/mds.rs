@@ -1649,8 +1649,15 @@ impl Inner {
         }
         q.entries.push(Queued::Entry(seq, bytes));
         drop(q);
-        self.backlog
-            .fetch_add(entry.updates.len(), std::sync::atomic::Ordering::Relaxed);
+        let backlog = self
+            .backlog
+            .fetch_add(entry.updates.len(), std::sync::atomic::Ordering::Relaxed)
+            + entry.updates.len();
+        if backlog >= self.cfg.max_backlog / 2 {
+            // under a heavy load checkpoints run back to back rather than every interval,
+            // so that changes seldom find the backlog full
+            self.checkpoint_now.notify_one();
+        }
         st.pending.extend(entry.updates);
         self.kick.notify_one();
         seq
