@@ -192,7 +192,8 @@ impl<'a> Txc<'a> {
         }
     }
 
-    pub(super) fn save(&mut self, coll: CollectionId, oid: &ObjectId, on: &Onode) {
+    /// Stage `on` as the object's record (and keep it, decoded, for the onode cache).
+    pub(super) fn save(&mut self, coll: CollectionId, oid: &ObjectId, mut on: Onode) {
         let bpu = self.inner.geo.bpu;
         let key = keys::obj_key(coll, oid);
         let sharded = on.wants_sharded_csums(bpu);
@@ -216,9 +217,8 @@ impl<'a> Txc<'a> {
             self.put(key.clone(), Some(on.encode()));
             self.set_csum_shards(on.nid, Vec::new());
         }
-        let mut cached = on.clone();
-        cached.csums_sharded = sharded;
-        self.saved.insert(key, Arc::new(cached));
+        on.csums_sharded = sharded;
+        self.saved.insert(key, Arc::new(on));
     }
 
     /// Forget the shards an earlier save of this transaction staged for `nid` (the caller
@@ -536,7 +536,7 @@ impl<'a> Txc<'a> {
             }
             on.size = on.size.max(end);
         }
-        self.save(coll, oid, &on);
+        self.save(coll, oid, on);
         Ok(())
     }
 
@@ -673,7 +673,7 @@ impl<'a> Txc<'a> {
             Op::Touch { coll, oid } => {
                 if self.onode(*coll, oid)?.is_none() {
                     let on = self.new_onode();
-                    self.save(*coll, oid, &on);
+                    self.save(*coll, oid, on);
                 }
             }
             Op::Write {
@@ -703,7 +703,7 @@ impl<'a> Txc<'a> {
                     self.zero_range(oid, &mut on, *offset, zero_end)?;
                     on.size = on.size.max(end);
                 }
-                self.save(*coll, oid, &on);
+                self.save(*coll, oid, on);
             }
             Op::Truncate { coll, oid, size } => {
                 Self::check_range(*size, 0)?;
@@ -725,7 +725,7 @@ impl<'a> Txc<'a> {
                     let freed = on.punch(0, u64::MAX / 2, geo.bpu);
                     self.freed.extend(freed);
                     self.set_inline(&mut on, content);
-                    self.save(*coll, oid, &on);
+                    self.save(*coll, oid, on);
                     return Ok(());
                 }
                 self.spill(oid, &mut on, false)?;
@@ -740,7 +740,7 @@ impl<'a> Txc<'a> {
                     }
                 }
                 on.size = *size;
-                self.save(*coll, oid, &on);
+                self.save(*coll, oid, on);
             }
             Op::Remove { coll, oid } => {
                 let on = self.existing(*coll, oid)?;
@@ -751,12 +751,12 @@ impl<'a> Txc<'a> {
                 for (k, v) in attrs {
                     on.xattrs.insert(k.clone(), v.clone());
                 }
-                self.save(*coll, oid, &on);
+                self.save(*coll, oid, on);
             }
             Op::RmXattr { coll, oid, name } => {
                 let mut on = self.existing(*coll, oid)?;
                 if on.xattrs.remove(name).is_some() {
-                    self.save(*coll, oid, &on);
+                    self.save(*coll, oid, on);
                 }
             }
             Op::OmapSet { coll, oid, entries } => {
@@ -766,7 +766,7 @@ impl<'a> Txc<'a> {
                 }
                 if !on.has_omap {
                     on.has_omap = true;
-                    self.save(*coll, oid, &on);
+                    self.save(*coll, oid, on);
                 }
             }
             Op::OmapRemove {
@@ -790,7 +790,7 @@ impl<'a> Txc<'a> {
                 self.put(keys::omap_header_key(on.nid), Some(header.clone()));
                 if !on.has_omap {
                     on.has_omap = true;
-                    self.save(*coll, oid, &on);
+                    self.save(*coll, oid, on);
                 }
             }
             Op::Clone { coll, src, dst } => {
@@ -842,7 +842,7 @@ impl<'a> Txc<'a> {
                         self.put(nk, Some(v.to_vec()));
                     }
                 }
-                self.save(*coll, dst, &d);
+                self.save(*coll, dst, d);
             }
         }
         Ok(())
