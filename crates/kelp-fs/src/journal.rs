@@ -35,6 +35,9 @@ pub const LOCKS_OBJECT: &str = "mds.locks";
 /// The inode-number ranges recent MDS incarnations skipped when they took over
 /// ([`StoredZones`]; `core::REPLAY_INO_GAP`).
 pub const ZONES_OBJECT: &str = "mds.inozones";
+/// How the file system's metadata objects are laid out ([`StoredFormat`]); a file system
+/// made before it existed has none and keeps one object per inode.
+pub const FORMAT_OBJECT: &str = "mds.format";
 /// How many takeovers' skipped ranges [`ZONES_OBJECT`] remembers.
 pub const ZONES_KEPT: usize = 4;
 
@@ -43,6 +46,14 @@ pub const ZONES_KEPT: usize = 4;
 pub struct StoredZones {
     pub v: u8,
     pub zones: Vec<crate::types::Ino>,
+}
+
+/// The stored [`FORMAT_OBJECT`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredFormat {
+    pub v: u8,
+    /// Inodes live in inode-table shards (`types::inode_shard_object`), not one object each.
+    pub inode_table: bool,
 }
 
 /// The version of the journal entries this build writes.

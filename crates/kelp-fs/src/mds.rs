@@ -109,6 +109,29 @@ struct State {
 pub const MAX_UNSAFE_ENTRIES: u64 = 4096;
 /// Most bytes of entries one journal append carries.
 const MAX_APPEND_BYTES: usize = 4 << 20;
+/// Longest the journal writer lets entries gather while nobody waits for them.
+const JOURNAL_LINGER: Duration = Duration::from_millis(5);
+
+/// Counts a request waiting for the journal while it lives (see [`Inner::linger`]).
+struct JournalWaiter<'a>(&'a Inner);
+
+impl<'a> JournalWaiter<'a> {
+    fn new(inner: &'a Inner) -> JournalWaiter<'a> {
+        inner
+            .journal_waiters
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        inner.urgent.notify_one();
+        JournalWaiter(inner)
+    }
+}
+
+impl Drop for JournalWaiter<'_> {
+    fn drop(&mut self) {
+        self.0
+            .journal_waiters
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
 
 /// What waits for the journal writer.
 enum Queued {
@@ -193,6 +216,8 @@ struct Inner {
     cfg: MdsConfig,
     rados: Rados,
     meta: IoCtx,
+    /// Where the file system keeps its inodes.
+    layout: InodeLayout,
     data: IoCtx,
     state: Mutex<State>,
     fenced: Arc<watch::Sender<Option<String>>>,
@@ -219,6 +244,11 @@ struct Inner {
     committed: watch::Sender<u64>,
     /// Wakes the journal writer.
     kick: tokio::sync::Notify,
+    /// Requests waiting for the journal now ([`Inner::wait_committed`]): while there are
+    /// none, the writer lets entries gather for up to [`JOURNAL_LINGER`] before appending.
+    journal_waiters: std::sync::atomic::AtomicUsize,
+    /// Ends the writer's linger at once (someone started waiting for the journal).
+    urgent: tokio::sync::Notify,
     /// Held by the checkpoint running (one at a time).
     checkpointing: Mutex<()>,
     /// Journaled (or queued) updates not yet written back, those of a running checkpoint
@@ -364,7 +394,8 @@ impl Mds {
         // the OSDs' failsafe ratio), so that deletes go on and free space
         meta.set_full_try(true);
         let data = rados.ioctx(&cfg.data_pool).await?;
-        let (segment, next_ino, requests, locks) = replay(&meta).await?;
+        let layout = inode_layout(&meta).await?;
+        let (segment, next_ino, requests, locks) = replay(&meta, layout).await?;
         // unsafe replies of an MDS that died may have given numbers from `next_ino` on:
         // allocate past them, and let only their replays have them
         let mut zones = load_zones(&meta).await?;
@@ -373,7 +404,7 @@ impl Mds {
         zones.drain(..skip);
         save_zones(&meta, &zones).await?;
         let start = next_ino.saturating_add(crate::core::REPLAY_INO_GAP);
-        apply_updates(&meta, &[Update::NextIno(start)]).await?;
+        apply_updates(&meta, layout, &[Update::NextIno(start)]).await?;
         let mut ns = Namespace::new(start);
         ns.set_replay_zones(zones);
         ns.set_requests(requests);
@@ -386,12 +417,12 @@ impl Mds {
             ns,
             pending: Vec::new(),
         };
-        match load_inode(&meta, ROOT_INO).await? {
+        match load_inode(&meta, layout, ROOT_INO).await? {
             Some(root) => st.ns.insert_inode(root),
             None => {
                 info!("no root directory: creating a new file system");
                 let updates = st.ns.make_root(Time::now());
-                apply_updates(&meta, &updates).await?;
+                apply_updates(&meta, layout, &updates).await?;
                 st.ns.mark_clean();
             }
         }
@@ -399,6 +430,7 @@ impl Mds {
             cfg: cfg.clone(),
             rados: rados.clone(),
             meta,
+            layout,
             data,
             state: Mutex::new(st),
             fenced: self.fenced.clone(),
@@ -422,6 +454,8 @@ impl Mds {
             }),
             committed: watch::channel(0).0,
             kick: tokio::sync::Notify::new(),
+            journal_waiters: std::sync::atomic::AtomicUsize::new(0),
+            urgent: tokio::sync::Notify::new(),
             checkpointing: Mutex::new(()),
             backlog: std::sync::atomic::AtomicUsize::new(0),
             written_back: watch::channel(0).0,
@@ -512,7 +546,7 @@ impl Mds {
 /// returns the segment to append to next, the next free inode number, the completed
 /// requests (the checkpointed table plus the journal's records) and the advisory locks
 /// (likewise).
-async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable, LockTable)> {
+async fn replay(meta: &IoCtx, layout: InodeLayout) -> Result<(u64, Ino, RequestTable, LockTable)> {
     let head = match meta.read(journal::HEAD_OBJECT, 0, 0).await {
         Ok(b) => serde_json::from_slice::<Head>(&b).map_err(|e| FsError::Malformed {
             what: "journal head".into(),
@@ -547,7 +581,7 @@ async fn replay(meta: &IoCtx) -> Result<(u64, Ino, RequestTable, LockTable)> {
                 locks.restore(*ino, held);
             }
         }
-        apply_updates(meta, &updates).await?;
+        apply_updates(meta, layout, &updates).await?;
         save_requests(meta, &requests).await?;
         save_locks(meta, &locks.snapshot()).await?;
     }
@@ -675,18 +709,91 @@ async fn save_zones(meta: &IoCtx, zones: &[Ino]) -> Result<()> {
     Ok(())
 }
 
-async fn load_inode(meta: &IoCtx, ino: Ino) -> Result<Option<Inode>> {
-    match meta.read(&inode_object(ino), 0, 0).await {
+/// Where a file system keeps its inodes ([`journal::StoredFormat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InodeLayout {
+    /// One object per inode ([`inode_object`]): file systems made before the inode table.
+    Objects,
+    /// Omap keys in inode-table shards ([`inode_shard_object`]).
+    Table,
+}
+
+/// The file system's inode layout: as its format record says; a file system without one is
+/// either new (it gets the inode table, recorded before anything else is written) or was
+/// made before the record existed (its root has an inode object: it keeps that layout).
+async fn inode_layout(meta: &IoCtx) -> Result<InodeLayout> {
+    match meta.read(journal::FORMAT_OBJECT, 0, 0).await {
         Ok(b) => {
-            let s: StoredInode = serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
-                what: format!("inode {ino:x}"),
-                detail: e.to_string(),
-            })?;
-            Ok(Some(s.inode))
+            let f: journal::StoredFormat =
+                serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
+                    what: "file-system format".into(),
+                    detail: e.to_string(),
+                })?;
+            return Ok(if f.inode_table {
+                InodeLayout::Table
+            } else {
+                InodeLayout::Objects
+            });
         }
-        Err(ClientError::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
+        Err(ClientError::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
     }
+    let old = match meta.stat(&inode_object(ROOT_INO)).await {
+        Ok(_) => true,
+        Err(ClientError::NotFound { .. }) => false,
+        Err(e) => return Err(e.into()),
+    };
+    let rec = journal::StoredFormat {
+        v: RECORD_VERSION,
+        inode_table: !old,
+    };
+    meta.write_full(
+        journal::FORMAT_OBJECT,
+        serde_json::to_vec(&rec).expect("serializable"),
+    )
+    .await?;
+    Ok(if old {
+        InodeLayout::Objects
+    } else {
+        InodeLayout::Table
+    })
+}
+
+async fn load_inode(meta: &IoCtx, layout: InodeLayout, ino: Ino) -> Result<Option<Inode>> {
+    let bytes = match layout {
+        InodeLayout::Objects => match meta.read(&inode_object(ino), 0, 0).await {
+            Ok(b) => b,
+            Err(ClientError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        },
+        InodeLayout::Table => {
+            let key = inode_key(ino);
+            let read = kelp_client::ReadOp::new().omap_get_vals_by_keys(&[&key]);
+            match meta.operate_read(read, &inode_shard_object(ino)).await {
+                Ok(mut r) => match r.pop() {
+                    Some(kelp_client::ReadResult::Pairs { entries, .. }) => {
+                        match entries.into_iter().find(|(k, _)| *k == key) {
+                            Some((_, v)) => v,
+                            None => return Ok(None),
+                        }
+                    }
+                    other => {
+                        return Err(FsError::Malformed {
+                            what: format!("inode table read of {ino:x}"),
+                            detail: format!("{other:?}"),
+                        });
+                    }
+                },
+                Err(ClientError::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let s: StoredInode = serde_json::from_slice(&bytes).map_err(|e| FsError::Malformed {
+        what: format!("inode {ino:x}"),
+        detail: e.to_string(),
+    })?;
+    Ok(Some(s.inode))
 }
 
 /// A directory's entries: the union of its `2^bits` fragment objects (`core::frag`).
@@ -786,7 +893,7 @@ async fn load_strays(meta: &IoCtx) -> Result<Vec<Ino>> {
 }
 
 /// Writes a run of updates to the objects, last update per key winning.
-async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
+async fn apply_updates(meta: &IoCtx, layout: InodeLayout, updates: &[Update]) -> Result<()> {
     let mut inodes: HashMap<Ino, Option<&Inode>> = HashMap::new();
     // directories: their entries, layouts and removal (`core::frag`)
     let dirs = frag::plan_dirs(updates);
@@ -832,27 +939,50 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
     }
     drop(moves);
     let mut jobs: Vec<futures::future::BoxFuture<'_, Result<()>>> = Vec::new();
-    for (ino, i) in inodes {
-        jobs.push(Box::pin(async move {
-            match i {
-                Some(i) => {
-                    let rec = StoredInode {
-                        v: RECORD_VERSION,
-                        inode: i.clone(),
-                    };
-                    meta.write_full(
-                        &inode_object(ino),
-                        serde_json::to_vec(&rec).expect("serializable"),
-                    )
-                    .await?;
-                }
-                None => match meta.remove(&inode_object(ino)).await {
-                    Ok(()) | Err(ClientError::NotFound { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                },
+    match layout {
+        InodeLayout::Objects => {
+            for (ino, i) in inodes {
+                jobs.push(Box::pin(async move {
+                    match i {
+                        Some(i) => {
+                            meta.write_full(&inode_object(ino), inode_record(i)).await?;
+                        }
+                        None => match meta.remove(&inode_object(ino)).await {
+                            Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                            Err(e) => return Err(e.into()),
+                        },
+                    }
+                    Ok(())
+                }));
             }
-            Ok(())
-        }));
+        }
+        InodeLayout::Table => {
+            // one omap update per shard, whatever the number of its inodes that changed
+            type ShardChange = (Vec<(String, Vec<u8>)>, Vec<String>);
+            let mut shards: BTreeMap<String, ShardChange> = BTreeMap::new();
+            for (ino, i) in inodes {
+                let (puts, dels) = shards.entry(inode_shard_object(ino)).or_default();
+                match i {
+                    Some(i) => puts.push((inode_key(ino), inode_record(i))),
+                    None => dels.push(inode_key(ino)),
+                }
+            }
+            for (object, (puts, dels)) in shards {
+                jobs.push(Box::pin(async move {
+                    meta.operate(omap_change(&puts, &dels), &object).await?;
+                    // a shard whose inodes are all gone goes too (only this MDS writes
+                    // shards, one checkpoint at a time: nothing adds a key meanwhile)
+                    if puts.is_empty() && meta.omap_get_vals(&object, "", "", 1).await?.0.is_empty()
+                    {
+                        match meta.remove(&object).await {
+                            Ok(()) | Err(ClientError::NotFound { .. }) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Ok(())
+                }));
+            }
+        }
     }
     for (dir, plan) in &dirs {
         if plan.removed {
@@ -919,6 +1049,15 @@ async fn apply_updates(meta: &IoCtx, updates: &[Update]) -> Result<()> {
         r?;
     }
     Ok(())
+}
+
+/// An inode as stored.
+fn inode_record(i: &Inode) -> Vec<u8> {
+    let rec = StoredInode {
+        v: RECORD_VERSION,
+        inode: i.clone(),
+    };
+    serde_json::to_vec(&rec).expect("serializable")
 }
 
 /// One write of an omap object: creates it if missing (an object whose first key was added
@@ -1146,6 +1285,10 @@ impl Inner {
     async fn wait_committed(&self, seq: u64) -> bool {
         let mut done = self.committed.subscribe();
         let mut fenced = self.fenced.subscribe();
+        if *done.borrow_and_update() >= seq {
+            return true;
+        }
+        let _waiting = JournalWaiter::new(self);
         loop {
             if *done.borrow_and_update() >= seq {
                 return true;
@@ -1234,7 +1377,7 @@ impl Inner {
             match step {
                 Step::Need(need) => {
                     let loaded = match need {
-                        Need::Inode(ino) => match load_inode(&self.meta, ino).await {
+                        Need::Inode(ino) => match load_inode(&self.meta, self.layout, ino).await {
                             Ok(Some(i)) => {
                                 st.ns.insert_inode(i);
                                 Ok(())
@@ -1249,7 +1392,7 @@ impl Inner {
                             }
                             Err(e) => Err(e),
                         },
-                        Need::Probe(ino) => match load_inode(&self.meta, ino).await {
+                        Need::Probe(ino) => match load_inode(&self.meta, self.layout, ino).await {
                             Ok(Some(i)) => {
                                 st.ns.insert_inode(i);
                                 Ok(())
@@ -1747,6 +1890,7 @@ impl Inner {
             if self.is_fenced() {
                 break;
             }
+            self.linger().await;
             if let Err(e) = self.flush_journal().await {
                 warn!("journal writer stopped: {e}");
                 break;
@@ -1757,6 +1901,41 @@ impl Inner {
         let mut q = self.queue.lock().expect("journal queue lock");
         q.writer_stopped = true;
         q.entries.retain(|e| !matches!(e, Queued::Roll(_)));
+    }
+
+    /// Lets entries gather while nobody waits for them: early replies have answered their
+    /// clients already, so appending a few milliseconds later costs nothing but merges
+    /// many small appends (each a replicated write) into one. Ends at once when a request
+    /// starts waiting for the journal, a checkpoint asks to close the segment, or enough
+    /// has queued for a full append.
+    async fn linger(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let deadline = tokio::time::Instant::now() + JOURNAL_LINGER;
+        loop {
+            let urgent = self.urgent.notified();
+            tokio::pin!(urgent);
+            urgent.as_mut().enable();
+            if self.journal_waiters.load(SeqCst) > 0 || self.queue_is_due() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, urgent).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Whether the queue holds a checkpoint's segment close, a full append's bytes, or
+    /// entries that must not stay unsafe longer.
+    fn queue_is_due(&self) -> bool {
+        let q = self.queue.lock().expect("journal queue lock");
+        let mut bytes = 0;
+        for e in &q.entries {
+            match e {
+                Queued::Roll(_) => return true,
+                Queued::Entry(_, b) => bytes += b.len(),
+            }
+        }
+        bytes >= MAX_APPEND_BYTES || q.assigned > self.committed() + MAX_UNSAFE_ENTRIES / 2
     }
 
     /// Waits while the backlog of updates not yet written back is at `max_backlog`, having
@@ -1800,6 +1979,7 @@ impl Inner {
                 q.entries.push(Queued::Roll(tx));
             }
             self.kick.notify_one();
+            self.urgent.notify_one();
             st.ns.begin_writeback();
             let pending = std::mem::take(&mut st.pending);
             let requests = st.ns.requests_snapshot(Time::now());
@@ -1808,7 +1988,7 @@ impl Inner {
         };
         // the entries of `pending` are journaled once the segment is closed after them
         let written = match rolled.await {
-            Ok(segments) => match apply_updates(&self.meta, &pending).await {
+            Ok(segments) => match apply_updates(&self.meta, self.layout, &pending).await {
                 Ok(()) => match save_requests(&self.meta, &requests).await {
                     Ok(()) => save_locks(&self.meta, &locks).await.map(|()| segments),
                     Err(e) => Err(e),

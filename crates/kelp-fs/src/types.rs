@@ -654,9 +654,26 @@ pub fn data_object(ino: Ino, index: u64) -> String {
     format!("{ino:x}.{index:08x}")
 }
 
-/// The metadata-pool object holding an inode.
+/// The metadata-pool object holding an inode, in a file system made without the inode
+/// table (`journal::StoredFormat::inode_table`).
 pub fn inode_object(ino: Ino) -> String {
     format!("{ino:x}.inode")
+}
+
+/// Inode numbers per inode-table shard: numbers are given out in order, so the inodes
+/// made together (an untar, a build) share a few shards, and a checkpoint writes them
+/// back in one omap update per shard instead of one object write per inode.
+pub const INODE_SHARD_BITS: u32 = 10;
+
+/// The metadata-pool object whose omap holds inode `ino` (key [`inode_key`]), in a file
+/// system made with the inode table.
+pub fn inode_shard_object(ino: Ino) -> String {
+    format!("mds.inodes.{:x}", ino >> INODE_SHARD_BITS)
+}
+
+/// An inode's omap key in its [`inode_shard_object`].
+pub fn inode_key(ino: Ino) -> String {
+    format!("{ino:x}")
 }
 
 /// The metadata-pool object whose omap holds a directory's entries.

@@ -890,3 +890,98 @@ time.sleep(60)",
     assert_eq!((m.len(), m.mode() & 0o7777), (5000, 0o604));
     assert_eq!(std::fs::read(b.p("k")).unwrap(), vec![b'k'; 5000]);
 }
+
+/// The objects of `pool` whose names start with `prefix`.
+fn objects_named(c: &heal_support::Cluster, pool: &str, prefix: &str) -> Vec<String> {
+    c.cli(&["rados", "-p", pool, "ls"])
+        .lines()
+        .filter(|o| o.starts_with(prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits (up to `secs`) until `ok` holds of `pool`'s object names.
+fn wait_objects(c: &heal_support::Cluster, pool: &str, secs: u64, ok: impl Fn(&str) -> bool) {
+    let start = Instant::now();
+    loop {
+        let objects = c.cli(&["rados", "-p", pool, "ls"]);
+        if ok(&objects) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "objects of {pool} never as expected:\n{objects}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn inodes_live_in_table_shards_and_older_file_systems_keep_one_object_each() {
+    let c = fs_cluster();
+    // A new file system records the inode table in its format object and writes inodes
+    // back into shards of 1 024 numbers: no object per inode.
+    let mut mds_a = start_mds(&c, "a");
+    let m = Mount::new(&c, "mnt");
+    m.sh("mkdir d && for i in $(seq 1 1500); do : > d/f$i; done; echo x > d/f7; ln -s f7 d/s");
+    wait_objects(&c, "fs.meta", 30, |o| {
+        o.lines().filter(|l| l.starts_with("mds.inodes.")).count() >= 2
+    });
+    let format = c.cli(&["rados", "-p", "fs.meta", "get", "mds.format", "-"]);
+    assert!(format.contains("\"inode_table\":true"), "{format}");
+    let per_inode = objects_named(&c, "fs.meta", "");
+    assert!(
+        !per_inode.iter().any(|o| o.ends_with(".inode")),
+        "inode objects in a new file system: {per_inode:?}"
+    );
+    // A successor reads every inode back from the shards (and the journal's tail).
+    mds_a.kill9();
+    let _mds_b = start_mds(&c, "b");
+    assert_eq!(m.sh("ls d | wc -l").trim(), "1501");
+    assert_eq!(m.sh("cat d/s; stat -c %s d/f1500").trim(), "x\n0");
+    // Once its inodes are gone (purged 30 s after the takeover), a shard goes too; the
+    // root's stays.
+    m.sh("rm -rf d");
+
+    // A file system made before the format record (its root has an inode object) keeps one
+    // object per inode, across restarts that find no record.
+    c.cli(&["pool", "create", "fs.meta2", "--pg-num", "8"]);
+    c.cli(&["pool", "create", "fs.data2", "--pg-num", "8"]);
+    let pools = ["--meta-pool", "fs.meta2", "--data-pool", "fs.data2"];
+    let old = c.dir.join("format-objects.json");
+    std::fs::write(&old, r#"{"v":1,"inode_table":false}"#).unwrap();
+    c.cli(&[
+        "rados",
+        "-p",
+        "fs.meta2",
+        "put",
+        "mds.format",
+        old.to_str().unwrap(),
+    ]);
+    let mut mds_c = start_mds_with(&c, "c", &pools);
+    let m2 = Mount::with(&c, "mnt2", &pools);
+    m2.sh("for i in $(seq 1 20); do echo $i > f$i; done");
+    wait_objects(&c, "fs.meta2", 30, |o| {
+        o.lines().filter(|l| l.ends_with(".inode")).count() >= 21
+    });
+    mds_c.kill9();
+    c.cli(&["rados", "-p", "fs.meta2", "rm", "mds.format"]);
+    let _mds_d = start_mds_with(&c, "d", &pools);
+    assert_eq!(m2.sh("cat f1 f20 | tr '\\n' ' '").trim(), "1 20");
+    m2.sh("echo 21 > f21");
+    wait_objects(&c, "fs.meta2", 30, |o| {
+        o.lines().filter(|l| l.ends_with(".inode")).count() >= 22
+    });
+    assert!(objects_named(&c, "fs.meta2", "mds.inodes.").is_empty());
+    let format = c.cli(&["rados", "-p", "fs.meta2", "get", "mds.format", "-"]);
+    assert!(format.contains("\"inode_table\":false"), "{format}");
+    drop(m2);
+
+    wait_objects(&c, "fs.meta", 90, |o| {
+        o.lines().filter(|l| l.starts_with("mds.inodes.")).count() == 1
+    });
+    assert_eq!(
+        objects_named(&c, "fs.meta", "mds.inodes."),
+        ["mds.inodes.0"]
+    );
+}
