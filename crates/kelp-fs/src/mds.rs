@@ -718,45 +718,51 @@ enum InodeLayout {
     Table,
 }
 
+/// What a file system with the inode table keeps in its root's old inode object: not an
+/// inode record, so that an MDS built before the table, which reads the root from there,
+/// refuses to start (a malformed root) instead of making an empty namespace beside the
+/// stored one.
+const ROOT_INODE_OBJECT_GUARD: &str = r#"{"v":255,"moved":"this file system keeps its inodes in the inode table (mds.inodes.*, see mds.format): this MDS is too old to serve it"}"#;
+
 /// The file system's inode layout: as its format record says; a file system without one is
 /// either new (it gets the inode table, recorded before anything else is written) or was
 /// made before the record existed (its root has an inode object: it keeps that layout).
 async fn inode_layout(meta: &IoCtx) -> Result<InodeLayout> {
-    match meta.read(journal::FORMAT_OBJECT, 0, 0).await {
+    let table = match meta.read(journal::FORMAT_OBJECT, 0, 0).await {
         Ok(b) => {
             let f: journal::StoredFormat =
                 serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
                     what: "file-system format".into(),
                     detail: e.to_string(),
                 })?;
-            return Ok(if f.inode_table {
-                InodeLayout::Table
-            } else {
-                InodeLayout::Objects
-            });
+            f.inode_table
         }
-        Err(ClientError::NotFound { .. }) => {}
+        Err(ClientError::NotFound { .. }) => {
+            let old = match meta.stat(&inode_object(ROOT_INO)).await {
+                Ok(_) => true,
+                Err(ClientError::NotFound { .. }) => false,
+                Err(e) => return Err(e.into()),
+            };
+            let rec = journal::StoredFormat {
+                v: RECORD_VERSION,
+                inode_table: !old,
+            };
+            meta.write_full(
+                journal::FORMAT_OBJECT,
+                serde_json::to_vec(&rec).expect("serializable"),
+            )
+            .await?;
+            !old
+        }
         Err(e) => return Err(e.into()),
+    };
+    if !table {
+        return Ok(InodeLayout::Objects);
     }
-    let old = match meta.stat(&inode_object(ROOT_INO)).await {
-        Ok(_) => true,
-        Err(ClientError::NotFound { .. }) => false,
-        Err(e) => return Err(e.into()),
-    };
-    let rec = journal::StoredFormat {
-        v: RECORD_VERSION,
-        inode_table: !old,
-    };
-    meta.write_full(
-        journal::FORMAT_OBJECT,
-        serde_json::to_vec(&rec).expect("serializable"),
-    )
-    .await?;
-    Ok(if old {
-        InodeLayout::Objects
-    } else {
-        InodeLayout::Table
-    })
+    // after the format record (which says how to read it), at every start: idempotent
+    meta.write_full(&inode_object(ROOT_INO), ROOT_INODE_OBJECT_GUARD.as_bytes())
+        .await?;
+    Ok(InodeLayout::Table)
 }
 
 async fn load_inode(meta: &IoCtx, layout: InodeLayout, ino: Ino) -> Result<Option<Inode>> {
