@@ -902,18 +902,11 @@ fn objects_named(c: &heal_support::Cluster, pool: &str, prefix: &str) -> Vec<Str
 
 /// Waits (up to `secs`) until `ok` holds of `pool`'s object names.
 fn wait_objects(c: &heal_support::Cluster, pool: &str, secs: u64, ok: impl Fn(&str) -> bool) {
-    let start = Instant::now();
-    loop {
-        let objects = c.cli(&["rados", "-p", pool, "ls"]);
-        if ok(&objects) {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "objects of {pool} never as expected:\n{objects}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    heal_support::wait(
+        &format!("the objects of {pool} as expected"),
+        Duration::from_secs(secs),
+        || ok(&c.cli(&["rados", "-p", pool, "ls"])).then_some(()),
+    );
 }
 
 #[test]
