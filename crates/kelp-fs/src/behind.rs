@@ -108,28 +108,53 @@ impl WriteBehind {
     /// `buffered`: the caller will not wait for the write (it counts against
     /// [`MAX_BEHIND_BYTES`], waiting for room first).
     pub async fn claim(self: &Arc<Self>, ino: Ino, off: u64, end: u64, buffered: bool) -> Claim {
-        let len = end - off;
-        let counted = if buffered { len } else { 0 };
+        let counted = if buffered { end - off } else { 0 };
         let range = self
-            .wait_for(|pending| {
-                if pending
-                    .get(&ino)
-                    .is_some_and(|p| p.ranges.iter().any(|r| overlaps(*r, (off, end))))
-                {
-                    return None;
-                }
-                if counted > 0 {
-                    let now = self.bytes.load(Ordering::SeqCst);
-                    if now > 0 && now + counted > MAX_BEHIND_BYTES {
-                        return None;
-                    }
-                    self.bytes.fetch_add(counted, Ordering::SeqCst);
-                }
-                let range = (off, end, self.claims.fetch_add(1, Ordering::SeqCst) + 1);
-                pending.entry(ino).or_default().ranges.push(range);
-                Some(range)
-            })
+            .wait_for(|pending| self.take_range(pending, ino, off, end, counted))
             .await;
+        self.claimed(ino, range, counted)
+    }
+
+    /// [`WriteBehind::claim`] of a buffered write without waiting: `None` while a write in
+    /// flight overlaps the range or the bytes in flight leave no room for it.
+    pub fn try_claim(self: &Arc<Self>, ino: Ino, off: u64, end: u64) -> Option<Claim> {
+        let counted = end - off;
+        let range = {
+            let mut pending = self.pending.lock().expect("write-behind lock");
+            self.take_range(&mut pending, ino, off, end, counted)?
+        };
+        Some(self.claimed(ino, range, counted))
+    }
+
+    /// Claims `[off, end)` of `ino` if no write in flight overlaps it and `counted` bytes
+    /// fit in flight.
+    fn take_range(
+        &self,
+        pending: &mut HashMap<Ino, Pending>,
+        ino: Ino,
+        off: u64,
+        end: u64,
+        counted: u64,
+    ) -> Option<(u64, u64, u64)> {
+        if pending
+            .get(&ino)
+            .is_some_and(|p| p.ranges.iter().any(|r| overlaps(*r, (off, end))))
+        {
+            return None;
+        }
+        if counted > 0 {
+            let now = self.bytes.load(Ordering::SeqCst);
+            if now > 0 && now + counted > MAX_BEHIND_BYTES {
+                return None;
+            }
+            self.bytes.fetch_add(counted, Ordering::SeqCst);
+        }
+        let range = (off, end, self.claims.fetch_add(1, Ordering::SeqCst) + 1);
+        pending.entry(ino).or_default().ranges.push(range);
+        Some(range)
+    }
+
+    fn claimed(self: &Arc<Self>, ino: Ino, range: (u64, u64, u64), counted: u64) -> Claim {
         Claim {
             behind: Arc::clone(self),
             ino,
@@ -137,6 +162,26 @@ impl WriteBehind {
             counted,
             error: None,
         }
+    }
+
+    /// Keeps `errno` for the file's next `write`, `fsync` or `close`: a failure found in the
+    /// background after the call that caused it had returned.
+    pub fn keep_error(&self, ino: Ino, errno: i32) {
+        self.pending
+            .lock()
+            .expect("write-behind lock")
+            .entry(ino)
+            .or_default()
+            .error = Some(errno);
+    }
+
+    /// Whether a failure of `ino` waits to be reported.
+    pub fn has_error(&self, ino: Ino) -> bool {
+        self.pending
+            .lock()
+            .expect("write-behind lock")
+            .get(&ino)
+            .is_some_and(|p| p.error.is_some())
     }
 
     /// Whether `ino` has writes in flight or an unreported failure.
@@ -263,6 +308,38 @@ mod tests {
         assert!(wb.busy(1));
         drop(later);
         assert!(!wb.busy(1));
+    }
+
+    #[tokio::test]
+    async fn a_claim_without_waiting_is_refused_where_a_waiting_one_would_wait() {
+        let wb = Arc::new(WriteBehind::default());
+        let first = wb.try_claim(1, 0, 100).expect("nothing in flight");
+        assert!(wb.try_claim(1, 50, 150).is_none(), "overlaps the first");
+        let distinct = wb.try_claim(1, 100, 200).expect("distinct bytes");
+        assert_eq!(wb.bytes.load(Ordering::SeqCst), 200, "counted as buffered");
+        // no room in flight: refused, and nothing is counted for it
+        assert!(wb.try_claim(2, 0, MAX_BEHIND_BYTES).is_none());
+        assert_eq!(wb.bytes.load(Ordering::SeqCst), 200);
+        drop((first, distinct));
+        assert!(!wb.busy(1));
+        // alone, even a claim past the bound goes (one write is never held up forever)
+        let big = wb
+            .try_claim(2, 0, MAX_BEHIND_BYTES + 1)
+            .expect("nothing in flight");
+        drop(big);
+        assert_eq!(wb.bytes.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failure_found_after_the_call_is_kept_for_the_next_one() {
+        let wb = Arc::new(WriteBehind::default());
+        assert!(!wb.has_error(3));
+        wb.keep_error(3, libc::EDQUOT);
+        assert!(wb.has_error(3) && wb.busy(3));
+        // a write finishing meanwhile does not drop it
+        drop(wb.try_claim(3, 0, 10).expect("nothing in flight"));
+        assert_eq!(wb.take_error(3), Some(libc::EDQUOT));
+        assert!(!wb.has_error(3) && !wb.busy(3));
     }
 
     #[tokio::test]

@@ -19,7 +19,8 @@
 //! buffered write is answered once its data is on its way to RADOS (`behind.rs`), and the new
 //! size, the times, mode and owner stay here (dirty) instead of going to the MDS. They are
 //! flushed (`Op::Written`) by `fsync` (after the writes are stored), by the kernel's flush at
-//! each `close` (without waiting for them), by the revoke of the capability (after they are
+//! each `close` (without waiting for them, and sent behind the close: the file's size lock
+//! orders every later flush after it), by the revoke of the capability (after they are
 //! stored, before it is acknowledged: the MDS answers no other client about the file until
 //! then), at least every [`FLUSH_INTERVAL`], and at unmount. A client killed with dirty state
 //! loses what it kept of files never fsynced or closed.
@@ -43,7 +44,7 @@ use kelp_client::{ClientConfig, ClientError, IoCtx, Rados};
 use kelp_msgr::{Connection, Messenger, MsgrError};
 use tracing::{debug, error, info, warn};
 
-use crate::behind::WriteBehind;
+use crate::behind::{Claim, WriteBehind};
 use crate::error::{FsError, Result};
 use crate::mds::{ADDR_OBJECT, MdsAddr};
 use crate::types::*;
@@ -197,6 +198,41 @@ impl Drop for Unanswered<'_> {
     }
 }
 
+/// Runs a write's data jobs; a failure is kept on its claim (for the file's next `write`,
+/// `fsync` or `close`) and returned.
+async fn store_data<F>(mut claim: Claim, jobs: Vec<F>) -> Option<FsError>
+where
+    F: Future<Output = std::result::Result<(), ClientError>>,
+{
+    let failed = futures::future::join_all(jobs)
+        .await
+        .into_iter()
+        .find_map(|r| r.err())
+        .map(FsError::from);
+    if let Some(e) = &failed {
+        claim.failed(e.errno());
+    }
+    failed
+}
+
+/// The data of a buffered write, stored after its call returned: a failure is logged (and
+/// reported by the file's next `write`, `fsync` or `close`).
+async fn stored_behind(
+    stored: impl Future<Output = Option<FsError>>,
+    ino: Ino,
+    off: u64,
+    end: u64,
+) {
+    if let Some(e) = stored.await {
+        error!(
+            ino,
+            off,
+            end,
+            "a buffered write failed: {e} (the file's next write, fsync or close reports it)"
+        );
+    }
+}
+
 /// Drops the kernel's cached copies named by revokes (blocking; the mount provides it).
 pub type Invalidator = Arc<dyn Fn(&[CapRevoke]) + Send + Sync>;
 
@@ -283,6 +319,23 @@ impl CapCache {
             attrs: SetAttr::default(),
             generation: 0,
         })
+    }
+
+    /// A write up to `end` made under the exclusive capability: the new end and mtime are
+    /// kept (dirty) and shown.
+    fn note_written(&mut self, inode: &Inode, end: u64, mtime: Time) {
+        // both times are set here: the record needs no copy of the inode to start
+        let d = self.dirty_of(inode);
+        d.end = d.end.max(end);
+        d.mtime = mtime;
+        d.ctime = mtime;
+        d.generation += 1;
+        let size = d.end;
+        if let Some(i) = self.inodes.get_mut(&inode.ino) {
+            i.size = i.size.max(size);
+            i.mtime = mtime;
+            i.ctime = mtime;
+        }
     }
 
     // complete directories (negative lookups answered here)
@@ -1530,9 +1583,11 @@ impl FsClient {
         if inos.is_empty() {
             return Ok(());
         }
-        // the MDS may purge a closed, unlinked file's objects: its writes are stored first
+        // the MDS may purge a closed, unlinked file's objects: its writes are stored, and
+        // its size (which the purge reads) is known there, first
         for ino in &inos {
             self.behind.settle(*ino).await;
+            drop(self.size_lock(*ino).await);
         }
         self.ok_call(Caller::default(), Op::CloseMany { inos })
             .await
@@ -1553,6 +1608,42 @@ impl FsClient {
     pub async fn flush_at_close(&self, ino: Ino) -> Result<()> {
         let _held = self.size_lock(ino).await;
         self.flush_locked(ino, false).await
+    }
+
+    /// [`FsClient::flush_at_close`] without waiting for the MDS: when the file's size lock
+    /// is free it is taken here, on the caller's thread (so every later change of the
+    /// file's size, a revoke's flush, an `fsync`, the close sent to the MDS, is ordered
+    /// after this one), and the size, times and attributes kept here go to the MDS on `rt`
+    /// behind the close. A flush the MDS refuses (a byte quota set since the capability
+    /// was granted) or that cannot reach it is logged and reported by the file's next
+    /// `write`, `fsync` or `close`. `false`: the lock is busy; the caller waits instead.
+    pub fn flush_behind_close(self: &Arc<Self>, rt: &tokio::runtime::Handle, ino: Ino) -> bool {
+        let lock = Arc::clone(
+            self.size_locks
+                .lock()
+                .expect("size locks")
+                .entry(ino)
+                .or_default(),
+        );
+        let Ok(guard) = lock.try_lock_owned() else {
+            return false;
+        };
+        let c = Arc::clone(self);
+        rt.spawn(async move {
+            let _held = SizeLock {
+                client: &c,
+                ino,
+                guard: Some(guard),
+            };
+            if let Err(e) = c.flush_locked(ino, false).await {
+                warn!(
+                    ino,
+                    "sending the size kept at a close: {e} (the file's next write, fsync or close reports it)"
+                );
+                c.behind.keep_error(ino, e.errno());
+            }
+        });
+        true
     }
 
     async fn size_lock(&self, ino: Ino) -> SizeLock<'_> {
@@ -1807,16 +1898,62 @@ impl FsClient {
         if let Some(e) = self.behind.take_error(ino) {
             return Err(FsError::Errno(e));
         }
-        let os = inode.object_size.max(1);
         let end = off
             .checked_add(data.len() as u64)
             .ok_or(FsError::Errno(libc::EFBIG))?;
-        let data_io = self.data_for(inode)?;
+        let jobs = self.data_jobs(inode, off, data)?;
         // Write-behind: answered once the data is on its way, under the exclusive capability
         // (no other client reads the file until the revoke, which waits for it) and while
         // the cluster has room (a full one refuses it here, not later).
         let behind = buffered && self.has_exclusive(ino) && !self.rados.cluster_full();
-        let mut claim = self.behind.claim(ino, off, end, behind).await;
+        let claim = self.behind.claim(ino, off, end, behind).await;
+        let stored = store_data(claim, jobs);
+        if behind {
+            tokio::spawn(stored_behind(stored, ino, off, end));
+        } else if let Some(e) = stored.await {
+            return Err(e);
+        }
+        self.note_written(inode, off, end).await
+    }
+
+    /// [`FsClient::write`] answered at once, on the caller's thread (the FUSE loop): a
+    /// buffered write under the exclusive capability, with no failure to report, no write
+    /// in flight over the same bytes and room for it in flight. Its data goes out on `rt`.
+    /// `None`: the write was not made; the caller takes [`FsClient::write`].
+    pub fn write_now(
+        &self,
+        rt: &tokio::runtime::Handle,
+        inode: &Inode,
+        off: u64,
+        data: &[u8],
+    ) -> Option<Result<()>> {
+        let ino = inode.ino;
+        let end = off.checked_add(data.len() as u64)?;
+        if self.rados.cluster_full() || self.behind.has_error(ino) {
+            return None;
+        }
+        let jobs = self.data_jobs(inode, off, data).ok()?;
+        let claim = self.behind.try_claim(ino, off, end)?;
+        let mut caps = self.caps.lock().expect("caps lock");
+        // The capability is checked under the lock its revoke takes to drop it: a revoke
+        // after this point settles this write (claimed before) and flushes its end.
+        caps.valid(ino, CAP_EXCL)?;
+        rt.spawn(stored_behind(store_data(claim, jobs), ino, off, end));
+        caps.note_written(inode, end, Time::now());
+        Some(Ok(()))
+    }
+
+    /// The writes of `data` at `off` to the file's objects, one per object it touches.
+    fn data_jobs(
+        &self,
+        inode: &Inode,
+        off: u64,
+        data: &[u8],
+    ) -> Result<Vec<impl Future<Output = std::result::Result<(), ClientError>> + Send + use<>>>
+    {
+        let os = inode.object_size.max(1);
+        let end = off + data.len() as u64;
+        let data_io = self.data_for(inode)?;
         let mut jobs = Vec::new();
         let mut pos = off;
         while pos < end {
@@ -1825,52 +1962,23 @@ impl FsClient {
             let n = (os - in_obj).min(end - pos);
             let start = (pos - off) as usize;
             let piece = Bytes::copy_from_slice(&data[start..start + n as usize]);
-            let name = data_object(ino, idx);
+            let name = data_object(inode.ino, idx);
             let io = data_io.clone();
-            jobs.push(async move { io.write(&name, in_obj, piece).await });
+            jobs.push(async move { io.write(&name, in_obj, piece).await.map(drop) });
             pos += n;
         }
-        let stored = async move {
-            let failed = futures::future::join_all(jobs)
-                .await
-                .into_iter()
-                .find_map(|r| r.err())
-                .map(FsError::from);
-            if let Some(e) = &failed {
-                claim.failed(e.errno());
-            }
-            failed
-        };
-        if behind {
-            tokio::spawn(async move {
-                if let Some(e) = stored.await {
-                    error!(
-                        ino,
-                        off,
-                        end,
-                        "a buffered write failed: {e} (the file's next write, fsync or close reports it)"
-                    );
-                }
-            });
-        } else if let Some(e) = stored.await {
-            return Err(e);
-        }
+        Ok(jobs)
+    }
+
+    /// After a write's data is stored (or on its way, under the exclusive capability): the
+    /// new end and mtime are kept here, or sent to the MDS.
+    async fn note_written(&self, inode: &Inode, off: u64, end: u64) -> Result<()> {
+        let ino = inode.ino;
         let mtime = Time::now();
         let kept = {
             let mut caps = self.caps.lock().expect("caps lock");
             if caps.valid(ino, CAP_EXCL).is_some() {
-                // both times are set here: the record needs no copy of the inode to start
-                let d = caps.dirty_of(inode);
-                d.end = d.end.max(end);
-                d.mtime = mtime;
-                d.ctime = mtime;
-                d.generation += 1;
-                let size = d.end;
-                if let Some(i) = caps.inodes.get_mut(&ino) {
-                    i.size = i.size.max(size);
-                    i.mtime = mtime;
-                    i.ctime = mtime;
-                }
+                caps.note_written(inode, end, mtime);
                 return Ok(());
             }
             caps.dirty.get(&ino).cloned()

@@ -13,7 +13,9 @@
 //!
 //! Write-back: a file opened for writing may come with the exclusive capability; its writes
 //! then keep the size and mtime in the client (see `client.rs`) until `fsync`, the flush of
-//! each `close`, a revoke, the periodic flush or unmount sends them to the MDS.
+//! each `close` (sent behind it), a revoke, the periodic flush or unmount sends them to the
+//! MDS. Such a write is answered on the FUSE thread itself once its data is on its way, when
+//! no write in flight overlaps it (`FsClient::write_now`).
 //!
 //! Directory listings are cached by the kernel (`FOPEN_CACHE_DIR`) when read under the
 //! directory's shared lease, and kept across opens (`FOPEN_KEEP_CACHE`) while it is held; the
@@ -613,23 +615,35 @@ impl Filesystem for KelpFuse {
                 None => (false, false, DEFAULT_OBJECT_SIZE, None, cached_opens),
             }
         };
+        // the write needs only the layout
+        let layout_only = Inode {
+            ino,
+            mode: S_IFREG,
+            nlink: 1,
+            layout: Layout {
+                pool,
+                object_size: None,
+            },
+            object_size,
+            ..Inode::default()
+        };
+        if !append
+            && !direct
+            && let Some(r) = c.write_now(&self.rt, &layout_only, offset.max(0) as u64, data)
+        {
+            // write-behind: answered here, without a trip through the runtime
+            return match r {
+                Ok(()) => reply.written(data.len() as u32),
+                Err(e) => reply.error(e.errno()),
+            };
+        }
         let data = data.to_vec();
         self.spawn(async move {
             let r = async {
                 let mut i = if append {
                     c.getattr(who, ino).await?
                 } else {
-                    // the write needs only the layout
-                    Inode {
-                        ino,
-                        mode: S_IFREG,
-                        nlink: 1,
-                        layout: Layout {
-                            pool,
-                            object_size: None,
-                        },
-                        ..Inode::default()
-                    }
+                    layout_only
                 };
                 i.object_size = object_size;
                 let off = if append { i.size } else { offset.max(0) as u64 };
@@ -651,13 +665,18 @@ impl Filesystem for KelpFuse {
     fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
         // A close: it reports a buffered write of the file that failed, drops the closing
         // owner's POSIX locks, and sends the MDS what this mount kept of the file (size,
-        // times, attributes) without waiting for the writes in flight to be stored.
+        // times, attributes) without waiting for the writes in flight to be stored, and
+        // (when no lock is dropped) without waiting for the MDS's answer.
         let ino = self.ino_in(ino);
         let locked = self.locked.lock().expect("locks").remove(&(ino, owner));
         let (c, _, _) = self.ctx();
         let failed = c.write_error(ino);
         if failed.is_none() && !locked && !c.has_dirty(ino) {
             // nothing to send: answered here, without a trip through the runtime
+            return reply.ok();
+        }
+        if failed.is_none() && !locked && c.flush_behind_close(&self.rt, ino) {
+            // what this mount kept of the file goes to the MDS behind the close
             return reply.ok();
         }
         self.spawn(async move {
