@@ -131,6 +131,48 @@ pub struct FsClient {
     size_locks: std::sync::Mutex<HashMap<Ino, Arc<tokio::sync::Mutex<()>>>>,
     /// Data writes in flight (see `behind.rs`).
     behind: Arc<WriteBehind>,
+    // creates without a round trip (delegated inode numbers)
+    /// Creates answered here and sent behind (see [`FsClient::create_now`]).
+    creates: std::sync::Mutex<CreatesBehind>,
+    /// Woken when a create sent behind is answered.
+    creates_done: tokio::sync::Notify,
+    /// Held by the request that syncs because [`MAX_UNJOURNALED`] is reached.
+    syncing: tokio::sync::Mutex<()>,
+}
+
+// creates without a round trip (delegated inode numbers)
+/// Most creates answered here and not yet answered by the MDS; past it, creates wait for it.
+pub const MAX_CREATES_BEHIND: usize = 1024;
+
+/// The inode numbers the MDS delegated to this client and the creates it sent behind.
+#[derive(Debug, Default)]
+struct CreatesBehind {
+    /// Numbers not yet given: `[next, end)` ranges, in order.
+    inos: std::collections::VecDeque<(Ino, Ino)>,
+    /// An [`Op::TakeInos`] is on its way.
+    taking: bool,
+    /// The sequence number of the last create sent behind.
+    last: u64,
+    /// Those not yet answered, by sequence number: the inode.
+    pending: BTreeMap<u64, Ino>,
+}
+
+impl CreatesBehind {
+    /// Numbers left to give.
+    fn left(&self) -> u64 {
+        self.inos.iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// The next number to give.
+    fn take(&mut self) -> Option<Ino> {
+        let (next, end) = self.inos.front_mut()?;
+        let ino = *next;
+        *next += 1;
+        if *next >= *end {
+            self.inos.pop_front();
+        }
+        Some(ino)
+    }
 }
 
 /// A file's size lock (see [`FsClient::size_locks`]); forgotten with its last holder.
@@ -465,6 +507,9 @@ impl FsClient {
             unjournaled: std::sync::Mutex::new(BTreeMap::new()),
             size_locks: std::sync::Mutex::new(HashMap::new()),
             behind: Arc::default(),
+            creates: std::sync::Mutex::new(CreatesBehind::default()),
+            creates_done: tokio::sync::Notify::new(),
+            syncing: tokio::sync::Mutex::new(()),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
         // While files are open, a call every KEEPALIVE notices a failed-over MDS even when the
@@ -613,6 +658,11 @@ impl FsClient {
                     }
                 }
             }
+        }
+        if revokes.iter().any(|r| r.caps & CAP_EXCL != 0) {
+            // the creates answered here under a directory's exclusive lease (gone here
+            // already: no more are) reach the MDS before the revoke is acknowledged
+            self.settle_creates().await;
         }
         for ino in flush {
             // the exclusive lease is gone here already: a write from now on is sent itself
@@ -835,8 +885,22 @@ impl FsClient {
     /// the same request with the same tid, so that a mutation the MDS completed but whose
     /// reply was lost is answered from its completed-request table, not applied twice.
     pub async fn call(&self, caller: Caller, op: Op) -> Result<Reply> {
+        if !matches!(op, Op::TakeInos) {
+            // creates answered here come first (the MDS may handle requests out of order)
+            self.settle_creates().await;
+        }
+        self.call_as(caller, op, None).await
+    }
+
+    /// [`FsClient::call`] without waiting for the creates sent behind; `delegated`: the
+    /// request is one of them, with the inode number given here.
+    async fn call_as(&self, caller: Caller, op: Op, delegated: Option<Ino>) -> Result<Reply> {
         if self.unjournaled.lock().expect("unjournaled lock").len() >= MAX_UNJOURNALED {
-            self.sync_mds().await?;
+            // one sync at a time: the requests that find the limit reached wait for it
+            let _one = self.syncing.lock().await;
+            if self.unjournaled.lock().expect("unjournaled lock").len() >= MAX_UNJOURNALED {
+                self.sync_journal().await?;
+            }
         }
         // a change of a directory's entries by this mount: its cached listing is read again
         let dirs: Vec<Ino> = match &op {
@@ -853,7 +917,7 @@ impl FsClient {
         };
         dirs.iter().for_each(|d| self.dir_changed(*d));
         let names = (!dirs.is_empty()).then(|| op.clone());
-        let r = self.call_once(caller, op).await;
+        let r = self.call_once(caller, op, delegated).await;
         dirs.iter().for_each(|d| self.dir_changed(*d));
         if let Some(op) = names {
             self.caps
@@ -864,8 +928,12 @@ impl FsClient {
         r
     }
 
-    async fn call_once(&self, caller: Caller, op: Op) -> Result<Reply> {
-        let (env, _unanswered) = self.envelope(caller, op);
+    async fn call_once(&self, caller: Caller, op: Op, delegated: Option<Ino>) -> Result<Reply> {
+        let (mut env, _unanswered) = self.envelope(caller, op);
+        if delegated.is_some() {
+            env.ino_hint = delegated;
+            env.delegated = true;
+        }
         let meta = Bytes::from(serde_json::to_vec(&env).expect("requests serialize"));
         self.calls.fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
@@ -942,6 +1010,7 @@ impl FsClient {
             tid,
             oldest_tid,
             ino_hint: None,
+            delegated: false,
         };
         (env, Unanswered(self, tid))
     }
@@ -956,6 +1025,7 @@ impl FsClient {
             tid: 0,
             oldest_tid: 0,
             ino_hint: None,
+            delegated: false,
         }
     }
 
@@ -1004,8 +1074,14 @@ impl FsClient {
     }
 
     /// Waits until every change the MDS has answered this client so far is in its journal
-    /// in RADOS (`fsync`, the periodic sync, unmount).
+    /// in RADOS (`fsync`, the periodic sync, unmount), the creates sent behind included.
     pub async fn sync_mds(&self) -> Result<()> {
+        self.settle_creates().await;
+        self.sync_journal().await
+    }
+
+    /// [`FsClient::sync_mds`] without waiting for the creates sent behind.
+    async fn sync_journal(&self) -> Result<()> {
         let tids: Vec<u64> = self
             .unjournaled
             .lock()
@@ -1016,7 +1092,7 @@ impl FsClient {
         if tids.is_empty() {
             return Ok(());
         }
-        match self.call_once(Caller::default(), Op::Sync).await? {
+        match self.call_once(Caller::default(), Op::Sync, None).await? {
             Reply::Ok => {
                 self.forget_unjournaled(&tids);
                 Ok(())
@@ -1180,7 +1256,12 @@ impl FsClient {
         }
         let mut caps = self.caps.lock().expect("caps lock");
         caps.valid(ino, CAP_EXCL)?;
-        let mut shown = caps.inodes.get(&ino)?.clone();
+        // (a directory's exclusive lease is for creates in it: its attributes go to the MDS)
+        let mut shown = caps
+            .inodes
+            .get(&ino)
+            .filter(|i| i.kind() == S_IFREG)?
+            .clone();
         caps.overlay(&mut shown);
         let now = Time::now();
         let d = caps.dirty_of(&shown);
@@ -1227,6 +1308,200 @@ impl FsClient {
 
     /// Creates a regular file (or returns the existing one, without `exclusive`) and opens
     /// it, in one MDS request; `write` as for [`FsClient::open`].
+    // creates without a round trip (delegated inode numbers)
+    /// Creates the regular file `name` in `parent` without waiting for the MDS, when this
+    /// client may (`core::delegate`): it holds the directory exclusively (it made it, where
+    /// no quota or layout applies), knows every name in it, and has an inode number the MDS
+    /// delegated to it. The file is opened (for writing if `write`), shown at once, and
+    /// its create goes to the MDS behind, on `rt`; every later request of this client, and
+    /// the answer to a revoke of the directory's lease, waits for it first, so the MDS and
+    /// other clients see the creates in order. `None`: the caller asks the MDS.
+    pub fn create_now(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        mode: u32,
+        write: bool,
+    ) -> Option<Inode> {
+        if mode & S_IFMT != S_IFREG
+            || name.is_empty()
+            || name == "."
+            || name == ".."
+            || name.contains('/')
+            || self.rados.cluster_full()
+        {
+            return None;
+        }
+        let (i, seq) = {
+            let mut caps = self.caps.lock().expect("caps lock");
+            let until = caps.valid(parent, CAP_EXCL)?;
+            if !caps.known_absent(parent, name) {
+                return None;
+            }
+            let p = caps.inodes.get(&parent).filter(|p| p.is_dir())?.clone();
+            let mut creates = self.creates.lock().expect("creates lock");
+            if creates.pending.len() >= MAX_CREATES_BEHIND {
+                return None;
+            }
+            if creates.left() < crate::core::DELEGATION_SIZE / 4 && !creates.taking {
+                creates.taking = true;
+                let c = Arc::clone(self);
+                rt.spawn(async move { c.take_inos().await });
+            }
+            let ino = creates.take()?;
+            creates.last += 1;
+            let seq = creates.last;
+            creates.pending.insert(seq, ino);
+            drop(creates);
+            // as the MDS makes it (`Namespace::new_inode`, the default layout)
+            let now = Time::now();
+            let i = Inode {
+                ino,
+                mode,
+                uid: caller.uid,
+                gid: if p.mode & S_ISGID != 0 {
+                    p.gid
+                } else {
+                    caller.gid
+                },
+                nlink: 1,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                parent,
+                object_size: p.object_size,
+                ..Inode::default()
+            };
+            // what the MDS grants with a create that opens (`Mds::grant_for_reply`)
+            let held = CAP_SHARED | CAP_READ | if write { CAP_EXCL } else { 0 };
+            caps.leases.insert(ino, (held, until));
+            caps.inodes.insert(ino, i.clone());
+            if let Some(names) = caps.complete.get_mut(&parent) {
+                names.insert(name.to_string());
+            }
+            caps.names
+                .entry(parent)
+                .or_default()
+                .insert(name.to_string());
+            caps.listed.remove(&parent);
+            if let Some(d) = caps.inodes.get_mut(&parent) {
+                d.mtime = now;
+                d.ctime = now;
+            }
+            (i, seq)
+        };
+        *self
+            .opens
+            .lock()
+            .expect("opens lock")
+            .entry(i.ino)
+            .or_default() += 1;
+        let c = Arc::clone(self);
+        let op = Op::Mknod {
+            parent,
+            name: name.to_string(),
+            mode,
+            rdev: 0,
+            exclusive: true,
+            open: true,
+            write,
+        };
+        let ino = i.ino;
+        rt.spawn(async move {
+            let r = c.call_as(caller, op.clone(), Some(ino)).await;
+            match r {
+                Ok(Reply::Attr(made)) if made.ino == ino => {}
+                Ok(r) => c.create_refused(&op, ino, unexpected(r)).await,
+                Err(e) => c.create_refused(&op, ino, e).await,
+            }
+            c.creates.lock().expect("creates lock").pending.remove(&seq);
+            c.creates_done.notify_waiters();
+        });
+        Some(i)
+    }
+
+    /// Asks the MDS for more inode numbers to give (in the background).
+    async fn take_inos(&self) {
+        let r = self.call_as(Caller::default(), Op::TakeInos, None).await;
+        let mut creates = self.creates.lock().expect("creates lock");
+        creates.taking = false;
+        match r {
+            Ok(Reply::Inos { start, end }) if start < end => creates.inos.push_back((start, end)),
+            Ok(r) => warn!("asking the MDS for inode numbers: {}", unexpected(r)),
+            // an MDS without delegation: creates keep asking it
+            Err(e) => debug!("asking the MDS for inode numbers: {e}"),
+        }
+    }
+
+    /// A create answered here was refused by the MDS (it cannot happen while the rules of
+    /// `core::delegate` hold; logged loudly): the file is taken back out of this client's
+    /// and the kernel's caches, and its next `write`, `fsync` or `close` fails with EIO.
+    async fn create_refused(&self, op: &Op, ino: Ino, e: FsError) {
+        let Op::Mknod { parent, name, .. } = op else {
+            return;
+        };
+        error!(
+            ino,
+            parent,
+            name,
+            "the MDS refused a create this mount had answered ({e}): the file is gone"
+        );
+        {
+            let mut caps = self.caps.lock().expect("caps lock");
+            caps.inodes.remove(&ino);
+            caps.leases.remove(&ino);
+            caps.dirty.remove(&ino);
+            caps.complete.remove(parent);
+            if let Some(names) = caps.names.get_mut(parent) {
+                names.remove(name);
+            }
+        }
+        self.opens.lock().expect("opens lock").remove(&ino);
+        self.behind.keep_error(ino, errno::EIO);
+        if let Some(inv) = self.invalidator.get().cloned() {
+            let gone = [
+                CapRevoke {
+                    id: 0,
+                    ino: *parent,
+                    caps: CAP_SHARED,
+                    names: vec![name.clone()],
+                },
+                CapRevoke {
+                    id: 0,
+                    ino,
+                    caps: CAP_SHARED | CAP_READ,
+                    names: Vec::new(),
+                },
+            ];
+            if let Err(e) = tokio::task::spawn_blocking(move || inv(&gone)).await {
+                warn!("dropping the kernel's entry of a refused create: {e}");
+            }
+        }
+    }
+
+    /// Waits until the creates sent behind so far are answered (not later ones).
+    async fn settle_creates(&self) {
+        let upto = self.creates.lock().expect("creates lock").last;
+        loop {
+            let done = self.creates_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            let first = self
+                .creates
+                .lock()
+                .expect("creates lock")
+                .pending
+                .first_key_value()
+                .map(|(seq, _)| *seq);
+            if first.is_none_or(|seq| seq > upto) {
+                return;
+            }
+            done.await;
+        }
+    }
+
     pub async fn create(
         &self,
         caller: Caller,

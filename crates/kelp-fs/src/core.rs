@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::locks::LockTable;
 use crate::types::*;
+pub use delegate::{DELEGATION_SIZE, Delegation};
 use quota::{Acct, home, weight};
 
 /// What [`Namespace::apply`] needs loaded before it can decide.
@@ -93,9 +94,14 @@ pub struct Namespace {
     replay_zones: Vec<Ino>,
     /// The hint of the request being applied (taken by [`Namespace::new_inode`]).
     ino_hint: Option<Ino>,
-    /// Inode numbers in the replay zones found unused in the metadata pool (by a
-    /// [`Need::Probe`]) and not given since.
+    /// Inode numbers in the replay zones or in delegated ranges of an earlier MDS found
+    /// unused in the metadata pool (by a [`Need::Probe`]) and not given since.
     probed_absent: HashSet<Ino>,
+    // creates without a round trip (delegated inode numbers)
+    /// The inode-number ranges delegated to clients (`delegate.rs`), oldest first.
+    delegations: Vec<delegate::Delegation>,
+    /// The ranges this MDS delegated, by start: which of their numbers it has given.
+    fresh: HashMap<Ino, delegate::Given>,
 }
 
 // early replies (unsafe until journaled)
@@ -132,22 +138,35 @@ impl Namespace {
                 .any(|z| (*z..z.saturating_add(REPLAY_INO_GAP)).contains(&h))
     }
 
-    /// What a replayed create's hint `h` needs first: whether an inode has the number.
+    /// Whether inode number `h` may be in use without this MDS knowing (a skipped range, or
+    /// a range an earlier MDS delegated): it is given only after a probe.
+    fn needs_probing(&self, h: Ino) -> bool {
+        self.in_replay_zone(h) || (self.delegation_of(h).is_some() && self.fresh_given(h).is_none())
+    }
+
+    /// What a replayed or delegated create's hint `h` needs first: whether an inode has the
+    /// number.
     pub(crate) fn hint_needs_probe(&self, h: Ino) -> bool {
-        self.in_replay_zone(h) && !self.inodes.contains_key(&h) && !self.probed_absent.contains(&h)
+        self.needs_probing(h) && !self.inodes.contains_key(&h) && !self.probed_absent.contains(&h)
     }
 
     /// A [`Need::Probe`] found no inode `ino` in the metadata pool.
     pub fn note_absent(&mut self, ino: Ino) {
-        if self.in_replay_zone(ino) && !self.inodes.contains_key(&ino) {
+        if self.needs_probing(ino) && !self.inodes.contains_key(&ino) {
             self.probed_absent.insert(ino);
         }
     }
 
-    /// Whether a replayed create may be given inode number `h`: in a skipped range, and
-    /// known to be unused (probed, and not given since).
+    /// Whether a replayed or delegated create may be given inode number `h`: in a skipped
+    /// or delegated range, and known to be unused (probed, or never given by this MDS).
     fn hint_allowed(&self, h: Ino) -> bool {
-        self.in_replay_zone(h) && !self.inodes.contains_key(&h) && self.probed_absent.contains(&h)
+        if self.inodes.contains_key(&h) {
+            return false;
+        }
+        match self.fresh_given(h) {
+            Some(given) => !given,
+            None => self.needs_probing(h) && self.probed_absent.contains(&h),
+        }
     }
 
     /// A fresh file system's root directory (owned by root, mode 0755) and its updates.
@@ -234,6 +253,11 @@ impl Namespace {
     /// The cached inode `ino`, if cached.
     pub fn cached(&self, ino: Ino) -> Option<&Inode> {
         self.inodes.get(&ino)
+    }
+
+    /// The inode `name` in `dir` names, if the directory's entries are cached.
+    pub fn cached_child(&self, dir: Ino, name: &str) -> Option<Ino> {
+        self.dirs.get(&dir)?.get(name).map(|d| d.ino)
     }
 
     pub fn cached_inodes(&self) -> usize {
@@ -560,6 +584,7 @@ impl Namespace {
         let ino = match self.ino_hint.take() {
             Some(h) if self.hint_allowed(h) => {
                 self.probed_absent.remove(&h);
+                self.mark_given(h);
                 h
             }
             _ => {
@@ -956,6 +981,8 @@ impl Namespace {
             }
             // the daemon answers it once the journal has caught up: nothing to apply
             Op::Sync => Ok(Reply::Ok),
+            // answered by the daemon (it stores the range before the answer)
+            Op::TakeInos => Err(Stop::Err(errno::EINVAL)),
             Op::Reconnect { opens } => {
                 self.drop_client(client);
                 for (ino, n) in opens {
@@ -1187,6 +1214,7 @@ impl Namespace {
     }
 }
 
+mod delegate;
 pub mod frag;
 mod layout;
 mod quota;

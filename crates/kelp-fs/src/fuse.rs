@@ -507,6 +507,30 @@ impl Filesystem for KelpFuse {
         let name = name_of(name);
         let fh = self.new_fh();
         let handles = self.handles.clone();
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if let Ok(n) = &name
+            && let Some(i) = c.create_now(&self.rt, who, parent, n, mode, write)
+        {
+            // a directory this mount made: answered here, the create sent behind
+            handles.lock().expect("handles lock").insert(
+                fh,
+                Handle {
+                    ino: i.ino,
+                    append: flags & libc::O_APPEND != 0,
+                    direct: flags & libc::O_DIRECT != 0,
+                    object_size: i.object_size,
+                    pool: i.layout.pool,
+                },
+            );
+            let open_flags = if flags & libc::O_DIRECT != 0 {
+                DIRECT_OPEN
+            } else {
+                0
+            };
+            let _g = c.begin_reply();
+            let t = ttl.entry(&c, parent, i.ino);
+            return reply.created(&t, &Self::attr(root, &i), 0, fh, open_flags);
+        }
         self.spawn(async move {
             let r = async {
                 let exclusive = flags & libc::O_EXCL != 0;

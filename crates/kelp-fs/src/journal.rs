@@ -48,6 +48,18 @@ pub struct StoredZones {
     pub zones: Vec<crate::types::Ino>,
 }
 
+// creates without a round trip (delegated inode numbers)
+/// The inode-number ranges delegated to clients ([`StoredDelegations`]; `core::delegate`),
+/// written before a client hears of a new one.
+pub const DELEGATIONS_OBJECT: &str = "mds.delegations";
+
+/// The stored [`DELEGATIONS_OBJECT`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredDelegations {
+    pub v: u8,
+    pub ranges: Vec<crate::core::Delegation>,
+}
+
 /// The stored [`FORMAT_OBJECT`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredFormat {

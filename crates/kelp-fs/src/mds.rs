@@ -208,7 +208,7 @@ fn named_inos(op: &Op) -> Vec<Ino> {
         | Op::ReleaseLocks { ino, .. } => vec![*ino],
         Op::CloseMany { inos } => inos.clone(),
         Op::Reconnect { opens } => opens.iter().map(|(i, _)| *i).collect(),
-        Op::CapPoll { .. } | Op::Sync => Vec::new(),
+        Op::CapPoll { .. } | Op::Sync | Op::TakeInos => Vec::new(),
     }
 }
 
@@ -299,16 +299,58 @@ struct Handled {
     retried: bool,
 }
 
-/// The inode an operation reads or changes the size or times of, named in the request:
-/// another client's exclusive capability on it is settled before the operation is applied.
-fn excl_target(op: &Op) -> Option<Ino> {
+/// The inodes an operation reads or changes the size or times of, and the directories whose
+/// entries it reads or changes, named in the request: another client's exclusive capability
+/// on each is settled before the operation is applied (a file's holder flushes the size and
+/// mtime it deferred, a directory's holder sends the creates it answered itself).
+fn excl_targets(op: &Op) -> Vec<Ino> {
     match op {
         Op::GetAttr { ino }
         | Op::SetAttr { ino, .. }
         | Op::Written { ino, .. }
         | Op::Open { ino, .. }
-        | Op::Link { ino, .. } => Some(*ino),
+        | Op::ReadDir { ino, .. } => vec![*ino],
+        Op::Link { ino, parent, .. } => vec![*ino, *parent],
+        Op::Lookup { parent, .. }
+        | Op::Mknod { parent, .. }
+        | Op::Mkdir { parent, .. }
+        | Op::Symlink { parent, .. }
+        | Op::Unlink { parent, .. }
+        | Op::Rmdir { parent, .. } => vec![*parent],
+        Op::Rename {
+            parent, new_parent, ..
+        } => vec![*parent, *new_parent],
+        _ => Vec::new(),
+    }
+}
+
+/// The directory entry an operation may remove a directory through (`rmdir`, or a rename
+/// over an empty directory): another client's creates in that directory, answered by the
+/// client itself, reach the MDS first (the directory is not empty then).
+fn removed_dir_entry(op: &Op) -> Option<(Ino, &str)> {
+    match op {
+        Op::Rmdir { parent, name } => Some((*parent, name)),
+        Op::Rename {
+            new_parent,
+            new_name,
+            ..
+        } => Some((*new_parent, new_name)),
         _ => None,
+    }
+}
+
+/// A change of a quota or a layout on a directory: every exclusive capability settles
+/// before it is applied (sizes deferred and creates answered by clients were made under
+/// the old rules, and count under them) and again after it (none is kept under the new).
+fn settles_every_excl(op: &Op) -> bool {
+    match op {
+        Op::SetXattr { name, .. } | Op::RemoveXattr { name, .. } => {
+            name == XATTR_QUOTA_MAX_BYTES
+                || name == XATTR_QUOTA_MAX_FILES
+                || name.starts_with("kelp.dir.layout")
+                || name.contains(".layout.")
+        }
+        _ => false,
     }
 }
 
@@ -396,6 +438,9 @@ impl Mds {
         let data = rados.ioctx(&cfg.data_pool).await?;
         let layout = inode_layout(&meta).await?;
         let (segment, next_ino, requests, locks) = replay(&meta, layout).await?;
+        // numbers delegated to clients are never allocated again
+        let delegations = load_delegations(&meta).await?;
+        let next_ino = delegations.iter().map(|d| d.end).fold(next_ino, Ino::max);
         // unsafe replies of an MDS that died may have given numbers from `next_ino` on:
         // allocate past them, and let only their replays have them
         let mut zones = load_zones(&meta).await?;
@@ -407,6 +452,7 @@ impl Mds {
         apply_updates(&meta, layout, &[Update::NextIno(start)]).await?;
         let mut ns = Namespace::new(start);
         ns.set_replay_zones(zones);
+        ns.set_delegations(delegations);
         ns.set_requests(requests);
         ns.set_locks(locks);
         ns.set_frag_config(cfg.frag);
@@ -691,6 +737,21 @@ async fn load_zones(meta: &IoCtx) -> Result<Vec<Ino>> {
                 detail: e.to_string(),
             })?
             .zones),
+        Err(ClientError::NotFound { .. }) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+// creates without a round trip (delegated inode numbers)
+/// The inode-number ranges delegated to clients (`journal::DELEGATIONS_OBJECT`).
+async fn load_delegations(meta: &IoCtx) -> Result<Vec<crate::core::Delegation>> {
+    match meta.read(journal::DELEGATIONS_OBJECT, 0, 0).await {
+        Ok(b) => Ok(serde_json::from_slice::<journal::StoredDelegations>(&b)
+            .map_err(|e| FsError::Malformed {
+                what: "delegated inode numbers".into(),
+                detail: e.to_string(),
+            })?
+            .ranges),
         Err(ClientError::NotFound { .. }) => Ok(Vec::new()),
         Err(e) => Err(e.into()),
     }
@@ -1217,19 +1278,39 @@ impl Inner {
         if op.is_mutation() && !self.wait_for_backlog().await {
             return Err(Reply::Err(errno::ESHUTDOWN));
         }
+        if settles_every_excl(op) {
+            let ids = self.revoke_all_excl();
+            self.wait_revokes(client, &ids).await;
+        }
+        if let Op::TakeInos = op {
+            return Err(self.take_inos(client).await);
+        }
         let (reply, grants, mut revokes, seq, retried, st) = loop {
             let mut st = self.state.lock().await;
             if self.is_fenced() {
                 // stopped while this op waited for the lock
                 return Err(Reply::Err(errno::ESHUTDOWN));
             }
+            if op.is_mutation()
+                && self.backlog.load(std::sync::atomic::Ordering::Relaxed) >= self.cfg.max_backlog
+            {
+                // checked under the state lock: requests that passed the check before it
+                // together (creates sent behind come many at once) never overshoot the bound
+                drop(st);
+                if !self.wait_for_backlog().await {
+                    return Err(Reply::Err(errno::ESHUTDOWN));
+                }
+                continue;
+            }
             let retried = req.tid != 0 && op.is_mutation() && st.ns.completed(client, req.tid);
-            // Another client's exclusive capability on the inode is settled first: its
-            // holder flushes the size and mtime it deferred before it acknowledges.
-            let (ino, wait) = match excl_target(op) {
-                Some(ino) => (ino, self.revoke_excl(client, ino)),
-                None => (0, Vec::new()),
-            };
+            // Another client's exclusive capability on the inodes is settled first: its
+            // holder flushes the size and mtime it deferred (or sends the creates it
+            // answered itself) before it acknowledges.
+            let (ino, wait) = excl_targets(op)
+                .into_iter()
+                .map(|ino| (ino, self.revoke_excl(client, ino)))
+                .find(|(_, wait)| !wait.is_empty())
+                .unwrap_or_default();
             if wait.is_empty() {
                 match self.apply_locked(&mut st, req, caller, op).await {
                     Applied::Done(reply, grants, revokes, seq) => {
@@ -1348,6 +1429,51 @@ impl Inner {
         ids
     }
 
+    /// Revokes every exclusive capability (a quota or layout change); returns the revokes.
+    fn revoke_all_excl(&self) -> Vec<u64> {
+        let now = self.now_ms();
+        let ids = self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .table
+            .revoke_all_excl(now);
+        if !ids.is_empty() {
+            self.caps_changed.send_modify(|n| *n += 1);
+        }
+        ids
+    }
+
+    // creates without a round trip (delegated inode numbers)
+    /// Delegates a range of inode numbers to `client` ([`Op::TakeInos`]), stored before the
+    /// answer (under the state lock, so that two stores never cross).
+    async fn take_inos(&self, client: u64) -> Reply {
+        let mut st = self.state.lock().await;
+        let d = st.ns.delegate(client);
+        let stored = journal::StoredDelegations {
+            v: RECORD_VERSION,
+            ranges: st.ns.delegations().to_vec(),
+        };
+        match self
+            .meta
+            .write_full(
+                journal::DELEGATIONS_OBJECT,
+                serde_json::to_vec(&stored).expect("serializable"),
+            )
+            .await
+        {
+            Ok(_) => Reply::Inos {
+                start: d.start,
+                end: d.end,
+            },
+            Err(e) => {
+                let e = self.check_fenced(e);
+                warn!("storing the delegated inode numbers: {e}");
+                Reply::Err(e.errno())
+            }
+        }
+    }
+
     /// Waits for the exclusive capability on `ino` to settle (no new one is granted on it
     /// meanwhile).
     async fn wait_excl(&self, client: u64, ino: Ino, ids: &[u64]) {
@@ -1379,6 +1505,13 @@ impl Inner {
     ) -> Applied {
         let client = req.client;
         for _ in 0..64 {
+            if let Some(child) = removed_dir_entry(op).and_then(|(p, n)| st.ns.cached_child(p, n)) {
+                // creates another client answered itself in it come first
+                let wait = self.revoke_excl(client, child);
+                if !wait.is_empty() {
+                    return Applied::Excl(child, wait);
+                }
+            }
             let step = st.ns.apply_request(req, caller, op, Time::now());
             match step {
                 Step::Need(need) => {
@@ -1452,22 +1585,10 @@ impl Inner {
                             .collect();
                         seq = Some(self.journal(st, client, updates));
                         (revokes, changed) = self.revoke_changed(client, op, &invalidate, &deleted);
-                        if let Op::SetXattr { name, .. } | Op::RemoveXattr { name, .. } = op
-                            && name == XATTR_QUOTA_MAX_BYTES
-                        {
-                            // deferred sizes are checked against the new quota before the
-                            // change is acknowledged, and none is deferred below it after
-                            let now = self.now_ms();
-                            let ids = self
-                                .caps
-                                .lock()
-                                .expect("caps lock")
-                                .table
-                                .revoke_all_excl(now);
-                            if !ids.is_empty() {
-                                self.caps_changed.send_modify(|n| *n += 1);
-                            }
-                            revokes.extend(ids);
+                        if settles_every_excl(op) {
+                            // settled before, and again for any granted meanwhile: nothing is
+                            // deferred or created by a client under the new rules unchecked
+                            revokes.extend(self.revoke_all_excl());
                         }
                     }
                     // write-back (the exclusive capability) only where no byte quota is
@@ -1480,6 +1601,9 @@ impl Inner {
                             | Op::Mknod { open: true, .. },
                             Reply::Attr(i),
                         ) => st.ns.byte_quota_above(i.ino) == Some(false),
+                        // a directory's maker may create in it by itself where nothing above
+                        // needs checking (`core::delegate`)
+                        (Op::Mkdir { .. }, Reply::Attr(i)) => st.ns.creates_delegable(i.ino),
                         _ => false,
                     };
                     let answered = match &reply {
@@ -1581,6 +1705,7 @@ impl Inner {
                 ..
             } => Some(true),
             Op::Written { renew: true, .. } | Op::GetAttr { .. } => Some(false),
+            Op::Mkdir { .. } => Some(true),
             _ => None,
         }
         .filter(|_| excl_ok);
@@ -1613,10 +1738,15 @@ impl Inner {
                     excl_for = excl.map(|ask| (i.ino, ask));
                 }
             }
+            // a new directory: its maker holds it exclusively, to create in it by itself
+            (Op::Mkdir { parent, .. }, Reply::Attr(i)) => {
+                want.push((*parent, CAP_SHARED));
+                want.push((i.ino, CAP_SHARED));
+                excl_for = excl.map(|ask| (i.ino, ask));
+            }
             (
                 Op::Lookup { parent, .. }
                 | Op::Mknod { parent, .. }
-                | Op::Mkdir { parent, .. }
                 | Op::Symlink { parent, .. }
                 | Op::Link { parent, .. },
                 Reply::Attr(i),
@@ -2324,6 +2454,7 @@ impl kelp_msgr::Dispatcher for Dispatcher {
                     tid: env.tid,
                     oldest: env.oldest_tid,
                     ino_hint: env.ino_hint,
+                    delegated: env.delegated,
                 };
                 inner.handle(req, env.caller, &env.op).await
             }
@@ -2359,6 +2490,7 @@ mod tests {
             tid: 1,
             oldest_tid: 1,
             ino_hint: None,
+            delegated: false,
         })
         .unwrap();
         assert!(decode_request(&good).is_ok());

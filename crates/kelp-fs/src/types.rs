@@ -400,6 +400,12 @@ pub enum Op {
     /// Answered once every change the MDS had applied when it arrived is in the journal in
     /// RADOS (what `fsync` and the client's periodic sync wait for).
     Sync,
+    // creates without a round trip (delegated inode numbers)
+    /// Hands the client a range of inode numbers ([`Reply::Inos`]) for the files it creates
+    /// itself in a directory it holds exclusively, sending the creates behind
+    /// ([`Envelope::delegated`]). The range is stored before the answer, so that an MDS that
+    /// takes over still gives the creates those numbers.
+    TakeInos,
 }
 
 impl Op {
@@ -421,6 +427,7 @@ impl Op {
                 | Op::CapPoll { .. }
                 | Op::CloseMany { .. }
                 | Op::Sync
+                | Op::TakeInos
         )
     }
 }
@@ -462,6 +469,12 @@ pub enum Reply {
     // capabilities (caps)
     /// Capabilities taken away from this client ([`Op::CapPoll`]).
     Revokes(Vec<CapRevoke>),
+    // creates without a round trip (delegated inode numbers)
+    /// The inode numbers `[start, end)`, this client's to give ([`Op::TakeInos`]).
+    Inos {
+        start: Ino,
+        end: Ino,
+    },
 }
 
 // capabilities (caps)
@@ -528,6 +541,12 @@ pub struct Envelope {
     /// (`core::Namespace::new_inode`).
     #[serde(default)]
     pub ino_hint: Option<Ino>,
+    // creates without a round trip (delegated inode numbers)
+    /// A create the client answered itself: `ino_hint` is a number of a range the MDS
+    /// delegated to it ([`Op::TakeInos`]), which the file must get (or the create is refused
+    /// with ESTALE), never another.
+    #[serde(default)]
+    pub delegated: bool,
 }
 
 // completed requests (idempotent retries)
@@ -541,6 +560,8 @@ pub struct RequestId {
     pub oldest: u64,
     /// [`Envelope::ino_hint`].
     pub ino_hint: Option<Ino>,
+    /// [`Envelope::delegated`].
+    pub delegated: bool,
 }
 
 /// What a completed mutation answered, as the completed-request table keeps it: enough to
@@ -642,6 +663,7 @@ pub mod errno {
     pub const ERANGE: i32 = 34;
     pub const ENAMETOOLONG: i32 = 36;
     pub const ENOTEMPTY: i32 = 39;
+    pub const ESTALE: i32 = 116;
     pub const ENODATA: i32 = 61;
     pub const EPROTO: i32 = 71;
     pub const EOPNOTSUPP: i32 = 95;

@@ -982,3 +982,111 @@ fn inodes_live_in_table_shards_and_older_file_systems_keep_one_object_each() {
         ["mds.inodes.0"]
     );
 }
+
+/// The inode numbers of the files directly in `dir`, by name, as `m` shows them.
+fn inos_in(dir: &Path) -> std::collections::BTreeMap<String, u64> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().into_string().unwrap(),
+                e.metadata().unwrap().ino(),
+            )
+        })
+        .collect()
+}
+
+/// Creates in a directory the mount made are answered by the mount itself, with inode
+/// numbers the MDS delegated to it (stored in `mds.delegations`), and sent behind: another
+/// mount that looks sees every one with the same numbers, cannot remove the directory under
+/// them, and a successor of a killed MDS gives the creates it never heard of the same
+/// numbers.
+#[test]
+fn creates_in_a_directory_its_mount_made_are_sent_behind_with_delegated_numbers() {
+    let c = fs_cluster();
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let mut daemons = std::collections::BTreeMap::new();
+    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
+    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
+    let first = wait_active(&c, None);
+    let a = Mount::with(&c, "mnt-a", &["--fs", "kelpfs"]);
+    let b = Mount::with(&c, "mnt-b", &["--fs", "kelpfs"]);
+
+    // mount a makes d and creates in it (some files written, some empty)
+    std::fs::create_dir(a.p("d")).unwrap();
+    for i in 0..300u64 {
+        let data = if i % 3 == 0 {
+            Vec::new()
+        } else {
+            heal_support::content(i, 100 + i as usize * 13).to_vec()
+        };
+        std::fs::write(a.p(&format!("d/f{i:03}")), &data).unwrap();
+    }
+    let seen_by_a = inos_in(&a.p("d"));
+    assert_eq!(seen_by_a.len(), 300);
+    // the numbers come from ranges the MDS delegated and stored
+    let stored: serde_json::Value =
+        serde_json::from_str(&c.cli(&["rados", "-p", "fs.meta", "get", "mds.delegations", "-"]))
+            .unwrap();
+    let ranges: Vec<(u64, u64)> = stored["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["start"].as_u64().unwrap(), r["end"].as_u64().unwrap()))
+        .collect();
+    let delegated = |ino: u64| ranges.iter().any(|(s, e)| (*s..*e).contains(&ino));
+    let behind = seen_by_a.values().filter(|i| delegated(**i)).count();
+    assert!(
+        behind >= 250,
+        "{behind} of 300 creates used delegated numbers ({ranges:?})"
+    );
+    // mount b sees every file, with the same numbers and contents, and cannot remove d
+    assert_eq!(inos_in(&b.p("d")), seen_by_a);
+    for i in (0..300u64).step_by(7) {
+        let want = if i % 3 == 0 {
+            Vec::new()
+        } else {
+            heal_support::content(i, 100 + i as usize * 13).to_vec()
+        };
+        assert_eq!(std::fs::read(b.p(&format!("d/f{i:03}"))).unwrap(), want);
+    }
+    let e = std::fs::remove_dir(b.p("d")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    // an empty directory a made, removed by b: a's creates there went first, so it is not
+    // empty; once a's file is gone, b removes it
+    std::fs::create_dir(a.p("e")).unwrap();
+    std::fs::write(a.p("e/only"), b"x").unwrap();
+    let e = std::fs::remove_dir(b.p("e")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    std::fs::remove_file(b.p("e/only")).unwrap();
+    std::fs::remove_dir(b.p("e")).unwrap();
+
+    // kill -9 of the MDS right after creates it may not have heard of: the standby gives
+    // them the numbers mount a gave
+    std::fs::create_dir(a.p("g")).unwrap();
+    for i in 0..100 {
+        std::fs::write(a.p(&format!("g/h{i:03}")), format!("{i}")).unwrap();
+    }
+    let before = inos_in(&a.p("g"));
+    daemons.get_mut(&first).unwrap().kill9();
+    let second = wait_active(&c, Some(&first));
+    assert_ne!(first, second);
+    // a's own view goes through the new MDS once its leases are gone
+    heal_support::wait(
+        "mount a's creates to reach the new MDS",
+        Duration::from_secs(60),
+        || (inos_in(&b.p("g")) == before).then_some(()),
+    );
+    for i in 0..100 {
+        assert_eq!(
+            std::fs::read_to_string(b.p(&format!("g/h{i:03}"))).unwrap(),
+            format!("{i}")
+        );
+    }
+    assert_eq!(inos_in(&a.p("g")), before);
+    // and creating goes on through the new MDS
+    std::fs::create_dir(a.p("k")).unwrap();
+    std::fs::write(a.p("k/after"), b"after").unwrap();
+    assert_eq!(std::fs::read(b.p("k/after")).unwrap(), b"after");
+}

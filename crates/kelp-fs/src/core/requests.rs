@@ -149,6 +149,32 @@ impl Namespace {
         {
             return Step::Need(Need::Probe(h));
         }
+        if req.delegated {
+            // a create the client answered itself: the number it gave, or nothing
+            let given = matches!(
+                op,
+                Op::Mknod {
+                    exclusive: true,
+                    ..
+                }
+            ) && req.ino_hint.is_some_and(|h| self.hint_allowed(h));
+            if !given {
+                tracing::warn!(
+                    client = req.client,
+                    ino = ?req.ino_hint,
+                    "a create sent behind names an inode number that is not the client's to give"
+                );
+                return Step::Done {
+                    reply: Reply::Err(errno::ESTALE),
+                    updates: Vec::new(),
+                    invalidate: Invalidate {
+                        v: PROTOCOL_VERSION,
+                        inodes: Vec::new(),
+                        entries: Vec::new(),
+                    },
+                };
+            }
+        }
         self.ino_hint = req.ino_hint;
         let mut step = self.apply(req.client, caller, op, now);
         self.ino_hint = None;

@@ -829,7 +829,13 @@ impl Fs {
             tid,
             oldest,
             ino_hint,
+            delegated: false,
         };
+        self.run_id(req, op, journaled)
+    }
+
+    /// Runs `op` as the request `req`.
+    fn run_id(&mut self, req: RequestId, op: &Op, journaled: bool) -> Reply {
         for _ in 0..100 {
             match self
                 .ns
@@ -1300,4 +1306,136 @@ fn a_create_answered_early_and_lost_with_the_mds_is_made_again_with_its_inode_nu
         }
         assert_eq!(fs.attr(lost).ino, lost);
     });
+}
+
+// ---- creates without a round trip: delegated inode numbers ----
+
+#[test]
+fn a_create_sent_behind_gets_the_number_its_client_gave_or_is_refused() {
+    both(|fs| {
+        let d = fs.mkdir(ROOT_INO, "d");
+        let behind = |fs: &mut Fs, tid: u64, hint: Ino, op: &Op| {
+            let req = RequestId {
+                client: 7,
+                tid,
+                // (the first create stays unanswered: its retry is answered from the table)
+                oldest: 20,
+                ino_hint: Some(hint),
+                delegated: true,
+            };
+            fs.run_id(req, op, true)
+        };
+        let range = fs.ns.delegate(7);
+        assert_eq!(range.end - range.start, DELEGATION_SIZE);
+        // nothing else is ever given a number of the range
+        let other = fs.create(d, "other");
+        assert!(!(range.start..range.end).contains(&other));
+        let first = range.start + 5;
+        match behind(fs, 20, first, &mknod(d, "a")) {
+            Reply::Attr(i) => assert_eq!(i.ino, first),
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(fs.ino(d, "a"), first);
+        // the same number twice, a number outside every range, a create that may open an
+        // existing file: refused, never given another number
+        for (tid, hint, op) in [
+            (21, first, mknod(d, "b")),
+            (22, other, mknod(d, "c")),
+            (23, 3, mknod(d, "e")),
+            (
+                24,
+                first + 1,
+                Op::Mknod {
+                    parent: d,
+                    name: "g".into(),
+                    mode: S_IFREG | 0o600,
+                    rdev: 0,
+                    exclusive: false,
+                    open: false,
+                    write: false,
+                },
+            ),
+        ] {
+            assert_eq!(
+                behind(fs, tid, hint, &op),
+                Reply::Err(errno::ESTALE),
+                "{op:?}"
+            );
+        }
+        assert_eq!(fs.names(d), vec!["a".to_string(), "other".to_string()]);
+        // sent again (the reply was lost): answered from the completed-request table
+        match behind(fs, 20, first, &mknod(d, "a")) {
+            Reply::Attr(i) => assert_eq!(i.ino, first),
+            r => panic!("{r:?}"),
+        }
+        // a takeover: the stored ranges come back; a number is given after a probe finds it
+        // unused, and one an inode has is refused
+        let stored = fs.ns.delegations().to_vec();
+        fs.failover();
+        fs.ns.set_delegations(stored);
+        match behind(fs, 30, first + 1, &mknod(d, "h")) {
+            Reply::Attr(i) => assert_eq!(i.ino, first + 1),
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(
+            behind(fs, 31, first, &mknod(d, "k")),
+            Reply::Err(errno::ESTALE)
+        );
+        // and nothing is allocated inside a stored range
+        let after = fs.create(d, "after");
+        assert!(after >= range.end, "{after} inside {range:?}");
+    });
+}
+
+#[test]
+fn delegated_ranges_are_bounded_per_client_and_in_all() {
+    let mut ns = Namespace::new(FIRST_INO);
+    let a: Vec<Delegation> = (0..3).map(|_| ns.delegate(1)).collect();
+    assert_eq!(ns.delegations(), &a[1..], "a client keeps its newest two");
+    for c in 0..(crate::core::delegate::DELEGATIONS_KEPT as u64 + 10) {
+        ns.delegate(100 + c);
+    }
+    assert_eq!(
+        ns.delegations().len(),
+        crate::core::delegate::DELEGATIONS_KEPT
+    );
+    assert!(ns.delegations().iter().all(|d| d.client != 1));
+}
+
+#[test]
+fn only_a_directory_without_quota_or_layout_above_lets_its_maker_create_alone() {
+    // (the MDS asks right after the mkdir, with the directory's ancestors in its cache)
+    let fs = &mut Fs::new(false);
+    {
+        let plain = fs.mkdir(ROOT_INO, "plain");
+        let inner = fs.mkdir(plain, "inner");
+        assert!(fs.ns.creates_delegable(plain) && fs.ns.creates_delegable(inner));
+        let q = fs.mkdir(ROOT_INO, "q");
+        let qi = fs.mkdir(q, "inner");
+        assert_eq!(
+            fs.run(Op::SetXattr {
+                ino: q,
+                name: XATTR_QUOTA_MAX_FILES.into(),
+                value: b"100".to_vec(),
+                flags: 0,
+            }),
+            Reply::Ok
+        );
+        let l = fs.mkdir(ROOT_INO, "l");
+        let li = fs.mkdir(l, "inner");
+        assert_eq!(
+            fs.run(Op::SetXattr {
+                ino: l,
+                name: XATTR_DIR_LAYOUT_OBJECT_SIZE.into(),
+                value: b"1048576".to_vec(),
+                flags: 0,
+            }),
+            Reply::Ok
+        );
+        for d in [q, qi, l, li] {
+            let _ = fs.attr(d);
+            assert!(!fs.ns.creates_delegable(d), "{d}");
+        }
+        assert!(fs.ns.creates_delegable(plain));
+    }
 }
