@@ -903,18 +903,7 @@ impl FsClient {
             }
         }
         // a change of a directory's entries by this mount: its cached listing is read again
-        let dirs: Vec<Ino> = match &op {
-            Op::Mknod { parent, .. }
-            | Op::Mkdir { parent, .. }
-            | Op::Symlink { parent, .. }
-            | Op::Link { parent, .. }
-            | Op::Unlink { parent, .. }
-            | Op::Rmdir { parent, .. } => vec![*parent],
-            Op::Rename {
-                parent, new_parent, ..
-            } => vec![*parent, *new_parent],
-            _ => Vec::new(),
-        };
+        let dirs = op.changed_dirs();
         dirs.iter().for_each(|d| self.dir_changed(*d));
         let names = (!dirs.is_empty()).then(|| op.clone());
         let r = self.call_once(caller, op, delegated).await;
@@ -1893,14 +1882,7 @@ impl FsClient {
     /// was granted) or that cannot reach it is logged and reported by the file's next
     /// `write`, `fsync` or `close`. `false`: the lock is busy; the caller waits instead.
     pub fn flush_behind_close(self: &Arc<Self>, rt: &tokio::runtime::Handle, ino: Ino) -> bool {
-        let lock = Arc::clone(
-            self.size_locks
-                .lock()
-                .expect("size locks")
-                .entry(ino)
-                .or_default(),
-        );
-        let Ok(guard) = lock.try_lock_owned() else {
+        let Ok(guard) = self.size_lock_of(ino).try_lock_owned() else {
             return false;
         };
         let c = Arc::clone(self);
@@ -1922,18 +1904,22 @@ impl FsClient {
     }
 
     async fn size_lock(&self, ino: Ino) -> SizeLock<'_> {
-        let lock = Arc::clone(
+        SizeLock {
+            client: self,
+            ino,
+            guard: Some(self.size_lock_of(ino).lock_owned().await),
+        }
+    }
+
+    /// The size lock of `ino` (made if there is none; forgotten with its last holder).
+    fn size_lock_of(&self, ino: Ino) -> Arc<tokio::sync::Mutex<()>> {
+        Arc::clone(
             self.size_locks
                 .lock()
                 .expect("size locks")
                 .entry(ino)
                 .or_default(),
-        );
-        SizeLock {
-            client: self,
-            ino,
-            guard: Some(lock.lock_owned().await),
-        }
+        )
     }
 
     /// [`FsClient::flush`] with the inode's size lock held by the caller; `settle`: once the

@@ -76,6 +76,19 @@ struct Handle {
     pool: Option<u32>,
 }
 
+impl Handle {
+    /// The handle of an open of `i` with the open's `flags`.
+    fn of(i: &Inode, flags: i32) -> Handle {
+        Handle {
+            ino: i.ino,
+            append: flags & libc::O_APPEND != 0,
+            direct: flags & libc::O_DIRECT != 0,
+            object_size: i.object_size,
+            pool: i.layout.pool,
+        }
+    }
+}
+
 /// The FUSE file system.
 pub struct KelpFuse {
     client: Arc<FsClient>,
@@ -468,16 +481,10 @@ impl Filesystem for KelpFuse {
             let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
             match c.open(who, ino, write).await {
                 Ok(i) => {
-                    handles.lock().expect("handles lock").insert(
-                        fh,
-                        Handle {
-                            ino,
-                            append: flags & libc::O_APPEND != 0,
-                            direct: flags & libc::O_DIRECT != 0,
-                            object_size: i.object_size,
-                            pool: i.layout.pool,
-                        },
-                    );
+                    handles
+                        .lock()
+                        .expect("handles lock")
+                        .insert(fh, Handle::of(&i, flags));
                     let open_flags = if flags & libc::O_DIRECT != 0 {
                         DIRECT_OPEN
                     } else if keep {
@@ -508,20 +515,12 @@ impl Filesystem for KelpFuse {
         let fh = self.new_fh();
         let handles = self.handles.clone();
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        if let Ok(n) = &name
-            && let Some(i) = c.create_now(&self.rt, who, parent, n, mode, write)
-        {
-            // a directory this mount made: answered here, the create sent behind
-            handles.lock().expect("handles lock").insert(
-                fh,
-                Handle {
-                    ino: i.ino,
-                    append: flags & libc::O_APPEND != 0,
-                    direct: flags & libc::O_DIRECT != 0,
-                    object_size: i.object_size,
-                    pool: i.layout.pool,
-                },
-            );
+        // the new file's handle is registered and the kernel answered, as for an open
+        let created = move |i: Inode, reply: ReplyCreate| {
+            handles
+                .lock()
+                .expect("handles lock")
+                .insert(fh, Handle::of(&i, flags));
             let open_flags = if flags & libc::O_DIRECT != 0 {
                 DIRECT_OPEN
             } else {
@@ -529,36 +528,25 @@ impl Filesystem for KelpFuse {
             };
             let _g = c.begin_reply();
             let t = ttl.entry(&c, parent, i.ino);
-            return reply.created(&t, &Self::attr(root, &i), 0, fh, open_flags);
+            reply.created(&t, &Self::attr(root, &i), 0, fh, open_flags)
+        };
+        if let Ok(n) = &name
+            && let Some(i) = self
+                .client
+                .create_now(&self.rt, who, parent, n, mode, write)
+        {
+            // a directory this mount made: answered here, the create sent behind
+            return created(i, reply);
         }
+        let c = self.client.clone();
         self.spawn(async move {
             let r = async {
                 let exclusive = flags & libc::O_EXCL != 0;
-                let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
                 c.create(who, parent, &name?, mode, exclusive, write).await
             }
             .await;
             match r {
-                Ok(i) => {
-                    handles.lock().expect("handles lock").insert(
-                        fh,
-                        Handle {
-                            ino: i.ino,
-                            append: flags & libc::O_APPEND != 0,
-                            direct: flags & libc::O_DIRECT != 0,
-                            object_size: i.object_size,
-                            pool: i.layout.pool,
-                        },
-                    );
-                    let open_flags = if flags & libc::O_DIRECT != 0 {
-                        DIRECT_OPEN
-                    } else {
-                        0
-                    };
-                    let _g = c.begin_reply();
-                    let t = ttl.entry(&c, parent, i.ino);
-                    reply.created(&t, &Self::attr(root, &i), 0, fh, open_flags)
-                }
+                Ok(i) => created(i, reply),
                 Err(e) => reply.error(e.errno()),
             }
         });

@@ -183,16 +183,14 @@ fn updated_inos(updates: &[Update]) -> impl Iterator<Item = Ino> + '_ {
 /// The inodes a request names (what its reply may show besides the inode it answers with).
 fn named_inos(op: &Op) -> Vec<Ino> {
     match op {
-        Op::Lookup { parent, .. }
-        | Op::Mknod { parent, .. }
-        | Op::Mkdir { parent, .. }
-        | Op::Symlink { parent, .. }
-        | Op::Unlink { parent, .. }
-        | Op::Rmdir { parent, .. } => vec![*parent],
+        Op::Lookup { parent, .. } => vec![*parent],
         Op::Link { ino, parent, .. } => vec![*ino, *parent],
-        Op::Rename {
-            parent, new_parent, ..
-        } => vec![*parent, *new_parent],
+        Op::Mknod { .. }
+        | Op::Mkdir { .. }
+        | Op::Symlink { .. }
+        | Op::Unlink { .. }
+        | Op::Rmdir { .. }
+        | Op::Rename { .. } => op.changed_dirs(),
         Op::GetAttr { ino }
         | Op::SetAttr { ino, .. }
         | Op::ReadDir { ino, .. }
@@ -311,16 +309,8 @@ fn excl_targets(op: &Op) -> Vec<Ino> {
         | Op::Open { ino, .. }
         | Op::ReadDir { ino, .. } => vec![*ino],
         Op::Link { ino, parent, .. } => vec![*ino, *parent],
-        Op::Lookup { parent, .. }
-        | Op::Mknod { parent, .. }
-        | Op::Mkdir { parent, .. }
-        | Op::Symlink { parent, .. }
-        | Op::Unlink { parent, .. }
-        | Op::Rmdir { parent, .. } => vec![*parent],
-        Op::Rename {
-            parent, new_parent, ..
-        } => vec![*parent, *new_parent],
-        _ => Vec::new(),
+        Op::Lookup { parent, .. } => vec![*parent],
+        op => op.changed_dirs(),
     }
 }
 
@@ -649,20 +639,30 @@ async fn replay(meta: &IoCtx, layout: InodeLayout) -> Result<(u64, Ino, RequestT
     Ok((seg, next_ino, requests, locks))
 }
 
-/// The advisory locks as the last checkpoint (or replay) stored them.
-async fn load_locks(meta: &IoCtx) -> Result<LockTable> {
-    match meta.read(journal::LOCKS_OBJECT, 0, 0).await {
-        Ok(b) => {
-            let stored: StoredLocks =
-                serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
-                    what: "lock table".into(),
-                    detail: e.to_string(),
-                })?;
-            Ok(LockTable::from_stored(&stored))
-        }
-        Err(ClientError::NotFound { .. }) => Ok(LockTable::default()),
+/// The JSON record stored in the metadata-pool object `obj` (`None`: there is none); `what`
+/// names it in the error for a malformed one.
+async fn load_record<T: serde::de::DeserializeOwned>(
+    meta: &IoCtx,
+    obj: &str,
+    what: &str,
+) -> Result<Option<T>> {
+    match meta.read(obj, 0, 0).await {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| FsError::Malformed {
+                what: what.into(),
+                detail: e.to_string(),
+            }),
+        Err(ClientError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The advisory locks as the last checkpoint (or replay) stored them.
+async fn load_locks(meta: &IoCtx) -> Result<LockTable> {
+    let stored: Option<StoredLocks> =
+        load_record(meta, journal::LOCKS_OBJECT, "lock table").await?;
+    Ok(stored.map_or_else(LockTable::default, |s| LockTable::from_stored(&s)))
 }
 
 async fn save_locks(meta: &IoCtx, locks: &StoredLocks) -> Result<()> {
@@ -676,16 +676,9 @@ async fn save_locks(meta: &IoCtx, locks: &StoredLocks) -> Result<()> {
 
 /// The completed-request table as the last checkpoint (or replay) stored it.
 async fn load_requests(meta: &IoCtx) -> Result<RequestTable> {
-    match meta.read(journal::REQUESTS_OBJECT, 0, 0).await {
-        Ok(b) => Ok(serde_json::from_slice::<StoredRequests>(&b)
-            .map_err(|e| FsError::Malformed {
-                what: "completed-request table".into(),
-                detail: e.to_string(),
-            })?
-            .table),
-        Err(ClientError::NotFound { .. }) => Ok(RequestTable::default()),
-        Err(e) => Err(e.into()),
-    }
+    let stored: Option<StoredRequests> =
+        load_record(meta, journal::REQUESTS_OBJECT, "completed-request table").await?;
+    Ok(stored.map(|s| s.table).unwrap_or_default())
 }
 
 async fn save_requests(meta: &IoCtx, table: &RequestTable) -> Result<()> {
@@ -730,31 +723,17 @@ struct InoTable {
 // early replies (unsafe until journaled)
 /// The inode-number ranges recent takeovers skipped (`journal::ZONES_OBJECT`).
 async fn load_zones(meta: &IoCtx) -> Result<Vec<Ino>> {
-    match meta.read(journal::ZONES_OBJECT, 0, 0).await {
-        Ok(b) => Ok(serde_json::from_slice::<journal::StoredZones>(&b)
-            .map_err(|e| FsError::Malformed {
-                what: "inode-number zones".into(),
-                detail: e.to_string(),
-            })?
-            .zones),
-        Err(ClientError::NotFound { .. }) => Ok(Vec::new()),
-        Err(e) => Err(e.into()),
-    }
+    let stored: Option<journal::StoredZones> =
+        load_record(meta, journal::ZONES_OBJECT, "inode-number zones").await?;
+    Ok(stored.map(|s| s.zones).unwrap_or_default())
 }
 
 // creates without a round trip (delegated inode numbers)
 /// The inode-number ranges delegated to clients (`journal::DELEGATIONS_OBJECT`).
 async fn load_delegations(meta: &IoCtx) -> Result<Vec<crate::core::Delegation>> {
-    match meta.read(journal::DELEGATIONS_OBJECT, 0, 0).await {
-        Ok(b) => Ok(serde_json::from_slice::<journal::StoredDelegations>(&b)
-            .map_err(|e| FsError::Malformed {
-                what: "delegated inode numbers".into(),
-                detail: e.to_string(),
-            })?
-            .ranges),
-        Err(ClientError::NotFound { .. }) => Ok(Vec::new()),
-        Err(e) => Err(e.into()),
-    }
+    let stored: Option<journal::StoredDelegations> =
+        load_record(meta, journal::DELEGATIONS_OBJECT, "delegated inode numbers").await?;
+    Ok(stored.map(|s| s.ranges).unwrap_or_default())
 }
 
 async fn save_zones(meta: &IoCtx, zones: &[Ino]) -> Result<()> {

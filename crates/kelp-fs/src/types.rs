@@ -409,6 +409,23 @@ pub enum Op {
 }
 
 impl Op {
+    /// The directories whose entries the operation changes (a create, link, removal or
+    /// rename), by the numbers the request names.
+    pub fn changed_dirs(&self) -> Vec<Ino> {
+        match self {
+            Op::Mknod { parent, .. }
+            | Op::Mkdir { parent, .. }
+            | Op::Symlink { parent, .. }
+            | Op::Link { parent, .. }
+            | Op::Unlink { parent, .. }
+            | Op::Rmdir { parent, .. } => vec![*parent],
+            Op::Rename {
+                parent, new_parent, ..
+            } => vec![*parent, *new_parent],
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether the operation changes the namespace (and so is journaled).
     pub fn is_mutation(&self) -> bool {
         !matches!(

@@ -198,14 +198,22 @@ fn fsynced_data_survives_kill_of_the_mds() {
     assert_eq!(std::fs::read(b.p("dir0/new")).unwrap(), b"new");
 }
 
+/// The file system `kelpfs` with MDS daemons `a` and `b`: the daemons, and which is active.
+fn active_and_standby(
+    c: &heal_support::Cluster,
+) -> (std::collections::BTreeMap<String, Daemon>, String) {
+    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
+    let mut daemons = std::collections::BTreeMap::new();
+    daemons.insert("a".to_string(), start_mds_with(c, "a", &[]));
+    daemons.insert("b".to_string(), start_mds_with(c, "b", &[]));
+    let first = wait_active(c, None);
+    (daemons, first)
+}
+
 #[test]
 fn standby_mds_takes_over_from_a_killed_active_one() {
     let c = fs_cluster();
-    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
-    let mut daemons = std::collections::BTreeMap::new();
-    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
-    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
-    let first = wait_active(&c, None);
+    let (mut daemons, first) = active_and_standby(&c);
     let m = Mount::with(&c, "mnt", &["--fs", "kelpfs"]);
     let mut files = Vec::new();
     for i in 0..10u64 {
@@ -1005,11 +1013,7 @@ fn inos_in(dir: &Path) -> std::collections::BTreeMap<String, u64> {
 #[test]
 fn creates_in_a_directory_its_mount_made_are_sent_behind_with_delegated_numbers() {
     let c = fs_cluster();
-    c.cli(&["fs", "new", "kelpfs", "fs.meta", "fs.data"]);
-    let mut daemons = std::collections::BTreeMap::new();
-    daemons.insert("a".to_string(), start_mds_with(&c, "a", &[]));
-    daemons.insert("b".to_string(), start_mds_with(&c, "b", &[]));
-    let first = wait_active(&c, None);
+    let (mut daemons, first) = active_and_standby(&c);
     let a = Mount::with(&c, "mnt-a", &["--fs", "kelpfs"]);
     let b = Mount::with(&c, "mnt-b", &["--fs", "kelpfs"]);
 
