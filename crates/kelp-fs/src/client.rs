@@ -1139,6 +1139,12 @@ impl FsClient {
         for (ino, (n, _)) in self.closing.lock().expect("closing lock").iter() {
             *counts.entry(*ino).or_default() += n;
         }
+        // a create sent behind and not yet answered registers its own open when it is made
+        for ino in self.creates.lock().expect("creates lock").pending.values() {
+            if let Some(n) = counts.get_mut(ino) {
+                *n = n.saturating_sub(1);
+            }
+        }
         let opens: Vec<(Ino, u32)> = counts.into_iter().collect();
         let env = self.untracked(Op::Reconnect { opens });
         let meta = serde_json::to_vec(&env).expect("requests serialize");
