@@ -1251,7 +1251,9 @@ impl Inner {
         // A full cluster: changes that would take space are refused up front; deletes and
         // truncates go on (the journal writes past the full flag, `set_full_try`), so that
         // users can free space. Reads, lookups, opens and closes go on.
-        if !op.allowed_when_full() && self.meta.rados().cluster_full() {
+        // (a create its mount answered before the flag was set is made: the file exists for
+        // its program already, and the mount answers none itself while the flag is set)
+        if !op.allowed_when_full() && !req.delegated && self.meta.rados().cluster_full() {
             return Err(Reply::Err(errno::ENOSPC));
         }
         if op.is_mutation() && !self.wait_for_backlog().await {
