@@ -1301,8 +1301,6 @@ impl FsClient {
         .await
     }
 
-    /// Creates a regular file (or returns the existing one, without `exclusive`) and opens
-    /// it, in one MDS request; `write` as for [`FsClient::open`].
     // creates without a round trip (delegated inode numbers)
     /// Creates the regular file `name` in `parent` without waiting for the MDS, when this
     /// client may (`core::delegate`): it holds the directory exclusively (it made it, where
@@ -1320,13 +1318,7 @@ impl FsClient {
         mode: u32,
         write: bool,
     ) -> Option<Inode> {
-        if mode & S_IFMT != S_IFREG
-            || name.is_empty()
-            || name == "."
-            || name == ".."
-            || name.contains('/')
-            || self.rados.cluster_full()
-        {
+        if mode & S_IFMT != S_IFREG || name_error(name).is_some() || self.rados.cluster_full() {
             return None;
         }
         let (i, seq) = {
@@ -1497,6 +1489,8 @@ impl FsClient {
         }
     }
 
+    /// Creates a regular file (or returns the existing one, without `exclusive`) and opens
+    /// it, in one MDS request; `write` as for [`FsClient::open`].
     pub async fn create(
         &self,
         caller: Caller,
@@ -2196,7 +2190,8 @@ impl FsClient {
     ) -> Option<Result<()>> {
         let ino = inode.ino;
         let end = off.checked_add(data.len() as u64)?;
-        if self.rados.cluster_full() || self.behind.has_error(ino) {
+        if self.rados.cluster_full() || self.behind.has_error(ino) || !self.has_exclusive(ino) {
+            // (checked before the data is copied; again below, under the lock)
             return None;
         }
         let jobs = self.data_jobs(inode, off, data).ok()?;

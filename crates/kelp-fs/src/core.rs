@@ -383,13 +383,7 @@ impl Namespace {
     }
 
     fn check_name(name: &str) -> R<()> {
-        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
-            return Err(Stop::Err(errno::EINVAL));
-        }
-        if name.len() > NAME_MAX {
-            return Err(Stop::Err(errno::ENAMETOOLONG));
-        }
-        Ok(())
+        name_error(name).map_or(Ok(()), |e| Err(Stop::Err(e)))
     }
 
     /// Applies `op` for `client`/`caller` at `now`.

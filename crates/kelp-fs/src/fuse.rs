@@ -89,6 +89,18 @@ impl Handle {
     }
 }
 
+/// What the kernel is told of an open with `flags`: no page cache for `O_DIRECT`; `keep`:
+/// the file's cached pages are current (read under a read lease still held).
+fn open_flags(flags: i32, keep: bool) -> u32 {
+    if flags & libc::O_DIRECT != 0 {
+        DIRECT_OPEN
+    } else if keep {
+        fuser::consts::FOPEN_KEEP_CACHE
+    } else {
+        0
+    }
+}
+
 /// The FUSE file system.
 pub struct KelpFuse {
     client: Arc<FsClient>,
@@ -485,14 +497,7 @@ impl Filesystem for KelpFuse {
                         .lock()
                         .expect("handles lock")
                         .insert(fh, Handle::of(&i, flags));
-                    let open_flags = if flags & libc::O_DIRECT != 0 {
-                        DIRECT_OPEN
-                    } else if keep {
-                        fuser::consts::FOPEN_KEEP_CACHE
-                    } else {
-                        0
-                    };
-                    reply.opened(fh, open_flags)
+                    reply.opened(fh, open_flags(flags, keep))
                 }
                 Err(e) => reply.error(e.errno()),
             }
@@ -521,14 +526,9 @@ impl Filesystem for KelpFuse {
                 .lock()
                 .expect("handles lock")
                 .insert(fh, Handle::of(&i, flags));
-            let open_flags = if flags & libc::O_DIRECT != 0 {
-                DIRECT_OPEN
-            } else {
-                0
-            };
             let _g = c.begin_reply();
             let t = ttl.entry(&c, parent, i.ino);
-            reply.created(&t, &Self::attr(root, &i), 0, fh, open_flags)
+            reply.created(&t, &Self::attr(root, &i), 0, fh, open_flags(flags, false))
         };
         if let Ok(n) = &name
             && let Some(i) = self

@@ -337,7 +337,6 @@ fn settles_every_excl(op: &Op) -> bool {
         Op::SetXattr { name, .. } | Op::RemoveXattr { name, .. } => {
             name == XATTR_QUOTA_MAX_BYTES
                 || name == XATTR_QUOTA_MAX_FILES
-                || name.starts_with("kelp.dir.layout")
                 || name.contains(".layout.")
         }
         _ => false,
@@ -768,16 +767,11 @@ const ROOT_INODE_OBJECT_GUARD: &str = r#"{"v":255,"moved":"this file system keep
 /// either new (it gets the inode table, recorded before anything else is written) or was
 /// made before the record existed (its root has an inode object: it keeps that layout).
 async fn inode_layout(meta: &IoCtx) -> Result<InodeLayout> {
-    let table = match meta.read(journal::FORMAT_OBJECT, 0, 0).await {
-        Ok(b) => {
-            let f: journal::StoredFormat =
-                serde_json::from_slice(&b).map_err(|e| FsError::Malformed {
-                    what: "file-system format".into(),
-                    detail: e.to_string(),
-                })?;
-            f.inode_table
-        }
-        Err(ClientError::NotFound { .. }) => {
+    let stored: Option<journal::StoredFormat> =
+        load_record(meta, journal::FORMAT_OBJECT, "file-system format").await?;
+    let table = match stored {
+        Some(f) => f.inode_table,
+        None => {
             let old = match meta.stat(&inode_object(ROOT_INO)).await {
                 Ok(_) => true,
                 Err(ClientError::NotFound { .. }) => false,
@@ -794,7 +788,6 @@ async fn inode_layout(meta: &IoCtx) -> Result<InodeLayout> {
             .await?;
             !old
         }
-        Err(e) => return Err(e.into()),
     };
     if !table {
         return Ok(InodeLayout::Objects);
@@ -1256,9 +1249,6 @@ impl Inner {
         if !op.allowed_when_full() && !req.delegated && self.meta.rados().cluster_full() {
             return Err(Reply::Err(errno::ENOSPC));
         }
-        if op.is_mutation() && !self.wait_for_backlog().await {
-            return Err(Reply::Err(errno::ESHUTDOWN));
-        }
         if settles_every_excl(op) {
             let ids = self.revoke_all_excl();
             self.wait_revokes(client, &ids).await;
@@ -1275,8 +1265,9 @@ impl Inner {
             if op.is_mutation()
                 && self.backlog.load(std::sync::atomic::Ordering::Relaxed) >= self.cfg.max_backlog
             {
-                // checked under the state lock: requests that passed the check before it
-                // together (creates sent behind come many at once) never overshoot the bound
+                // a change waits while the backlog is full; checked under the state lock, so
+                // requests arriving together (creates sent behind come many at once) never
+                // overshoot the bound
                 drop(st);
                 if !self.wait_for_backlog().await {
                     return Err(Reply::Err(errno::ESHUTDOWN));
@@ -1403,8 +1394,12 @@ impl Inner {
             .expect("caps lock")
             .table
             .revoke_excl(client, ino, now);
+        self.revokes_queued(ids)
+    }
+
+    /// Wakes the revoke polls when `ids` (revokes just issued) is not empty; returns them.
+    fn revokes_queued(&self, ids: Vec<u64>) -> Vec<u64> {
         if !ids.is_empty() {
-            // wakes the holder's revoke poll
             self.caps_changed.send_modify(|n| *n += 1);
         }
         ids
@@ -1419,10 +1414,7 @@ impl Inner {
             .expect("caps lock")
             .table
             .revoke_all_excl(now);
-        if !ids.is_empty() {
-            self.caps_changed.send_modify(|n| *n += 1);
-        }
-        ids
+        self.revokes_queued(ids)
     }
 
     // creates without a round trip (delegated inode numbers)

@@ -21,6 +21,18 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const RECORD_VERSION: u8 = 1;
 /// Longest name of a directory entry, in bytes (as most local file systems).
 pub const NAME_MAX: usize = 255;
+
+/// Why `name` cannot be a directory entry (EINVAL: empty, `.`, `..`, or with a `/`;
+/// ENAMETOOLONG: past [`NAME_MAX`]), if it cannot.
+pub fn name_error(name: &str) -> Option<i32> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        Some(errno::EINVAL)
+    } else if name.len() > NAME_MAX {
+        Some(errno::ENAMETOOLONG)
+    } else {
+        None
+    }
+}
 /// Largest extended attribute value.
 pub const XATTR_SIZE_MAX: usize = 65536;
 /// Default size of the data objects a file is striped over (CephFS's default).
