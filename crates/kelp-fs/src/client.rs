@@ -99,6 +99,10 @@ pub struct FsClient {
     data: IoCtx,
     msgr: Messenger,
     conn: tokio::sync::Mutex<Option<Connection>>,
+    /// Connections to an MDS begun so far: a reply that comes over an older one than the
+    /// current one is not taken (its MDS may have been replaced meanwhile, before it
+    /// journaled the change), the request goes again to the current one.
+    conns: AtomicU64,
     id: u64,
     opts: ClientOptions,
     /// Whether the monitors' file-system map names the file system (and its MDS).
@@ -132,35 +136,60 @@ pub struct FsClient {
     /// Data writes in flight (see `behind.rs`).
     behind: Arc<WriteBehind>,
     // creates without a round trip (delegated inode numbers)
-    /// Creates answered here and sent behind (see [`FsClient::create_now`]).
-    creates: std::sync::Mutex<CreatesBehind>,
-    /// Woken when a create sent behind is answered.
-    creates_done: tokio::sync::Notify,
+    /// Creates and unlinks answered here and sent behind (see [`FsClient::create_now`],
+    /// [`FsClient::unlink_now`]).
+    sent_behind: std::sync::Mutex<SentBehind>,
+    /// Woken when a change sent behind is answered.
+    behind_done: tokio::sync::Notify,
     /// Held by the request that syncs because [`MAX_UNJOURNALED`] is reached.
     syncing: tokio::sync::Mutex<()>,
 }
 
 // creates without a round trip (delegated inode numbers)
-/// Most creates answered here and not yet answered by the MDS; past it, creates wait for it.
-pub const MAX_CREATES_BEHIND: usize = 1024;
+/// Most changes answered here and not yet answered by the MDS; past it, creates and unlinks
+/// wait for it.
+pub const MAX_SENT_BEHIND: usize = 1024;
 
-/// The inode numbers the MDS delegated to this client and the creates it sent behind.
+/// A change answered here and sent behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SentOp {
+    /// The create of this inode.
+    Create(Ino),
+    /// The unlink of this inode's only name, `name` in `parent`.
+    Unlink { parent: Ino, name: String, ino: Ino },
+}
+
+/// The inode numbers the MDS delegated to this client, and the creates and unlinks it sent
+/// behind.
 #[derive(Debug, Default)]
-struct CreatesBehind {
+struct SentBehind {
     /// Numbers not yet given: `[next, end)` ranges, in order.
     inos: std::collections::VecDeque<(Ino, Ino)>,
     /// An [`Op::TakeInos`] is on its way.
     taking: bool,
-    /// The sequence number of the last create sent behind.
+    /// The sequence number of the last change sent behind.
     last: u64,
-    /// Those not yet answered, by sequence number: the inode.
-    pending: BTreeMap<u64, Ino>,
+    /// Those not yet answered, by sequence number.
+    pending: BTreeMap<u64, SentOp>,
 }
 
-impl CreatesBehind {
+impl SentBehind {
     /// Numbers left to give.
     fn left(&self) -> u64 {
         self.inos.iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// Whether a change sent behind and not yet answered is the unlink of `name` in `dir`
+    /// (a create of that name waits for it: the MDS may handle the two in either order).
+    fn unlinking(&self, dir: Ino, name: &str) -> bool {
+        self.pending.values().any(
+            |p| matches!(p, SentOp::Unlink { parent, name: n, .. } if *parent == dir && n == name),
+        )
+    }
+
+    /// Whether the create of `ino` was sent behind and is not yet answered.
+    fn creating(&self, ino: Ino) -> bool {
+        self.pending.values().any(|p| *p == SentOp::Create(ino))
     }
 
     /// The next number to give.
@@ -308,6 +337,10 @@ struct CapCache {
     /// Bumped by each change of directory entries this client makes: a listing read while
     /// one ran may miss its name, so it does not make its directory complete.
     entry_changes: u64,
+    /// The files this client created itself without asking ([`FsClient::create_now`]), by
+    /// directory and name, while the name is known to be theirs: their unlinks may be
+    /// answered here too ([`FsClient::unlink_now`]).
+    made: HashMap<Ino, HashMap<String, Ino>>,
 }
 
 /// A file's size, times and attributes not yet known to the MDS.
@@ -411,6 +444,22 @@ impl CapCache {
             }
             _ => return,
         };
+        match op {
+            // new names: none of them was a file made here
+            Op::Mknod { .. } | Op::Mkdir { .. } | Op::Symlink { .. } => {}
+            // a second name: the file's unlink is the MDS's to answer
+            Op::Link { ino, .. } => self
+                .made
+                .values_mut()
+                .for_each(|m| m.retain(|_, i| i != ino)),
+            _ => {
+                for (dir, name, _) in &names {
+                    if let Some(m) = self.made.get_mut(dir) {
+                        m.remove(*name);
+                    }
+                }
+            }
+        }
         for (dir, name, made) in names {
             if !ok {
                 self.complete.remove(&dir);
@@ -433,6 +482,14 @@ impl CapCache {
                 .complete
                 .get(&dir)
                 .is_some_and(|names| !names.contains(name))
+    }
+
+    /// A change of `dir`'s entries made here at `now`: its cached times move.
+    fn dir_times(&mut self, dir: Ino, now: Time) {
+        if let Some(d) = self.inodes.get_mut(&dir) {
+            d.mtime = now;
+            d.ctime = now;
+        }
     }
 
     fn valid(&self, ino: Ino, cap: u8) -> Option<Instant> {
@@ -494,6 +551,7 @@ impl FsClient {
             data,
             msgr,
             conn: tokio::sync::Mutex::new(None),
+            conns: AtomicU64::new(0),
             id,
             opts,
             in_map,
@@ -507,8 +565,8 @@ impl FsClient {
             unjournaled: std::sync::Mutex::new(BTreeMap::new()),
             size_locks: std::sync::Mutex::new(HashMap::new()),
             behind: Arc::default(),
-            creates: std::sync::Mutex::new(CreatesBehind::default()),
-            creates_done: tokio::sync::Notify::new(),
+            sent_behind: std::sync::Mutex::new(SentBehind::default()),
+            behind_done: tokio::sync::Notify::new(),
             syncing: tokio::sync::Mutex::new(()),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
@@ -594,7 +652,7 @@ impl FsClient {
     /// One revoke poll on the current connection (no retries: a failure means the session
     /// may be gone).
     async fn poll_revokes(&self, ack: &[u64]) -> Result<Vec<CapRevoke>> {
-        let conn = self.connection().await?;
+        let (conn, _) = self.connection().await?;
         let env = self.untracked(Op::CapPoll { ack: ack.to_vec() });
         let meta = serde_json::to_vec(&env).expect("requests serialize");
         let resp = match conn
@@ -643,6 +701,7 @@ impl FsClient {
                 if r.caps & CAP_SHARED != 0 {
                     caps.inodes.remove(&r.ino);
                     caps.complete.remove(&r.ino);
+                    caps.made.remove(&r.ino);
                     if let Some(names) = caps.names.remove(&r.ino) {
                         r.names.extend(names);
                     }
@@ -662,7 +721,7 @@ impl FsClient {
         if revokes.iter().any(|r| r.caps & CAP_EXCL != 0) {
             // the creates answered here under a directory's exclusive lease (gone here
             // already: no more are) reach the MDS before the revoke is acknowledged
-            self.settle_creates().await;
+            self.settle_behind().await;
         }
         for ino in flush {
             // the exclusive lease is gone here already: a write from now on is sent itself
@@ -698,6 +757,7 @@ impl FsClient {
             // dirty sizes stay: they are flushed without a lease
             caps.listed.clear();
             caps.complete.clear();
+            caps.made.clear();
             let leases = std::mem::take(&mut caps.leases);
             let mut inos: HashSet<Ino> = leases.into_keys().collect();
             inos.extend(names.keys().copied());
@@ -887,7 +947,7 @@ impl FsClient {
     pub async fn call(&self, caller: Caller, op: Op) -> Result<Reply> {
         if !matches!(op, Op::TakeInos) {
             // creates answered here come first (the MDS may handle requests out of order)
-            self.settle_creates().await;
+            self.settle_behind().await;
         }
         self.call_as(caller, op, None).await
     }
@@ -930,7 +990,7 @@ impl FsClient {
         loop {
             let conn = self.connection().await;
             let err = match conn {
-                Ok(conn) => {
+                Ok((conn, made)) => {
                     let epoch = self.caps.lock().expect("caps lock").epoch;
                     let sent = Instant::now();
                     match conn
@@ -942,6 +1002,15 @@ impl FsClient {
                         )
                         .await
                     {
+                        Ok(_) if self.conns.load(Ordering::SeqCst) != made => {
+                            // answered by an MDS this client has since left: it may have
+                            // been replaced before journaling the change
+                            warn!(
+                                tid = env.tid,
+                                "an answer over an old MDS connection: sending it again"
+                            );
+                            continue;
+                        }
                         Ok(resp) => {
                             let mut reply = decode_reply(&resp.meta)?;
                             if let Reply::Attr(i) = &mut reply {
@@ -949,9 +1018,20 @@ impl FsClient {
                             }
                             self.take_grants(&env.op, &reply, &resp.data, epoch, sent);
                             if resp.msg_type == MSG_MDS_UNSAFE && !matches!(reply, Reply::Err(_)) {
-                                self.keep_unjournaled(env, &reply);
-                                _unanswered.keep();
-                                return Ok(reply);
+                                match self.keep_unjournaled(env, &reply, made) {
+                                    None => {
+                                        _unanswered.keep();
+                                        return Ok(reply);
+                                    }
+                                    Some(back) => {
+                                        warn!(
+                                            tid = back.tid,
+                                            "an early answer over an old MDS connection: sending it again"
+                                        );
+                                        env = back;
+                                        continue;
+                                    }
+                                }
                             }
                             match reply {
                                 Reply::Err(e) if e == errno::ESHUTDOWN => {
@@ -1021,11 +1101,18 @@ impl FsClient {
     /// The MDS connection. A new one first drops every lease, sends the changes not known
     /// to be journaled again (the MDS may be a new one that lacks them) and re-registers the
     /// open files, before any other request uses it.
-    async fn connection(&self) -> Result<Connection> {
+    /// Also returns the connection's number (see [`FsClient::conns`]).
+    async fn connection(&self) -> Result<(Connection, u64)> {
         let mut c = self.conn.lock().await;
         if let Some(conn) = &*c {
-            return Ok(conn.clone());
+            return Ok((conn.clone(), self.conns.load(Ordering::SeqCst)));
         }
+        // from here on, replies over the previous connection are not kept: their changes
+        // are either in the kept set sent again below, or go again themselves
+        let made = {
+            let _kept = self.unjournaled.lock().expect("unjournaled lock");
+            self.conns.fetch_add(1, Ordering::SeqCst) + 1
+        };
         let addr = self.mds_addr().await?;
         self.msgr.disconnect(addr);
         let conn = self.msgr.connect(addr).await?;
@@ -1034,22 +1121,26 @@ impl FsClient {
         self.replay_unjournaled(&conn).await?;
         self.reregister(&conn).await;
         *c = Some(conn.clone());
-        Ok(conn)
+        Ok((conn, made))
     }
 
     // early replies (unsafe until journaled)
     /// Keeps a change the MDS answered before journaling it (a create with the inode
     /// number it was given, which an MDS that takes over reuses).
-    fn keep_unjournaled(&self, mut env: Envelope, reply: &Reply) {
+    /// The envelope back: the reply came over connection `made`, older than the current one,
+    /// and the request is not kept (it goes again).
+    fn keep_unjournaled(&self, mut env: Envelope, reply: &Reply, made: u64) -> Option<Envelope> {
         if let (Op::Mknod { .. } | Op::Mkdir { .. } | Op::Symlink { .. }, Reply::Attr(i)) =
             (&env.op, reply)
         {
             env.ino_hint = Some(i.ino);
         }
-        self.unjournaled
-            .lock()
-            .expect("unjournaled lock")
-            .insert(env.tid, env);
+        let mut kept = self.unjournaled.lock().expect("unjournaled lock");
+        if self.conns.load(Ordering::SeqCst) != made {
+            return Some(env);
+        }
+        kept.insert(env.tid, env);
+        None
     }
 
     /// Forgets kept changes (journaled, or refused when sent again): their tids end.
@@ -1065,7 +1156,7 @@ impl FsClient {
     /// Waits until every change the MDS has answered this client so far is in its journal
     /// in RADOS (`fsync`, the periodic sync, unmount), the creates sent behind included.
     pub async fn sync_mds(&self) -> Result<()> {
-        self.settle_creates().await;
+        self.settle_behind().await;
         self.sync_journal().await
     }
 
@@ -1140,8 +1231,16 @@ impl FsClient {
             *counts.entry(*ino).or_default() += n;
         }
         // a create sent behind and not yet answered registers its own open when it is made
-        for ino in self.creates.lock().expect("creates lock").pending.values() {
-            if let Some(n) = counts.get_mut(ino) {
+        for p in self
+            .sent_behind
+            .lock()
+            .expect("sent-behind lock")
+            .pending
+            .values()
+        {
+            if let SentOp::Create(ino) = p
+                && let Some(n) = counts.get_mut(ino)
+            {
                 *n = n.saturating_sub(1);
             }
         }
@@ -1328,8 +1427,8 @@ impl FsClient {
                 return None;
             }
             let p = caps.inodes.get(&parent).filter(|p| p.is_dir())?.clone();
-            let mut creates = self.creates.lock().expect("creates lock");
-            if creates.pending.len() >= MAX_CREATES_BEHIND {
+            let mut creates = self.sent_behind.lock().expect("sent-behind lock");
+            if creates.pending.len() >= MAX_SENT_BEHIND {
                 return None;
             }
             if creates.left() < crate::core::DELEGATION_SIZE / 4 && !creates.taking {
@@ -1337,10 +1436,13 @@ impl FsClient {
                 let c = Arc::clone(self);
                 rt.spawn(async move { c.take_inos().await });
             }
+            if creates.unlinking(parent, name) {
+                return None;
+            }
             let ino = creates.take()?;
             creates.last += 1;
             let seq = creates.last;
-            creates.pending.insert(seq, ino);
+            creates.pending.insert(seq, SentOp::Create(ino));
             drop(creates);
             // as the MDS makes it (`Namespace::new_inode`, the default layout)
             let now = Time::now();
@@ -1372,11 +1474,12 @@ impl FsClient {
                 .entry(parent)
                 .or_default()
                 .insert(name.to_string());
+            caps.made
+                .entry(parent)
+                .or_default()
+                .insert(name.to_string(), ino);
             caps.listed.remove(&parent);
-            if let Some(d) = caps.inodes.get_mut(&parent) {
-                d.mtime = now;
-                d.ctime = now;
-            }
+            caps.dir_times(parent, now);
             (i, seq)
         };
         *self
@@ -1403,16 +1506,138 @@ impl FsClient {
                 Ok(r) => c.create_refused(&op, ino, unexpected(r)).await,
                 Err(e) => c.create_refused(&op, ino, e).await,
             }
-            c.creates.lock().expect("creates lock").pending.remove(&seq);
-            c.creates_done.notify_waiters();
+            c.answered_behind(seq);
         });
         Some(i)
+    }
+
+    /// A change sent behind (`seq`) was answered: the requests waiting for it go on.
+    fn answered_behind(&self, seq: u64) {
+        self.sent_behind
+            .lock()
+            .expect("sent-behind lock")
+            .pending
+            .remove(&seq);
+        self.behind_done.notify_waiters();
+    }
+
+    /// Removes the file `name` of `parent` without waiting for the MDS, when this client may:
+    /// it holds the directory exclusively and made the file there itself
+    /// ([`FsClient::create_now`]); the file has no other name, is not open here, and has no
+    /// size, attributes or data writes on their way. The unlink goes to the MDS behind (after
+    /// the file's own create, when that is still on its way); every later request of this
+    /// client, its `fsync` and `Sync`, and its answer to a revoke of the directory's lease wait
+    /// for it first. A create of the same name waits for it too (asks the MDS). `false`: the
+    /// caller asks the MDS.
+    pub fn unlink_now(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+    ) -> bool {
+        let (ino, seq, sizes) = {
+            let mut caps = self.caps.lock().expect("caps lock");
+            if caps.valid(parent, CAP_EXCL).is_none()
+                || !caps.complete.get(&parent).is_some_and(|n| n.contains(name))
+            {
+                return false;
+            }
+            let Some(ino) = caps.made.get(&parent).and_then(|m| m.get(name)).copied() else {
+                return false;
+            };
+            let alone = caps.inodes.get(&ino).is_some_and(|i| {
+                i.kind() == S_IFREG && i.nlink == 1 && i.ino == ino && i.parent == parent
+            });
+            if !alone
+                || caps.dirty.contains_key(&ino)
+                || self.behind.busy(ino)
+                || self.opens.lock().expect("opens lock").contains_key(&ino)
+            {
+                return false;
+            }
+            // no size or attributes of the file are on their way either
+            let Ok(sizes) = self.size_lock_of(ino).try_lock_owned() else {
+                return false;
+            };
+            let mut sent = self.sent_behind.lock().expect("sent-behind lock");
+            if sent.pending.len() >= MAX_SENT_BEHIND {
+                return false;
+            }
+            sent.last += 1;
+            let seq = sent.last;
+            sent.pending.insert(
+                seq,
+                SentOp::Unlink {
+                    parent,
+                    name: name.to_string(),
+                    ino,
+                },
+            );
+            drop(sent);
+            // as the MDS leaves it: the name gone, the directory's times moved
+            caps.entry_changes += 1;
+            if let Some(names) = caps.complete.get_mut(&parent) {
+                names.remove(name);
+            }
+            if let Some(names) = caps.names.get_mut(&parent) {
+                names.remove(name);
+            }
+            if let Some(m) = caps.made.get_mut(&parent) {
+                m.remove(name);
+            }
+            caps.listed.remove(&parent);
+            caps.inodes.remove(&ino);
+            caps.leases.remove(&ino);
+            caps.flushed.remove(&ino);
+            caps.dir_times(parent, Time::now());
+            (ino, seq, sizes)
+        };
+        let c = Arc::clone(self);
+        let name = name.to_string();
+        rt.spawn(async move {
+            let _held = SizeLock {
+                client: &c,
+                ino,
+                guard: Some(sizes),
+            };
+            // the MDS may handle two requests in either order: the file's create goes first
+            c.wait_behind(|b| !b.creating(ino)).await;
+            let op = Op::Unlink {
+                parent,
+                name: name.clone(),
+            };
+            match c.call_as(caller, op, None).await {
+                Ok(Reply::Ok) => {}
+                Ok(r) => c.unlink_refused(parent, &name, ino, unexpected(r)),
+                Err(e) => c.unlink_refused(parent, &name, ino, e),
+            }
+            c.answered_behind(seq);
+        });
+        true
+    }
+
+    /// An unlink answered here was refused by the MDS (it cannot happen while the rules of
+    /// [`FsClient::unlink_now`] hold; logged loudly): the directory is no longer known
+    /// whole, so the next lookup of the name asks the MDS, which still has the file.
+    fn unlink_refused(&self, parent: Ino, name: &str, ino: Ino, e: FsError) {
+        error!(
+            ino,
+            parent,
+            name,
+            "the MDS refused an unlink this mount had answered ({e}): the file is still there"
+        );
+        self.caps
+            .lock()
+            .expect("caps lock")
+            .complete
+            .remove(&parent);
     }
 
     /// Asks the MDS for more inode numbers to give (in the background).
     async fn take_inos(&self) {
         let r = self.call_as(Caller::default(), Op::TakeInos, None).await;
-        let mut creates = self.creates.lock().expect("creates lock");
+        let mut creates = self.sent_behind.lock().expect("sent-behind lock");
         creates.taking = false;
         match r {
             Ok(Reply::Inos { start, end }) if start < end => creates.inos.push_back((start, end)),
@@ -1444,6 +1669,9 @@ impl FsClient {
             if let Some(names) = caps.names.get_mut(parent) {
                 names.remove(name);
             }
+            if let Some(m) = caps.made.get_mut(parent) {
+                m.remove(name);
+            }
         }
         self.opens.lock().expect("opens lock").remove(&ino);
         self.behind.keep_error(ino, errno::EIO);
@@ -1468,24 +1696,27 @@ impl FsClient {
         }
     }
 
-    /// Waits until the creates sent behind so far are answered (not later ones).
-    async fn settle_creates(&self) {
-        let upto = self.creates.lock().expect("creates lock").last;
-        loop {
-            let done = self.creates_done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            let first = self
-                .creates
-                .lock()
-                .expect("creates lock")
-                .pending
+    /// Waits until the creates and unlinks sent behind so far are answered (not later ones).
+    async fn settle_behind(&self) {
+        let upto = self.sent_behind.lock().expect("sent-behind lock").last;
+        self.wait_behind(|b| {
+            b.pending
                 .first_key_value()
-                .map(|(seq, _)| *seq);
-            if first.is_none_or(|seq| seq > upto) {
+                .is_none_or(|(seq, _)| *seq > upto)
+        })
+        .await
+    }
+
+    /// Waits until `done` holds of the changes sent behind (checked after each answer).
+    async fn wait_behind(&self, done: impl Fn(&SentBehind) -> bool) {
+        loop {
+            let answered = self.behind_done.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if done(&self.sent_behind.lock().expect("sent-behind lock")) {
                 return;
             }
-            done.await;
+            answered.await;
         }
     }
 

@@ -388,6 +388,12 @@ impl Filesystem for KelpFuse {
         let (c, _, _) = self.ctx();
         let (who, parent) = (caller(req), self.ino_in(parent));
         let name = name_of(name);
+        if let Ok(n) = &name
+            && c.unlink_now(&self.rt, who, parent, n)
+        {
+            // a file this mount made in a directory it made: answered here, sent behind
+            return reply.ok();
+        }
         self.spawn(async move {
             match async { c.unlink(who, parent, &name?).await }.await {
                 Ok(()) => reply.ok(),
