@@ -1556,14 +1556,14 @@ impl FsClient {
             {
                 return false;
             }
-            // no size or attributes of the file are on their way either
-            let Ok(sizes) = self.size_lock_of(ino).try_lock_owned() else {
-                return false;
-            };
             let mut sent = self.sent_behind.lock().expect("sent-behind lock");
             if sent.pending.len() >= MAX_SENT_BEHIND {
                 return false;
             }
+            // no size or attributes of the file are on their way either
+            let Ok(sizes) = self.size_lock_of(ino).try_lock_owned() else {
+                return false;
+            };
             sent.last += 1;
             let seq = sent.last;
             sent.pending.insert(
