@@ -1220,9 +1220,9 @@ fn unlinks_of_files_a_mount_made_in_its_own_directory_are_sent_behind() {
 /// gives up on it is made by the successor: however the old MDS answers (early, before it
 /// learns it was replaced — the client then sends it again, as it takes no answer over a
 /// connection it has since left — or with ESHUTDOWN once fenced), the change holds on both
-/// mounts. Which of the two the old MDS does first depends on scheduling; on a `kelp up`
-/// cluster (SIGSTOP for 8.5 s) the early answer came first in two runs of three before the
-/// fix, and each lost the change.
+/// mounts. Which of the two the old MDS does first depends on scheduling: with the fix taken
+/// out, this test failed in one run of two (b still saw `x0`), and on a `kelp up` cluster
+/// (SIGSTOP for 8.5 s) the change was lost in two runs of three.
 #[test]
 fn a_change_answered_by_a_replaced_mds_is_made_by_its_successor() {
     let c = fs_cluster();
@@ -1230,11 +1230,12 @@ fn a_change_answered_by_a_replaced_mds_is_made_by_its_successor() {
     let a = Mount::with(&c, "mnt-a", &["--fs", "kelpfs"]);
     let b = Mount::with(&c, "mnt-b", &["--fs", "kelpfs"]);
     // made by a (in the root: through the MDS), untouched by b (no capability of b's to
-    // revoke first)
+    // revoke first); then the MDS is left idle (closes sent, journal and checkpoint written)
+    // so that, continued, it has nothing to write before it answers the unlink
     for i in 0..3 {
         std::fs::write(a.p(&format!("x{i}")), b"x").unwrap();
     }
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(2500));
 
     let mds = daemons[&first].child.id() as i32;
     // SAFETY: a signal to a child process this test started and still owns
