@@ -1126,8 +1126,9 @@ fn unlinks_of_files_a_mount_made_in_its_own_directory_are_sent_behind() {
         std::fs::write(a.p(&format!("d/f{i:03}")), data(i)).unwrap();
     }
     let made = inos_in(&a.p("d"));
-    // the kernel's releases of the files come after their closes
-    std::thread::sleep(Duration::from_millis(500));
+    // the kernel's releases of the files come after their closes, and the sizes sent
+    // behind the closes must be answered (a file with either on its way asks the MDS)
+    std::thread::sleep(Duration::from_secs(2));
 
     // 150 unlinks while the MDS is frozen: none of them waits for it
     let mds = daemons[&first].child.id() as i32;
