@@ -151,12 +151,12 @@ pub struct FsClient {
 pub const MAX_SENT_BEHIND: usize = 1024;
 
 /// A change answered here and sent behind.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 enum SentOp {
     /// The create of this inode.
     Create(Ino),
-    /// The unlink of this inode's only name, `name` in `parent`.
-    Unlink { parent: Ino, name: String, ino: Ino },
+    /// The unlink of `name` in `parent`.
+    Unlink { parent: Ino, name: String },
 }
 
 /// The inode numbers the MDS delegated to this client, and the creates and unlinks it sent
@@ -171,6 +171,8 @@ struct SentBehind {
     last: u64,
     /// Those not yet answered, by sequence number.
     pending: BTreeMap<u64, SentOp>,
+    /// How many of them are unlinks.
+    unlinks: usize,
 }
 
 impl SentBehind {
@@ -182,14 +184,10 @@ impl SentBehind {
     /// Whether a change sent behind and not yet answered is the unlink of `name` in `dir`
     /// (a create of that name waits for it: the MDS may handle the two in either order).
     fn unlinking(&self, dir: Ino, name: &str) -> bool {
-        self.pending.values().any(
-            |p| matches!(p, SentOp::Unlink { parent, name: n, .. } if *parent == dir && n == name),
-        )
-    }
-
-    /// Whether the create of `ino` was sent behind and is not yet answered.
-    fn creating(&self, ino: Ino) -> bool {
-        self.pending.values().any(|p| *p == SentOp::Create(ino))
+        self.unlinks > 0
+            && self.pending.values().any(
+                |p| matches!(p, SentOp::Unlink { parent, name: n, .. } if *parent == dir && n == name),
+            )
     }
 
     /// The next number to give.
@@ -338,9 +336,10 @@ struct CapCache {
     /// one ran may miss its name, so it does not make its directory complete.
     entry_changes: u64,
     /// The files this client created itself without asking ([`FsClient::create_now`]), by
-    /// directory and name, while the name is known to be theirs: their unlinks may be
-    /// answered here too ([`FsClient::unlink_now`]).
-    made: HashMap<Ino, HashMap<String, Ino>>,
+    /// directory and name, while the name is known to be theirs: their inode and the create's
+    /// sequence number among the changes sent behind. Their unlinks may be answered here too
+    /// ([`FsClient::unlink_now`]).
+    made: HashMap<Ino, HashMap<String, (Ino, u64)>>,
 }
 
 /// A file's size, times and attributes not yet known to the MDS.
@@ -444,20 +443,31 @@ impl CapCache {
             }
             _ => return,
         };
-        match op {
-            // new names: none of them was a file made here
-            Op::Mknod { .. } | Op::Mkdir { .. } | Op::Symlink { .. } => {}
+        // names that no longer (or not only) name the file made here
+        let gone: Vec<(Ino, &str)> = match op {
+            Op::Unlink { parent, name } | Op::Rmdir { parent, name } => vec![(*parent, name)],
+            // both sides: a rename takes the old name and replaces the new one, an exchange
+            // swaps the two
+            Op::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                ..
+            } => vec![(*parent, name), (*new_parent, new_name)],
             // a second name: the file's unlink is the MDS's to answer
-            Op::Link { ino, .. } => self
-                .made
-                .values_mut()
-                .for_each(|m| m.retain(|_, i| i != ino)),
-            _ => {
-                for (dir, name, _) in &names {
-                    if let Some(m) = self.made.get_mut(dir) {
-                        m.remove(*name);
-                    }
-                }
+            Op::Link { ino, .. } => {
+                self.made
+                    .values_mut()
+                    .for_each(|m| m.retain(|_, (i, _)| i != ino));
+                Vec::new()
+            }
+            // new names: none of them was a file made here
+            _ => Vec::new(),
+        };
+        for (dir, name) in gone {
+            if let Some(m) = self.made.get_mut(&dir) {
+                m.remove(name);
             }
         }
         for (dir, name, made) in names {
@@ -1477,7 +1487,7 @@ impl FsClient {
             caps.made
                 .entry(parent)
                 .or_default()
-                .insert(name.to_string(), ino);
+                .insert(name.to_string(), (ino, seq));
             caps.listed.remove(&parent);
             caps.dir_times(parent, now);
             (i, seq)
@@ -1513,11 +1523,11 @@ impl FsClient {
 
     /// A change sent behind (`seq`) was answered: the requests waiting for it go on.
     fn answered_behind(&self, seq: u64) {
-        self.sent_behind
-            .lock()
-            .expect("sent-behind lock")
-            .pending
-            .remove(&seq);
+        let mut sent = self.sent_behind.lock().expect("sent-behind lock");
+        if let Some(SentOp::Unlink { .. }) = sent.pending.remove(&seq) {
+            sent.unlinks -= 1;
+        }
+        drop(sent);
         self.behind_done.notify_waiters();
     }
 
@@ -1536,14 +1546,15 @@ impl FsClient {
         parent: Ino,
         name: &str,
     ) -> bool {
-        let (ino, seq, sizes) = {
+        let (ino, created, seq, sizes) = {
             let mut caps = self.caps.lock().expect("caps lock");
             if caps.valid(parent, CAP_EXCL).is_none()
                 || !caps.complete.get(&parent).is_some_and(|n| n.contains(name))
             {
                 return false;
             }
-            let Some(ino) = caps.made.get(&parent).and_then(|m| m.get(name)).copied() else {
+            let Some((ino, created)) = caps.made.get(&parent).and_then(|m| m.get(name)).copied()
+            else {
                 return false;
             };
             let alone = caps.inodes.get(&ino).is_some_and(|i| {
@@ -1571,9 +1582,9 @@ impl FsClient {
                 SentOp::Unlink {
                     parent,
                     name: name.to_string(),
-                    ino,
                 },
             );
+            sent.unlinks += 1;
             drop(sent);
             // as the MDS leaves it: the name gone, the directory's times moved
             caps.entry_changes += 1;
@@ -1591,7 +1602,7 @@ impl FsClient {
             caps.leases.remove(&ino);
             caps.flushed.remove(&ino);
             caps.dir_times(parent, Time::now());
-            (ino, seq, sizes)
+            (ino, created, seq, sizes)
         };
         let c = Arc::clone(self);
         let name = name.to_string();
@@ -1602,7 +1613,7 @@ impl FsClient {
                 guard: Some(sizes),
             };
             // the MDS may handle two requests in either order: the file's create goes first
-            c.wait_behind(|b| !b.creating(ino)).await;
+            c.wait_behind(|b| !b.pending.contains_key(&created)).await;
             let op = Op::Unlink {
                 parent,
                 name: name.clone(),
@@ -2657,6 +2668,47 @@ mod tests {
     fn leased(caps: &mut CapCache, ino: Ino, cap: u8) {
         caps.leases
             .insert(ino, (cap, Instant::now() + Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_file_made_here_stops_being_unlinked_here_once_its_name_may_name_another() {
+        let mut caps = CapCache::default();
+        let (d, e): (Ino, Ino) = (0x10, 0x11);
+        for (name, ino) in [("a", 1), ("b", 2), ("c", 3), ("f", 4), ("g", 5)] {
+            caps.made
+                .entry(d)
+                .or_default()
+                .insert(name.into(), (ino, ino));
+        }
+        let rename = |name: &str, new_parent: Ino, new_name: &str, flags: u32| Op::Rename {
+            parent: d,
+            name: name.into(),
+            new_parent,
+            new_name: new_name.into(),
+            flags,
+        };
+        let left = |caps: &CapCache| {
+            let mut v: Vec<String> = caps.made[&d].keys().cloned().collect();
+            v.sort();
+            v
+        };
+        // an exchange swaps the files behind both names
+        caps.entries_changed(&rename("a", d, "b", RENAME_EXCHANGE), true);
+        assert_eq!(left(&caps), ["c", "f", "g"]);
+        // a rename takes the old name and replaces the new one
+        caps.entries_changed(&rename("c", e, "x", 0), true);
+        caps.entries_changed(&rename("z", d, "f", 0), true);
+        assert_eq!(left(&caps), ["g"]);
+        // a second name, anywhere, and the unlink is the MDS's
+        caps.entries_changed(
+            &Op::Link {
+                ino: 5,
+                parent: e,
+                name: "y".into(),
+            },
+            true,
+        );
+        assert!(left(&caps).is_empty());
     }
 
     #[test]
