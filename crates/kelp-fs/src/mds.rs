@@ -1957,7 +1957,10 @@ impl Inner {
                 }
                 (bytes, last)
             };
+            // a segment's size counts the entries (what a replay of it reads through)
             let len = bytes.len() as u64;
+            let bytes = journal::pack(bytes);
+            let stored = bytes.len() as u64;
             if let Err(e) = self
                 .meta
                 .append(&journal::segment_object(w.segment), bytes)
@@ -1979,7 +1982,7 @@ impl Inner {
             self.committed.send_replace(last);
             // metrics
             self.metrics.journal_appends.inc();
-            self.metrics.journal_bytes.inc_by(len);
+            self.metrics.journal_bytes.inc_by(stored);
             self.note_open_segments(&w);
         }
     }

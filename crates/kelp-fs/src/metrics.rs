@@ -112,7 +112,7 @@ pub static METRICS: &[MetricDef] = &[
     MetricDef {
         name: "kelp_mds_journal_bytes",
         kind: T::Counter,
-        help: "Bytes appended to the metadata journal.",
+        help: "Bytes appended to the metadata journal (as stored: batches packed).",
         labels: &[],
     },
     MetricDef {
