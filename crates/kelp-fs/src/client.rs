@@ -845,15 +845,21 @@ impl FsClient {
 
     /// Has the kernel drop its cached pages (and attributes) of `ino`.
     pub async fn drop_kernel_pages(&self, ino: Ino) {
+        self.drop_kernel_copy(ino, CAP_READ).await;
+    }
+
+    /// Has the kernel drop its cached attributes of `ino` (`caps`: and its pages, with
+    /// [`CAP_READ`]).
+    async fn drop_kernel_copy(&self, ino: Ino, caps: u8) {
         if let Some(inv) = self.invalidator.get().cloned() {
-            let pages = [CapRevoke {
+            let what = [CapRevoke {
                 id: 0,
                 ino,
-                caps: CAP_READ,
+                caps,
                 names: Vec::new(),
             }];
-            if let Err(e) = tokio::task::spawn_blocking(move || inv(&pages)).await {
-                warn!("dropping the kernel's pages of {ino:x}: {e}");
+            if let Err(e) = tokio::task::spawn_blocking(move || inv(&what)).await {
+                warn!("dropping the kernel's copy of {ino:x}: {e}");
             }
         }
     }
@@ -1350,6 +1356,31 @@ impl FsClient {
             }
         }
         self.attr_call(caller, Op::SetAttr { ino, set }).await
+    }
+
+    /// Kills `ino`'s set-user-ID and set-group-ID bits if it has them ([`killed_mode`]): the
+    /// mount does it for the kernel (`FUSE_HANDLE_KILLPRIV_V2`) before a write, truncate or
+    /// `fallocate` by a caller without `CAP_FSETID`. Made as the file system's own change,
+    /// not the caller's (who need not own the file to write it); the kernel's copy of the
+    /// attributes is dropped (it learns the new mode at its next look).
+    pub async fn kill_privs(&self, ino: Ino) -> Result<()> {
+        let i = self.getattr(Caller::default(), ino).await?;
+        if let Some(mode) = killed_mode(i.mode) {
+            let set = SetAttr {
+                mode: Some(mode),
+                ..SetAttr::default()
+            };
+            self.setattr(Caller::default(), ino, set).await?;
+            self.drop_kernel_copy(ino, CAP_SHARED).await;
+        }
+        Ok(())
+    }
+
+    /// Whether this client's copy of `ino` shows no set-user-ID or set-group-ID bit to kill
+    /// (`false` when it holds no copy).
+    pub fn nothing_to_kill(&self, ino: Ino) -> bool {
+        self.cached(ino, |i| killed_mode(i.mode).is_none())
+            .unwrap_or(false)
     }
 
     /// [`FsClient::setattr`] under the exclusive capability: the new attributes, or `None`

@@ -111,7 +111,16 @@ pub struct KelpFuse {
     /// (inode, lock owner) pairs that took a lock here: released at flush/release.
     locked: Arc<Mutex<HashSet<(Ino, u64)>>>,
     next_fh: AtomicU64,
+    /// The kernel took `FUSE_HANDLE_KILLPRIV_V2`: the mount kills set-user-ID and
+    /// set-group-ID bits on chown, and on writes, truncates and `fallocate` by callers
+    /// without `CAP_FSETID` (the kernel then neither asks for a file's attributes before
+    /// each `chown` nor checks its privileges before every write).
+    killpriv: bool,
 }
+
+/// `FUSE_HANDLE_KILLPRIV_V2` (protocol 7.33; fuser has no name for it): the file system
+/// kills set-user-ID and set-group-ID bits itself.
+const FUSE_HANDLE_KILLPRIV_V2: u32 = 1 << 28;
 
 fn caller(req: &Request<'_>) -> Caller {
     Caller {
@@ -168,6 +177,7 @@ impl KelpFuse {
             dirs: Arc::default(),
             locked: Arc::default(),
             next_fh: AtomicU64::new(1),
+            killpriv: false,
         }
     }
 
@@ -233,6 +243,8 @@ impl Filesystem for KelpFuse {
             .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS | fuser::consts::FUSE_FLOCK_LOCKS);
         // O_DIRECT requests from libaio and io_uring reach us concurrently, not one by one
         let _ = config.add_capabilities(fuser::consts::FUSE_ASYNC_DIO);
+        // set-user-ID and set-group-ID bits are killed here (see `killpriv`)
+        self.killpriv = config.add_capabilities(FUSE_HANDLE_KILLPRIV_V2).is_ok();
         Ok(())
     }
 
@@ -297,7 +309,7 @@ impl Filesystem for KelpFuse {
     ) {
         let (c, root, ttl) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
-        let set = SetAttr {
+        let mut set = SetAttr {
             mode,
             uid,
             gid,
@@ -305,7 +317,19 @@ impl Filesystem for KelpFuse {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
         };
-        {
+        // A chown kills set-user-ID and set-group-ID bits, and so does a truncate by a caller
+        // without CAP_FSETID (`killpriv`): with the change, from the mode cached here or asked.
+        let kill = self.killpriv
+            && mode.is_none()
+            && (uid.is_some() || gid.is_some() || (size.is_some() && who.uid != 0));
+        let mut ask = false;
+        if kill {
+            match c.cached_attr(ino) {
+                Some(i) => set.mode = killed_mode(i.mode),
+                None => ask = true,
+            }
+        }
+        if !ask {
             let _g = c.begin_reply();
             if let Some(i) = c.set_locally(ino, &set) {
                 // under the exclusive capability: made here
@@ -313,7 +337,13 @@ impl Filesystem for KelpFuse {
             }
         }
         self.spawn(async move {
-            match c.setattr(who, ino, set).await {
+            let r = async {
+                if ask {
+                    set.mode = killed_mode(c.getattr(who, ino).await?.mode);
+                }
+                c.setattr(who, ino, set).await
+            };
+            match r.await {
                 Ok(i) => {
                     let _g = c.begin_reply();
                     reply.attr(&ttl.attr(&c, i.ino), &Self::attr(root, &i))
@@ -618,13 +648,17 @@ impl Filesystem for KelpFuse {
         fh: u64,
         offset: i64,
         data: &[u8],
-        _write_flags: u32,
+        write_flags: u32,
         _flags: i32,
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
         let (c, _, _) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
+        // a writer without CAP_FSETID kills set-user-ID and set-group-ID bits (`killpriv`)
+        let kill = self.killpriv
+            && write_flags & fuser::consts::FUSE_WRITE_KILL_PRIV != 0
+            && !c.nothing_to_kill(ino);
         let (append, direct, object_size, pool, cached_opens) = {
             let handles = self.handles.lock().expect("handles lock");
             let cached_opens = handles.values().any(|h| h.ino == ino && !h.direct);
@@ -647,6 +681,7 @@ impl Filesystem for KelpFuse {
         };
         if !append
             && !direct
+            && !kill
             && let Some(r) = c.write_now(&self.rt, &layout_only, offset.max(0) as u64, data)
         {
             // write-behind: answered here, without a trip through the runtime
@@ -658,6 +693,9 @@ impl Filesystem for KelpFuse {
         let data = data.to_vec();
         self.spawn(async move {
             let r = async {
+                if kill {
+                    c.kill_privs(ino).await?;
+                }
                 let mut i = if append {
                     c.getattr(who, ino).await?
                 } else {
@@ -1059,8 +1097,18 @@ impl Filesystem for KelpFuse {
         let (c, _, _) = self.ctx();
         let (who, ino) = (caller(req), self.ino_in(ino));
         let (offset, length) = (offset.max(0) as u64, length.max(0) as u64);
+        // as a write: a caller without CAP_FSETID kills set-user-ID and set-group-ID bits
+        let kill = self.killpriv && who.uid != 0;
         self.spawn(async move {
             let r = async {
+                let supported = [
+                    0,
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                ];
+                if kill && supported.contains(&mode) {
+                    c.kill_privs(ino).await?;
+                }
                 let i = c.getattr(who, ino).await?;
                 match mode {
                     // allocate: objects are thin, so only the size may grow

@@ -53,6 +53,24 @@ pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFREG: u32 = 0o100000;
 pub const S_IFLNK: u32 = 0o120000;
 pub const S_ISGID: u32 = 0o2000;
+pub const S_ISUID: u32 = 0o4000;
+pub const S_IXGRP: u32 = 0o0010;
+
+/// The mode a file takes when its set-user-ID and set-group-ID bits are killed, as Linux
+/// kills them on a `chown`, and on a write or truncate by a caller without `CAP_FSETID`:
+/// set-user-ID always, set-group-ID when the group may execute (without it, the bit marks
+/// mandatory locking, not privilege). `None`: nothing to kill (or a directory, whose bits
+/// mean something else and stay).
+pub fn killed_mode(mode: u32) -> Option<u32> {
+    if mode & S_IFMT == S_IFDIR {
+        return None;
+    }
+    let mut m = mode & !S_ISUID;
+    if m & S_IXGRP != 0 {
+        m &= !S_ISGID;
+    }
+    (m != mode).then_some(m)
+}
 
 /// A point in time: seconds and nanoseconds since the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]

@@ -211,6 +211,36 @@ fn posix_semantics_on_a_mount() {
         0o777,
         "a write by another user left setuid set"
     );
+    // ... and so do a truncate and an fallocate by another user, not a write of root's; a
+    // setgid bit without group execute (a mandatory-locking mark) survives a chown
+    m.sh("chmod 6777 su && echo r >> su");
+    assert_eq!(
+        mode(&m.p("su")) & 0o7777,
+        0o6777,
+        "root's write cleared setuid"
+    );
+    ok_as(&d, 4321, "truncate -s 3 su");
+    assert_eq!(
+        mode(&m.p("su")) & 0o7777,
+        0o777,
+        "a truncate by another user left setuid/setgid set"
+    );
+    m.sh("chmod 6777 su");
+    ok_as(&d, 4321, "fallocate -l 8192 su");
+    assert_eq!(
+        (
+            mode(&m.p("su")) & 0o7777,
+            std::fs::metadata(m.p("su")).unwrap().len()
+        ),
+        (0o777, 8192),
+        "an fallocate by another user left setuid/setgid set"
+    );
+    m.sh("chmod 2745 su && chown 1001 su");
+    assert_eq!(
+        mode(&m.p("su")) & 0o7777,
+        0o2745,
+        "chown cleared setgid without group execute"
+    );
     m.sh("touch pub/sg2 && chown 4321:5000 pub/sg2");
     ok_as(&d, 4321, "chmod 2755 pub/sg2");
     assert_eq!(
