@@ -763,3 +763,21 @@ pub struct StoredDentry {
     pub v: u8,
     pub dentry: Dentry,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As Linux: set-user-ID always goes, set-group-ID only with group execute; a directory
+    /// keeps both; nothing to kill is `None`.
+    #[test]
+    fn killing_privileges_clears_setuid_and_an_executable_setgid() {
+        assert_eq!(killed_mode(S_IFREG | 0o6755), Some(S_IFREG | 0o0755));
+        assert_eq!(killed_mode(S_IFREG | 0o6745), Some(S_IFREG | 0o2745));
+        assert_eq!(killed_mode(S_IFREG | 0o4700), Some(S_IFREG | 0o0700));
+        assert_eq!(killed_mode(S_IFREG | 0o2745), None);
+        assert_eq!(killed_mode(S_IFREG | 0o0777), None);
+        assert_eq!(killed_mode(S_IFDIR | 0o6777), None);
+        assert_eq!(killed_mode(S_IFLNK | 0o0777), None);
+    }
+}
