@@ -1101,12 +1101,11 @@ impl Filesystem for KelpFuse {
         let kill = self.killpriv && who.uid != 0;
         self.spawn(async move {
             let r = async {
-                let supported = [
-                    0,
-                    libc::FALLOC_FL_KEEP_SIZE,
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                ];
-                if kill && supported.contains(&mode) {
+                let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                if ![0, libc::FALLOC_FL_KEEP_SIZE, punch].contains(&mode) {
+                    return Err(FsError::Errno(libc::EOPNOTSUPP));
+                }
+                if kill {
                     c.kill_privs(ino).await?;
                 }
                 let i = c.getattr(who, ino).await?;
@@ -1128,10 +1127,8 @@ impl Filesystem for KelpFuse {
                         Ok(())
                     }
                     libc::FALLOC_FL_KEEP_SIZE => Ok(()),
-                    m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
-                        c.zero(&i, offset, length).await
-                    }
-                    _ => Err(FsError::Errno(libc::EOPNOTSUPP)),
+                    // the punch (the only mode left)
+                    _ => c.zero(&i, offset, length).await,
                 }
             }
             .await;

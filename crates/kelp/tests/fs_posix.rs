@@ -196,51 +196,74 @@ fn posix_semantics_on_a_mount() {
     ok_as(&d, 4322, "touch tmp/c && rm tmp/c");
     ok_as(&d, 4321, "rm tmp/a && rmdir tmp/ad");
 
-    // chown clears setuid/setgid of a regular file (also root's chown); chmod by a non-member
-    // of the group drops setgid; a write by another user clears setuid
-    m.sh("touch su && chmod 6755 su && chown 1000:1000 su");
-    assert_eq!(
-        mode(&m.p("su")) & 0o7777,
-        0o755,
-        "chown left setuid/setgid set"
-    );
-    m.sh("chmod 4777 su");
-    ok_as(&d, 4321, "echo w >> su");
-    assert_eq!(
-        mode(&m.p("su")) & 0o7777,
-        0o777,
-        "a write by another user left setuid set"
-    );
-    // ... and so do a truncate and an fallocate by another user, not a write of root's; a
-    // setgid bit without group execute (a mandatory-locking mark) survives a chown
-    m.sh("chmod 6777 su && echo r >> su");
-    assert_eq!(
-        mode(&m.p("su")) & 0o7777,
-        0o6777,
-        "root's write cleared setuid"
-    );
-    ok_as(&d, 4321, "truncate -s 3 su");
-    assert_eq!(
-        mode(&m.p("su")) & 0o7777,
-        0o777,
-        "a truncate by another user left setuid/setgid set"
-    );
-    m.sh("chmod 6777 su");
-    ok_as(&d, 4321, "fallocate -l 8192 su");
-    assert_eq!(
+    // chown clears setuid/setgid of a regular file (also root's chown); so do a write, a
+    // truncate and an fallocate by another user, not a write of root's; a setgid bit without
+    // group execute (a mandatory-locking mark) survives a chown. (Root's step, another user's
+    // step, the mode bits then.)
+    for (root, user, want, why) in [
         (
-            mode(&m.p("su")) & 0o7777,
-            std::fs::metadata(m.p("su")).unwrap().len()
+            "touch su && chmod 6755 su && chown 1000:1000 su",
+            None,
+            0o755,
+            "chown left setuid/setgid set",
         ),
-        (0o777, 8192),
-        "an fallocate by another user left setuid/setgid set"
+        (
+            "chmod 4777 su",
+            Some("echo w >> su"),
+            0o777,
+            "a write by another user left setuid set",
+        ),
+        (
+            "chmod 6777 su && echo r >> su",
+            None,
+            0o6777,
+            "root's write cleared setuid",
+        ),
+        (
+            "chmod 6777 su",
+            Some("truncate -s 3 su"),
+            0o777,
+            "a truncate by another user left setuid/setgid set",
+        ),
+        (
+            "chmod 6777 su",
+            Some("fallocate -l 8192 su"),
+            0o777,
+            "an fallocate by another user left setuid/setgid set",
+        ),
+        (
+            "chmod 2745 su && chown 1001 su",
+            None,
+            0o2745,
+            "chown cleared setgid without group execute",
+        ),
+    ] {
+        m.sh(root);
+        if let Some(script) = user {
+            ok_as(&d, 4321, script);
+        }
+        assert_eq!(mode(&m.p("su")) & 0o7777, want, "{why}");
+    }
+    // the fallocate grew the file (nothing after it changed the size)
+    assert_eq!(std::fs::metadata(m.p("su")).unwrap().len(), 8192);
+    // fallocate's other modes: KEEP_SIZE leaves the size, a punch zeroes its range, the rest
+    // are refused (EOPNOTSUPP) and change nothing
+    m.sh("head -c 8192 /dev/urandom > fa && fallocate -n -l 65536 fa && fallocate -p -o 1000 -l 2000 fa");
+    let fa = std::fs::read(m.p("fa")).unwrap();
+    assert_eq!(fa.len(), 8192);
+    assert!(fa[1000..3000].iter().all(|b| *b == 0), "the punched range");
+    assert!(fa[..1000].iter().any(|b| *b != 0) && fa[3000..].iter().any(|b| *b != 0));
+    let o = Command::new("fallocate")
+        .args(["-z", "-o", "0", "-l", "10"])
+        .arg(m.p("fa"))
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not supported"),
+        "a zero-range fallocate: {o:?}"
     );
-    m.sh("chmod 2745 su && chown 1001 su");
-    assert_eq!(
-        mode(&m.p("su")) & 0o7777,
-        0o2745,
-        "chown cleared setgid without group execute"
-    );
+    assert_eq!(std::fs::read(m.p("fa")).unwrap(), fa);
+    // chmod by a non-member of the group drops setgid
     m.sh("touch pub/sg2 && chown 4321:5000 pub/sg2");
     ok_as(&d, 4321, "chmod 2755 pub/sg2");
     assert_eq!(
