@@ -76,6 +76,7 @@ fn digest(map: &OsdMap, pgs: Vec<PgSummary>) -> PgMapDigest {
         full_ratio_ppm: 950_000,
         recovery: Default::default(),
         work: Default::default(),
+        recovered_objects: Default::default(),
     }
 }
 

@@ -419,6 +419,11 @@ fn observation(v: &View) -> Observation {
             .digest
             .as_ref()
             .map_or(0, |d| d.work.deleting_objects_left),
+        recovered: v
+            .digest
+            .as_ref()
+            .map(|d| d.recovered_objects.clone())
+            .unwrap_or_default(),
     }
 }
 

@@ -6,7 +6,9 @@
 //! rate), and a finished item stays listed for `keep_ms` with fraction 1.
 //!
 //! - **recovery**: degraded object copies. The fraction is `1 - left / most seen`, so an item
-//!   whose work grows (a second OSD fails) moves back rather than pretending.
+//!   whose work grows (a second OSD fails) moves back rather than pretending. A recovery that
+//!   starts and ends between two looks leaves no degraded copies to see; it shows in the OSDs'
+//!   cumulative recovered-object counts instead, and becomes a finished item of its own.
 //! - **backfill**: misplaced object copies, alike.
 //! - **scrub / deep scrub**: a *wave* starts when a PG is seen scrubbing; PGs that finished
 //!   since (their stamp moved past the wave's start) are done, PGs scrubbing now are left; the
@@ -41,6 +43,8 @@ pub struct Observation {
     pub snaptrim_left: u64,
     /// Objects left to remove from deleted pools' PGs.
     pub deleting_left: u64,
+    /// Each up OSD's cumulative count of objects recovered onto it since it started.
+    pub recovered: BTreeMap<i32, u64>,
 }
 
 /// Follows work left that counts down (degraded or misplaced copies).
@@ -120,6 +124,8 @@ pub struct ProgressTracker {
     finished: VecDeque<ProgressItem>,
     snaptrim: Option<Countdown>,
     deletion: Option<Countdown>,
+    /// The previous look's time and recovered-object counts.
+    last_recovered: Option<(u64, BTreeMap<i32, u64>)>,
 }
 
 const MAX_FINISHED: usize = 50;
@@ -137,11 +143,14 @@ impl ProgressTracker {
             finished: VecDeque::new(),
             snaptrim: None,
             deletion: None,
+            last_recovered: None,
         }
     }
 
     pub fn observe(&mut self, o: &Observation) {
         let now = o.now_ms;
+        let moving_before = self.recovery.is_some() || self.backfill.is_some();
+        let finished_before = self.finished.len();
         Self::countdown(
             &mut self.recovery,
             &mut self.finished,
@@ -170,6 +179,28 @@ impl ProgressTracker {
             o.deleting_left,
             ProgressKind::PoolDeletion,
         );
+        let recovered = recovered_since(self.last_recovered.as_ref().map(|(_, m)| m), &o.recovered);
+        let unseen = !moving_before
+            && self.recovery.is_none()
+            && self.backfill.is_none()
+            && self.finished.len() == finished_before;
+        if let (true, Some((since, _))) = (unseen && recovered > 0, &self.last_recovered) {
+            self.finished.push_back(ProgressItem {
+                id: format!("{}-{since}", ProgressKind::Recovery.name()),
+                kind: ProgressKind::Recovery,
+                message: format!(
+                    "Recovering degraded object copies: done ({recovered} recovered between two looks)"
+                ),
+                fraction_ppm: 1_000_000,
+                eta_secs: Some(0),
+                started_ms: *since,
+                finished_ms: Some(now),
+            });
+        }
+        // a look without statistics (no digest yet) keeps the previous baseline
+        if !o.recovered.is_empty() {
+            self.last_recovered = Some((now, o.recovered.clone()));
+        }
         for deep in [false, true] {
             let slot = if deep {
                 &mut self.deep
@@ -303,6 +334,19 @@ impl ProgressTracker {
     }
 }
 
+/// Objects recovered between two looks: each OSD's count minus what it was at the previous
+/// look (an OSD whose count went down restarted: all of its count is new). An OSD the previous
+/// look did not have only sets its baseline (what it did before may be older than that look),
+/// and so does the first look.
+fn recovered_since(prev: Option<&BTreeMap<i32, u64>>, cur: &BTreeMap<i32, u64>) -> u64 {
+    let Some(prev) = prev else {
+        return 0;
+    };
+    cur.iter()
+        .filter_map(|(id, &n)| prev.get(id).map(|&p| if n >= p { n - p } else { n }))
+        .sum()
+}
+
 fn countdown_item(c: &Countdown, kind: ProgressKind) -> ProgressItem {
     let (verb, what) = match kind {
         ProgressKind::Recovery => ("Recovering", "degraded object copies"),
@@ -420,6 +464,46 @@ mod tests {
         assert_eq!(t.items().len(), 1);
         t.observe(&obs(70_000, 0));
         assert!(t.items().is_empty());
+    }
+
+    #[test]
+    fn a_recovery_between_two_looks_is_a_finished_item() {
+        let mut t = ProgressTracker::new(60_000);
+        let look = |now_ms, degraded, counts: &[(i32, u64)]| Observation {
+            now_ms,
+            degraded,
+            recovered: counts.iter().copied().collect(),
+            ..Observation::default()
+        };
+        // the first look only sets the baseline
+        t.observe(&look(1_000, 0, &[(0, 5), (1, 7)]));
+        assert!(t.items().is_empty());
+        // a look without statistics changes nothing; an OSD new to the looks sets its baseline
+        t.observe(&look(2_000, 0, &[]));
+        t.observe(&look(3_000, 0, &[(0, 5), (1, 7), (2, 40)]));
+        assert!(t.items().is_empty());
+        // 4 objects onto osd.0, and osd.1 restarted and recovered 2 since
+        t.observe(&look(5_000, 0, &[(0, 9), (1, 2), (2, 40)]));
+        let items = t.items();
+        assert_eq!(items.len(), 1, "{items:?}");
+        let i = &items[0];
+        assert_eq!(i.kind, ProgressKind::Recovery);
+        assert_eq!((i.started_ms, i.finished_ms), (3_000, Some(5_000)));
+        assert_eq!(i.fraction_ppm, 1_000_000);
+        assert!(i.message.contains("6 recovered"), "{}", i.message);
+        // a recovery the degraded count shows is one item, not two
+        t.observe(&look(7_000, 10, &[(0, 9), (1, 2)]));
+        t.observe(&look(9_000, 0, &[(0, 19), (1, 2)]));
+        let items = t.items();
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert!(
+            items[0].message.contains("10 in all"),
+            "{}",
+            items[0].message
+        );
+        // nothing recovered: nothing new
+        t.observe(&look(11_000, 0, &[(0, 19), (1, 2)]));
+        assert_eq!(t.items().len(), 2);
     }
 
     #[test]

@@ -267,6 +267,7 @@ impl PgMap {
         let mut osds = Vec::new();
         let mut recovery = RecoveryRates::default();
         let mut work = BackgroundWork::default();
+        let mut recovered_objects = BTreeMap::new();
         for o in map.osds.values() {
             let entry = self.osds.get(&o.id).filter(|_| o.up);
             let space = entry.map(|e| e.report.space).unwrap_or_default();
@@ -287,6 +288,7 @@ impl PgMap {
                 work.snaptrim_clones_left += w.snaptrim_clones_left;
                 work.deleting_objects_left += w.deleting_objects_left;
                 work.deleting_pgs_left += w.deleting_pgs_left;
+                recovered_objects.insert(o.id, e.report.recovery.objects);
             }
             osds.push(OsdSummary {
                 id: o.id,
@@ -309,6 +311,7 @@ impl PgMap {
             full_ratio_ppm: r.full_ppm,
             recovery,
             work,
+            recovered_objects,
         }
     }
 }

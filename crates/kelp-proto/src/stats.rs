@@ -15,6 +15,8 @@
 //! appended to [`PgStateFlag`] (postcard encodes variants by position, so appending keeps old
 //! encodings readable) and placed in [`PG_STATE_ORDER`].
 
+use std::collections::BTreeMap;
+
 use kelp_types::PgId;
 use serde::{Deserialize, Serialize};
 
@@ -515,6 +517,12 @@ pub struct PgMapDigest {
     /// leader).
     #[serde(default)]
     pub work: BackgroundWork,
+    /// Each up OSD's cumulative count of objects recovered or backfilled onto it since it
+    /// started (its reports' [`RecoveryCounters::objects`]), by id: a recovery that starts and
+    /// ends between two looks of the manager shows here when degraded counts cannot (appended
+    /// last; empty from an older leader).
+    #[serde(default)]
+    pub recovered_objects: BTreeMap<i32, u64>,
 }
 
 /// The leader's answer to a stats report: the settings from the central config the OSD needs

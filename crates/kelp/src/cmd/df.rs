@@ -372,6 +372,7 @@ mod tests {
             full_ratio_ppm: 950_000,
             recovery: Default::default(),
             work: Default::default(),
+            recovered_objects: Default::default(),
         }
     }
 
