@@ -13,6 +13,17 @@ mod cmd;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process (and the daemons it starts). mimalloc
+/// asks for them on its arenas, and every time it hands back memory it has freed and then
+/// takes it again, the kernel faults in and zeroes a whole 2 MiB page: in an OSD under a
+/// stream of small writes that zeroing (`clear_page_erms`) was ~6 % of its samples, and an
+/// untar of 10 000 files took 11 % longer with them (docs/BENCHMARKS.md, 2026-11-28).
+/// (A kernel without the option refuses it, and huge pages stay as the system sets them.)
+fn no_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and only sets a flag of this process.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+}
+
 /// Kelp: a unified, self-healing distributed storage cluster (objects, blocks, files).
 ///
 /// The options below (-c, --cluster, --name, -k, -f) go before or after the subcommand, as
@@ -132,6 +143,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     // SIGPIPE stays ignored (Rust's default) in every command: a peer closing a socket (an
     // OSD restarting, a gateway answering an upload early with an error) must be an error to
