@@ -36,7 +36,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -143,6 +143,35 @@ pub struct FsClient {
     behind_done: tokio::sync::Notify,
     /// Held by the request that syncs because [`MAX_UNJOURNALED`] is reached.
     syncing: tokio::sync::Mutex<()>,
+    // inline data
+    /// Files this client created itself ([`FsClient::create_now`]) whose writes it keeps
+    /// here, while they fit in [`INLINE_MAX`], until their first flush carries them to the
+    /// MDS as the file's inline data ([`Op::WrittenInline`]): no data object is written.
+    inline_bufs: std::sync::Mutex<HashMap<Ino, InlineBuf>>,
+    /// Whether the MDS keeps inline data (`false` once it refused it as unknown).
+    inline_ok: AtomicBool,
+}
+
+// inline data
+/// A small file's content kept by its creator ([`FsClient::inline_bufs`]).
+#[derive(Debug, Default)]
+struct InlineBuf {
+    data: Vec<u8>,
+    /// A flush is carrying it (or a spill writing it out): writes wait for that to end;
+    /// reads are still answered from it.
+    sending: bool,
+}
+
+/// How a write of a file goes, as far as inline data is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InlineRoute {
+    /// Kept in the file's [`InlineBuf`]: done.
+    Kept,
+    /// Through the data objects.
+    Plain,
+    /// Not decidable at once: a buffer to write out or a flush to wait for, inline data to
+    /// move out first, or an inode not cached ([`FsClient::make_plain`]).
+    Slow,
 }
 
 // creates without a round trip (delegated inode numbers)
@@ -366,9 +395,43 @@ impl Dirty {
             set: (self.attrs != SetAttr::default()).then(|| self.attrs.clone()),
         }
     }
+
+    /// [`Dirty::written`] carrying the file's whole content as inline data.
+    fn written_inline(&self, ino: Ino, renew: bool, data: Bytes) -> Op {
+        Op::WrittenInline {
+            ino,
+            end: self.end.max(data.len() as u64),
+            mtime: self.mtime,
+            renew,
+            ctime: Some(self.ctime),
+            set: (self.attrs != SetAttr::default()).then(|| self.attrs.clone()),
+            data: InlineData(data),
+        }
+    }
 }
 
 impl CapCache {
+    // inline data
+    /// Whether this client's copy of `ino` (with what it flushed since) is inline; `None`
+    /// when it has no copy.
+    fn inline_flag(&self, ino: Ino) -> Option<bool> {
+        let cached = self.inodes.get(&ino)?;
+        Some(match self.flushed.get(&ino) {
+            Some((newer, _)) if newer.version > cached.version => newer.inline,
+            _ => cached.inline,
+        })
+    }
+
+    /// The MDS moved `ino`'s inline data out ([`Op::Uninline`]): the copies here say so.
+    fn uninlined(&mut self, ino: Ino) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.inline = false;
+        }
+        if let Some((i, _)) = self.flushed.get_mut(&ino) {
+            i.inline = false;
+        }
+    }
+
     /// Shows what this client wrote and the MDS has not acknowledged yet in `i`.
     fn overlay(&self, i: &mut Inode) {
         if let Some((newer, _)) = self.flushed.get(&i.ino)
@@ -578,6 +641,8 @@ impl FsClient {
             sent_behind: std::sync::Mutex::new(SentBehind::default()),
             behind_done: tokio::sync::Notify::new(),
             syncing: tokio::sync::Mutex::new(()),
+            inline_bufs: std::sync::Mutex::new(HashMap::new()),
+            inline_ok: AtomicBool::new(true),
         });
         c.getattr(Caller::default(), ROOT_INO).await?;
         // While files are open, a call every KEEPALIVE notices a failed-over MDS even when the
@@ -1529,6 +1594,12 @@ impl FsClient {
             .expect("opens lock")
             .entry(i.ino)
             .or_default() += 1;
+        if write && self.inline_ok.load(Ordering::Relaxed) {
+            self.inline_bufs
+                .lock()
+                .expect("inline lock")
+                .insert(i.ino, InlineBuf::default());
+        }
         let c = Arc::clone(self);
         let op = Op::Mknod {
             parent,
@@ -1798,6 +1869,20 @@ impl FsClient {
             // client, so the one the create added goes again
             self.ok_call(Caller::default(), Op::Close { ino: i.ino })
                 .await?;
+        } else if write
+            && i.kind() == S_IFREG
+            && i.size == 0
+            && !i.inline
+            && self.has_exclusive(i.ino)
+            && self.inline_ok.load(Ordering::Relaxed)
+        {
+            // an empty file held exclusively: its writes are kept (inline data) as those
+            // of a file made by `create_now`
+            self.inline_bufs
+                .lock()
+                .expect("inline lock")
+                .entry(i.ino)
+                .or_default();
         }
         Ok(i)
     }
@@ -2206,15 +2291,28 @@ impl FsClient {
             let caps = self.caps.lock().expect("caps lock");
             match caps.dirty.get(&ino) {
                 Some(d) => (d.clone(), caps.valid(ino, CAP_EXCL).is_some()),
-                None => return failed.map_or(Ok(()), |e| Err(FsError::Errno(e))),
+                None => {
+                    // nothing written: a kept file stays empty, with no inline data
+                    self.inline_bufs.lock().expect("inline lock").remove(&ino);
+                    return failed.map_or(Ok(()), |e| Err(FsError::Errno(e)));
+                }
             }
         };
-        let r = self
-            .attr_call(Caller::default(), d.written(ino, 0, renew))
-            .await;
+        let inline = self.inline_to_send(ino);
+        let sent_inline = inline.is_some();
+        let r = match inline {
+            Some(data) => self.flush_inline(ino, &d, renew, data).await,
+            None => {
+                self.attr_call(Caller::default(), d.written(ino, 0, renew))
+                    .await
+            }
+        };
         let refused = matches!(r, Err(FsError::Errno(errno::EDQUOT)));
         if r.is_ok() || refused {
             self.dirty_sent(ino, d.generation, r.as_ref().ok());
+        }
+        if sent_inline {
+            self.inline_done(ino, r.as_ref().ok());
         }
         if refused {
             // over a quota set since: the bytes past the recorded end never show
@@ -2224,6 +2322,211 @@ impl FsClient {
             return Err(FsError::Errno(e));
         }
         r.map(drop)
+    }
+
+    // inline data
+    /// The kept content of `ino` for a flush to carry (marked as being sent), if any.
+    fn inline_to_send(&self, ino: Ino) -> Option<Bytes> {
+        let mut bufs = self.inline_bufs.lock().expect("inline lock");
+        let b = bufs.get_mut(&ino)?;
+        b.sending = true;
+        Some(Bytes::copy_from_slice(&b.data))
+    }
+
+    /// Sends the size and attributes of `d` with the kept content `data` as the file's
+    /// inline data ([`Op::WrittenInline`]), with the size lock held. An MDS that refuses
+    /// it gets the data written to the data objects and a plain [`Op::Written`]. Whatever
+    /// the outcome but a failure to reach the MDS, the buffer is gone after (later writes
+    /// go through the objects, moving the inline data out first).
+    async fn flush_inline(&self, ino: Ino, d: &Dirty, renew: bool, data: Bytes) -> Result<Inode> {
+        let r = self
+            .attr_call(
+                Caller::default(),
+                d.written_inline(ino, renew, data.clone()),
+            )
+            .await;
+        match r {
+            Err(FsError::Errno(e @ (errno::EPROTO | errno::EINVAL | errno::EOPNOTSUPP))) => {
+                if e == errno::EPROTO {
+                    // an MDS that does not know inline data
+                    self.inline_ok.store(false, Ordering::Relaxed);
+                }
+                debug!(
+                    ino,
+                    errno = e,
+                    "inline data refused: written to the data objects"
+                );
+                self.write_out(ino, &data).await?;
+                self.attr_call(Caller::default(), d.written(ino, 0, renew))
+                    .await
+            }
+            r => r,
+        }
+    }
+
+    /// A flush that carried `ino`'s kept content ended (`reply`: the MDS's answer, `None`
+    /// if it failed): the content is the MDS's now, or is kept for the next flush.
+    fn inline_done(&self, ino: Ino, reply: Option<&Inode>) {
+        if let Some(i) = reply {
+            // this client's copy says where the data is before the buffer goes
+            let mut caps = self.caps.lock().expect("caps lock");
+            if let Some(c) = caps.inodes.get_mut(&ino).filter(|c| c.version <= i.version) {
+                c.inline = i.inline;
+            }
+        }
+        let mut bufs = self.inline_bufs.lock().expect("inline lock");
+        match reply {
+            Some(_) => {
+                bufs.remove(&ino);
+            }
+            None => {
+                if let Some(b) = bufs.get_mut(&ino) {
+                    b.sending = false;
+                }
+            }
+        }
+    }
+
+    /// Writes a kept content to the file's data objects.
+    async fn write_out(&self, ino: Ino, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let i = self.layout_of(ino).await?;
+        for r in futures::future::join_all(self.data_jobs(&i, 0, data)?).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// `ino`'s inode for its layout (pool, object size): this client's copy if it has
+    /// one, else the MDS's.
+    async fn layout_of(&self, ino: Ino) -> Result<Inode> {
+        let cached = self
+            .caps
+            .lock()
+            .expect("caps lock")
+            .inodes
+            .get(&ino)
+            .cloned();
+        match cached {
+            Some(i) => Ok(i),
+            None => self.getattr(Caller::default(), ino).await,
+        }
+    }
+
+    /// Keeps a buffered write of `data` at `off` in the file's [`InlineBuf`] if it has one
+    /// and the write fits; with the caps lock held and the exclusive capability checked.
+    fn keep_inline(
+        &self,
+        caps: &mut CapCache,
+        inode: &Inode,
+        off: u64,
+        data: &[u8],
+    ) -> InlineRoute {
+        let ino = inode.ino;
+        let end = off + data.len() as u64;
+        let mut bufs = self.inline_bufs.lock().expect("inline lock");
+        if let Some(b) = bufs.get_mut(&ino) {
+            if b.sending || end > INLINE_MAX as u64 {
+                return InlineRoute::Slow;
+            }
+            let (off, end) = (off as usize, end as usize);
+            if b.data.len() < end {
+                b.data.resize(end, 0);
+            }
+            b.data[off..end].copy_from_slice(data);
+            caps.note_written(inode, end as u64, Time::now());
+            return InlineRoute::Kept;
+        }
+        drop(bufs);
+        match caps.inline_flag(ino) {
+            Some(false) => InlineRoute::Plain,
+            _ => InlineRoute::Slow,
+        }
+    }
+
+    /// Makes `ino` a file written through its data objects: a kept content is written out
+    /// there (a flush in flight is waited for), inline data is moved out by the MDS
+    /// ([`Op::Uninline`]).
+    async fn make_plain(&self, ino: Ino) -> Result<()> {
+        let _held = self.size_lock(ino).await;
+        // (no flush is in flight while the size lock is held here)
+        let kept = {
+            let mut bufs = self.inline_bufs.lock().expect("inline lock");
+            bufs.get_mut(&ino).map(|b| {
+                b.sending = true;
+                b.data.clone()
+            })
+        };
+        if let Some(data) = kept {
+            let r = self.write_out(ino, &data).await;
+            let mut bufs = self.inline_bufs.lock().expect("inline lock");
+            match r {
+                Ok(()) => {
+                    bufs.remove(&ino);
+                }
+                Err(e) => {
+                    if let Some(b) = bufs.get_mut(&ino) {
+                        b.sending = false;
+                    }
+                    return Err(e);
+                }
+            }
+            return Ok(());
+        }
+        let flag = self.caps.lock().expect("caps lock").inline_flag(ino);
+        let inline = match flag {
+            Some(f) => f,
+            None => {
+                self.attr_call(Caller::default(), Op::GetAttr { ino })
+                    .await?
+                    .inline
+            }
+        };
+        if inline {
+            self.attr_call(Caller::default(), Op::Uninline { ino })
+                .await?;
+            self.caps.lock().expect("caps lock").uninlined(ino);
+        }
+        Ok(())
+    }
+
+    /// The data of `[off, off+len)` of `inode` if it lives inline (kept here, or with the
+    /// MDS); `None`: read the data objects.
+    async fn read_inline(&self, inode: &Inode, off: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        let kept = self
+            .inline_bufs
+            .lock()
+            .expect("inline lock")
+            .get(&inode.ino)
+            .map(|b| Bytes::copy_from_slice(&b.data));
+        // (a copy from before this client's own flush made the file inline may say not)
+        let inline = inode.inline
+            || self.caps.lock().expect("caps lock").inline_flag(inode.ino) == Some(true);
+        let data = match kept {
+            Some(d) => d,
+            None if inline => {
+                match self
+                    .call(Caller::default(), Op::ReadInline { ino: inode.ino })
+                    .await
+                {
+                    Ok(Reply::Inline(d)) => d.0,
+                    // moved out meanwhile: in the objects
+                    Err(FsError::Errno(errno::ENODATA)) => return Ok(None),
+                    Ok(r) => return Err(unexpected(r)),
+                    Err(e) => return Err(e),
+                }
+            }
+            None => return Ok(None),
+        };
+        // the bytes kept, zeros after them up to the end asked
+        let mut out = vec![0u8; len as usize];
+        if (off as usize) < data.len() {
+            let have = &data[off as usize..data.len().min((off + len) as usize)];
+            out[..have.len()].copy_from_slice(have);
+        }
+        Ok(Some(out))
     }
 
     /// Flushes every dirty size (the periodic flush, and unmount).
@@ -2396,6 +2699,9 @@ impl FsClient {
             return Ok(Vec::new());
         }
         let len = len.min(inode.size - off);
+        if let Some(d) = self.read_inline(inode, off, len).await? {
+            return Ok(d);
+        }
         let os = inode.object_size.max(1);
         let data = &self.data_for(inode)?;
         let mut jobs = Vec::new();
@@ -2435,6 +2741,28 @@ impl FsClient {
         let end = off
             .checked_add(data.len() as u64)
             .ok_or(FsError::Errno(libc::EFBIG))?;
+        // inline data: kept with the file's other writes, or the file made plain first
+        let route = {
+            let mut caps = self.caps.lock().expect("caps lock");
+            if buffered && caps.valid(ino, CAP_EXCL).is_some() && !self.rados.cluster_full() {
+                self.keep_inline(&mut caps, inode, off, data)
+            } else if caps.inline_flag(ino) == Some(false)
+                && !self
+                    .inline_bufs
+                    .lock()
+                    .expect("inline lock")
+                    .contains_key(&ino)
+            {
+                InlineRoute::Plain
+            } else {
+                InlineRoute::Slow
+            }
+        };
+        match route {
+            InlineRoute::Kept => return Ok(()),
+            InlineRoute::Plain => {}
+            InlineRoute::Slow => self.make_plain(ino).await?,
+        }
         let jobs = self.data_jobs(inode, off, data)?;
         // Write-behind: answered once the data is on its way, under the exclusive capability
         // (no other client reads the file until the revoke, which waits for it) and while
@@ -2466,6 +2794,15 @@ impl FsClient {
         if self.rados.cluster_full() || self.behind.has_error(ino) || !self.has_exclusive(ino) {
             // (checked before the data is copied; again below, under the lock)
             return None;
+        }
+        {
+            let mut caps = self.caps.lock().expect("caps lock");
+            caps.valid(ino, CAP_EXCL)?;
+            match self.keep_inline(&mut caps, inode, off, data) {
+                InlineRoute::Kept => return Some(Ok(())),
+                InlineRoute::Slow => return None,
+                InlineRoute::Plain => {}
+            }
         }
         let jobs = self.data_jobs(inode, off, data).ok()?;
         let claim = self.behind.try_claim(ino, off, end)?;
@@ -2574,6 +2911,10 @@ impl FsClient {
 
     /// Cuts the data objects of `inode` down to `size` bytes.
     pub async fn truncate_data(&self, inode: &Inode, size: u64) -> Result<()> {
+        if inode.inline {
+            // no data objects: the MDS cuts the inline data with the size
+            return Ok(());
+        }
         self.behind.settle(inode.ino).await;
         let os = inode.object_size.max(1);
         let last = inode.size.div_ceil(os);
@@ -2602,6 +2943,7 @@ impl FsClient {
 
     /// Zeroes `[off, off+len)` of the data (punching holes).
     pub async fn zero(&self, inode: &Inode, off: u64, len: u64) -> Result<()> {
+        self.make_plain(inode.ino).await?;
         self.behind.settle(inode.ino).await;
         let os = inode.object_size.max(1);
         let end = (off + len).min(inode.size);

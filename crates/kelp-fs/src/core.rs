@@ -27,6 +27,9 @@ pub enum Need {
     /// Whether the inode exists at all: load it if it does ([`Namespace::insert_inode`]),
     /// else say so with [`Namespace::note_absent`] (a replayed create's inode-number hint).
     Probe(Ino),
+    // inline data
+    /// An inline file's data: load it ([`Namespace::insert_inline`]).
+    Inline(Ino),
 }
 
 /// The outcome of one step: answered, or blocked on a load. (Short-lived: returned and
@@ -102,6 +105,12 @@ pub struct Namespace {
     delegations: Vec<delegate::Delegation>,
     /// The ranges this MDS delegated, by start: which of their numbers it has given.
     fresh: HashMap<Ino, delegate::Given>,
+    // inline data
+    /// Inline data ([`Inode::inline`]) changed since the last write-back began, being
+    /// written back, or loaded for a read (dropped when a write-back ends), by inode.
+    inline: HashMap<Ino, bytes::Bytes>,
+    inline_dirty: HashSet<Ino>,
+    inline_flushing: HashSet<Ino>,
 }
 
 // early replies (unsafe until journaled)
@@ -190,6 +199,7 @@ impl Namespace {
             dirstat: DirStat::default(),
             layout: Layout::default(),
             frag_bits: 0,
+            inline: false,
         };
         self.inodes.insert(ROOT_INO, root.clone());
         self.dirs.insert(ROOT_INO, BTreeMap::new());
@@ -202,6 +212,45 @@ impl Namespace {
         if !self.dirty_inodes.contains(&inode.ino) && !self.flushing_inodes.contains(&inode.ino) {
             self.inodes.insert(inode.ino, inode);
         }
+    }
+
+    /// Inline data loaded for [`Need::Inline`] (`None`: none stored, the file reads as zeros).
+    pub fn insert_inline(&mut self, ino: Ino, data: Option<bytes::Bytes>) {
+        if !self.inline_dirty.contains(&ino) && !self.inline_flushing.contains(&ino) {
+            self.inline.insert(ino, data.unwrap_or_default());
+        }
+    }
+
+    /// The data of inline file `i`, if in memory.
+    pub fn inline_data(&self, i: &Inode) -> Option<bytes::Bytes> {
+        self.inline.get(&i.ino).cloned()
+    }
+
+    /// The data of inline file `i`, if in memory ([`Need::Inline`] if not).
+    fn inline_of(&self, i: &Inode) -> R<bytes::Bytes> {
+        match self.inline.get(&i.ino) {
+            Some(d) => Ok(d.clone()),
+            None => Err(Stop::Need(Need::Inline(i.ino))),
+        }
+    }
+
+    /// Sets (non-empty `data`) or drops the inline data of `i` (not yet `put`).
+    fn set_inline(&mut self, i: &mut Inode, data: bytes::Bytes, upd: &mut Vec<Update>) {
+        let was = i.inline;
+        i.inline = !data.is_empty();
+        if i.inline {
+            self.inline.insert(i.ino, data.clone());
+            upd.push(Update::PutInline {
+                ino: i.ino,
+                data: InlineData(data),
+            });
+        } else {
+            self.inline.insert(i.ino, bytes::Bytes::new());
+            if was {
+                upd.push(Update::DelInline(i.ino));
+            }
+        }
+        self.inline_dirty.insert(i.ino);
     }
 
     pub fn insert_dir(&mut self, ino: Ino, entries: BTreeMap<String, Dentry>) {
@@ -243,11 +292,18 @@ impl Namespace {
     }
 
     /// A stray was purged (its data removed): forget it and its inode.
-    pub fn purged(&mut self, ino: Ino) -> Vec<Update> {
+    /// `inline`: the inode (as the purge read it) keeps its data inline, which goes too.
+    pub fn purged(&mut self, ino: Ino, inline: bool) -> Vec<Update> {
         self.strays.remove(&ino);
         self.inodes.remove(&ino);
         self.dirty_inodes.insert(ino);
-        vec![Update::DelInode(ino), Update::DelStray(ino)]
+        let mut upd = vec![Update::DelInode(ino), Update::DelStray(ino)];
+        if inline {
+            self.inline.insert(ino, bytes::Bytes::new());
+            self.inline_dirty.insert(ino);
+            upd.push(Update::DelInline(ino));
+        }
+        upd
     }
 
     /// The cached inode `ino`, if cached.
@@ -275,18 +331,29 @@ impl Namespace {
     pub fn begin_writeback(&mut self) {
         self.flushing_inodes.extend(self.dirty_inodes.drain());
         self.flushing_dirs.extend(self.dirty_dirs.drain());
+        self.inline_flushing.extend(self.inline_dirty.drain());
     }
 
-    /// The write-back begun last is in the stored objects.
+    /// The write-back begun last is in the stored objects. Inline data not changed since
+    /// is dropped from memory (a read loads it again).
     pub fn end_writeback(&mut self) {
         self.flushing_inodes.clear();
         self.flushing_dirs.clear();
+        self.inline_flushing.clear();
+        let dirty = &self.inline_dirty;
+        self.inline.retain(|ino, _| dirty.contains(ino));
     }
 
     /// The write-back begun last failed: its objects are dirty again.
     pub fn abort_writeback(&mut self) {
         self.dirty_inodes.extend(self.flushing_inodes.drain());
         self.dirty_dirs.extend(self.flushing_dirs.drain());
+        self.inline_dirty.extend(self.inline_flushing.drain());
+    }
+
+    /// Bytes of inline data held in memory.
+    pub fn inline_bytes(&self) -> usize {
+        self.inline.values().map(bytes::Bytes::len).sum()
     }
 
     /// Drops clean cached objects until at most `budget` inodes are cached (open and dirty
@@ -615,6 +682,7 @@ impl Namespace {
             dirstat: DirStat::default(),
             layout: Layout::default(),
             frag_bits: 0,
+            inline: false,
         }
     }
 
@@ -664,6 +732,12 @@ impl Namespace {
                         let delta = i64::try_from(delta).unwrap_or(i64::MAX);
                         acct.add(&self.ancestors(h)?, (delta, 0));
                         self.check_quota(&acct)?;
+                    }
+                    if i.inline && s < i.size {
+                        // the inline data is cut with the file (to nothing: no longer inline)
+                        let data = self.inline_of(&i)?;
+                        let keep = data.slice(..data.len().min(s as usize));
+                        self.set_inline(&mut i, keep, upd);
                     }
                     i.size = s;
                     i.mtime = now;
@@ -918,6 +992,14 @@ impl Namespace {
                 ctime,
                 set,
                 ..
+            }
+            | Op::WrittenInline {
+                ino,
+                end,
+                mtime,
+                ctime,
+                set,
+                ..
             } => {
                 let mut i = self.inode(*ino)?.clone();
                 if i.kind() != S_IFREG
@@ -927,12 +1009,29 @@ impl Namespace {
                 {
                     return Err(Stop::Err(errno::EINVAL));
                 }
+                let inline = match op {
+                    // only a file without data objects takes inline data: one already
+                    // inline, or one still empty (its writer kept every write)
+                    Op::WrittenInline { data, .. }
+                        if data.0.len() as u64 <= *end && (i.inline || i.size == 0) =>
+                    {
+                        Some(data.0.clone())
+                    }
+                    Op::WrittenInline { .. } => return Err(Stop::Err(errno::EINVAL)),
+                    // a write past the end of an inline file that did not move the data
+                    // out first (`Op::Uninline`)
+                    _ if i.inline && *end > i.size => return Err(Stop::Err(errno::EINVAL)),
+                    _ => None,
+                };
                 let mut acct = Acct::default();
                 let grow = end.saturating_sub(i.size);
                 if let Some(h) = home(&i).filter(|_| grow > 0) {
                     let grow = i64::try_from(grow).unwrap_or(i64::MAX);
                     acct.add(&self.ancestors(h)?, (grow, 0));
                     self.check_quota(&acct)?;
+                }
+                if let Some(data) = inline {
+                    self.set_inline(&mut i, data, upd);
                 }
                 i.size = i.size.max(*end);
                 i.mtime = *mtime;
@@ -942,6 +1041,22 @@ impl Namespace {
                 }
                 self.put(i, upd, inval);
                 self.commit_acct(acct, upd);
+                Ok(Reply::Attr(self.inode(*ino)?.clone()))
+            }
+            Op::ReadInline { ino } => {
+                let i = self.inode(*ino)?;
+                if !i.inline {
+                    return Err(Stop::Err(errno::ENODATA));
+                }
+                Ok(Reply::Inline(InlineData(self.inline_of(i)?)))
+            }
+            // the daemon writes the data to the file's first object before this is applied
+            Op::Uninline { ino } => {
+                let mut i = self.inode(*ino)?.clone();
+                if i.inline {
+                    self.set_inline(&mut i, bytes::Bytes::new(), upd);
+                    self.put(i, upd, inval);
+                }
                 Ok(Reply::Attr(self.inode(*ino)?.clone()))
             }
             Op::Open { ino, write } => {

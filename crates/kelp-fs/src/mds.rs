@@ -175,7 +175,9 @@ fn updated_inos(updates: &[Update]) -> impl Iterator<Item = Ino> + '_ {
         Update::PutDentry { dir, .. }
         | Update::DelDentry { dir, .. }
         | Update::Fragment { dir, .. } => Some(*dir),
-        Update::Locks { ino, .. } => Some(*ino),
+        Update::Locks { ino, .. } | Update::PutInline { ino, .. } | Update::DelInline(ino) => {
+            Some(*ino)
+        }
         Update::NextIno(_) | Update::Request { .. } => None,
     })
 }
@@ -199,6 +201,9 @@ fn named_inos(op: &Op) -> Vec<Ino> {
         | Op::ListXattr { ino }
         | Op::RemoveXattr { ino, .. }
         | Op::Written { ino, .. }
+        | Op::WrittenInline { ino, .. }
+        | Op::ReadInline { ino }
+        | Op::Uninline { ino }
         | Op::Open { ino, .. }
         | Op::Close { ino }
         | Op::GetLk { ino, .. }
@@ -306,6 +311,9 @@ fn excl_targets(op: &Op) -> Vec<Ino> {
         Op::GetAttr { ino }
         | Op::SetAttr { ino, .. }
         | Op::Written { ino, .. }
+        | Op::WrittenInline { ino, .. }
+        | Op::ReadInline { ino }
+        | Op::Uninline { ino }
         | Op::Open { ino, .. }
         | Op::ReadDir { ino, .. } => vec![*ino],
         Op::Link { ino, parent, .. } => vec![*ino, *parent],
@@ -938,8 +946,16 @@ async fn apply_updates(meta: &IoCtx, layout: InodeLayout, updates: &[Update]) ->
     let dirs = frag::plan_dirs(updates);
     let mut next_ino = None;
     let mut strays: BTreeMap<Ino, bool> = BTreeMap::new();
+    // inline data: the last change of each file's
+    let mut inline: HashMap<Ino, Option<&InlineData>> = HashMap::new();
     for u in updates {
         match u {
+            Update::PutInline { ino, data } => {
+                inline.insert(*ino, Some(data));
+            }
+            Update::DelInline(ino) => {
+                inline.insert(*ino, None);
+            }
             Update::PutInode(i) => {
                 inodes.insert(i.ino, Some(i));
             }
@@ -1052,6 +1068,22 @@ async fn apply_updates(meta: &IoCtx, layout: InodeLayout, updates: &[Update]) ->
             }));
         }
     }
+    // one omap update per inline shard
+    type InlineChange<'a> = (Vec<(String, &'a [u8])>, Vec<String>);
+    let mut inline_shards: BTreeMap<String, InlineChange> = BTreeMap::new();
+    for (ino, d) in inline {
+        let (puts, dels) = inline_shards.entry(inline_shard_object(ino)).or_default();
+        match d {
+            Some(d) => puts.push((inode_key(ino), &d.0[..])),
+            None => dels.push(inode_key(ino)),
+        }
+    }
+    for (object, (puts, dels)) in inline_shards {
+        jobs.push(Box::pin(async move {
+            meta.operate(omap_change(&puts, &dels), &object).await?;
+            Ok(())
+        }));
+    }
     if let Some(n) = next_ino {
         jobs.push(Box::pin(async move {
             let t = InoTable {
@@ -1088,6 +1120,25 @@ async fn apply_updates(meta: &IoCtx, layout: InodeLayout, updates: &[Update]) ->
         r?;
     }
     Ok(())
+}
+
+/// The inline data of `ino` as the last write-back stored it (`None`: none).
+async fn load_inline(meta: &IoCtx, ino: Ino) -> Result<Option<Bytes>> {
+    let key = inode_key(ino);
+    let read = kelp_client::ReadOp::new().omap_get_vals_by_keys(&[&key]);
+    match meta.operate_read(read, &inline_shard_object(ino)).await {
+        Ok(mut r) => match r.pop() {
+            Some(kelp_client::ReadResult::Pairs { entries, .. }) => {
+                Ok(entries.into_iter().find(|(k, _)| *k == key).map(|(_, v)| v))
+            }
+            other => Err(FsError::Malformed {
+                what: format!("inline data read of {ino:x}"),
+                detail: format!("{other:?}"),
+            }),
+        },
+        Err(ClientError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// An inode as stored.
@@ -1171,7 +1222,10 @@ impl Inner {
         };
         // early replies (unsafe until journaled)
         let client = req.client;
-        let early = req.tid != 0 && op.is_mutation();
+        // (a client writes the data objects of a file once its inline data is moved out:
+        // that must be journaled first, or an MDS taking over would move it out again, over
+        // those writes)
+        let early = req.tid != 0 && op.is_mutation() && !matches!(op, Op::Uninline { .. });
         let mut wait = match seq {
             Some(s) if !early || s > self.committed() + MAX_UNSAFE_ENTRIES => Some(s),
             // a retry answered from the table: what it answers may not be journaled yet
@@ -1485,6 +1539,25 @@ impl Inner {
                     return Applied::Excl(child, wait);
                 }
             }
+            if let Op::Uninline { ino } = op
+                && let Some(i) = st.ns.cached(*ino).filter(|i| i.inline).cloned()
+            {
+                // the data goes to the file's first object before the inode says so
+                let written = match st.ns.inline_data(&i) {
+                    Some(d) => self.write_out_inline(&i, d).await,
+                    None => match load_inline(&self.meta, i.ino).await {
+                        Ok(d) => {
+                            st.ns.insert_inline(i.ino, d);
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    },
+                };
+                if let Err(e) = written {
+                    warn!(ino = i.ino, "moving inline data out to its object: {e}");
+                    return Applied::Done(Reply::Err(e.errno()), None, Vec::new(), None);
+                }
+            }
             let step = st.ns.apply_request(req, caller, op, Time::now());
             match step {
                 Step::Need(need) => {
@@ -1511,6 +1584,13 @@ impl Inner {
                             }
                             Ok(None) => {
                                 st.ns.note_absent(ino);
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        },
+                        Need::Inline(ino) => match load_inline(&self.meta, ino).await {
+                            Ok(d) => {
+                                st.ns.insert_inline(ino, d);
                                 Ok(())
                             }
                             Err(e) => Err(e),
@@ -1570,6 +1650,7 @@ impl Inner {
                         (
                             Op::Open { .. }
                             | Op::Written { .. }
+                            | Op::WrittenInline { .. }
                             | Op::GetAttr { .. }
                             | Op::Mknod { open: true, .. },
                             Reply::Attr(i),
@@ -1597,6 +1678,18 @@ impl Inner {
         Applied::Done(Reply::Err(errno::EIO), None, Vec::new(), None)
     }
 
+    /// Writes inline file `i`'s data to its first data object ([`Op::Uninline`]).
+    async fn write_out_inline(&self, i: &Inode, data: Bytes) -> Result<()> {
+        let io = match i.layout.pool {
+            Some(p) if p != self.data.pool_id() => self.rados.ioctx_by_id(p)?,
+            _ => self.data.clone(),
+        };
+        io.write_full(&data_object(i.ino, 0), data)
+            .await
+            .map(drop)
+            .map_err(|e| self.check_fenced(e))
+    }
+
     fn now_ms(&self) -> u64 {
         self.activated.elapsed().as_millis() as u64
     }
@@ -1616,6 +1709,8 @@ impl Inner {
         let data_change = matches!(
             op,
             Op::Written { .. }
+                | Op::WrittenInline { .. }
+                | Op::Uninline { .. }
                 | Op::SetAttr {
                     set: SetAttr { size: Some(_), .. },
                     ..
@@ -1677,7 +1772,9 @@ impl Inner {
                 write: true,
                 ..
             } => Some(true),
-            Op::Written { renew: true, .. } | Op::GetAttr { .. } => Some(false),
+            Op::Written { renew: true, .. }
+            | Op::WrittenInline { renew: true, .. }
+            | Op::GetAttr { .. } => Some(false),
             Op::Mkdir { .. } => Some(true),
             _ => None,
         }
@@ -1693,7 +1790,7 @@ impl Inner {
                     excl_for = excl.map(|ask| (i.ino, ask));
                 }
             }
-            (Op::Written { .. }, Reply::Attr(i)) => {
+            (Op::Written { .. } | Op::WrittenInline { .. }, Reply::Attr(i)) => {
                 want.push((i.ino, CAP_SHARED));
                 excl_for = excl.map(|ask| (i.ino, ask));
             }
@@ -2236,7 +2333,8 @@ impl Inner {
                 Reply::Attr(i) => Some(i),
                 _ => None,
             };
-            if let Some(i) = &inode {
+            // an inline file has no data objects (its data goes with the purge's journal entry)
+            if let Some(i) = inode.as_ref().filter(|i| !i.inline) {
                 let objects = i.size.div_ceil(i.object_size.max(1));
                 let data = match i.layout.pool {
                     Some(p) if p != self.data.pool_id() => match self.rados.ioctx_by_id(p) {
@@ -2257,7 +2355,7 @@ impl Inner {
             if !st.ns.purgeable().contains(&ino) {
                 continue; // opened again meanwhile
             }
-            let updates = st.ns.purged(ino);
+            let updates = st.ns.purged(ino, inode.as_ref().is_some_and(|i| i.inline));
             // journaled with the next append (a purge lost with the MDS is made again)
             self.journal(&mut st, 0, updates);
         }

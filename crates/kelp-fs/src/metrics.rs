@@ -40,6 +40,9 @@ pub const OPS: &[&str] = &[
     "setlk",
     "release_locks",
     "cap_poll",
+    "written_inline",
+    "read_inline",
+    "uninline",
     "other",
 ];
 
@@ -70,6 +73,9 @@ pub fn op_index(op: &Op) -> usize {
         Op::ReleaseLocks { .. } => "release_locks",
         Op::CapPoll { .. } => "cap_poll",
         Op::CloseMany { .. } => "close",
+        Op::WrittenInline { .. } => "written_inline",
+        Op::ReadInline { .. } => "read_inline",
+        Op::Uninline { .. } => "uninline",
         #[allow(unreachable_patterns)]
         _ => "other",
     };

@@ -161,6 +161,59 @@ pub struct Inode {
     /// by a hash of the name (`core::frag`); 0, one object (older records: always 0).
     #[serde(default)]
     pub frag_bits: u8,
+    /// A regular file whose data lives with its inode in the metadata pool, not in data
+    /// objects ([`InlineData`]): the bytes [`Op::ReadInline`] gives, zeros after them up to
+    /// `size`. Set by the first flush of a small file the client created itself
+    /// ([`Op::WrittenInline`]); cleared when the data moves out to its object
+    /// ([`Op::Uninline`]) or the file is cut to nothing.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub inline: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+// inline data
+/// Most bytes of data a file keeps with its inode ([`Inode::inline`]): a small file's
+/// write, replicated to a data object of its own, costs the OSDs more than all of its
+/// metadata; kept inline, it is journaled with the close's size and written back with the
+/// inodes of its shard.
+pub const INLINE_MAX: usize = 4096;
+
+/// A small file's data, as the MDS keeps it ([`Inode::inline`]); base64 in JSON (the
+/// protocol and the journal), raw bytes in memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InlineData(pub bytes::Bytes);
+
+impl Serialize for InlineData {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine;
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for InlineData {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use base64::Engine;
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)?;
+        if bytes.len() > INLINE_MAX {
+            return Err(serde::de::Error::custom(format!(
+                "{} bytes of inline data (at most {INLINE_MAX})",
+                bytes.len()
+            )));
+        }
+        Ok(InlineData(bytes.into()))
+    }
+}
+
+/// The metadata-pool object whose omap holds the inline data of inode `ino` (key
+/// [`inode_key`]), beside its [`inode_shard_object`].
+pub fn inline_shard_object(ino: Ino) -> String {
+    format!("mds.inline.{:x}", ino >> INODE_SHARD_BITS)
 }
 
 /// A file layout (as CephFS's): which data pool a file's objects go to and how big they are.
@@ -380,6 +433,34 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         set: Option<SetAttr>,
     },
+    // inline data
+    /// [`Op::Written`] of a file the client created itself and whose writes it kept: `data`
+    /// is the file's whole content so far (`end` may be past it: zeros), kept with the inode
+    /// ([`Inode::inline`]). Only the exclusive holder sends it, and only for a file that has
+    /// no data objects (an MDS that does not keep inline data refuses it: the client writes
+    /// the data out and sends [`Op::Written`]).
+    WrittenInline {
+        ino: Ino,
+        end: u64,
+        mtime: Time,
+        #[serde(default)]
+        renew: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ctime: Option<Time>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        set: Option<SetAttr>,
+        data: InlineData,
+    },
+    /// The data of an inline file ([`Reply::Inline`]; ENODATA: the file is not inline).
+    ReadInline {
+        ino: Ino,
+    },
+    /// Moves an inline file's data out to its first data object (the MDS writes it), before
+    /// a client writes the file through its objects ([`Reply::Attr`]; a file that is not
+    /// inline is answered as it is).
+    Uninline {
+        ino: Ino,
+    },
     /// A client opened the file (it stays readable after its last unlink until closed).
     Open {
         ino: Ino,
@@ -475,6 +556,7 @@ impl Op {
                 | Op::CloseMany { .. }
                 | Op::Sync
                 | Op::TakeInos
+                | Op::ReadInline { .. }
         )
     }
 }
@@ -488,9 +570,11 @@ impl Op {
     /// flag, up to the OSDs' failsafe ratio.)
     pub fn allowed_when_full(&self) -> bool {
         match self {
-            Op::Unlink { .. } | Op::Rmdir { .. } | Op::RemoveXattr { .. } | Op::Written { .. } => {
-                true
-            }
+            Op::Unlink { .. }
+            | Op::Rmdir { .. }
+            | Op::RemoveXattr { .. }
+            | Op::Written { .. }
+            | Op::WrittenInline { .. } => true,
             Op::SetAttr { set, .. } => set.size.is_some(),
             op => !op.is_mutation(),
         }
@@ -522,6 +606,8 @@ pub enum Reply {
         start: Ino,
         end: Ino,
     },
+    /// An inline file's data ([`Op::ReadInline`]).
+    Inline(InlineData),
 }
 
 // capabilities (caps)
@@ -691,6 +777,15 @@ pub enum Update {
         ino: Ino,
         held: Vec<(u64, crate::locks::Lock)>,
     },
+    // inline data
+    /// An inline file's data, whole ([`Inode::inline`]; key [`inode_key`] in its
+    /// [`inline_shard_object`]).
+    PutInline {
+        ino: Ino,
+        data: InlineData,
+    },
+    /// The file's inline data is gone (moved out, cut to nothing, or the file purged).
+    DelInline(Ino),
 }
 
 /// Errno values used by the core (Linux's numbers; the protocol carries them as they are).

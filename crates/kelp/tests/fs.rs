@@ -1308,3 +1308,130 @@ fn mds_sessions(c: &heal_support::Cluster, id: &str) -> u64 {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
 }
+
+/// Small files a mount creates keep their data with their inode (no data object): another
+/// mount reads them, a write that makes one grow past the inline limit, an append from
+/// another mount, a punch and an O_DIRECT write move the data out to the file's object
+/// first, a truncate cuts it; an fsync'd one survives kill -9 of the MDS; removed, their
+/// inline data goes with them.
+#[test]
+fn small_files_keep_their_data_inline_and_move_it_out_when_written_otherwise() {
+    let c = fs_cluster();
+    let (mut daemons, first) = active_and_standby(&c);
+    let a = Mount::with(&c, "mnt-a", &["--fs", "kelpfs"]);
+    let b = Mount::with(&c, "mnt-b", &["--fs", "kelpfs"]);
+    std::fs::create_dir(a.p("d")).unwrap();
+    // sizes up to the limit (4 096 bytes) stay inline, one byte past it does not
+    let sizes = [1usize, 100, 913, 2048, 4095, 4096, 4097, 10_000];
+    for (i, n) in sizes.iter().enumerate() {
+        std::fs::write(a.p(&format!("d/f{i}")), heal_support::content(i as u64, *n)).unwrap();
+    }
+    // two writes that together pass the limit: the first is kept, then written out
+    {
+        let mut f = std::fs::File::create(a.p("d/grown")).unwrap();
+        std::io::Write::write_all(&mut f, &[b'x'; 3000]).unwrap();
+        std::io::Write::write_all(&mut f, &[b'y'; 3000]).unwrap();
+    }
+    let inos = inos_in(&a.p("d"));
+    let objects_of = |name: &str| -> usize {
+        let prefix = format!("{:x}.", inos[name]);
+        objects_named(&c, "fs.data", &prefix).len()
+    };
+    for (i, n) in sizes.iter().enumerate() {
+        let want = heal_support::content(i as u64, *n);
+        assert_eq!(
+            std::fs::read(b.p(&format!("d/f{i}"))).unwrap(),
+            want,
+            "f{i}"
+        );
+        let objects = objects_of(&format!("f{i}"));
+        if *n <= 4096 {
+            assert_eq!(objects, 0, "f{i} ({n} bytes) has a data object");
+        } else {
+            assert_eq!(objects, 1, "f{i} ({n} bytes)");
+        }
+    }
+    let mut grown = vec![b'x'; 3000];
+    grown.extend_from_slice(&[b'y'; 3000]);
+    assert_eq!(std::fs::read(b.p("d/grown")).unwrap(), grown);
+    assert_eq!(objects_of("grown"), 1);
+    // the next checkpoint writes the inline data back into a shard
+    wait_objects(&c, "fs.meta", 30, |objects| {
+        objects.lines().any(|o| o.starts_with("mds.inline."))
+    });
+
+    // mount b appends to an inline file: the data moves out, both mounts see the whole
+    let mut f1 = heal_support::content(1, 100).to_vec();
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(b.p("d/f1"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"appended by b").unwrap();
+    }
+    f1.extend_from_slice(b"appended by b");
+    assert_eq!(std::fs::read(a.p("d/f1")).unwrap(), f1);
+    assert_eq!(std::fs::read(b.p("d/f1")).unwrap(), f1);
+    assert_eq!(objects_of("f1"), 1);
+
+    // a truncate cuts inline data; growing again reads zeros after what is left
+    let f2 = a.p("d/f2");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f2)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f2)
+        .unwrap()
+        .set_len(30)
+        .unwrap();
+    let mut want = heal_support::content(2, 913)[..10].to_vec();
+    want.resize(30, 0);
+    assert_eq!(std::fs::read(b.p("d/f2")).unwrap(), want);
+    assert_eq!(objects_of("f2"), 0, "a truncate wrote a data object");
+
+    // a punched hole and an O_DIRECT write go through the object
+    b.sh("fallocate -p -o 100 -l 50 d/f3");
+    let mut f3 = heal_support::content(3, 2048).to_vec();
+    f3[100..150].fill(0);
+    assert_eq!(std::fs::read(a.p("d/f3")).unwrap(), f3);
+    a.sh("python3 -c \"import os, mmap
+fd = os.open('d/f4', os.O_WRONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 4096)
+buf.write(b'd' * 4096)
+os.pwrite(fd, buf, 0)
+os.close(fd)\"");
+    assert_eq!(std::fs::read(b.p("d/f4")).unwrap(), vec![b'd'; 4096]);
+    assert_eq!(objects_of("f4"), 1);
+
+    // an fsync'd small file survives kill -9 of the active MDS
+    {
+        let mut f = std::fs::File::create(a.p("d/synced")).unwrap();
+        std::io::Write::write_all(&mut f, b"fsync'd inline").unwrap();
+        f.sync_all().unwrap();
+    }
+    daemons.get_mut(&first).unwrap().kill9();
+    let second = wait_active(&c, Some(&first));
+    assert_ne!(first, second);
+    assert_eq!(std::fs::read(b.p("d/synced")).unwrap(), b"fsync'd inline");
+    assert_eq!(
+        std::fs::read(a.p("d/f5")).unwrap(),
+        heal_support::content(5, 4096)
+    );
+
+    // removed: no data object was ever made for them, and their inline data goes too
+    std::fs::remove_dir_all(a.p("d")).unwrap();
+    wait_objects(&c, "fs.meta", 60, |objects| {
+        objects
+            .lines()
+            .filter(|o| o.starts_with("mds.inline."))
+            .all(|o| {
+                c.cli(&["rados", "-p", "fs.meta", "listomapvals", o])
+                    .trim()
+                    .is_empty()
+            })
+    });
+}

@@ -15,6 +15,8 @@ struct Store {
     journal: Vec<Update>,
     /// The advisory locks a replay rebuilds.
     locks: crate::locks::StoredLocks,
+    /// Inline data, as the inline shards hold it.
+    inline: HashMap<Ino, bytes::Bytes>,
 }
 
 impl Store {
@@ -47,6 +49,12 @@ impl Store {
                 }
                 Update::NextIno(n) => self.next_ino = self.next_ino.max(*n),
                 Update::Request { .. } => self.requests.apply(u),
+                Update::PutInline { ino, data } => {
+                    self.inline.insert(*ino, data.0.clone());
+                }
+                Update::DelInline(ino) => {
+                    self.inline.remove(ino);
+                }
                 Update::Locks { ino, held } => {
                     if held.is_empty() {
                         self.locks.locks.remove(ino);
@@ -468,15 +476,7 @@ impl Fs {
                     }
                     return reply;
                 }
-                Step::Need(Need::Inode(i)) => {
-                    let inode = self.store.inodes.get(&i).cloned().expect("dangling");
-                    self.ns.insert_inode(inode);
-                }
-                Step::Need(Need::Dir(d)) => {
-                    let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
-                    self.ns.insert_dir(d, entries);
-                }
-                Step::Need(Need::Probe(i)) => self.probe(i),
+                Step::Need(n) => self.load(n),
             }
         }
         panic!("op never completed: {op:?}");
@@ -851,18 +851,29 @@ impl Fs {
                     }
                     return reply;
                 }
-                Step::Need(Need::Inode(i)) => {
-                    let inode = self.store.inodes.get(&i).cloned().expect("dangling");
-                    self.ns.insert_inode(inode);
-                }
-                Step::Need(Need::Dir(d)) => {
-                    let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
-                    self.ns.insert_dir(d, entries);
-                }
-                Step::Need(Need::Probe(i)) => self.probe(i),
+                Step::Need(n) => self.load(n),
             }
         }
         panic!("op never completed: {op:?}");
+    }
+
+    /// Answers a [`Need`] from the store.
+    fn load(&mut self, need: Need) {
+        match need {
+            Need::Inode(i) => {
+                let inode = self.store.inodes.get(&i).cloned().expect("dangling");
+                self.ns.insert_inode(inode);
+            }
+            Need::Dir(d) => {
+                let entries = self.store.dirs.get(&d).cloned().unwrap_or_default();
+                self.ns.insert_dir(d, entries);
+            }
+            Need::Probe(i) => self.probe(i),
+            Need::Inline(i) => {
+                let data = self.store.inline.get(&i).cloned();
+                self.ns.insert_inline(i, data);
+            }
+        }
     }
 
     /// Answers a [`Need::Probe`] from the store.
@@ -1438,4 +1449,100 @@ fn only_a_directory_without_quota_or_layout_above_lets_its_maker_create_alone() 
         }
         assert!(fs.ns.creates_delegable(plain));
     }
+}
+
+// ---- inline data ----
+
+impl Fs {
+    fn written_inline(&mut self, ino: Ino, end: u64, data: &[u8]) -> Reply {
+        self.run(Op::WrittenInline {
+            ino,
+            end,
+            mtime: Time { secs: 6, nanos: 0 },
+            renew: false,
+            ctime: None,
+            set: None,
+            data: InlineData(bytes::Bytes::copy_from_slice(data)),
+        })
+    }
+
+    fn inline_of(&mut self, ino: Ino) -> Reply {
+        self.run(Op::ReadInline { ino })
+    }
+
+    fn cut(&mut self, ino: Ino, size: u64) -> Reply {
+        self.run(Op::SetAttr {
+            ino,
+            set: SetAttr {
+                size: Some(size),
+                ..SetAttr::default()
+            },
+        })
+    }
+}
+
+fn inline(data: &'static [u8]) -> Reply {
+    Reply::Inline(InlineData(bytes::Bytes::from_static(data)))
+}
+
+#[test]
+fn inline_data_is_kept_read_cut_moved_out_and_purged() {
+    both(|fs| {
+        let a = fs.mkdir(ROOT_INO, "a");
+        let f = fs.create(a, "f");
+        // an empty file takes inline data; the size is the end written
+        let Reply::Attr(i) = fs.written_inline(f, 10, b"0123456789") else {
+            panic!("refused")
+        };
+        assert!(i.inline);
+        assert_eq!(i.size, 10);
+        assert_eq!(fs.stat(a), (10, 1));
+        assert_eq!(fs.inline_of(f), inline(b"0123456789"));
+        // its writer sends it again, grown
+        fs.written_inline(f, 12, b"0123456789ab");
+        assert_eq!(fs.attr(f).size, 12);
+        // a plain write past the end of an inline file is refused (the data must move out
+        // first), one inside it is not
+        assert_eq!(fs.written(f, 100), Reply::Err(errno::EINVAL));
+        assert!(matches!(fs.written(f, 12), Reply::Attr(_)));
+        // a truncate cuts the data with the file; extending leaves zeros after it
+        fs.cut(f, 4);
+        assert_eq!(fs.inline_of(f), inline(b"0123"));
+        fs.cut(f, 50);
+        assert_eq!(fs.attr(f).size, 50);
+        assert!(fs.attr(f).inline);
+        assert_eq!(fs.inline_of(f), inline(b"0123"));
+        // moved out: no longer inline, nothing stored
+        let Reply::Attr(i) = fs.run(Op::Uninline { ino: f }) else {
+            panic!()
+        };
+        assert!(!i.inline);
+        assert_eq!(i.size, 50);
+        assert_eq!(fs.inline_of(f), Reply::Err(errno::ENODATA));
+        assert!(!fs.store.inline.contains_key(&f));
+        // a file with data (not inline, not empty) refuses inline data
+        assert_eq!(fs.written_inline(f, 3, b"abc"), Reply::Err(errno::EINVAL));
+        // more inline data than the end written is refused too
+        let g = fs.create(a, "g");
+        assert_eq!(fs.written_inline(g, 2, b"abc"), Reply::Err(errno::EINVAL));
+        // cut to nothing: no longer inline
+        fs.written_inline(g, 3, b"abc");
+        assert_eq!(fs.store.inline.get(&g).map(|d| &d[..]), Some(&b"abc"[..]));
+        fs.cut(g, 0);
+        assert!(!fs.attr(g).inline);
+        assert!(!fs.store.inline.contains_key(&g));
+        // unlinked: a stray, purged with its inline data
+        let h = fs.create(a, "h");
+        fs.written_inline(h, 5, b"hello");
+        let gone = fs.run(Op::Unlink {
+            parent: a,
+            name: "h".into(),
+        });
+        assert_eq!(gone, Reply::Ok);
+        assert!(fs.store.inline.contains_key(&h));
+        let inline = fs.attr(h).inline;
+        let upd = fs.ns.purged(h, inline);
+        fs.store.apply(&upd);
+        assert!(!fs.store.inline.contains_key(&h));
+    });
 }
