@@ -1873,11 +1873,12 @@ impl FsClient {
             && i.kind() == S_IFREG
             && i.size == 0
             && !i.inline
+            && i.layout.pool.is_none()
             && self.has_exclusive(i.ino)
             && self.inline_ok.load(Ordering::Relaxed)
         {
             // an empty file held exclusively: its writes are kept (inline data) as those
-            // of a file made by `create_now`
+            // of a file made by `create_now` (not where a layout names the pool for data)
             self.inline_bufs
                 .lock()
                 .expect("inline lock")
