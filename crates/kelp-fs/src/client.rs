@@ -144,7 +144,8 @@ pub struct FsClient {
     /// Held by the request that syncs because [`MAX_UNJOURNALED`] is reached.
     syncing: tokio::sync::Mutex<()>,
     // inline data
-    /// Files this client created itself ([`FsClient::create_now`]) whose writes it keeps
+    /// Files this client created for writing ([`FsClient::create_now`], or
+    /// [`FsClient::create`] of an empty file it holds exclusively) whose writes it keeps
     /// here, while they fit in [`INLINE_MAX`], until their first flush carries them to the
     /// MDS as the file's inline data ([`Op::WrittenInline`]): no data object is written.
     inline_bufs: std::sync::Mutex<HashMap<Ino, InlineBuf>>,
@@ -2313,7 +2314,8 @@ impl FsClient {
             self.dirty_sent(ino, d.generation, r.as_ref().ok());
         }
         if sent_inline {
-            self.inline_done(ino, r.as_ref().ok());
+            // (refused over a quota: the kept bytes go, as the take-back below zeroes them)
+            self.inline_done(ino, r.as_ref().ok(), refused);
         }
         if refused {
             // over a quota set since: the bytes past the recorded end never show
@@ -2336,9 +2338,9 @@ impl FsClient {
 
     /// Sends the size and attributes of `d` with the kept content `data` as the file's
     /// inline data ([`Op::WrittenInline`]), with the size lock held. An MDS that refuses
-    /// it gets the data written to the data objects and a plain [`Op::Written`]. Whatever
-    /// the outcome but a failure to reach the MDS, the buffer is gone after (later writes
-    /// go through the objects, moving the inline data out first).
+    /// it gets the data written to the data objects and a plain [`Op::Written`]. Once this
+    /// succeeds the buffer goes ([`FsClient::inline_done`]): later writes go through the
+    /// objects, moving the inline data out first.
     async fn flush_inline(&self, ino: Ino, d: &Dirty, renew: bool, data: Bytes) -> Result<Inode> {
         let r = self
             .attr_call(
@@ -2366,8 +2368,9 @@ impl FsClient {
     }
 
     /// A flush that carried `ino`'s kept content ended (`reply`: the MDS's answer, `None`
-    /// if it failed): the content is the MDS's now, or is kept for the next flush.
-    fn inline_done(&self, ino: Ino, reply: Option<&Inode>) {
+    /// if it failed): the content is the MDS's now (or `refused`, gone), or is kept for the
+    /// next flush.
+    fn inline_done(&self, ino: Ino, reply: Option<&Inode>, refused: bool) {
         if let Some(i) = reply {
             // this client's copy says where the data is before the buffer goes
             let mut caps = self.caps.lock().expect("caps lock");
@@ -2376,15 +2379,10 @@ impl FsClient {
             }
         }
         let mut bufs = self.inline_bufs.lock().expect("inline lock");
-        match reply {
-            Some(_) => {
-                bufs.remove(&ino);
-            }
-            None => {
-                if let Some(b) = bufs.get_mut(&ino) {
-                    b.sending = false;
-                }
-            }
+        if reply.is_some() || refused {
+            bufs.remove(&ino);
+        } else if let Some(b) = bufs.get_mut(&ino) {
+            b.sending = false;
         }
     }
 
@@ -2450,7 +2448,8 @@ impl FsClient {
     /// Makes `ino` a file written through its data objects: a kept content is written out
     /// there (a flush in flight is waited for), inline data is moved out by the MDS
     /// ([`Op::Uninline`]).
-    async fn make_plain(&self, ino: Ino) -> Result<()> {
+    /// Takes the file's size lock: never call it with that lock held.
+    pub async fn make_plain(&self, ino: Ino) -> Result<()> {
         let _held = self.size_lock(ino).await;
         // (no flush is in flight while the size lock is held here)
         let kept = {
@@ -2943,8 +2942,8 @@ impl FsClient {
     }
 
     /// Zeroes `[off, off+len)` of the data (punching holes).
+    /// The data must not be inline ([`FsClient::make_plain`] first).
     pub async fn zero(&self, inode: &Inode, off: u64, len: u64) -> Result<()> {
-        self.make_plain(inode.ino).await?;
         self.behind.settle(inode.ino).await;
         let os = inode.object_size.max(1);
         let end = (off + len).min(inode.size);

@@ -1127,8 +1127,11 @@ impl Filesystem for KelpFuse {
                         Ok(())
                     }
                     libc::FALLOC_FL_KEEP_SIZE => Ok(()),
-                    // the punch (the only mode left)
-                    _ => c.zero(&i, offset, length).await,
+                    // the punch (the only mode left), in the data objects
+                    _ => {
+                        c.make_plain(ino).await?;
+                        c.zero(&i, offset, length).await
+                    }
                 }
             }
             .await;
