@@ -316,7 +316,8 @@ fn directory_layouts_put_files_in_an_erasure_coded_data_pool() {
 
     let data = heal_support::content(7, 3 << 20 | 12345);
     std::fs::write(m.p("cold/big"), &data).unwrap();
-    std::fs::write(m.p("hot"), b"replicated").unwrap();
+    // (past the inline limit: a smaller file keeps its data with its inode)
+    std::fs::write(m.p("hot"), [b'r'; 8192]).unwrap();
     // a partial overwrite and a truncate on the erasure-coded pool
     let f = std::fs::OpenOptions::new()
         .write(true)
