@@ -375,6 +375,10 @@ pub struct MdsStats {
     /// Journaled updates not yet written back by a checkpoint (bounded by `--max-backlog`).
     #[serde(default)]
     pub unwritten_updates: usize,
+    /// Bytes of small files' inline data held in memory (changed since the last checkpoint
+    /// began, or read back since).
+    #[serde(default)]
+    pub inline_bytes: usize,
 }
 
 /// How long after taking over an MDS leaves strays alone, so that every client with open
@@ -1946,7 +1950,10 @@ impl Inner {
     }
 
     async fn stats(&self) -> MdsStats {
-        let cached_inodes = self.state.lock().await.ns.cached_inodes();
+        let (cached_inodes, inline_bytes) = {
+            let st = self.state.lock().await;
+            (st.ns.cached_inodes(), st.ns.inline_bytes())
+        };
         let cap_inodes = self
             .caps
             .lock()
@@ -1960,6 +1967,7 @@ impl Inner {
             cap_inodes,
             ops: self.metrics.op_counts(),
             unwritten_updates: self.backlog.load(std::sync::atomic::Ordering::Relaxed),
+            inline_bytes,
         }
     }
 

@@ -1356,10 +1356,16 @@ fn small_files_keep_their_data_inline_and_move_it_out_when_written_otherwise() {
     grown.extend_from_slice(&[b'y'; 3000]);
     assert_eq!(std::fs::read(b.p("d/grown")).unwrap(), grown);
     assert_eq!(objects_of("grown"), 1);
-    // the next checkpoint writes the inline data back into a shard
+    // the next checkpoint writes the inline data back into a shard (and the MDS lets go of
+    // what it wrote: its memory holds inline data only until then)
     wait_objects(&c, "fs.meta", 30, |objects| {
         objects.lines().any(|o| o.starts_with("mds.inline."))
     });
+    heal_support::wait(
+        "the MDS to let go of the inline data written back",
+        Duration::from_secs(30),
+        || (mds_stats(&a)["inline_bytes"].as_u64()? == 0).then_some(()),
+    );
 
     // mount b appends to an inline file: the data moves out, both mounts see the whole
     let mut f1 = heal_support::content(1, 100).to_vec();
